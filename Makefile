@@ -1,0 +1,67 @@
+# Fleetserve: every target installs what it needs (through `setup`) and is safe to re-run.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
+LINTED := runtime operator tests bench examples
+DEMO_FLAGS ?=
+
+.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean
+
+## help: list the targets
+help:
+	@grep -hE '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
+
+## setup: create .venv and install both packages (editable) with pinned dependencies
+setup: $(STAMP)
+$(STAMP): runtime/pyproject.toml operator/pyproject.toml requirements-dev.txt requirements.lock \
+          e2e/requirements.txt bench/requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c requirements.lock -r requirements-dev.txt \
+	    -r e2e/requirements.txt -r bench/requirements.txt -e runtime -e operator
+	@touch $(STAMP)
+
+## lint: ruff (lint + format check) and mypy --strict on our packages
+lint: setup
+	$(VENV)/bin/ruff check $(LINTED) e2e
+	$(VENV)/bin/ruff format --check $(LINTED) e2e
+	$(VENV)/bin/mypy --strict $(PACKAGES) bench
+	cd e2e && ../$(VENV)/bin/mypy --strict fleetserve_e2e
+
+typecheck: lint
+
+## unit: the fast, cluster-free tier (tests/)
+unit: setup
+	$(PY) -m pytest tests
+
+## test: lint, then every test tier (the README's test command; CI runs it)
+test: lint unit e2e
+
+## demo: start the runtime with MiniLM, send a burst of concurrent requests, show the batches
+demo: setup
+	$(PY) examples/runtime_demo.py $(DEMO_FLAGS)
+
+## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP
+bench-runtime: setup
+	$(PY) -m bench.runtime_bench
+
+## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
+bench-scheduler: setup
+	$(PY) -m bench.scheduler_bench
+
+## lock: re-pin every transitive dependency from the current venv
+lock: setup
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+
+## clean: remove the venv and caches
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache
+
+include e2e/cluster.mk
+
+## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
+e2e: e2e-harness

@@ -1,0 +1,3 @@
+"""Fleetserve operator: reconciles InferenceService objects into runtime Deployments."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""Fleetserve runtime: a dynamic-batching inference server (Open Inference Protocol over HTTP).
+
+Public surface: `create_app`, `RuntimeConfig`, `ModelHandler`. Everything else is internal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["ModelHandler", "RuntimeConfig", "__version__", "create_app"]
+
+if TYPE_CHECKING:
+    from fleetserve_runtime.api import create_app
+    from fleetserve_runtime.config import RuntimeConfig
+    from fleetserve_runtime.models.base import ModelHandler
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing the package (e.g. for `--help`) must not pay for torch and FastAPI.
+    if name == "create_app":
+        from fleetserve_runtime.api import create_app
+
+        return create_app
+    if name == "RuntimeConfig":
+        from fleetserve_runtime.config import RuntimeConfig
+
+        return RuntimeConfig
+    if name == "ModelHandler":
+        from fleetserve_runtime.models.base import ModelHandler
+
+        return ModelHandler
+    msg = f"module 'fleetserve_runtime' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -1,0 +1,249 @@
+"""Batching policy: given the queue and the time, form the next batch or say when to look again.
+
+Pure decision code: no asyncio, no torch, the clock is an argument. The runtime calls
+`plan_batch` whenever the executor can take another batch and the queue changed or a wake-up
+time passed. Rules (issue 2):
+
+* expired items are removed first and returned, so they never cost compute;
+* a batch is dispatched when `max_batch_size` items wait, or when the oldest has waited
+  `max_queue_delay`, whichever comes first;
+* a batch holds items of one model version and one length bucket, padded only to its own
+  longest member, and stays within the padded-token budget;
+* the first item is the one with the best *effective* priority (its class, raised one class
+  per `aging` waited, so nothing starves), and each lower class with items waiting in that
+  bucket is guaranteed a share of the batch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from fleetserve_runtime.request_queue import Cell, PendingItem, Priority, RequestQueue
+
+__all__ = [
+    "Batch",
+    "BatchLimits",
+    "BucketPolicy",
+    "FixedBuckets",
+    "LearnedBuckets",
+    "Plan",
+    "make_bucket_policy",
+    "plan_batch",
+]
+
+
+class BucketPolicy:
+    """Maps a length to its bucket index; subclasses decide where the edges are."""
+
+    def __init__(self, edges: Sequence[int]) -> None:
+        self._edges = list(edges)
+
+    @property
+    def edges(self) -> list[int]:
+        """Upper bounds (inclusive) of the buckets, ascending."""
+        return list(self._edges)
+
+    def bucket_of(self, length: int) -> int:
+        """Index of the bucket holding `length` (the last bucket takes everything longer)."""
+        return min(bisect.bisect_left(self._edges, length), len(self._edges) - 1)
+
+    def observe(self, length: int) -> None:
+        """Record an observed length (learned policies adapt; fixed ones ignore it)."""
+
+
+class FixedBuckets(BucketPolicy):
+    """Edges from configuration; `[max_len]` alone means no bucketing."""
+
+
+class LearnedBuckets(BucketPolicy):
+    """Edges at quantiles of recently observed lengths, re-learned every `refresh` inputs.
+
+    Until `refresh` inputs were seen the edges are powers of two, a shape-agnostic start.
+    """
+
+    QUANTILES = (0.2, 0.4, 0.6, 0.8, 0.95)
+
+    def __init__(self, max_len: int, *, window: int = 4096, refresh: int = 512) -> None:
+        start = [2**k for k in range(3, max(4, math.ceil(math.log2(max_len))))]
+        super().__init__(sorted({*[e for e in start if e < max_len], max_len}))
+        self._max_len = max_len
+        self._window = window
+        self._refresh = refresh
+        self._seen: list[int] = []
+        self._next = 0
+        self._count = 0
+
+    def observe(self, length: int) -> None:
+        """Record `length` in the window; re-learn edges every `refresh` observations."""
+        if len(self._seen) < self._window:
+            self._seen.append(length)
+        else:
+            self._seen[self._next] = length
+            self._next = (self._next + 1) % self._window
+        self._count += 1
+        if self._count % self._refresh == 0:
+            self._edges = quantile_edges(self._seen, self.QUANTILES, self._max_len)
+
+
+def quantile_edges(lengths: Sequence[int], quantiles: Sequence[float], max_len: int) -> list[int]:
+    """Bucket edges at the given quantiles of `lengths`, deduplicated, ending at `max_len`."""
+    ordered = sorted(lengths)
+    last = len(ordered) - 1
+    edges = {min(ordered[round(q * last)], max_len) for q in quantiles}
+    return sorted(edges | {max_len})
+
+
+def make_bucket_policy(buckets: str | list[int], max_len: int) -> BucketPolicy:
+    """Build the policy for a `batching.buckets` setting: `auto`, `none` or explicit edges."""
+    if buckets == "auto":
+        return LearnedBuckets(max_len)
+    if buckets == "none":
+        return FixedBuckets([max_len])
+    if isinstance(buckets, list):
+        return FixedBuckets(sorted({*buckets, max_len}))
+    msg = f"unknown buckets setting {buckets!r}"
+    raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The knobs `plan_batch` obeys; built once from `RuntimeConfig`."""
+
+    max_batch_size: int
+    max_queue_delay_s: float
+    max_batch_tokens: int
+    """0 means no padded-token budget."""
+    aging_s: float
+    lower_class_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Items that run together; filled by `plan_batch`, consumed by the executor."""
+
+    items: tuple[PendingItem, ...]
+    group: Hashable
+    pad_to: int
+    """Longest member, in tokens: every row is padded to it."""
+    real_tokens: int
+    formed_at: float
+
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens the batch occupies once padded to a rectangle."""
+        return len(self.items) * self.pad_to
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What `plan_batch` decided: a batch (or none), expired items, and when to look again."""
+
+    batch: Batch | None
+    expired: tuple[PendingItem, ...]
+    wake_at: float | None
+    """When the decision may change without new arrivals (delay or deadline); None: never."""
+
+
+def plan_batch(queue: RequestQueue, now: float, limits: BatchLimits) -> Plan:
+    """Decide the next batch; takes the chosen items out of `queue`."""
+    expired = tuple(queue.pop_expired(now))
+    oldest = queue.oldest_enqueued_at()
+    if oldest is None:
+        return Plan(None, expired, None)
+    due = oldest + limits.max_queue_delay_s
+    if len(queue) < limits.max_batch_size and now < due:
+        return Plan(None, expired, _earliest(due, queue.next_deadline()))
+    cells = _choose_cells(queue, now, limits, delay_passed=now >= due)
+    batch = _fill(queue, cells, now, limits)
+    return Plan(batch, expired, None)
+
+
+def _earliest(due: float, deadline: float | None) -> float:
+    return due if deadline is None else min(due, deadline)
+
+
+def _effective(item: PendingItem, now: float, aging_s: float) -> tuple[float, int]:
+    return (item.priority - (now - item.enqueued_at) / aging_s, item.seq)
+
+
+def _choose_cells(
+    queue: RequestQueue, now: float, limits: BatchLimits, *, delay_passed: bool
+) -> list[Cell]:
+    """The priority cells of the (group, bucket) the next batch comes from."""
+    by_bucket: dict[tuple[Hashable, int], list[Cell]] = {}
+    for cell in queue.cells():
+        by_bucket.setdefault((cell.group, cell.bucket), []).append(cell)
+    best_key: tuple[Hashable, int] | None = None
+    best_rank: tuple[float, int] | None = None
+    for key, cells in by_bucket.items():
+        full = sum(cell.live for cell in cells) >= limits.max_batch_size
+        if not delay_passed and not full:
+            continue
+        heads = [head for cell in cells if (head := cell.head()) is not None]
+        rank = min(_effective(head, now, limits.aging_s) for head in heads)
+        if best_rank is None or rank < best_rank:
+            best_key, best_rank = key, rank
+    if best_key is None:
+        # Enough items overall but no single bucket is full: take the best bucket anyway
+        # rather than wait, since the executor is idle.
+        return _choose_cells(queue, now, limits, delay_passed=True)
+    return by_bucket[best_key]
+
+
+class _Filler:
+    """Accumulates one batch within the size and padded-token limits."""
+
+    def __init__(self, cells: list[Cell], now: float, limits: BatchLimits) -> None:
+        self.limits = limits
+        self.now = now
+        self.iters = {cell.priority: cell.iter_live() for cell in cells}
+        self.pending = {p: next(it, None) for p, it in self.iters.items()}
+        self.chosen: list[PendingItem] = []
+        self.longest = 0
+
+    def admit(self, priority: Priority) -> bool:
+        """Add the next item of `priority` if it fits; False when it does not (or none left)."""
+        item = self.pending[priority]
+        if item is None or len(self.chosen) >= self.limits.max_batch_size:
+            return False
+        longest = max(self.longest, item.length)
+        budget = self.limits.max_batch_tokens
+        if self.chosen and budget and (len(self.chosen) + 1) * longest > budget:
+            return False
+        self.chosen.append(item)
+        self.longest = longest
+        self.pending[priority] = next(self.iters[priority], None)
+        return True
+
+    def best_waiting(self) -> Priority | None:
+        """The class whose next item has the best effective priority."""
+        waiting = [(p, item) for p, item in self.pending.items() if item is not None]
+        if not waiting:
+            return None
+        return min(waiting, key=lambda pair: _effective(pair[1], self.now, self.limits.aging_s))[0]
+
+
+def _fill(queue: RequestQueue, cells: list[Cell], now: float, limits: BatchLimits) -> Batch:
+    """Take items from `cells` into one batch: lower-class shares first, then by priority."""
+    cells = sorted(cells, key=lambda cell: cell.priority)
+    filler = _Filler(cells, now, limits)
+    if limits.lower_class_share > 0:
+        share = max(1, int(limits.lower_class_share * limits.max_batch_size))
+        for cell in cells[1:]:
+            for _ in range(share):
+                if not filler.admit(cell.priority):
+                    break
+    while (best := filler.best_waiting()) is not None and filler.admit(best):
+        pass
+    for item in filler.chosen:
+        queue.take(item)
+    return Batch(
+        items=tuple(filler.chosen),
+        group=cells[0].group,
+        pad_to=filler.longest,
+        real_tokens=sum(item.length for item in filler.chosen),
+        formed_at=now,
+    )

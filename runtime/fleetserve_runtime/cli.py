@@ -1,0 +1,103 @@
+"""`fleetserve-runtime serve`: flags and env into `RuntimeConfig`, then uvicorn.
+
+Flags are derived from the config model, one per field, so the CLI, the `FLEETSERVE_*`
+variables and the YAML file can never disagree: a top-level field `max_body_bytes` is
+`--max-body-bytes`, a section field `batching.max_batch_size` is `--max-batch-size`.
+Booleans take `--flag/--no-flag`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from fleetserve_runtime.config import RuntimeConfig, load_config
+
+__all__ = ["build_parser", "main", "parse_config"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fields() -> list[tuple[str | None, str, Any]]:
+    """(section, field, FieldInfo) for every leaf field of `RuntimeConfig`."""
+    leaves: list[tuple[str | None, str, Any]] = []
+    for name, info in RuntimeConfig.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            leaves.extend((name, sub, subinfo) for sub, subinfo in annotation.model_fields.items())
+        else:
+            leaves.append((None, name, info))
+    return leaves
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `fleetserve-runtime` parser, with one flag per config field."""
+    parser = argparse.ArgumentParser(prog="fleetserve-runtime")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over HTTP")
+    serve.add_argument("--config", type=Path, help="YAML config file (flags and env override it)")
+    for section, name, info in _fields():
+        where = f"{section}.{name}" if section else name
+        help_text = f"{info.description or ''} [{where}; default {info.default!r}]"
+        dest = f"{section}__{name}" if section else name
+        if info.annotation is bool:
+            serve.add_argument(
+                _flag(name), dest=dest, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            serve.add_argument(_flag(name), dest=dest, help=help_text)
+    return parser
+
+
+def parse_config(argv: Sequence[str]) -> RuntimeConfig:
+    """Parse `serve` argv (after env and YAML) into a validated `RuntimeConfig`."""
+    args = vars(build_parser().parse_args(["serve", *argv]))
+    args.pop("command")
+    yaml_path = args.pop("config")
+    overrides: dict[str, Any] = {}
+    for key, value in args.items():
+        if value is None:
+            continue
+        section, _, name = key.rpartition("__")
+        (overrides.setdefault(section, {}) if section else overrides)[name] = value
+    return load_config(overrides, yaml_path=yaml_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `fleetserve-runtime`; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "serve":
+        build_parser().parse_args(argv)
+        return 2
+    try:
+        config = parse_config(argv[1:])
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"fleetserve-runtime: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from fleetserve_runtime.api import create_app
+    from fleetserve_runtime.logs import configure_logging
+
+    listener = configure_logging(config.log_level, config.log_format)
+    try:
+        uvicorn.run(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=10,
+        )
+    finally:
+        listener.stop()
+    return 0

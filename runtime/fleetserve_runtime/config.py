@@ -1,0 +1,216 @@
+"""Runtime configuration: one validated model, read from CLI flags, `FLEETSERVE_*` env and YAML.
+
+Precedence is CLI flag > environment variable > YAML file > default. Environment variables
+are derived from the model: top-level fields are `FLEETSERVE_<FIELD>` and section fields
+`FLEETSERVE_<SECTION>_<FIELD>` (for example `FLEETSERVE_BATCHING_MAX_BATCH_SIZE`). Bad values
+and bad combinations stop start-up with a message naming the field; nothing falls back.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+__all__ = [
+    "BatchingConfig",
+    "CacheConfig",
+    "MemoryConfig",
+    "QueueConfig",
+    "RuntimeConfig",
+    "load_config",
+]
+
+_yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar("_yaml_path", default=None)
+
+Buckets = Literal["auto", "none"] | list[Annotated[int, Field(ge=1)]]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class BatchingConfig(_Section):
+    """How requests are grouped into batches."""
+
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    """Most requests (instances) in one batch."""
+    max_queue_delay_ms: float = Field(10.0, ge=0, le=10_000)
+    """Longest the oldest queued request waits for a batch to fill, in milliseconds."""
+    max_sequence_length: int = Field(256, ge=1, le=1_000_000)
+    """Longest input in tokens; longer inputs get 413 unless the request asks to truncate."""
+    buckets: Buckets = "auto"
+    """Length-bucket upper edges in tokens, `auto` (learned from observed lengths) or `none`."""
+    max_batch_tokens: int = Field(0, ge=0)
+    """Most padded tokens in one batch; 0 derives the limit from the memory budget."""
+    packing: bool = True
+    """Let the model lay tokens back to back so dense layers compute no padding."""
+
+    @field_validator("buckets", mode="before")
+    @classmethod
+    def _parse_buckets(cls, value: object) -> object:
+        if isinstance(value, str) and value not in ("auto", "none"):
+            try:
+                return [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                msg = f"buckets must be 'auto', 'none' or comma-separated integers, got {value!r}"
+                raise ValueError(msg) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_edges(self) -> BatchingConfig:
+        if isinstance(self.buckets, list):
+            if self.buckets != sorted(set(self.buckets)):
+                msg = f"batching.buckets must be strictly increasing, got {self.buckets}"
+                raise ValueError(msg)
+            if self.buckets and self.buckets[-1] > self.max_sequence_length:
+                msg = (
+                    f"batching.buckets edge {self.buckets[-1]} exceeds "
+                    f"max_sequence_length {self.max_sequence_length}"
+                )
+                raise ValueError(msg)
+        return self
+
+
+class QueueConfig(_Section):
+    """Admission, priorities and deadlines."""
+
+    max_queue_size: int = Field(1024, ge=1)
+    """Most instances waiting; beyond it requests get 503 with Retry-After."""
+    default_timeout_ms: int = Field(5_000, ge=1)
+    """Deadline of a request that names none, in milliseconds."""
+    max_timeout_ms: int = Field(30_000, ge=1)
+    """Longest deadline a caller may ask for, in milliseconds."""
+    priority_aging_ms: float = Field(200.0, gt=0)
+    """Waiting this long raises a request one priority class, in milliseconds."""
+    lower_class_share: float = Field(0.1, ge=0, le=0.5)
+    """Fraction of each batch guaranteed to each lower class that has requests waiting."""
+    retry_after_s: int = Field(1, ge=1, le=3600)
+    """Retry-After sent with 503 when the queue is full, in seconds."""
+
+    @model_validator(mode="after")
+    def _check_timeouts(self) -> QueueConfig:
+        if self.max_timeout_ms < self.default_timeout_ms:
+            msg = (
+                f"queue.max_timeout_ms ({self.max_timeout_ms}) must be >= "
+                f"queue.default_timeout_ms ({self.default_timeout_ms})"
+            )
+            raise ValueError(msg)
+        return self
+
+
+class MemoryConfig(_Section):
+    """Per-replica memory budget; the batch token limit is derived from it at warmup."""
+
+    budget_bytes: int = Field(0, ge=0)
+    """Bytes one replica may use for weights and activations; 0 means unbounded."""
+    reserve_fraction: float = Field(0.1, ge=0, lt=1)
+    """Fraction of the budget kept free for fragmentation and the allocator's own use."""
+    pool_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    """Most bytes the input buffer pool keeps for reuse."""
+
+
+class CacheConfig(_Section):
+    """Optional result cache (off when `max_entries` is 0)."""
+
+    max_entries: int = Field(0, ge=0)
+    """Most cached results; 0 disables the cache."""
+    max_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """Most bytes of cached results."""
+
+
+class RuntimeConfig(BaseSettings):
+    """Everything `fleetserve-runtime serve` needs; see the module docstring for sources."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETSERVE_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="forbid",
+        frozen=True,
+        protected_namespaces=(),
+        use_attribute_docstrings=True,
+    )
+
+    model: str = "builtin://synthetic"
+    """Model URI: `builtin://minilm-l6`, `builtin://synthetic?...`, `file:///...`, `module:fn`."""
+    name: str = Field("model", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    """Model name served under `/v2/models/{name}`."""
+    version: str = Field("1", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
+    """Model version label (metrics, metadata, cache keys)."""
+    track: str = Field("stable", pattern=r"^[a-z0-9-]{1,32}$")
+    """Rollout track of this replica (stable, canary, fallback); a metric label."""
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(8080, ge=0, le=65535)
+    """TCP port to listen on."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; `auto` picks CUDA when available."""
+    threads: int = Field(0, ge=0, le=1024)
+    """Torch intra-op threads; 0 keeps torch's default."""
+    warmup: bool = True
+    """Run batches across the length buckets before reporting ready."""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest request body accepted, in bytes."""
+    max_instances: int = Field(256, ge=1)
+    """Most instances in one request."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level."""
+    log_format: Literal["json", "text"] = "json"
+    """Structured JSON logs, or plain text for a terminal."""
+    log_batch_sample: int = Field(100, ge=1)
+    """Log per-batch detail for one batch in this many."""
+
+    batching: BatchingConfig = BatchingConfig()
+    queue: QueueConfig = QueueConfig()
+    memory: MemoryConfig = MemoryConfig()
+    cache: CacheConfig = CacheConfig()
+
+    @model_validator(mode="after")
+    def _check_instances(self) -> RuntimeConfig:
+        if self.max_instances > self.queue.max_queue_size:
+            msg = (
+                f"max_instances ({self.max_instances}) must be <= queue.max_queue_size "
+                f"({self.queue.max_queue_size}), or no request that large could ever be queued"
+            )
+            raise ValueError(msg)
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """CLI (init) beats env, env beats the YAML file named by `load_config`."""
+        yaml_path = _yaml_path.get()
+        if yaml_path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_path))
+
+
+def load_config(overrides: dict[str, Any], *, yaml_path: Path | None = None) -> RuntimeConfig:
+    """Build the config from CLI `overrides` (nested dict), the environment and `yaml_path`.
+
+    Raises `FileNotFoundError` for a missing YAML file and pydantic's `ValidationError` for
+    bad values.
+    """
+    if yaml_path is not None and not yaml_path.is_file():
+        msg = f"config file {yaml_path} does not exist"
+        raise FileNotFoundError(msg)
+    token = _yaml_path.set(yaml_path)
+    try:
+        return RuntimeConfig(**overrides)
+    finally:
+        _yaml_path.reset(token)

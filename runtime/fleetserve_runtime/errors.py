@@ -1,0 +1,77 @@
+"""Domain errors of the runtime; `api` maps each to its HTTP status in one table.
+
+Every error carries a message meant for the caller: it says what was wrong and, where there
+is one, the limit that was crossed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchFailed",
+    "DeadlineExceeded",
+    "InputTooLong",
+    "InvalidInput",
+    "ItemFailed",
+    "ModelNotFound",
+    "ModelNotReady",
+    "OutOfMemory",
+    "PayloadTooLarge",
+    "QueueFull",
+    "FleetserveError",
+]
+
+
+class FleetserveError(Exception):
+    """Base of every error the runtime reports to a caller."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(FleetserveError):
+    """The request body or an instance in it is malformed."""
+
+
+class InputTooLong(FleetserveError):
+    """An instance is longer than the model's `max_sequence_length` and truncation was not asked."""
+
+
+class PayloadTooLarge(FleetserveError):
+    """The request carries more bytes or instances than the server accepts."""
+
+
+class ModelNotFound(FleetserveError):
+    """No model (or model version) of that name is loaded."""
+
+
+class ModelNotReady(FleetserveError):
+    """The model exists but has not finished loading and warming up."""
+
+
+class QueueFull(FleetserveError):
+    """The request queue is at its bound; the caller should retry after `retry_after_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(FleetserveError):
+    """The request's deadline passed before it could be computed."""
+
+
+class BatchFailed(FleetserveError):
+    """The batch this request was in raised; `error_id` finds the traceback in the log."""
+
+    def __init__(self, message: str, *, error_id: str) -> None:
+        super().__init__(message)
+        self.error_id = error_id
+
+
+class ItemFailed(FleetserveError):
+    """The model reported a failure for this one instance."""
+
+
+class OutOfMemory(FleetserveError):
+    """A batch did not fit the memory budget even when split down to one request."""

@@ -1,0 +1,332 @@
+"""Runs batches off the event loop: one thread prepares batch k+1 while another computes batch k.
+
+The prepare thread collates a batch into pooled buffers and moves it to the device (on CUDA in
+its own stream, with an event the compute stream waits on); the compute thread runs forward
+and postprocess. A batch that runs out of memory (a CUDA OOM, or the budget check on CPU) is
+split in half and retried, down to single requests; only those that still do not fit get
+`OutOfMemory`. Any other exception fails that batch alone, with an error id in the log and in
+each response. Outcomes go to `on_done`, called on the compute thread: the runtime hops them
+to the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from fleetserve_runtime.batcher import Batch
+from fleetserve_runtime.errors import BatchFailed, FleetserveError, OutOfMemory
+from fleetserve_runtime.memory import BufferLease, BufferPool, MemoryProfile, measure_bytes
+from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
+from fleetserve_runtime.models.registry import LoadedModel
+
+__all__ = [
+    "BatchJob",
+    "BatchOutcome",
+    "Executor",
+    "device_memory",
+    "resolve_device",
+    "set_threads",
+]
+
+log = logging.getLogger("fleetserve.executor")
+
+
+def resolve_device(setting: str) -> torch.device:
+    """`auto` → CUDA when available, else CPU; `cuda` without a GPU is a startup error."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        msg = "device 'cuda' requested but no CUDA device is available"
+        raise RuntimeError(msg)
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+def set_threads(threads: int) -> None:
+    """Set torch's intra-op thread count (the server is usually pinned to few cores)."""
+    torch.set_num_threads(threads)
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(allocated, reserved) bytes of the CUDA caching allocator; None on CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
+@dataclass(slots=True, eq=False)
+class BatchJob:
+    """A batch on its way through the executor; the prepare thread fills the later fields."""
+
+    batch: Batch
+    model: LoadedModel
+    layout: BatchLayout
+    submitted_at: float
+    lease: BufferLease | None = None
+    prepared: Any = None
+    prep_error: BaseException | None = None
+    ready: Any = None
+    """CUDA event recorded after the copy, or None on CPU."""
+    prep_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What happened to a batch: one result (or error) per item, in batch order."""
+
+    job: BatchJob
+    results: list[ItemResult | FleetserveError]
+    compute_started_at: float
+    compute_s: float
+    oom_splits: int = 0
+    error_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Budget:
+    budget_bytes: int
+    reserve_fraction: float
+    checks: bool = field(default=True)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, OutOfMemory | torch.cuda.OutOfMemoryError)
+
+
+class Executor:
+    """Two worker threads (prepare, compute) with a pipeline depth of two batches."""
+
+    PIPELINE_DEPTH = 2
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        pool: BufferPool,
+        budget_bytes: int,
+        reserve_fraction: float,
+        on_done: Callable[[BatchOutcome], None],
+        log_sample: int = 100,
+    ) -> None:
+        self.device = device
+        self._pool = pool
+        self._budget = _Budget(budget_bytes, reserve_fraction)
+        self._on_done = on_done
+        self._log_sample = log_sample
+        self._prep_q: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
+        self._compute_q: queue.Queue[BatchJob | None] = queue.Queue(maxsize=1)
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self._batches = 0
+        self._stream = (
+            torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
+            if device.type == "cuda"
+            else None
+        )
+        self._threads = [
+            threading.Thread(target=self._prepare_loop, name="fleetserve-prepare", daemon=True),
+            threading.Thread(target=self._compute_loop, name="fleetserve-compute", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def has_capacity(self) -> bool:
+        """True while fewer than `PIPELINE_DEPTH` batches are in the executor."""
+        return self._inflight < self.PIPELINE_DEPTH
+
+    @property
+    def inflight_batches(self) -> int:
+        """Batches submitted and not finished."""
+        return self._inflight
+
+    def submit(self, job: BatchJob) -> None:
+        """Hand a batch to the prepare thread; call only when `has_capacity`."""
+        with self._lock:
+            self._inflight += 1
+        self._prep_q.put(job)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish queued batches, then stop both threads."""
+        self._prep_q.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _prepare_loop(self) -> None:
+        while (job := self._prep_q.get()) is not None:
+            started = time.perf_counter()
+            try:
+                job.lease = self._pool.lease()
+                job.prepared, job.ready = self._collate(
+                    job.model.handler, [i.payload for i in job.batch.items], job.layout, job.lease
+                )
+            except Exception as exc:  # noqa: BLE001 - any collate error fails this batch only
+                job.prep_error = exc
+            job.prep_s = time.perf_counter() - started
+            self._compute_q.put(job)
+        self._compute_q.put(None)
+
+    def _collate(
+        self,
+        handler: ModelHandler,
+        payloads: Sequence[PreparedInput],
+        layout: BatchLayout,
+        lease: BufferLease,
+    ) -> tuple[Any, Any]:
+        if self._stream is None:
+            return handler.collate(payloads, layout=layout, alloc=lease, device=self.device), None
+        with torch.cuda.stream(self._stream):
+            prepared = handler.collate(payloads, layout=layout, alloc=lease, device=self.device)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped upstream
+            event.record(self._stream)
+        return prepared, event
+
+    def _compute_loop(self) -> None:
+        while (job := self._compute_q.get()) is not None:
+            started = time.perf_counter()
+            outcome = self._compute(job, started)
+            with self._lock:
+                self._inflight -= 1
+            self._batches += 1
+            if self._batches % self._log_sample == 0:
+                log.info(
+                    "batch",
+                    extra={
+                        "size": len(job.batch.items),
+                        "pad_to": job.batch.pad_to,
+                        "real_tokens": job.batch.real_tokens,
+                        "prep_ms": round(job.prep_s * 1000, 3),
+                        "compute_ms": round(outcome.compute_s * 1000, 3),
+                        "oom_splits": outcome.oom_splits,
+                    },
+                )
+            self._on_done(outcome)
+
+    def _compute(self, job: BatchJob, started: float) -> BatchOutcome:
+        items = job.batch.items
+        try:
+            if job.prep_error is not None:
+                raise job.prep_error
+            if job.ready is not None:
+                torch.cuda.current_stream(self.device).wait_event(job.ready)
+            results, splits = self._execute(job, [i.payload for i in items], job.prepared)
+            return BatchOutcome(job, results, started, time.perf_counter() - started, splits)
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("batch failed", extra={"error_id": error_id, "size": len(items)})
+            failed = BatchFailed(f"inference failed (error id {error_id})", error_id=error_id)
+            results_failed: list[ItemResult | FleetserveError] = [failed] * len(items)
+            return BatchOutcome(
+                job, results_failed, started, time.perf_counter() - started, 0, error_id
+            )
+        finally:
+            if job.lease is not None:
+                job.lease.release()
+
+    def _execute(
+        self, job: BatchJob, payloads: list[PreparedInput], prepared: Any
+    ) -> tuple[list[ItemResult | FleetserveError], int]:
+        handler = job.model.handler
+        try:
+            self._check_budget(job.model.memory, len(payloads) * job.layout.pad_to)
+            with torch.inference_mode():
+                output = handler.forward(prepared)
+            return list(handler.postprocess(output, len(payloads))), 0
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            if len(payloads) == 1:
+                return [OutOfMemory(f"request does not fit in memory: {exc}")], 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return self._split(job, payloads)
+
+    def _split(
+        self, job: BatchJob, payloads: list[PreparedInput]
+    ) -> tuple[list[ItemResult | FleetserveError], int]:
+        results: list[ItemResult | FleetserveError] = []
+        splits = 1
+        middle = len(payloads) // 2
+        for half in (payloads[:middle], payloads[middle:]):
+            layout = replace(job.layout, pad_to=max(p.length for p in half))
+            lease = self._pool.lease()
+            try:
+                prepared, ready = self._collate(job.model.handler, half, layout, lease)
+                if ready is not None:
+                    torch.cuda.current_stream(self.device).wait_event(ready)
+                half_results, half_splits = self._execute(
+                    replace(job, layout=layout), half, prepared
+                )
+            finally:
+                lease.release()
+            results.extend(half_results)
+            splits += half_splits
+        return results, splits
+
+    def _check_budget(self, memory: MemoryProfile | None, padded_tokens: int) -> None:
+        """On CPU, refuse a batch the measured profile says will not fit (CUDA raises itself)."""
+        budget = self._budget.budget_bytes
+        if memory is None or not budget or self.device.type == "cuda":
+            return
+        need = memory.weights_bytes + memory.batch_bytes(padded_tokens)
+        limit = budget * (1 - self._budget.reserve_fraction)
+        if need > limit:
+            msg = f"batch needs {need} bytes, budget allows {int(limit)}"
+            raise OutOfMemory(msg)
+
+    def run_shapes(
+        self,
+        handler: ModelHandler,
+        shapes: Sequence[tuple[int, int]],
+        *,
+        packed: bool,
+        measure: bool,
+    ) -> list[tuple[int, int]]:
+        """Run one batch per (batch size, length) shape, off the serving threads.
+
+        Used for warmup and, with `measure`, for memory calibration: returns
+        (padded tokens, peak bytes) per shape that fit (peak 0 when not measuring); shapes
+        that run out of memory are left out.
+        """
+        samples: list[tuple[int, int]] = []
+        for size, length in shapes:
+            instance = handler.sample_instance(length)
+            payloads = [handler.preprocess(instance, truncate=True) for _ in range(size)]
+            layout = BatchLayout(pad_to=max(p.length for p in payloads), packed=packed)
+            lease = self._pool.lease()
+
+            def run(payloads: list[PreparedInput] = payloads, layout: BatchLayout = layout,
+                    lease: BufferLease = lease) -> None:  # fmt: skip
+                prepared = handler.collate(payloads, layout=layout, alloc=lease, device=self.device)
+                with torch.inference_mode():
+                    handler.postprocess(handler.forward(prepared), len(payloads))
+
+            peak = 0
+            try:
+                if measure:
+                    peak = measure_bytes(run, self.device)[0]
+                else:
+                    run()
+            except Exception as exc:
+                if not _is_oom(exc):
+                    raise
+                # A shape that does not fit tells us the limit is below it; skip it.
+                log.warning("warmup shape out of memory", extra={"size": size, "length": length})
+                continue
+            finally:
+                lease.release()
+            samples.append((size * layout.pad_to, peak))
+        return samples
+
+    def load(self, handler: ModelHandler) -> int:
+        """Load `handler` onto the device; returns the bytes it kept (its weights)."""
+        _, retained = measure_bytes(lambda: handler.load(self.device), self.device)
+        return retained

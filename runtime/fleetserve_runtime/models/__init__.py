@@ -1,0 +1,1 @@
+"""Model handlers: the protocol, the registry, and the built-in models."""

@@ -1,0 +1,182 @@
+"""Model URIs to handlers, and the versioned registry that swaps versions without a gap.
+
+URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt`
+(TorchScript; `?input_width=N`), `file:///path/pkg` (a directory with `handler.py` defining
+`create_handler(name, version, max_sequence_length)`), and `module:factory` (an importable
+factory with the same signature).
+
+`ModelRegistry` keeps the active version and the previous one. A new version is loaded and
+warmed off the event loop, then made active in one assignment; batches already formed hold
+their own handler reference, so they finish on the version they were preprocessed for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlparse
+
+from fleetserve_runtime.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.memory import MemoryProfile
+from fleetserve_runtime.models.base import ModelHandler
+
+__all__ = ["LoadedModel", "ModelRegistry", "resolve_handler"]
+
+
+def resolve_handler(uri: str, *, name: str, version: str, max_sequence_length: int) -> ModelHandler:
+    """Build (not load) the handler a model URI names; `ValueError` for an unknown URI."""
+    parsed = urlparse(uri)
+    params = dict(parse_qsl(parsed.query, strict_parsing=False))
+    if parsed.scheme == "builtin":
+        return _builtin(parsed.netloc, params, name, version, max_sequence_length)
+    if parsed.scheme == "file":
+        return _from_file(Path(parsed.path), params, name, version, max_sequence_length)
+    if parsed.scheme == "" and ":" in uri:
+        module_name, _, attr = uri.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        return _checked(factory(name, version, max_sequence_length))
+    msg = f"unsupported model URI {uri!r}: use builtin://, file:// or module:factory"
+    raise ValueError(msg)
+
+
+def _builtin(
+    kind: str, params: dict[str, str], name: str, version: str, max_len: int
+) -> ModelHandler:
+    if kind == "minilm-l6":
+        from fleetserve_runtime.models.minilm import MiniLMHandler
+
+        return MiniLMHandler(name, version, max_sequence_length=max_len)
+    if kind == "synthetic":
+        from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
+
+        return SyntheticHandler(
+            name,
+            version,
+            max_sequence_length=max_len,
+            params=SyntheticParams.model_validate(params),
+        )
+    msg = f"unknown builtin model {kind!r}: known are minilm-l6, synthetic"
+    raise ValueError(msg)
+
+
+def _from_file(
+    path: Path, params: dict[str, str], name: str, version: str, max_len: int
+) -> ModelHandler:
+    if not path.exists():
+        msg = f"model path {path} does not exist"
+        raise ValueError(msg)
+    if path.is_file():
+        from fleetserve_runtime.models.torchscript import TorchScriptHandler
+
+        if "input_width" not in params:
+            msg = "a TorchScript model URI needs ?input_width=<N>"
+            raise ValueError(msg)
+        return TorchScriptHandler(name, version, path=path, input_width=int(params["input_width"]))
+    spec = importlib.util.spec_from_file_location(f"fleetserve_user_{name}", path / "handler.py")
+    if spec is None or spec.loader is None:
+        msg = f"{path} has no handler.py"
+        raise ValueError(msg)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return _checked(module.create_handler(name, version, max_len))
+
+
+def _checked(handler: Any) -> ModelHandler:
+    if not isinstance(handler, ModelHandler):
+        msg = f"{type(handler).__name__} does not implement the ModelHandler protocol"
+        raise TypeError(msg)
+    return handler
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A loaded, warmed handler and what was measured while loading it."""
+
+    handler: ModelHandler
+    load_seconds: float
+    memory: MemoryProfile | None
+    max_batch_tokens: int
+    """Padded-token limit derived from the memory budget (0: unbounded)."""
+
+    @property
+    def version(self) -> str:
+        """The handler's version label."""
+        return self.handler.metadata.version
+
+
+class ModelRegistry:
+    """Active and previous versions of one model name; safe to read from any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._versions: dict[str, LoadedModel] = {}
+        self._active: LoadedModel | None = None
+        self._previous: LoadedModel | None = None
+
+    @property
+    def active(self) -> LoadedModel:
+        """The version new requests go to; `ModelNotReady` before the first load."""
+        active = self._active
+        if active is None:
+            msg = f"model {self.name!r} is loading"
+            raise ModelNotReady(msg)
+        return active
+
+    @property
+    def is_ready(self) -> bool:
+        """True once a version is loaded and warmed."""
+        return self._active is not None
+
+    def versions(self) -> list[str]:
+        """Loaded version labels."""
+        with self._lock:
+            return list(self._versions)
+
+    def get(self, version: str | None) -> LoadedModel:
+        """The active model, or a specific loaded version."""
+        if version is None:
+            return self.active
+        with self._lock:
+            loaded = self._versions.get(version)
+        if loaded is None:
+            msg = f"model {self.name!r} has no loaded version {version!r}"
+            raise ModelNotFound(msg)
+        return loaded
+
+    def activate(self, loaded: LoadedModel) -> None:
+        """Make `loaded` active; the old active version stays loaded as the previous one."""
+        with self._lock:
+            if self._previous is not None and self._previous.version not in (
+                loaded.version,
+                self._active.version if self._active else None,
+            ):
+                del self._versions[self._previous.version]
+            self._versions[loaded.version] = loaded
+            if self._active is not None and self._active.version != loaded.version:
+                self._previous = self._active
+            self._active = loaded
+
+    def switch_back(self) -> LoadedModel:
+        """Re-activate the previous version instantly; `InvalidInput` when there is none."""
+        with self._lock:
+            previous = self._previous
+            if previous is None or self._active is None:
+                msg = f"model {self.name!r} has no previous version to switch back to"
+                raise InvalidInput(msg)
+            self._previous, self._active = self._active, previous
+            return previous
+
+    def release_previous(self) -> str | None:
+        """Unload the previous version; returns its label (None if there was none)."""
+        with self._lock:
+            previous = self._previous
+            if previous is None:
+                return None
+            self._previous = None
+            del self._versions[previous.version]
+            return previous.version

@@ -1,0 +1,99 @@
+"""A generic handler for a TorchScript file: numeric vectors in, tensors out.
+
+`file:///models/net.pt` loads with `torch.jit.load`. Each instance is a flat list of numbers of
+the model's input width (checked against the first call's width at warmup); a batch is the
+stacked rows, and each output row is one item's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.models.base import (
+    BatchLayout,
+    ItemResult,
+    ModelMetadata,
+    PreparedInput,
+    TensorAllocator,
+    TensorSpec,
+)
+
+__all__ = ["TorchScriptHandler"]
+
+
+class TorchScriptHandler:
+    """Runs a scripted module on stacked FP32 rows of a fixed width."""
+
+    def __init__(self, name: str, version: str, *, path: Path, input_width: int) -> None:
+        self._path = path
+        self._width = input_width
+        self._module: torch.jit.ScriptModule | None = None
+        self._device = torch.device("cpu")
+        self._metadata = ModelMetadata(
+            name=name,
+            version=version,
+            platform="pytorch_torchscript",
+            inputs=(TensorSpec("input", "FP32", (-1, input_width)),),
+            outputs=(TensorSpec("output", "FP32", (-1, -1)),),
+            max_sequence_length=1,
+        )
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """Name, version, shapes and limits."""
+        return self._metadata
+
+    def load(self, device: torch.device) -> None:
+        """Load the scripted module onto `device`."""
+        module = torch.jit.load(str(self._path), map_location=device)  # type: ignore[no-untyped-call]
+        module.eval()
+        self._module = module
+        self._device = device
+
+    def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
+        """Check the instance is a list of `input_width` numbers."""
+        if not isinstance(instance, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in instance
+        ):
+            msg = f"instance must be a list of {self._width} numbers"
+            raise InvalidInput(msg)
+        if len(instance) != self._width:
+            msg = f"instance has {len(instance)} values, the model takes {self._width}"
+            raise InvalidInput(msg)
+        return PreparedInput(length=1, data=instance)
+
+    def sample_instance(self, length: int) -> object:
+        """A row of zeros."""
+        return [0.0] * self._width
+
+    def collate(
+        self,
+        items: Sequence[PreparedInput],
+        *,
+        layout: BatchLayout,
+        alloc: TensorAllocator,
+        device: torch.device,
+    ) -> Any:
+        """Stack rows into one [n, width] tensor."""
+        rows = alloc.empty((len(items), self._width), torch.float32)
+        rows.copy_(torch.tensor([item.data for item in items], dtype=torch.float32))
+        return rows.to(device, non_blocking=True)
+
+    def forward(self, batch: Any) -> Any:
+        """Call the scripted module."""
+        if self._module is None:
+            msg = "model not loaded"
+            raise RuntimeError(msg)
+        with torch.inference_mode():
+            return self._module(batch)
+
+    def postprocess(self, output: Any, count: int) -> list[ItemResult]:
+        """One output row per item."""
+        rows: np.ndarray = output.detach().float().cpu().numpy()
+        return [rows[i] for i in range(count)]

@@ -1,0 +1,171 @@
+"""Bounded request queue with priority classes, length buckets and per-item deadlines.
+
+The queue only stores and indexes; the batcher decides what to take. Items sit in one FIFO
+per (group, bucket, priority) cell, where `group` is the model version that preprocessed them
+(a batch never mixes versions) and `bucket` their length bucket. Expired and taken items are
+removed lazily: they are marked and skipped, so every operation stays O(1) amortised. Not
+thread-safe: the runtime touches it from the event loop only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from fleetserve_runtime.errors import QueueFull
+
+__all__ = ["Cell", "PendingItem", "Priority", "RequestQueue"]
+
+
+class Priority(IntEnum):
+    """Request priority classes; a lower value is served first."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+    @classmethod
+    def parse(cls, value: str) -> Priority:
+        """Return the class named `value` (case-insensitive); raise `ValueError` otherwise."""
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            names = ", ".join(p.name.lower() for p in cls)
+            msg = f"priority must be one of {names}, got {value!r}"
+            raise ValueError(msg) from None
+
+
+_seq = itertools.count()
+
+
+@dataclass(slots=True, eq=False)
+class PendingItem:
+    """One instance waiting for a batch; `ticket` is the runtime's opaque completion handle."""
+
+    length: int
+    priority: Priority
+    enqueued_at: float
+    deadline: float
+    group: Hashable
+    payload: Any
+    ticket: Any
+    bucket: int = 0
+    seq: int = field(default_factory=lambda: next(_seq))
+    live: bool = True
+    """False once the item was taken into a batch or expired."""
+
+
+@dataclass(slots=True)
+class Cell:
+    """FIFO of items of one group, bucket and priority class."""
+
+    group: Hashable
+    bucket: int
+    priority: Priority
+    items: deque[PendingItem] = field(default_factory=deque)
+    live: int = 0
+
+    def head(self) -> PendingItem | None:
+        """Oldest live item, dropping dead ones from the front."""
+        items = self.items
+        while items and not items[0].live:
+            items.popleft()
+        return items[0] if items else None
+
+    def iter_live(self) -> Iterator[PendingItem]:
+        """Live items, oldest first."""
+        return (item for item in self.items if item.live)
+
+
+class RequestQueue:
+    """Bounded multi-cell queue; see the module docstring."""
+
+    def __init__(self, *, max_size: int, retry_after_s: float) -> None:
+        self._max_size = max_size
+        self._retry_after_s = retry_after_s
+        self._cells: dict[tuple[Hashable, int, Priority], Cell] = {}
+        self._deadlines: list[tuple[float, int, PendingItem]] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        """Live items waiting."""
+        return self._size
+
+    @property
+    def max_size(self) -> int:
+        """The bound on live items."""
+        return self._max_size
+
+    def push(self, items: Sequence[PendingItem]) -> None:
+        """Queue all `items` of one request, or none: raise `QueueFull` when they do not fit."""
+        if self._size + len(items) > self._max_size:
+            msg = (
+                f"queue is full ({self._size} of {self._max_size} waiting); "
+                f"retry after {self._retry_after_s:g}s"
+            )
+            raise QueueFull(msg, retry_after_s=self._retry_after_s)
+        for item in items:
+            key = (item.group, item.bucket, item.priority)
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = Cell(item.group, item.bucket, item.priority)
+            cell.items.append(item)
+            cell.live += 1
+            heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
+        self._size += len(items)
+
+    def cells(self) -> Iterator[Cell]:
+        """Cells that have live items."""
+        return (cell for cell in self._cells.values() if cell.live)
+
+    def cell(self, group: Hashable, bucket: int, priority: Priority) -> Cell | None:
+        """The cell for that key, if it has live items."""
+        cell = self._cells.get((group, bucket, priority))
+        return cell if cell is not None and cell.live else None
+
+    def take(self, item: PendingItem) -> None:
+        """Remove a live item (it joins a batch)."""
+        self._kill(item)
+
+    def pop_expired(self, now: float) -> list[PendingItem]:
+        """Remove and return every live item whose deadline is at or before `now`."""
+        expired: list[PendingItem] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            item = heapq.heappop(heap)[2]
+            if item.live:
+                self._kill(item)
+                expired.append(item)
+        self._compact()
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """Earliest deadline among live items (None when empty)."""
+        heap = self._deadlines
+        while heap and not heap[0][2].live:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def oldest_enqueued_at(self) -> float | None:
+        """Enqueue time of the oldest live item (None when empty)."""
+        heads = (cell.head() for cell in self.cells())
+        return min((head.enqueued_at for head in heads if head is not None), default=None)
+
+    def _kill(self, item: PendingItem) -> None:
+        item.live = False
+        self._cells[(item.group, item.bucket, item.priority)].live -= 1
+        self._size -= 1
+
+    def _compact(self) -> None:
+        # Dead items are dropped lazily; rebuild the heap when they dominate it, so a burst
+        # of taken items does not keep memory alive for their whole deadline.
+        if len(self._deadlines) > 64 and len(self._deadlines) > 4 * self._size:
+            self._deadlines = [entry for entry in self._deadlines if entry[2].live]
+            heapq.heapify(self._deadlines)
+        if len(self._cells) > 64:
+            self._cells = {key: cell for key, cell in self._cells.items() if cell.live}

@@ -1,0 +1,94 @@
+"""Public test helpers (like `kopf.testing`): a fake clock, config and queue-item factories.
+
+Tests import these instead of sharing conftest fixtures, so they work under pytest's
+importlib import mode and in other projects' tests of custom handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from fleetserve_runtime.config import RuntimeConfig
+from fleetserve_runtime.request_queue import PendingItem, Priority
+
+__all__ = ["FakeClock", "exploding_handler", "make_config", "make_items"]
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to; call it like `time.monotonic`."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        """The current fake time, in seconds."""
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by `seconds`; returns the new time."""
+        self.now += seconds
+        return self.now
+
+
+def make_config(**sections: Any) -> RuntimeConfig:
+    """A `RuntimeConfig` for tests: synthetic model, CPU, no warmup, plus `sections` overrides.
+
+    Section overrides are dicts, e.g. `make_config(batching={"max_batch_size": 4})`.
+    """
+    base: dict[str, Any] = {
+        "model": "builtin://synthetic?latency_ms=0&per_item_ms=0",
+        "name": "test",
+        "version": "v1",
+        "device": "cpu",
+        "warmup": False,
+        "log_format": "text",
+    }
+    base.update(sections)
+    return RuntimeConfig(**base)
+
+
+def make_items(
+    lengths: Sequence[int],
+    *,
+    now: float,
+    priority: Priority = Priority.NORMAL,
+    timeout_s: float = 5.0,
+    group: Hashable = "v1",
+    bucket_of: Any = None,
+) -> list[PendingItem]:
+    """Queue items of the given lengths, enqueued at `now`; `bucket_of` maps length → bucket."""
+    return [
+        PendingItem(
+            length=length,
+            priority=priority,
+            enqueued_at=now,
+            deadline=now + timeout_s,
+            group=group,
+            payload=None,
+            ticket=None,
+            bucket=bucket_of(length) if bucket_of is not None else 0,
+        )
+        for length in lengths
+    ]
+
+
+def exploding_handler(name: str, version: str, max_sequence_length: int) -> Any:
+    """`module:factory` entry point: a synthetic model whose forward raises for "boom" inputs.
+
+    Used to prove that one failing batch fails only its own requests.
+    """
+    from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams, text_digest
+
+    boom = text_digest("boom")
+
+    class Exploding(SyntheticHandler):
+        def forward(self, batch: Any) -> Any:
+            seeds, _ = batch
+            if bool(seeds.eq(boom).any()):
+                msg = "model exploded"
+                raise RuntimeError(msg)
+            return super().forward(batch)
+
+    params = SyntheticParams(latency_ms=0, per_item_ms=0)
+    return Exploding(name, version, max_sequence_length=max_sequence_length, params=params)

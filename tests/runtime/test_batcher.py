@@ -1,0 +1,214 @@
+"""Batching policy: triggers, buckets, padding, token budget, priorities, aging, expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetserve_runtime.batcher import (
+    BatchLimits,
+    FixedBuckets,
+    LearnedBuckets,
+    make_bucket_policy,
+    plan_batch,
+    quantile_edges,
+)
+from fleetserve_runtime.request_queue import Priority, RequestQueue
+from fleetserve_runtime.testing import FakeClock, make_items
+
+
+def limits(**overrides: float) -> BatchLimits:
+    values = {
+        "max_batch_size": 4,
+        "max_queue_delay_s": 0.010,
+        "max_batch_tokens": 0,
+        "aging_s": 0.2,
+        "lower_class_share": 0.0,
+    }
+    values.update(overrides)
+    return BatchLimits(**values)  # type: ignore[arg-type]
+
+
+def new_queue(size: int = 100) -> RequestQueue:
+    return RequestQueue(max_size=size, retry_after_s=1)
+
+
+def test_waits_for_delay_when_batch_not_full() -> None:
+    """Fewer items than max_batch_size and a fresh queue: no batch, wake at the delay."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 6], now=clock()))
+    plan = plan_batch(queue, clock(), limits())
+    assert plan.batch is None
+    assert plan.wake_at == pytest.approx(clock() + 0.010)
+
+
+def test_dispatches_when_delay_passed() -> None:
+    """Once the oldest item waited max_queue_delay, a partial batch goes."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 6], now=clock()))
+    clock.advance(0.011)
+    plan = plan_batch(queue, clock(), limits())
+    assert plan.batch is not None
+    assert [i.length for i in plan.batch.items] == [5, 6]
+    assert len(queue) == 0
+
+
+def test_dispatches_at_max_batch_size_without_waiting() -> None:
+    """max_batch_size items dispatch at once, and only that many are taken."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 6, now=clock()))
+    plan = plan_batch(queue, clock(), limits())
+    assert plan.batch is not None
+    assert len(plan.batch.items) == 4
+    assert len(queue) == 2
+
+
+def test_batch_padded_to_its_longest_member() -> None:
+    """pad_to is the batch's own longest item, and token counts follow."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([3, 9, 4, 7], now=clock()))
+    batch = plan_batch(queue, clock(), limits()).batch
+    assert batch is not None
+    assert batch.pad_to == 9
+    assert batch.real_tokens == 23
+    assert batch.padded_tokens == 36
+
+
+def test_buckets_keep_lengths_apart() -> None:
+    """Short and long items land in different batches when buckets separate them."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 64])
+    queue.push(make_items([4, 50, 5, 60, 6, 55, 7, 58], now=clock(), bucket_of=policy.bucket_of))
+    first = plan_batch(queue, clock(), limits()).batch
+    second = plan_batch(queue, clock(), limits()).batch
+    assert first is not None
+    assert second is not None
+    assert {i.length for i in first.items} == {4, 5, 6, 7}
+    assert {i.length for i in second.items} == {50, 60, 55, 58}
+    assert first.real_tokens / first.padded_tokens > 0.75
+
+
+def test_token_budget_limits_padded_tokens() -> None:
+    """A batch never exceeds max_batch_tokens (padded), but always holds at least one item."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([30, 30, 30, 30], now=clock()))
+    batch = plan_batch(queue, clock(), limits(max_batch_tokens=64)).batch
+    assert batch is not None
+    assert batch.padded_tokens <= 64
+    assert len(batch.items) == 2
+    queue2 = new_queue()
+    queue2.push(make_items([100], now=clock()))
+    clock.advance(1)
+    lone = plan_batch(queue2, clock(), limits(max_batch_tokens=64)).batch
+    assert lone is not None
+    assert len(lone.items) == 1
+
+
+def test_expired_items_are_returned_not_batched() -> None:
+    """Items past their deadline come back as expired and never join a batch."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5], now=clock(), timeout_s=0.005))
+    queue.push(make_items([6], now=clock(), timeout_s=5))
+    clock.advance(0.02)
+    plan = plan_batch(queue, clock(), limits())
+    assert [i.length for i in plan.expired] == [5]
+    assert plan.batch is not None
+    assert [i.length for i in plan.batch.items] == [6]
+
+
+def test_wake_at_is_the_earlier_of_delay_and_deadline() -> None:
+    """A deadline before the delay wakes the scheduler in time to answer 504."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5], now=clock(), timeout_s=0.002))
+    plan = plan_batch(queue, clock(), limits())
+    assert plan.wake_at == pytest.approx(clock() + 0.002)
+
+
+def test_high_priority_goes_first() -> None:
+    """With more items than fit, high-priority items are chosen over older normal ones."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 4, now=clock(), priority=Priority.NORMAL))
+    clock.advance(0.001)
+    queue.push(make_items([6] * 4, now=clock(), priority=Priority.HIGH))
+    batch = plan_batch(queue, clock(), limits()).batch
+    assert batch is not None
+    assert all(i.priority is Priority.HIGH for i in batch.items)
+
+
+def test_aging_lifts_a_waiting_low_request() -> None:
+    """A low request that waited long enough outranks fresh high ones: no starvation."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5], now=clock(), priority=Priority.LOW))
+    clock.advance(0.5)  # 2.5 classes of aging at 0.2 s per class
+    queue.push(make_items([6] * 4, now=clock(), priority=Priority.HIGH))
+    batch = plan_batch(queue, clock(), limits(max_batch_size=2)).batch
+    assert batch is not None
+    assert batch.items[0].priority is Priority.LOW
+
+
+def test_lower_classes_get_a_guaranteed_share() -> None:
+    """Each lower class with waiting items gets its share of every batch."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 10, now=clock(), priority=Priority.HIGH))
+    queue.push(make_items([5] * 10, now=clock(), priority=Priority.LOW))
+    batch = plan_batch(queue, clock(), limits(max_batch_size=10, lower_class_share=0.2)).batch
+    assert batch is not None
+    priorities = [i.priority for i in batch.items]
+    assert priorities.count(Priority.LOW) == 2
+    assert priorities.count(Priority.HIGH) == 8
+
+
+def test_versions_never_share_a_batch() -> None:
+    """Items preprocessed by different model versions are batched separately."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 5], now=clock(), group="v1"))
+    queue.push(make_items([5, 5], now=clock(), group="v2"))
+    batch = plan_batch(queue, clock(), limits()).batch
+    assert batch is not None
+    assert len({i.group for i in batch.items}) == 1
+
+
+def test_full_bucket_goes_before_the_delay() -> None:
+    """A bucket holding a full batch dispatches even while another bucket still waits."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 64])
+    queue.push(make_items([50], now=clock(), bucket_of=policy.bucket_of))
+    queue.push(make_items([5] * 4, now=clock(), bucket_of=policy.bucket_of))
+    batch = plan_batch(queue, clock(), limits()).batch
+    assert batch is not None
+    assert [i.length for i in batch.items] == [5, 5, 5, 5]
+
+
+def test_learned_buckets_follow_observed_quantiles() -> None:
+    """After `refresh` observations, edges sit at quantiles of what was seen."""
+    policy = LearnedBuckets(256, refresh=100)
+    assert policy.edges[-1] == 256
+    for i in range(100):
+        policy.observe(5 + i % 20)
+    edges = policy.edges
+    assert edges[-1] == 256
+    assert all(5 <= e <= 24 for e in edges[:-1])
+    assert policy.bucket_of(5) == 0
+    assert policy.bucket_of(300) == len(edges) - 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "edges"),
+    [
+        pytest.param("none", [128], id="none"),
+        pytest.param([16, 32], [16, 32, 128], id="explicit"),
+    ],
+)
+def test_bucket_policy_factory(setting: str | list[int], edges: list[int]) -> None:
+    """`none` is one bucket; explicit edges gain max_sequence_length as the last edge."""
+    assert make_bucket_policy(setting, 128).edges == edges
+
+
+def test_bucket_policy_factory_rejects_unknown() -> None:
+    """An unknown setting is an error, not a silent default."""
+    with pytest.raises(ValueError, match="unknown buckets"):
+        make_bucket_policy("sometimes", 128)
+
+
+def test_quantile_edges_are_sorted_and_capped() -> None:
+    """Edges are unique, ascending, and end at the maximum length."""
+    assert quantile_edges([1, 2, 3, 4, 500], (0.5, 0.99), 256) == [3, 256]
