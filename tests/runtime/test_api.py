@@ -134,7 +134,9 @@ BAD_REQUESTS = [
         413, "limit is 4", id="too-many-instances",
     ),
     pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["' + b"w " * 40 + b'"]}]}',
+        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["'
+        + b"w " * 40
+        + b'"]}]}',
         413, "max_sequence_length 32", id="input-too-long",
     ),
     pytest.param(b'{"x":"' + b"a" * 5000 + b'"}', 413, "exceeds the limit", id="body-too-large"),
@@ -364,14 +366,26 @@ async def test_metrics_exposes_the_documented_names() -> None:
         text = (await client.get("/metrics")).text
     names = {family.name for family in text_string_to_metric_families(text)}
     expected = {
-        "fleetserve_requests", "fleetserve_request_duration_seconds", "fleetserve_queue_wait_seconds",
-        "fleetserve_batch_size", "fleetserve_padding_efficiency_ratio", "fleetserve_batch_tokens_real",
-        "fleetserve_batch_tokens_padded", "fleetserve_queue_depth_requests", "fleetserve_inflight_requests",
-        "fleetserve_cache_hits", "fleetserve_cache_misses", "fleetserve_model_load_seconds",
-        "fleetserve_memory_allocated_bytes", "fleetserve_memory_reserved_bytes",
-        "fleetserve_buffer_pool_hits", "fleetserve_model_bytes_per_token", "fleetserve_model_max_batch_tokens",
-        "fleetserve_batch_compute_seconds", "fleetserve_oom_splits",
-    }  # fmt: skip
+        "fleetserve_requests",
+        "fleetserve_request_duration_seconds",
+        "fleetserve_queue_wait_seconds",
+        "fleetserve_batch_size",
+        "fleetserve_padding_efficiency_ratio",
+        "fleetserve_batch_tokens_real",
+        "fleetserve_batch_tokens_padded",
+        "fleetserve_queue_depth_requests",
+        "fleetserve_inflight_requests",
+        "fleetserve_cache_hits",
+        "fleetserve_cache_misses",
+        "fleetserve_model_load_seconds",
+        "fleetserve_memory_allocated_bytes",
+        "fleetserve_memory_reserved_bytes",
+        "fleetserve_buffer_pool_hits",
+        "fleetserve_model_bytes_per_token",
+        "fleetserve_model_max_batch_tokens",
+        "fleetserve_batch_compute_seconds",
+        "fleetserve_oom_splits",
+    }
     assert expected <= names
     assert (
         metric(text, "fleetserve_requests_total", model="test", version="v1", track="stable") == 1
