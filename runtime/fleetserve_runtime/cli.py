@@ -2,8 +2,9 @@
 
 Flags are derived from the config model, one per field, so the CLI, the `FLEETSERVE_*`
 variables and the YAML file can never disagree: a top-level field `max_body_bytes` is
-`--max-body-bytes`, a section field `batching.max_batch_size` is `--max-batch-size`.
-Booleans take `--flag/--no-flag`.
+`--max-body-bytes`, a section field `batching.max_batch_size` is `--max-batch-size`, and
+sections whose field names alone would be ambiguous prefix them (`--cache-max-entries`,
+`--memory-budget-bytes`). Booleans take `--flag/--no-flag`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +20,38 @@ from pydantic import BaseModel, ValidationError
 
 from fleetserve_runtime.config import RuntimeConfig, load_config
 
-__all__ = ["build_parser", "main", "parse_config"]
+__all__ = ["ConfigFlag", "build_parser", "config_flags", "main", "parse_config"]
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+@dataclass(frozen=True)
+class ConfigFlag:
+    """One CLI flag and the config field it sets."""
+
+    flag: str
+    section: str | None
+    field: str
+    info: Any
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination: `section__field` for section fields."""
+        return f"{self.section}__{self.field}" if self.section else self.field
 
 
-def _fields() -> list[tuple[str | None, str, Any]]:
-    """(section, field, FieldInfo) for every leaf field of `RuntimeConfig`."""
-    leaves: list[tuple[str | None, str, Any]] = []
+def config_flags() -> list[ConfigFlag]:
+    """Every leaf field of `RuntimeConfig` with its flag, in declaration order."""
+    flags: list[ConfigFlag] = []
     for name, info in RuntimeConfig.model_fields.items():
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            leaves.extend((name, sub, subinfo) for sub, subinfo in annotation.model_fields.items())
+            prefix = getattr(annotation, "flag_prefix", "")
+            flags.extend(
+                ConfigFlag(f"--{prefix}{sub.replace('_', '-')}", name, sub, subinfo)
+                for sub, subinfo in annotation.model_fields.items()
+            )
         else:
-            leaves.append((None, name, info))
-    return leaves
+            flags.append(ConfigFlag(f"--{name.replace('_', '-')}", None, name, info))
+    return flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,16 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over HTTP")
     serve.add_argument("--config", type=Path, help="YAML config file (flags and env override it)")
-    for section, name, info in _fields():
-        where = f"{section}.{name}" if section else name
-        help_text = f"{info.description or ''} [{where}; default {info.default!r}]"
-        dest = f"{section}__{name}" if section else name
-        if info.annotation is bool:
+    for flag in config_flags():
+        where = f"{flag.section}.{flag.field}" if flag.section else flag.field
+        help_text = f"{flag.info.description or ''} [{where}; default {flag.info.default!r}]"
+        if flag.info.annotation is bool:
             serve.add_argument(
-                _flag(name), dest=dest, action=argparse.BooleanOptionalAction, help=help_text
+                flag.flag, dest=flag.dest, action=argparse.BooleanOptionalAction, help=help_text
             )
         else:
-            serve.add_argument(_flag(name), dest=dest, help=help_text)
+            serve.add_argument(flag.flag, dest=flag.dest, help=help_text)
     return parser
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -36,6 +36,9 @@ Buckets = Literal["auto", "none"] | list[Annotated[int, Field(ge=1)]]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    flag_prefix: ClassVar[str] = ""
+    """Prefix of this section's CLI flags, where the field names alone would be ambiguous."""
 
 
 class BatchingConfig(_Section):
@@ -110,6 +113,8 @@ class QueueConfig(_Section):
 class MemoryConfig(_Section):
     """Per-replica memory budget; the batch token limit is derived from it at warmup."""
 
+    flag_prefix: ClassVar[str] = "memory-"
+
     budget_bytes: int = Field(0, ge=0)
     """Bytes one replica may use for weights and activations; 0 means unbounded."""
     reserve_fraction: float = Field(0.1, ge=0, lt=1)
@@ -120,6 +125,8 @@ class MemoryConfig(_Section):
 
 class CacheConfig(_Section):
     """Optional result cache (off when `max_entries` is 0)."""
+
+    flag_prefix: ClassVar[str] = "cache-"
 
     max_entries: int = Field(0, ge=0)
     """Most cached results; 0 disables the cache."""
