@@ -43,7 +43,7 @@ test: lint unit e2e
 
 ## demo: start the runtime with MiniLM, send a burst of concurrent requests, show the batches
 demo: setup
-	$(PY) examples/runtime_demo.py $(DEMO_FLAGS)
+	PYTHONPATH=. $(PY) examples/runtime_demo.py $(DEMO_FLAGS)
 
 ## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP
 bench-runtime: setup

@@ -1,4 +1,4 @@
-"""`make demo`: the runtime with the real MiniLM encoder, a burst of concurrent requests, the batches.
+"""`make demo`: the runtime with the real MiniLM encoder, a concurrent burst, its batches.
 
 Starts `fleetserve-runtime serve --model builtin://minilm-l6` on a free loopback port (pinned
 to one core), checks that paraphrases score closer than unrelated sentences, sends requests
