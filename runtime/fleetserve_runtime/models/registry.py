@@ -1,9 +1,9 @@
 """Model URIs to handlers, and the versioned registry that swaps versions without a gap.
 
-URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt`
-(TorchScript; `?input_width=N`), `file:///path/pkg` (a directory with `handler.py` defining
-`create_handler(name, version, max_sequence_length)`), and `module:factory` (an importable
-factory with the same signature).
+URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt2`
+(`torch.export`) or `.pt` (TorchScript), both with `?input_width=N`, `file:///path/pkg` (a
+directory with `handler.py` defining `create_handler(name, version, max_sequence_length)`),
+and `module:factory` (an importable factory with the same signature).
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
 warmed off the event loop, then made active in one assignment; batches already formed hold
@@ -29,16 +29,16 @@ __all__ = ["LoadedModel", "ModelRegistry", "resolve_handler"]
 
 def resolve_handler(uri: str, *, name: str, version: str, max_sequence_length: int) -> ModelHandler:
     """Build (not load) the handler a model URI names; `ValueError` for an unknown URI."""
+    if "://" not in uri and ":" in uri:
+        module_name, _, attr = uri.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        return _checked(factory(name, version, max_sequence_length))
     parsed = urlparse(uri)
     params = dict(parse_qsl(parsed.query, strict_parsing=False))
     if parsed.scheme == "builtin":
         return _builtin(parsed.netloc, params, name, version, max_sequence_length)
     if parsed.scheme == "file":
         return _from_file(Path(parsed.path), params, name, version, max_sequence_length)
-    if parsed.scheme == "" and ":" in uri:
-        module_name, _, attr = uri.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-        return _checked(factory(name, version, max_sequence_length))
     msg = f"unsupported model URI {uri!r}: use builtin://, file:// or module:factory"
     raise ValueError(msg)
 
@@ -70,12 +70,13 @@ def _from_file(
         msg = f"model path {path} does not exist"
         raise ValueError(msg)
     if path.is_file():
-        from fleetserve_runtime.models.torchscript import TorchScriptHandler
+        from fleetserve_runtime.models.serialized import SerializedModuleHandler
 
         if "input_width" not in params:
-            msg = "a TorchScript model URI needs ?input_width=<N>"
+            msg = "a serialized-module model URI needs ?input_width=<N>"
             raise ValueError(msg)
-        return TorchScriptHandler(name, version, path=path, input_width=int(params["input_width"]))
+        width = int(params["input_width"])
+        return SerializedModuleHandler(name, version, path=path, input_width=width)
     spec = importlib.util.spec_from_file_location(f"fleetserve_user_{name}", path / "handler.py")
     if spec is None or spec.loader is None:
         msg = f"{path} has no handler.py"

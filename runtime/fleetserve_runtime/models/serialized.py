@@ -1,12 +1,14 @@
-"""A generic handler for a TorchScript file: numeric vectors in, tensors out.
+"""A generic handler for a serialized PyTorch module: numeric rows in, tensors out.
 
-`file:///models/net.pt` loads with `torch.jit.load`. Each instance is a flat list of numbers of
-the model's input width (checked against the first call's width at warmup); a batch is the
-stacked rows, and each output row is one item's result.
+`file:///models/net.pt2?input_width=N` loads a `torch.export` program (the format PyTorch now
+recommends); `file:///models/net.pt?input_width=N` loads TorchScript, which PyTorch deprecates
+but many teams still ship. Each instance is a flat list of `input_width` numbers; a batch is
+the stacked rows, and each output row is one item's result.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,21 +26,21 @@ from fleetserve_runtime.models.base import (
     TensorSpec,
 )
 
-__all__ = ["TorchScriptHandler"]
+__all__ = ["SerializedModuleHandler"]
 
 
-class TorchScriptHandler:
-    """Runs a scripted module on stacked FP32 rows of a fixed width."""
+class SerializedModuleHandler:
+    """Runs an exported or scripted module on stacked FP32 rows of a fixed width."""
 
     def __init__(self, name: str, version: str, *, path: Path, input_width: int) -> None:
         self._path = path
         self._width = input_width
-        self._module: torch.jit.ScriptModule | None = None
+        self._module: torch.nn.Module | None = None
         self._device = torch.device("cpu")
         self._metadata = ModelMetadata(
             name=name,
             version=version,
-            platform="pytorch_torchscript",
+            platform="pytorch_export" if path.suffix == ".pt2" else "pytorch_torchscript",
             inputs=(TensorSpec("input", "FP32", (-1, input_width)),),
             outputs=(TensorSpec("output", "FP32", (-1, -1)),),
             max_sequence_length=1,
@@ -50,9 +52,16 @@ class TorchScriptHandler:
         return self._metadata
 
     def load(self, device: torch.device) -> None:
-        """Load the scripted module onto `device`."""
-        module = torch.jit.load(str(self._path), map_location=device)  # type: ignore[no-untyped-call]
-        module.eval()
+        """Load the module onto `device`."""
+        module: torch.nn.Module
+        if self._path.suffix == ".pt2":
+            module = torch.export.load(str(self._path)).module().to(device)
+        else:
+            with warnings.catch_warnings():
+                # TorchScript still loads; its deprecation notice is for authors, not servers.
+                warnings.simplefilter("ignore", FutureWarning)
+                module = torch.jit.load(str(self._path), map_location=device)  # type: ignore[no-untyped-call]
+            module.eval()
         self._module = module
         self._device = device
 
@@ -86,7 +95,7 @@ class TorchScriptHandler:
         return rows.to(device, non_blocking=True)
 
     def forward(self, batch: Any) -> Any:
-        """Call the scripted module."""
+        """Call the module."""
         if self._module is None:
             msg = "model not loaded"
             raise RuntimeError(msg)

@@ -1,0 +1,182 @@
+"""Executor: pipelining, OOM halving, failure isolation, buffer return; GPU path when present."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from fleetserve_runtime.batcher import Batch
+from fleetserve_runtime.errors import BatchFailed, OutOfMemory
+from fleetserve_runtime.executor import BatchJob, BatchOutcome, Executor, resolve_device
+from fleetserve_runtime.memory import BufferPool, MemoryProfile
+from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
+from fleetserve_runtime.models.registry import LoadedModel
+from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
+from fleetserve_runtime.testing import make_items
+
+
+class RecordingHandler(SyntheticHandler):
+    """Synthetic model that records when each stage of each batch ran."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__("rec", "v1", params=SyntheticParams(**params))
+        self.events: list[tuple[str, int, float]] = []
+        self._batch = 0
+
+    def collate(
+        self,
+        items: Sequence[PreparedInput],
+        *,
+        layout: BatchLayout,
+        alloc: TensorAllocator,
+        device: torch.device,
+    ) -> Any:
+        """Collate, recording when, and tag the batch with its number."""
+        self._batch += 1
+        self.events.append(("collate", self._batch, time.monotonic()))
+        return (*super().collate(items, layout=layout, alloc=alloc, device=device), self._batch)
+
+    def forward(self, batch: Any) -> Any:
+        """Run the synthetic forward, recording its start and end."""
+        seeds, padded, number = batch
+        self.events.append(("forward-start", number, time.monotonic()))
+        out = super().forward((seeds, padded))
+        self.events.append(("forward-end", number, time.monotonic()))
+        return out
+
+
+class Collector:
+    """Gathers outcomes from the compute thread."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[BatchOutcome] = []
+        self.done = threading.Event()
+        self.expected = 0
+
+    def __call__(self, outcome: BatchOutcome) -> None:
+        """Record one outcome."""
+        self.outcomes.append(outcome)
+        if len(self.outcomes) >= self.expected:
+            self.done.set()
+
+
+def job(
+    handler: SyntheticHandler, lengths: list[int], memory: MemoryProfile | None = None
+) -> BatchJob:
+    items = make_items(lengths, now=0.0)
+    for item, length in zip(items, lengths, strict=True):
+        item.payload = handler.preprocess(" ".join(["w"] * (length - 2)), truncate=False)
+    batch = Batch(tuple(items), "v1", max(lengths), sum(lengths), 0.0)
+    model = LoadedModel(handler, 0.0, memory, 0)
+    return BatchJob(batch, model, BatchLayout(pad_to=max(lengths)), submitted_at=0.0)
+
+
+def run(executor_kwargs: dict[str, Any], jobs: list[BatchJob]) -> list[BatchOutcome]:
+    collector = Collector()
+    collector.expected = len(jobs)
+    pool = BufferPool(max_bytes=1 << 20)
+    executor = Executor(device=torch.device("cpu"), pool=pool, on_done=collector, **executor_kwargs)
+    try:
+        for each in jobs:
+            while not executor.has_capacity:
+                time.sleep(0.001)
+            executor.submit(each)
+        assert collector.done.wait(10)
+    finally:
+        executor.close()
+    assert pool.stats.leased_bytes == 0, "every buffer returns to the pool"
+    return collector.outcomes
+
+
+DEFAULTS: dict[str, Any] = {"budget_bytes": 0, "reserve_fraction": 0.1}
+
+
+def test_next_batch_is_prepared_while_the_current_one_computes() -> None:
+    """Batch k+1 is collated before batch k's forward pass ends."""
+    handler = RecordingHandler(latency_ms=100, per_item_ms=0)
+    run(DEFAULTS, [job(handler, [5, 5]), job(handler, [6, 6])])
+    at = {(kind, n): t for kind, n, t in handler.events}
+    assert at[("collate", 2)] < at[("forward-end", 1)]
+    assert at[("forward-start", 2)] >= at[("forward-end", 1)]
+
+
+def test_oom_halves_until_it_fits() -> None:
+    """A batch over the limit is split; results come back complete and in order."""
+    handler = SyntheticHandler("s", "v1", params=SyntheticParams(latency_ms=0, oom_above_tokens=10))
+    (outcome,) = run(DEFAULTS, [job(handler, [5, 5, 5, 5])])
+    assert outcome.oom_splits == 1
+    assert len(outcome.results) == 4
+    assert not any(isinstance(r, Exception) for r in outcome.results)
+
+
+def test_a_single_request_that_never_fits_gets_out_of_memory() -> None:
+    """Only when one request alone does not fit is it answered OutOfMemory."""
+    handler = SyntheticHandler("s", "v1", params=SyntheticParams(latency_ms=0, oom_above_tokens=4))
+    (outcome,) = run(DEFAULTS, [job(handler, [3, 6])])
+    assert not isinstance(outcome.results[0], Exception)
+    assert isinstance(outcome.results[1], OutOfMemory)
+
+
+def test_cpu_budget_check_raises_the_same_oom_path() -> None:
+    """On CPU the measured profile refuses a batch that would exceed the budget, then splits."""
+    handler = SyntheticHandler("s", "v1", params=SyntheticParams(latency_ms=0))
+    profile = MemoryProfile(weights_bytes=100, fixed_bytes=0, bytes_per_token=10)
+    kwargs = {"budget_bytes": 250, "reserve_fraction": 0.0}
+    (outcome,) = run(kwargs, [job(handler, [10, 10], memory=profile)])
+    assert outcome.oom_splits == 1
+    assert not any(isinstance(r, Exception) for r in outcome.results)
+
+
+def test_failing_batch_fails_alone() -> None:
+    """An exception in forward fails that batch with an error id; the next batch succeeds."""
+
+    class Flaky(SyntheticHandler):
+        calls = 0
+
+        def forward(self, batch: Any) -> Any:
+            """Raise on the first call only."""
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("boom")
+            return super().forward(batch)
+
+    handler = Flaky("s", "v1", params=SyntheticParams(latency_ms=0))
+    first, second = run(DEFAULTS, [job(handler, [5, 5]), job(handler, [5])])
+    assert first.error_id is not None
+    assert all(isinstance(r, BatchFailed) and r.error_id == first.error_id for r in first.results)
+    assert second.error_id is None
+
+
+def test_resolve_device() -> None:
+    """`auto` picks what exists; asking for CUDA without one is a startup error."""
+    assert resolve_device("cpu").type == "cpu"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_stream_path_matches_cpu() -> None:
+    """On a GPU the prepare stream + event path returns the same results as the CPU path."""
+    handler = SyntheticHandler("s", "v1", params=SyntheticParams(latency_ms=0))
+    collector = Collector()
+    collector.expected = 1
+    executor = Executor(
+        device=torch.device("cuda"), pool=BufferPool(max_bytes=1 << 20, pin=True),
+        on_done=collector, **DEFAULTS,
+    )  # fmt: skip
+    try:
+        executor.submit(job(handler, [5, 6, 7]))
+        assert collector.done.wait(30)
+    finally:
+        executor.close()
+    (cpu_outcome,) = run(DEFAULTS, [job(handler, [5, 6, 7])])
+    for gpu_row, cpu_row in zip(collector.outcomes[0].results, cpu_outcome.results, strict=True):
+        assert gpu_row == pytest.approx(cpu_row, abs=1e-5)
