@@ -1,0 +1,121 @@
+"""The operator's half of the runtime contract: command line, model URIs and metric names.
+
+The runtime (`fleetserve_runtime.cli`) derives one flag per `RuntimeConfig` field; this module
+renders those flags from an InferenceService spec, and names the runtime metrics the operator
+queries. tests/contract/ parses the rendered flags with the runtime's own parser and checks the
+metric names against `fleetserve_runtime.metrics`, so the two programs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetserve_operator.naming import Track
+from fleetserve_operator.spec import BatchingSpec, MemorySpec, ModelSpec
+
+__all__ = [
+    "COMMAND",
+    "HTTP_PORT",
+    "KNOWN_BUILTINS",
+    "LIVE_PATH",
+    "METRICS_PATH",
+    "MODEL_MOUNT",
+    "READY_PATH",
+    "MemoryMetric",
+    "PvcSource",
+    "TrackConfig",
+    "pvc_source",
+    "render_args",
+    "runtime_model_uri",
+]
+
+COMMAND = ("fleetserve-runtime", "serve")
+HTTP_PORT = 8080
+READY_PATH = "/v2/health/ready"
+LIVE_PATH = "/v2/health/live"
+METRICS_PATH = "/metrics"
+MODEL_MOUNT = "/models"
+KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic"})
+"""`builtin://` models the runtime image ships; anything else is an invalid spec."""
+# The runtime refuses max_instances > max_queue_size (a request larger than the queue could
+# never be admitted), so a small queue also caps the per-request instances (runtime default 256).
+RUNTIME_MAX_INSTANCES = 256
+REQUESTS_METRIC = "fleetserve_requests_total"
+REQUEST_DURATION_METRIC = "fleetserve_request_duration_seconds"
+QUEUE_WAIT_METRIC = "fleetserve_queue_wait_seconds"
+
+
+class MemoryMetric:
+    """Gauges in which the runtime reports what its model measured at load time (bytes)."""
+
+    WEIGHTS = "fleetserve_model_weights_bytes"
+    FIXED = "fleetserve_model_fixed_bytes"
+    PER_TOKEN = "fleetserve_model_bytes_per_token"
+
+
+@dataclass(frozen=True, slots=True)
+class PvcSource:
+    """A model on a PersistentVolumeClaim: the claim and the path inside it."""
+
+    claim: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrackConfig:
+    """Everything that differs between the runtime flags of two tracks."""
+
+    track: Track
+    version: str
+    batching: BatchingSpec
+    device: str
+    threads: int
+
+
+def pvc_source(model: ModelSpec) -> PvcSource | None:
+    """The claim and path of a `pvc://<claim>/<path>` model URI; None for other URIs."""
+    if model.uri is None or not model.uri.startswith("pvc://"):
+        return None
+    claim, _, path = model.uri.removeprefix("pvc://").partition("/")
+    return PvcSource(claim=claim, path=path)
+
+
+def runtime_model_uri(model: ModelSpec) -> str:
+    """The `--model` the runtime gets: a PVC model becomes a file under MODEL_MOUNT."""
+    source = pvc_source(model)
+    if source is not None:
+        return f"file://{MODEL_MOUNT}/{source.path}"
+    uri = model.handler if model.uri is None else model.uri
+    assert uri is not None  # ModelSpec guarantees exactly one of uri and handler
+    return uri
+
+
+def render_args(*, model: ModelSpec, memory: MemorySpec, config: TrackConfig) -> list[str]:
+    """`fleetserve-runtime serve` flags for one track (after COMMAND)."""
+    batching = config.batching
+    flags: dict[str, object] = {
+        "model": runtime_model_uri(model),
+        "name": model.name,
+        "version": config.version,
+        "track": config.track.value,
+        "host": "0.0.0.0",  # noqa: S104  # a pod must listen on its own IP
+        "port": HTTP_PORT,
+        "device": config.device,
+        "threads": config.threads,
+        "log-format": "json",
+        "max-batch-size": batching.max_batch_size,
+        "max-queue-delay-ms": batching.max_queue_delay_ms,
+        "max-sequence-length": batching.max_sequence_length,
+        "buckets": batching.buckets,
+        "max-batch-tokens": batching.max_batch_tokens,
+        "max-queue-size": batching.max_queue_size,
+        "max-instances": min(RUNTIME_MAX_INSTANCES, batching.max_queue_size),
+        "default-timeout-ms": batching.default_timeout_ms,
+        "max-timeout-ms": batching.max_timeout_ms,
+        "memory-budget-bytes": memory.budget_bytes,
+        "memory-reserve-fraction": memory.reserve_fraction,
+    }
+    args: list[str] = []
+    for flag, value in flags.items():
+        args += [f"--{flag}", str(value)]
+    return args

@@ -1,0 +1,106 @@
+"""kopf registration: which events reach the operator, and how errors become retries.
+
+Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
+InferenceService; on a resync timer; and on any event of a Deployment or Service the operator
+manages, so a deleted or edited child is restored and status follows pod readiness. Handlers
+are synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
+errors are turned into kopf's retry policy here, in `_kopf_error`, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from fleetserve_operator import naming
+from fleetserve_operator.errors import FleetserveError, InvalidSpec
+from fleetserve_operator.sync import Sync
+
+__all__ = ["register"]
+
+logger = logging.getLogger(__name__)
+
+
+def _kopf_error(
+    error: FleetserveError, *, delay_s: float
+) -> kopf.PermanentError | kopf.TemporaryError:
+    """Only a new spec fixes an invalid one; anything else may heal (a PVC appears), so retry."""
+    if isinstance(error, InvalidSpec):
+        return kopf.PermanentError(str(error))
+    return kopf.TemporaryError(str(error), delay=delay_s)
+
+
+class Handlers:
+    """The handler functions, bound to one `Sync`."""
+
+    def __init__(self, sync: Sync, *, retry_delay_s: float) -> None:
+        self._sync = sync
+        self._delay_s = retry_delay_s
+
+    def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
+        """Converge and report on create, update and resume of an InferenceService."""
+        try:
+            error = self._sync.run(dict(body), trigger=str(reason))
+        except FleetserveError as exc:
+            raise _kopf_error(exc, delay_s=self._delay_s) from exc
+        if error is not None:
+            raise _kopf_error(error, delay_s=self._delay_s)
+
+    def resync(self, body: kopf.Body, **_: Any) -> None:
+        """Timer: re-check routes, Services and the memory budget, which no child event covers.
+
+        A spec error is already in status and waits for a new spec, so only temporary
+        errors are raised (and retried).
+        """
+        try:
+            self._sync.run(dict(body), trigger="resync")
+        except FleetserveError as exc:
+            raise _kopf_error(exc, delay_s=self._delay_s) from exc
+
+    def child_changed(self, body: kopf.Body, **_: Any) -> None:
+        """Any event of a managed Deployment or Service: re-converge its InferenceService."""
+        meta = body.get("metadata", {})
+        owner = meta.get("labels", {}).get(naming.INSTANCE_LABEL)
+        if owner is None:
+            return
+        try:
+            self._sync.run_by_name(meta["namespace"], owner, trigger="child")
+        except FleetserveError as exc:
+            # Event handlers are not retried; the resync timer heals what this one could not.
+            logger.warning(
+                "re-converging %s/%s after a child event failed: %s", meta["namespace"], owner, exc
+            )
+
+    def probe(self, **_: Any) -> int:
+        """Liveness: the number of reconciles so far (kopf serves probes on /healthz)."""
+        return self._sync.reconcile_count
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    sync: Sync,
+    *,
+    resync_interval_s: float,
+    retry_delay_s: float,
+) -> None:
+    """Register every handler of the operator in `registry`."""
+    handlers = Handlers(sync, retry_delay_s=retry_delay_s)
+    resource = (naming.GROUP, naming.VERSION, naming.PLURAL)
+    for cause, on_change in (
+        ("create", kopf.on.create),
+        ("update", kopf.on.update),
+        ("resume", kopf.on.resume),
+    ):
+        on_change(*resource, id=f"converge-on-{cause}", registry=registry)(handlers.service_changed)
+    kopf.on.timer(
+        *resource, id="resync", interval=resync_interval_s, initial_delay=resync_interval_s,
+        registry=registry,
+    )(handlers.resync)  # fmt: skip
+    managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
+    for group, plural in (("apps", "deployments"), ("", "services")):
+        kopf.on.event(group, "v1", plural, labels=managed, registry=registry)(
+            handlers.child_changed
+        )
+    kopf.on.probe(id="reconciles", registry=registry)(handlers.probe)

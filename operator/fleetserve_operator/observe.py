@@ -1,0 +1,240 @@
+"""Pure: what the operator observed (child Deployments, problems, measured memory) → `.status`.
+
+`handlers` gathers the observations through `kube` and `analysis`, calls `compute_status`, and
+writes the result only when it differs from the object's current status (so a resync or an
+operator restart writes nothing). `transitions` turns a status change into Events. A
+condition's `lastTransitionTime` moves only when its status does, as metav1 prescribes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetserve_operator import naming
+from fleetserve_operator.naming import Track
+from fleetserve_operator.spec import (
+    Condition,
+    ConditionType,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    RolloutPhase,
+    TracksStatus,
+    TrackStatus,
+)
+
+__all__ = [
+    "EventNote",
+    "MemoryFigures",
+    "Observation",
+    "Problem",
+    "compute_status",
+    "memory_problem",
+    "set_condition",
+    "track_status",
+    "transitions",
+]
+
+Manifest = dict[str, Any]
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why the service is Degraded: the condition's reason and a message naming the field."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFigures:
+    """What the runtime measured when it loaded the model (its `fleetserve_model_*` gauges)."""
+
+    weights_bytes: float
+    fixed_bytes: float
+    bytes_per_token: float
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything `compute_status` needs besides spec and previous status."""
+
+    generation: int
+    deployments: Mapping[Track, Manifest]
+    problem: Problem | None
+    now: str
+    """RFC 3339 UTC timestamp of this observation."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventNote:
+    """An Event to post on the InferenceService."""
+
+    type: str
+    """`Normal` or `Warning`."""
+    reason: str
+    message: str
+
+
+def memory_problem(spec: InferenceServiceSpec, figures: MemoryFigures) -> Problem | None:
+    """A `MemoryBudgetExceeded` problem when a full batch needs more than the budget allows."""
+    budget = spec.memory.budget_bytes
+    if budget == 0:
+        return None
+    batching = spec.batching
+    tokens = batching.max_batch_size * batching.max_sequence_length
+    needed = int(figures.weights_bytes + figures.fixed_bytes + figures.bytes_per_token * tokens)
+    usable = int(budget * (1 - spec.memory.reserve_fraction))
+    if needed <= usable:
+        return None
+    return Problem(
+        reason="MemoryBudgetExceeded",
+        message=(
+            f"a batch of spec.batching.maxBatchSize {batching.max_batch_size} x "
+            f"maxSequenceLength {batching.max_sequence_length} tokens needs {needed} bytes "
+            f"({needed / GIB:.2f} GiB: weights {int(figures.weights_bytes)} + fixed "
+            f"{int(figures.fixed_bytes)} + {tokens} tokens x {figures.bytes_per_token:.0f}), "
+            f"above spec.memory.budget {spec.memory.budget} = {usable} usable bytes "
+            f"({usable / GIB:.2f} GiB after reserveFraction {spec.memory.reserve_fraction}); "
+            "the runtime will cap batches below the configured size"
+        ),
+    )
+
+
+def track_status(deployment: Manifest) -> TrackStatus:
+    """Replica counts of one observed Deployment."""
+    status = deployment.get("status", {})
+    return TrackStatus(
+        version=deployment["metadata"].get("labels", {}).get(naming.MODEL_VERSION_LABEL),
+        replicas=deployment["spec"].get("replicas", 0),
+        ready_replicas=status.get("readyReplicas", 0),
+        available_replicas=status.get("availableReplicas", 0),
+        updated_replicas=status.get("updatedReplicas", 0),
+    )
+
+
+def _is_rolled_out(deployment: Manifest) -> bool:
+    """True when the Deployment controller has finished rolling out the current template."""
+    spec, status = deployment["spec"], deployment.get("status", {})
+    wanted = spec.get("replicas", 0)
+    return bool(
+        status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+        and status.get("updatedReplicas", 0) >= wanted
+        and status.get("availableReplicas", 0) >= wanted
+        and status.get("replicas", 0) <= wanted
+    )
+
+
+def set_condition(conditions: list[Condition], new: Condition, *, now: str) -> list[Condition]:
+    """`conditions` with `new` in place of its type; keeps the transition time if unchanged."""
+    old = next((c for c in conditions if c.type == new.type), None)
+    stamp = old.last_transition_time if old and old.status == new.status else now
+    updated = new.model_copy(update={"last_transition_time": stamp})
+    if old is None:
+        return [*conditions, updated]
+    return [updated if c.type == new.type else c for c in conditions]
+
+
+def _phase(
+    previous: InferenceServiceStatus, problem: Problem | None, stable: TrackStatus | None
+) -> RolloutPhase:
+    if problem is not None and problem.reason == "InvalidSpec":
+        return RolloutPhase.FAILED
+    if previous.phase is not None and previous.phase.is_rollout_active:
+        return previous.phase  # the rollout (issue 5) owns the phase while a canary runs
+    if stable is not None and stable.available_replicas > 0:
+        return RolloutPhase.SUCCEEDED
+    return RolloutPhase.PENDING
+
+
+def _conditions(
+    previous: InferenceServiceStatus,
+    seen: Observation,
+    phase: RolloutPhase,
+    stable: TrackStatus | None,
+) -> list[Condition]:
+    rolling = sorted(
+        track.value for track, dep in seen.deployments.items() if not _is_rolled_out(dep)
+    )
+    ready = stable is not None and stable.available_replicas > 0
+    fallback = previous.condition(ConditionType.FALLBACK_ACTIVE)
+    problem = seen.problem
+
+    def make(kind: ConditionType, value: bool, reason: str, message: str) -> Condition:
+        return Condition(
+            type=kind.value,
+            status="True" if value else "False",
+            observed_generation=seen.generation,
+            last_transition_time=seen.now,
+            reason=reason,
+            message=message,
+        )
+
+    counts = f"{stable.available_replicas}/{stable.replicas}" if stable else "0/0"
+    wanted = [
+        make(ConditionType.READY, ready, phase.value, f"stable track: {counts} replicas available"),
+        make(
+            ConditionType.PROGRESSING,
+            bool(rolling),
+            "RollingUpdate" if rolling else "Complete",
+            f"rolling out: {', '.join(rolling)}" if rolling else "every track is rolled out",
+        ),
+        make(
+            ConditionType.DEGRADED,
+            problem is not None,
+            problem.reason if problem else "AsExpected",
+            problem.message if problem else "",
+        ),
+        fallback or make(ConditionType.FALLBACK_ACTIVE, False, "GPUTrackServing", ""),
+    ]
+    conditions = list(previous.conditions)
+    for condition in wanted:
+        conditions = set_condition(conditions, condition, now=seen.now)
+    return conditions
+
+
+def compute_status(previous: InferenceServiceStatus, seen: Observation) -> InferenceServiceStatus:
+    """The status to report after observing `seen`; rollout fields are carried over."""
+    tracks = {track: track_status(dep) for track, dep in seen.deployments.items()}
+    stable = tracks.get(Track.STABLE)
+    phase = _phase(previous, seen.problem, stable)
+    stable_dep = seen.deployments.get(Track.STABLE)
+    stable_version = previous.stable_version
+    if stable_dep is not None and stable is not None and _is_rolled_out(stable_dep):
+        stable_version = stable.version
+    return previous.model_copy(
+        update={
+            "observed_generation": seen.generation,
+            "phase": phase,
+            "stable_version": stable_version,
+            "ready": f"{stable.ready_replicas}/{stable.replicas}" if stable else "0/0",
+            "tracks": TracksStatus(
+                stable=stable, canary=tracks.get(Track.CANARY), fallback=tracks.get(Track.FALLBACK)
+            ),
+            "last_error": seen.problem.message if seen.problem else None,
+            "last_transition_time": (
+                previous.last_transition_time if phase == previous.phase else seen.now
+            ),
+            "conditions": _conditions(previous, seen, phase, stable),
+        }
+    )
+
+
+def transitions(old: InferenceServiceStatus, new: InferenceServiceStatus) -> list[EventNote]:
+    """Events for a phase change and for every condition whose status changed."""
+    notes: list[EventNote] = []
+    if old.phase != new.phase and new.phase is not None:
+        before = old.phase.value if old.phase else "None"
+        notes.append(EventNote("Normal", "PhaseChanged", f"{before} -> {new.phase.value}"))
+    for condition in new.conditions:
+        previous = next((c for c in old.conditions if c.type == condition.type), None)
+        if previous is not None and previous.status == condition.status:
+            continue
+        if previous is None and not condition.is_true:
+            continue  # a condition first reported False is no news
+        warning = condition.type == ConditionType.DEGRADED and condition.is_true
+        message = f"{condition.type}={condition.status}: {condition.message}".rstrip(": ")
+        notes.append(EventNote("Warning" if warning else "Normal", condition.reason, message))
+    return notes

@@ -1,0 +1,136 @@
+"""Pure: the runtime pod template of one track (container, probes, security, volumes).
+
+Called by `reconcile` for every track's Deployment. The container runs
+`fleetserve-runtime serve` with flags from `contract`; the pod is hardened as the restricted
+Pod Security Standard asks (non-root, read-only root filesystem, no privilege escalation, all
+capabilities dropped, RuntimeDefault seccomp), so the chart can label namespaces `restricted`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fleetserve_operator import contract, naming
+
+if TYPE_CHECKING:
+    from fleetserve_operator.reconcile import TrackPlan
+    from fleetserve_operator.spec import InferenceServiceSpec
+
+__all__ = ["CONTAINER_NAME", "RUNTIME_UID", "pod_template"]
+
+Manifest = dict[str, Any]
+CONTAINER_NAME = "runtime"
+# The runtime image's non-root user (distroless convention); Dockerfile.runtime creates it.
+RUNTIME_UID = 65532
+MODEL_VOLUME = "model"
+TMP_VOLUME = "tmp"
+# Loading and warming a model can take minutes; the startup probe gives it 10 minutes before
+# the liveness probe may restart the container.
+STARTUP_PROBE_FAILURES = 120
+
+
+def _probe(path: str, *, period_s: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _security_context() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _resources(plan: TrackPlan) -> Manifest:
+    resources: Manifest = {}
+    if plan.resources.requests:
+        resources["requests"] = {k: str(v) for k, v in plan.resources.requests.items()}
+    if plan.resources.limits:
+        resources["limits"] = {k: str(v) for k, v in plan.resources.limits.items()}
+    return resources
+
+
+def _volumes(spec: InferenceServiceSpec) -> tuple[list[Manifest], list[Manifest]]:
+    """(volumes, mounts): a writable /tmp, and the model's PVC read-only at /models."""
+    # The root filesystem is read-only; torch and tokenizers still want a scratch directory.
+    volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
+    mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]  # noqa: S108
+    source = contract.pvc_source(spec.model)
+    if source is not None:
+        volumes.append(
+            {
+                "name": MODEL_VOLUME,
+                "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True},
+            }
+        )
+        mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _container(spec: InferenceServiceSpec, plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
+    container: Manifest = {
+        "name": CONTAINER_NAME,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": list(contract.COMMAND),
+        "args": contract.render_args(model=spec.model, memory=spec.memory, config=plan.config),
+        "ports": [{"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}],
+        "startupProbe": _probe(contract.LIVE_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
+        "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),
+        "livenessProbe": _probe(contract.LIVE_PATH, period_s=10, failures=3),
+        "securityContext": _security_context(),
+        "volumeMounts": mounts,
+    }
+    env = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.runtime.env]
+    if env:
+        container["env"] = env
+    resources = _resources(plan)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def pod_template(service: str, spec: InferenceServiceSpec, plan: TrackPlan) -> Manifest:
+    """The pod template of `plan`'s track of InferenceService `service`."""
+    volumes, mounts = _volumes(spec)
+    pod: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": 30,
+        "containers": [_container(spec, plan, mounts)],
+        "volumes": volumes,
+    }
+    if spec.runtime.service_account_name:
+        pod["serviceAccountName"] = spec.runtime.service_account_name
+    if plan.node_selector:
+        pod["nodeSelector"] = dict(plan.node_selector)
+    if plan.tolerations:
+        pod["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in plan.tolerations
+        ]
+    track = plan.config.track
+    return {
+        "metadata": {
+            "labels": naming.labels(service, track, plan.config.version),
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(contract.HTTP_PORT),
+                "prometheus.io/path": contract.METRICS_PATH,
+            },
+        },
+        "spec": pod,
+    }

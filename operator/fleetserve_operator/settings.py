@@ -1,0 +1,78 @@
+"""Operator configuration: `OperatorConfig` from `FLEETSERVE_*` variables, and kopf's settings.
+
+`__main__` loads the config once at start-up (a bad value stops the operator with a message
+naming the variable; nothing falls back) and `apply_kopf_settings` tunes kopf with it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import kopf
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetserve_operator import naming
+
+__all__ = ["OperatorConfig", "apply_kopf_settings"]
+
+
+class OperatorConfig(BaseSettings):
+    """Everything `fleetserve-operator run` reads from its environment (`FLEETSERVE_*`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETSERVE_", extra="forbid", frozen=True, use_attribute_docstrings=True
+    )
+
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces to watch (JSON list, e.g. `["ml","search"]`); empty: the whole cluster."""
+    log_format: Literal["plain", "full", "json"] = "json"
+    """kopf's log format: `json` for log collectors, `plain`/`full` for a terminal."""
+    verbose: bool = False
+    """Debug logging."""
+    metrics_port: int = Field(8081, ge=0, le=65535)
+    """Port of the operator's own `/metrics` (reconciles, errors, durations); 0 disables it."""
+    liveness_port: int = Field(8080, ge=0, le=65535)
+    """Port of the `/healthz` liveness endpoint; 0 disables it."""
+    prometheus_url: str | None = Field(None, pattern=r"^https?://.+")
+    """Prometheus for the memory-budget check when a service names none in
+    `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked."""
+    resync_interval_s: float = Field(60.0, ge=1, le=3600)
+    """How often every InferenceService is re-checked (drift of routes, memory budget)."""
+    retry_delay_s: float = Field(30.0, ge=1, le=3600)
+    """Back-off before a temporary error (API server, missing PVC) is retried, in seconds."""
+    request_timeout_s: float = Field(30.0, gt=0, le=600)
+    """Timeout of one API request, in seconds."""
+    watch_timeout_s: int = Field(300, ge=10, le=3600)
+    """Server-side timeout of a watch; kopf then re-lists, which heals missed events."""
+    workers: int = Field(8, ge=1, le=256)
+    """Threads for the (synchronous) handlers."""
+
+    @property
+    def is_clusterwide(self) -> bool:
+        """True when no namespace list restricts the watch."""
+        return not self.namespaces
+
+
+def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Tune kopf for this operator; each choice says why."""
+    prefix = naming.GROUP
+    # Keep kopf's bookkeeping in annotations of our own group: status belongs to the CRD's
+    # schema (anything else there would be pruned), and kopf.zalando.org is not ours.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=prefix, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{prefix}/finalizer"
+    # Events are posted by `kube` for actions and transitions; kopf's per-handler chatter
+    # (e.g. "Handler succeeded") would bury them.
+    settings.posting.enabled = False
+    # Watches end server-side now and then so a lost event is healed by the re-list.
+    settings.watching.server_timeout = config.watch_timeout_s
+    settings.watching.client_timeout = config.watch_timeout_s + 30
+    settings.networking.request_timeout = config.request_timeout_s
+    settings.execution.max_workers = config.workers
+    # One operator replica runs at a time (the chart uses a Recreate strategy), so peering
+    # (and its cluster-scoped CRD) is not needed.
+    settings.peering.standalone = True
+    settings.peering.clusterwide = config.is_clusterwide

@@ -1,0 +1,95 @@
+"""The InferenceService API (`serving.fleetserve.io/v1alpha1`): the CRD's single source of truth.
+
+`crdgen` turns these pydantic models into `crds/serving.fleetserve.io_inferenceservices.yaml`;
+the operator parses every object it receives with them. Field names are snake_case in Python
+and camelCase on the wire. Each rule the API server can check is written twice on purpose: as
+a CEL rule (`x-kubernetes-validations`, so `kubectl apply` rejects a bad object with a message
+naming the field) and as a pydantic validator (so the operator never acts on an object an older
+CRD let through). Semantic checks the schema cannot make (does the PVC exist?) are the
+reconciler's.
+"""
+
+from __future__ import annotations
+
+from fleetserve_operator.spec.base import (
+    DEFAULT_IMAGE,
+    GPU_RESOURCE,
+    Wire,
+    parse_duration_s,
+    parse_quantity,
+)
+from fleetserve_operator.spec.delivery import (
+    AnalysisSpec,
+    MetricCheck,
+    ParentRef,
+    RolloutSpec,
+    TrafficSpec,
+)
+from fleetserve_operator.spec.serving import (
+    BatchingOverrides,
+    BatchingSpec,
+    EnvVar,
+    FallbackSpec,
+    MemorySpec,
+    ModelSpec,
+    Replicas,
+    Resources,
+    RuntimeSpec,
+    Toleration,
+)
+from fleetserve_operator.spec.status import (
+    Condition,
+    ConditionType,
+    InferenceServiceStatus,
+    RolloutPhase,
+    TracksStatus,
+    TrackStatus,
+)
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "GPU_RESOURCE",
+    "AnalysisSpec",
+    "BatchingOverrides",
+    "BatchingSpec",
+    "Condition",
+    "ConditionType",
+    "EnvVar",
+    "FallbackSpec",
+    "InferenceServiceSpec",
+    "InferenceServiceStatus",
+    "MemorySpec",
+    "MetricCheck",
+    "ModelSpec",
+    "ParentRef",
+    "Replicas",
+    "Resources",
+    "RolloutPhase",
+    "RolloutSpec",
+    "RuntimeSpec",
+    "Toleration",
+    "TrackStatus",
+    "TrafficSpec",
+    "TracksStatus",
+    "parse_duration_s",
+    "parse_quantity",
+]
+
+
+class InferenceServiceSpec(Wire):
+    """The desired state of one served model (`spec` of an InferenceService)."""
+
+    model: ModelSpec
+    """What to serve."""
+    runtime: RuntimeSpec = RuntimeSpec()
+    """How the GPU tracks run."""
+    batching: BatchingSpec = BatchingSpec()
+    """Dynamic batching and admission limits."""
+    memory: MemorySpec = MemorySpec()
+    """Per-replica memory budget."""
+    rollout: RolloutSpec = RolloutSpec()
+    """How new versions are rolled out."""
+    fallback: FallbackSpec = FallbackSpec()
+    """The CPU fallback track."""
+    traffic: TrafficSpec = TrafficSpec()
+    """How traffic reaches the tracks."""

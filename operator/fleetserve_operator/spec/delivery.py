@@ -1,0 +1,164 @@
+"""How versions reach users: rollout steps, metric analysis (issue 5) and traffic routing."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from fleetserve_operator.spec.base import Duration, Wire, cel
+
+__all__ = ["AnalysisSpec", "MetricCheck", "ParentRef", "RolloutSpec", "TrafficSpec"]
+
+
+class MetricCheck(Wire):
+    """An extra PromQL check; the query's value must lie within [min, max]."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.min) || has(self.max)", "a metric check needs min or max"),
+                cel(
+                    "!has(self.min) || !has(self.max) || self.min <= self.max",
+                    "a metric check's min must be <= max",
+                ),
+            ]
+        }
+    )
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    """Name shown in status and events."""
+    query: str = Field(min_length=1, max_length=4096)
+    """PromQL returning one number; `$namespace`, `$model`, `$version`, `$track`, `$window`
+    are substituted."""
+    min: float | None = None
+    """Lowest passing value."""
+    max: float | None = None
+    """Highest passing value."""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> MetricCheck:
+        if self.min is None and self.max is None:
+            msg = f"metric check {self.name!r} needs min or max"
+            raise ValueError(msg)
+        if self.min is not None and self.max is not None and self.min > self.max:
+            msg = f"metric check {self.name!r}: min ({self.min}) must be <= max ({self.max})"
+            raise ValueError(msg)
+        return self
+
+
+class AnalysisSpec(Wire):
+    """How a canary step is judged from Prometheus (canary vs stable by the `track` label)."""
+
+    prometheus_url: str = Field(pattern=r"^https?://.+", max_length=512)
+    """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`."""
+    window: Duration | None = None
+    """Range of each query; unset means the rollout interval."""
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    """Highest passing ratio of 5xx answers to all answers."""
+    max_p99_latency_ms: float | None = Field(None, gt=0)
+    """Highest passing p99 request latency, in milliseconds; unset: no absolute bound."""
+    max_latency_ratio_vs_stable: float = Field(1.5, ge=1)
+    """Highest passing canary p99 / stable p99."""
+    max_queue_wait_ratio_vs_stable: float = Field(2.0, ge=1)
+    """Highest passing canary queue-wait p99 / stable queue-wait p99."""
+    max_rejection_ratio_vs_stable: float = Field(2.0, ge=1)
+    """Highest passing canary 503/504 ratio / stable's."""
+    min_requests: int = Field(20, ge=0)
+    """Fewest canary requests in the window for a verdict; fewer is inconclusive."""
+    failure_threshold: int = Field(2, ge=1, le=100)
+    """Consecutive failed analyses that roll the canary back."""
+    inconclusive_threshold: int = Field(3, ge=1, le=100)
+    """Consecutive inconclusive analyses after which the rollout holds and says so."""
+    history_limit: int = Field(10, ge=1, le=100)
+    """Analysis results kept in status."""
+    checks: list[MetricCheck] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Extra PromQL checks with bounds."""
+
+
+class RolloutSpec(Wire):
+    """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
+
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default=[1, 5, 20, 50, 100],
+        min_length=1,
+        max_length=20,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(i, x, i == 0 || self[i - 1] < x)",
+                    "rollout.steps must be strictly increasing",
+                ),
+                cel("self[size(self) - 1] == 100", "rollout.steps must end at 100"),
+            ],
+        },
+    )
+    """Canary traffic percentages, strictly increasing, ending at 100."""
+    interval: Duration = "1m"
+    """How long each step is held before it is analysed."""
+    progress_deadline: Duration = "10m"
+    """How long the canary may take to become ready before the rollout fails."""
+    max_surge_gpus: int | None = Field(None, ge=0, alias="maxSurgeGPUs")
+    """Most extra GPUs a rollout may use above the stable track's; unset: no bound."""
+    analysis: AnalysisSpec | None = None
+    """Metric analysis; unset promotes on readiness and time alone."""
+
+    @model_validator(mode="after")
+    def _steps(self) -> RolloutSpec:
+        if any(b <= a for a, b in zip(self.steps, self.steps[1:], strict=False)):
+            msg = f"rollout.steps must be strictly increasing, got {self.steps}"
+            raise ValueError(msg)
+        if self.steps[-1] != 100 or self.steps[0] < 1:
+            msg = f"rollout.steps must lie in 1..100 and end at 100, got {self.steps}"
+            raise ValueError(msg)
+        return self
+
+
+class ParentRef(Wire):
+    """A Gateway the HTTPRoute attaches to (Gateway API ParentReference)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Gateway name."""
+    namespace: str | None = Field(None, max_length=63)
+    """Gateway namespace; unset: the InferenceService's."""
+    section_name: str | None = Field(None, max_length=253)
+    """Listener name on the Gateway."""
+    port: int | None = Field(None, ge=1, le=65535)
+    """Listener port."""
+
+
+class TrafficSpec(Wire):
+    """How traffic is split between tracks."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.provider != 'gateway-api' || size(self.parentRefs) > 0",
+                    "traffic.parentRefs must name a Gateway when provider is gateway-api",
+                    ".parentRefs",
+                )
+            ]
+        }
+    )
+
+    provider: Literal["gateway-api", "replicas"] = "replicas"
+    """`gateway-api`: an HTTPRoute with exact weights; `replicas`: the umbrella Service
+    spreads requests over pods, so weights follow replica counts."""
+    parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
+    """Gateways the HTTPRoute attaches to (gateway-api)."""
+    hostnames: list[str] = Field(default_factory=list, max_length=16)
+    """Hostnames the HTTPRoute matches (gateway-api)."""
+    port: int = Field(80, ge=1, le=65535)
+    """Port of the Services."""
+
+    @model_validator(mode="after")
+    def _parents(self) -> TrafficSpec:
+        if self.provider == "gateway-api" and not self.parent_refs:
+            msg = "traffic.parentRefs must name a Gateway when provider is gateway-api"
+            raise ValueError(msg)
+        return self

@@ -1,0 +1,200 @@
+"""One reconcile: parse → check → render → apply what drifted → observe → report.
+
+`handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
+(`reconcile`, `observe`); this module only sequences them with the I/O of `kube` and
+`analysis`, so that the same steps run whatever the trigger. It writes nothing when nothing
+changed: a child is applied only when it drifted from the desired object, and status only
+when it differs from the current one (an operator restart therefore writes nothing).
+Reconciles of one InferenceService are serialised; different ones run in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from fleetserve_operator import contract, observe, reconcile
+from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
+from fleetserve_operator.errors import DependencyMissing, InvalidSpec, MetricsUnavailable, SpecError
+from fleetserve_operator.kube import Cluster, ObjectRef
+from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.naming import TRACK_LABEL, Track
+from fleetserve_operator.observe import EventNote, Observation, Problem
+from fleetserve_operator.reconcile import Owner
+from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
+
+__all__ = ["Sync", "utc_now"]
+
+Manifest = dict[str, Any]
+logger = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    """The current time as an RFC 3339 UTC timestamp (second precision, as metav1 keeps)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spec_error(exc: ValidationError) -> InvalidSpec:
+    first = exc.errors()[0]
+    field = ".".join(["spec", *(str(part) for part in first["loc"])])
+    return InvalidSpec(field, first["msg"])
+
+
+class Sync:
+    """Reconciles InferenceServices through `kube`; shared by every handler."""
+
+    def __init__(
+        self,
+        kube: Cluster,
+        *,
+        metrics: OperatorMetrics,
+        default_prometheus_url: str | None = None,
+        metric_source: Callable[[str], MetricSource] = PrometheusSource,
+        clock: Callable[[], str] = utc_now,
+    ) -> None:
+        self._kube = kube
+        self._metrics = metrics
+        self._prometheus_url = default_prometheus_url
+        self._metric_source = metric_source
+        self._clock = clock
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.reconcile_count = 0
+
+    def _lock(self, ref: ObjectRef) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((ref.namespace, ref.name), threading.Lock())
+
+    def run_by_name(self, namespace: str, name: str, *, trigger: str) -> SpecError | None:
+        """`run` for the InferenceService `namespace/name`, if it exists and is not going."""
+        body = self._kube.get_inference_service(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        return self.run(body, trigger=trigger)
+
+    def run(self, body: Mapping[str, Any], *, trigger: str) -> SpecError | None:
+        """Reconcile one InferenceService; returns the spec error it reported, if any.
+
+        Raises:
+            ClusterUnavailable: the API server failed; retry later.
+        """
+        meta = body["metadata"]
+        ref = ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        started = time.monotonic()
+        result = "error"
+        try:
+            with self._lock(ref):
+                error = self._converge_and_report(ref, body)
+            result = "ok" if error is None else error.reason
+            return error
+        finally:
+            self.reconcile_count += 1
+            self._metrics.reconciles.labels(trigger, result).inc()
+            self._metrics.duration_seconds.labels(trigger).observe(time.monotonic() - started)
+            if result != "ok":
+                self._metrics.errors.labels(result).inc()
+
+    def _converge_and_report(self, ref: ObjectRef, body: Mapping[str, Any]) -> SpecError | None:
+        previous = InferenceServiceStatus.model_validate(body.get("status") or {})
+        owner = Owner(name=ref.name, namespace=ref.namespace, uid=ref.uid)
+        error: SpecError | None = None
+        problem: Problem | None = None
+        observed = self._kube.list_children(ref.namespace, ref.name)
+        try:
+            spec = self._checked_spec(owner, body["spec"])
+            desired = reconcile.desired_children(owner, spec, previous)
+            observed = self._converge(ref, owner, desired, observed)
+            problem = self._memory_problem(ref.namespace, spec)
+        except SpecError as exc:
+            error = exc
+            problem = Problem(exc.reason, str(exc))
+        seen = Observation(
+            generation=body["metadata"].get("generation", 0),
+            deployments=_deployments_by_track(observed),
+            problem=problem,
+            now=self._clock(),
+        )
+        self._report(ref, previous, observe.compute_status(previous, seen))
+        return error
+
+    def _checked_spec(self, owner: Owner, raw: Mapping[str, Any]) -> InferenceServiceSpec:
+        try:
+            spec = InferenceServiceSpec.model_validate(raw)
+        except ValidationError as exc:
+            raise _spec_error(exc) from None
+        reconcile.check_semantics(owner, spec)
+        source = contract.pvc_source(spec.model)
+        if source is not None and not self._kube.pvc_exists(owner.namespace, source.claim):
+            msg = f"PersistentVolumeClaim {source.claim!r} does not exist in {owner.namespace}"
+            raise DependencyMissing("spec.model.uri", msg)
+        return spec
+
+    def _converge(
+        self, ref: ObjectRef, owner: Owner, desired: list[Manifest], observed: list[Manifest]
+    ) -> list[Manifest]:
+        """Apply what is missing or drifted, delete what is no longer wanted."""
+        current = {reconcile.child_key(child): child for child in observed}
+        result: list[Manifest] = []
+        for child in desired:
+            seen = current.get(reconcile.child_key(child))
+            if seen is not None and not reconcile.is_drifted(child, seen):
+                result.append(seen)
+                continue
+            result.append(self._kube.apply(child))
+            action = "Created" if seen is None else "Updated"
+            self._write(ref, child, action)
+        for child in reconcile.stale_children(owner, desired, observed):
+            self._kube.delete(child)
+            self._write(ref, child, "Deleted")
+        return result
+
+    def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
+        kind, name = reconcile.child_key(child)
+        self._metrics.writes.labels(kind, action.lower()).inc()
+        self._kube.post_event(ref, EventNote("Normal", action, f"{action} {kind} {name}"))
+
+    def _memory_problem(self, namespace: str, spec: InferenceServiceSpec) -> Problem | None:
+        analysis = spec.rollout.analysis
+        url = analysis.prometheus_url if analysis else self._prometheus_url
+        if url is None or spec.memory.budget_bytes == 0:
+            return None
+        model = spec.model
+        try:
+            figures = read_memory_figures(
+                self._metric_source(url),
+                namespace=namespace,
+                model=model.name,
+                version=model.version,
+            )
+        except MetricsUnavailable as exc:
+            logger.info("memory check of %s/%s skipped: %s", namespace, model.name, exc)
+            return None
+        return None if figures is None else observe.memory_problem(spec, figures)
+
+    def _report(
+        self, ref: ObjectRef, previous: InferenceServiceStatus, status: InferenceServiceStatus
+    ) -> None:
+        if status == previous:
+            return
+        self._kube.apply_status(
+            ref, status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        )
+        self._metrics.writes.labels("InferenceService", "status").inc()
+        for note in observe.transitions(previous, status):
+            self._kube.post_event(ref, note)
+
+
+def _deployments_by_track(children: list[Manifest]) -> dict[Track, Manifest]:
+    tracks = {track.value: track for track in Track}
+    found: dict[Track, Manifest] = {}
+    for child in children:
+        label = child["metadata"].get("labels", {}).get(TRACK_LABEL)
+        if child["kind"] == "Deployment" and label in tracks:
+            found[tracks[label]] = child
+    return found

@@ -1,0 +1,139 @@
+"""Test helpers, public like `kopf.testing`: a fake cluster, fake metrics, spec factories.
+
+tests/operator/ drives `sync.Sync` against `FakeKube` (an in-memory API server that records
+every write) and feeds `FakeMetricSource` numbers instead of a Prometheus, so no cluster is
+needed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetserve_operator import naming
+from fleetserve_operator.kube import ObjectRef
+from fleetserve_operator.observe import EventNote
+from fleetserve_operator.spec import InferenceServiceSpec
+
+__all__ = ["FakeKube", "FakeMetricSource", "make_service", "make_spec"]
+
+Manifest = dict[str, Any]
+
+
+def make_spec(**sections: Any) -> InferenceServiceSpec:
+    """A valid spec (synthetic model, version 1) with `sections` (wire names) laid over it."""
+    raw: Manifest = {"model": {"name": "demo", "version": "1", "uri": "builtin://synthetic"}}
+    raw.update(sections)
+    return InferenceServiceSpec.model_validate(raw)
+
+
+def make_service(
+    spec: Manifest | None = None, *, name: str = "demo", namespace: str = "ns"
+) -> Manifest:
+    """An InferenceService object as the API server would return it (generation 1, no status)."""
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
+        "spec": spec or {"model": {"name": "demo", "version": "1", "uri": "builtin://synthetic"}},
+    }
+
+
+@dataclass
+class FakeKube:
+    """An in-memory stand-in for `kube.KubeApi` that records every write.
+
+    `objects` maps (kind, namespace, name) to the stored object; `writes` lists
+    (action, kind, name) for every apply, delete and status write, in order.
+    """
+
+    objects: dict[tuple[str, str, str], Manifest] = field(default_factory=dict)
+    writes: list[tuple[str, str, str]] = field(default_factory=list)
+    events: list[EventNote] = field(default_factory=list)
+    claims: set[tuple[str, str]] = field(default_factory=set)
+
+    def add_service(self, body: Manifest) -> None:
+        """Store an InferenceService."""
+        meta = body["metadata"]
+        self.objects[(naming.KIND, meta["namespace"], meta["name"])] = copy.deepcopy(body)
+
+    def apply(self, manifest: Manifest) -> Manifest:
+        """Store `manifest` (keeping the stored status), bumping generation on spec changes."""
+        meta = manifest["metadata"]
+        key = (manifest["kind"], meta["namespace"], meta["name"])
+        stored = copy.deepcopy(manifest)
+        old = self.objects.get(key)
+        generation = 1 if old is None else old["metadata"]["generation"]
+        if old is not None and old.get("spec") != manifest.get("spec"):
+            generation += 1
+        stored["metadata"]["generation"] = generation
+        if old is not None and "status" in old:
+            stored["status"] = old["status"]
+        self.objects[key] = stored
+        self.writes.append(("apply", manifest["kind"], meta["name"]))
+        return copy.deepcopy(stored)
+
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
+        """Replace the InferenceService's status."""
+        self.objects[(naming.KIND, ref.namespace, ref.name)]["status"] = copy.deepcopy(status)
+        self.writes.append(("status", naming.KIND, ref.name))
+
+    def delete(self, manifest: Manifest) -> None:
+        """Remove a stored object."""
+        meta = manifest["metadata"]
+        self.objects.pop((manifest["kind"], meta["namespace"], meta["name"]), None)
+        self.writes.append(("delete", manifest["kind"], meta["name"]))
+
+    def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
+        """The stored InferenceService, or None."""
+        found = self.objects.get((naming.KIND, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def pvc_exists(self, namespace: str, claim: str) -> bool:
+        """Whether `claim` was added to `claims`."""
+        return (namespace, claim) in self.claims
+
+    def list_children(self, namespace: str, owner: str) -> list[Manifest]:
+        """Stored children labelled for `owner`."""
+        return [
+            copy.deepcopy(obj)
+            for (kind, ns, _), obj in self.objects.items()
+            if kind != naming.KIND
+            and ns == namespace
+            and obj["metadata"].get("labels", {}).get(naming.INSTANCE_LABEL) == owner
+        ]
+
+    def post_event(self, ref: ObjectRef, note: EventNote) -> None:
+        """Record the event."""
+        self.events.append(note)
+
+    def set_ready(self, name: str, namespace: str = "ns", *, ready: int | None = None) -> None:
+        """Play the Deployment controller: mark Deployment `name` rolled out and ready."""
+        deployment = self.objects[("Deployment", namespace, name)]
+        replicas = deployment["spec"].get("replicas", 1) if ready is None else ready
+        deployment["status"] = {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+        }
+
+
+@dataclass
+class FakeMetricSource:
+    """A `MetricSource` answering from a dict of PromQL substrings to values."""
+
+    values: dict[str, float | None] = field(default_factory=dict)
+    online: bool = True
+    queries: list[str] = field(default_factory=list)
+
+    def query(self, promql: str) -> float | None:
+        """The value of the first key contained in `promql`, else None."""
+        self.queries.append(promql)
+        return next((v for k, v in self.values.items() if k in promql), None)
+
+    def is_online(self) -> bool:
+        """Whether the fake is up."""
+        return self.online

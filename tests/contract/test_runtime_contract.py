@@ -1,0 +1,125 @@
+"""Operator → runtime: rendered flags parse with the runtime's own parser; metric names exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve_operator import contract
+from fleetserve_operator.naming import Track
+from fleetserve_operator.reconcile import plan_tracks
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.testing import make_spec
+from fleetserve_runtime.cli import config_flags, parse_config
+from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.models.registry import resolve_handler
+
+SPECS = {
+    "defaults": {},
+    "tuned": {
+        "batching": {"maxBatchSize": 64, "maxQueueDelayMs": 2.5, "maxSequenceLength": 512,
+                     "buckets": "16,64,512", "maxBatchTokens": 8192, "maxQueueSize": 32,
+                     "defaultTimeoutMs": 100, "maxTimeoutMs": 900},
+        "memory": {"budget": "12Gi", "reserveFraction": 0.2},
+        "runtime": {"device": "cuda", "threads": 8},
+        "fallback": {"enabled": True, "threads": 2, "batching": {"maxBatchSize": 4}},
+    },
+    "pvc": {"model": {"name": "enc", "version": "2024.1+b", "uri": "pvc://w/enc/v1"}},
+}  # fmt: skip
+
+
+def _plans(sections: dict[str, Any]) -> list[tuple[Any, Any]]:
+    spec = make_spec(**sections)
+    return [(spec, plan) for plan in plan_tracks(spec, InferenceServiceStatus())]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_rendered_args_round_trip(name: str) -> None:
+    """Every track's flags parse into a RuntimeConfig holding exactly the spec's values."""
+    for spec, plan in _plans(SPECS[name]):
+        args = contract.render_args(model=spec.model, memory=spec.memory, config=plan.config)
+        config = parse_config(args)
+        batching = plan.config.batching
+        assert config.model == contract.runtime_model_uri(spec.model)
+        assert (config.name, config.version) == (spec.model.name, spec.model.version)
+        assert config.track == plan.config.track.value
+        assert (config.device, config.threads) == (plan.config.device, plan.config.threads)
+        assert config.batching.max_batch_size == batching.max_batch_size
+        assert config.batching.max_queue_delay_ms == batching.max_queue_delay_ms
+        assert config.batching.max_sequence_length == batching.max_sequence_length
+        assert config.batching.max_batch_tokens == batching.max_batch_tokens
+        expected_buckets = batching.bucket_edges or batching.buckets
+        assert config.batching.buckets == expected_buckets
+        assert config.queue.max_queue_size == batching.max_queue_size
+        assert config.queue.default_timeout_ms == batching.default_timeout_ms
+        assert config.queue.max_timeout_ms == batching.max_timeout_ms
+        assert config.memory.budget_bytes == spec.memory.budget_bytes
+        assert config.memory.reserve_fraction == spec.memory.reserve_fraction
+        assert config.port == contract.HTTP_PORT
+
+
+def test_every_rendered_flag_is_a_runtime_flag() -> None:
+    """No flag the operator renders is unknown to the runtime."""
+    known = {flag.flag for flag in config_flags()}
+    spec, plan = _plans({})[0]
+    args = contract.render_args(model=spec.model, memory=spec.memory, config=plan.config)
+    assert {a for a in args if a.startswith("--")} <= known
+
+
+def test_batching_defaults_agree() -> None:
+    """The CRD's batching defaults are the runtime's defaults."""
+    spec, plan = _plans({})[0]
+    config = parse_config(["--model", "builtin://synthetic"])
+    assert config.batching.max_batch_size == spec.batching.max_batch_size
+    assert config.batching.max_sequence_length == spec.batching.max_sequence_length
+    assert config.queue.max_queue_size == spec.batching.max_queue_size
+    assert config.queue.max_timeout_ms == spec.batching.max_timeout_ms
+    assert config.memory.reserve_fraction == spec.memory.reserve_fraction
+
+
+def _exposed_metrics() -> dict[str, set[str]]:
+    snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {"1": {
+        "weights_bytes": 1.0, "fixed_bytes": 1.0, "bytes_per_token": 1.0}})  # fmt: skip
+    metrics = RuntimeMetrics(model="m", track=Track.STABLE.value, snapshot=lambda: snapshot)
+    metrics.observe_request("1", 200, 0.01)
+    metrics.observe_batch("1", size=1, real_tokens=1, padded_tokens=1, queue_waits=[0.0],
+                          compute_s=0.01)  # fmt: skip
+    text = generate_latest(metrics.registry).decode()
+    exposed: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            exposed.setdefault(sample.name, set()).update(sample.labels)
+    return exposed
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [
+        contract.MemoryMetric.WEIGHTS,
+        contract.MemoryMetric.FIXED,
+        contract.MemoryMetric.PER_TOKEN,
+        contract.REQUESTS_METRIC,
+        contract.REQUEST_DURATION_METRIC + "_bucket",
+        contract.QUEUE_WAIT_METRIC + "_bucket",
+    ],
+)
+def test_queried_metrics_exist_with_their_labels(metric: str) -> None:
+    """The metrics the operator queries exist, labelled model/version/track."""
+    exposed = _exposed_metrics()
+    assert metric in exposed
+    assert {"model", "version", "track"} <= exposed[metric]
+
+
+@pytest.mark.parametrize("kind", sorted(contract.KNOWN_BUILTINS))
+def test_known_builtins_are_the_runtimes(kind: str) -> None:
+    """Every builtin the operator accepts is one the runtime resolves."""
+    resolve_handler(f"builtin://{kind}", name="m", version="1", max_sequence_length=32)
+
+
+def test_unknown_builtin_is_rejected_by_the_runtime_too() -> None:
+    """The operator's Degraded for an unknown builtin matches the runtime's refusal."""
+    with pytest.raises(ValueError, match="unknown builtin model"):
+        resolve_handler("builtin://gpt9", name="m", version="1", max_sequence_length=32)

@@ -1,0 +1,261 @@
+"""Rendering children from specs: every spec field lands where the runtime or Kubernetes reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetserve_operator import naming
+from fleetserve_operator.reconcile import (
+    Owner,
+    child_key,
+    desired_children,
+    is_drifted,
+    stale_children,
+    traffic_weights,
+)
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.testing import make_spec
+
+OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
+GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw", "sectionName": "http"}]}
+
+
+def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    spec = make_spec(**sections)
+    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+
+
+def _container(children: dict[tuple[str, str], Any], name: str = "demo-stable") -> Any:
+    return children[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+
+
+def _flag(container: dict[str, Any], flag: str) -> str:
+    args: list[str] = container["args"]
+    return args[args.index(flag) + 1]
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("sections", "flag", "value"),
+    [
+        pytest.param({"model": {"name": "enc", "version": "7", "uri": "builtin://minilm-l6"}},
+                     "--model", "builtin://minilm-l6", id="model.uri"),
+        pytest.param({"model": {"name": "enc", "version": "7", "uri": "builtin://minilm-l6"}},
+                     "--name", "enc", id="model.name"),
+        pytest.param({"model": {"name": "enc", "version": "7", "uri": "builtin://minilm-l6"}},
+                     "--version", "7", id="model.version"),
+        pytest.param({"model": {"name": "m", "version": "1", "handler": "pkg.mod:make"}},
+                     "--model", "pkg.mod:make", id="model.handler"),
+        pytest.param({"model": {"name": "m", "version": "1", "uri": "pvc://weights/enc/v7"}},
+                     "--model", "file:///models/enc/v7", id="model.uri-pvc"),
+        pytest.param({"runtime": {"device": "cuda"}}, "--device", "cuda", id="runtime.device"),
+        pytest.param({"runtime": {"threads": 4}}, "--threads", "4", id="runtime.threads"),
+        pytest.param({"batching": {"maxBatchSize": 64}}, "--max-batch-size", "64",
+                     id="maxBatchSize"),
+        pytest.param({"batching": {"maxQueueDelayMs": 2.5}}, "--max-queue-delay-ms", "2.5",
+                     id="maxQueueDelayMs"),
+        pytest.param({"batching": {"maxSequenceLength": 512}}, "--max-sequence-length", "512",
+                     id="maxSequenceLength"),
+        pytest.param({"batching": {"buckets": "16,32"}}, "--buckets", "16,32", id="buckets"),
+        pytest.param({"batching": {"maxBatchTokens": 4096}}, "--max-batch-tokens", "4096",
+                     id="maxBatchTokens"),
+        pytest.param({"batching": {"maxQueueSize": 64}}, "--max-queue-size", "64",
+                     id="maxQueueSize"),
+        pytest.param({"batching": {"maxQueueSize": 64}}, "--max-instances", "64",
+                     id="small-queue-caps-instances"),
+        pytest.param({"batching": {"defaultTimeoutMs": 100}}, "--default-timeout-ms", "100",
+                     id="defaultTimeoutMs"),
+        pytest.param({"batching": {"maxTimeoutMs": 60000}}, "--max-timeout-ms", "60000",
+                     id="maxTimeoutMs"),
+        pytest.param({"memory": {"budget": "1Gi"}}, "--memory-budget-bytes", str(2**30),
+                     id="memory.budget"),
+        pytest.param({"memory": {"reserveFraction": 0.2}}, "--memory-reserve-fraction", "0.2",
+                     id="memory.reserveFraction"),
+        pytest.param({}, "--track", "stable", id="track"),
+        pytest.param({}, "--port", "8080", id="port"),
+    ],
+)  # fmt: skip
+def test_stable_args_render_the_spec(sections: dict[str, Any], flag: str, value: str) -> None:
+    """Each batching/memory/model field becomes the runtime flag of the same meaning."""
+    assert _flag(_container(_children(**sections)), flag) == value
+
+
+@pytest.mark.parametrize(
+    ("sections", "path", "value"),
+    [
+        pytest.param({"runtime": {"image": "reg/rt:2"}}, "image", "reg/rt:2", id="image"),
+        pytest.param({"runtime": {"imagePullPolicy": "Always"}}, "imagePullPolicy", "Always",
+                     id="imagePullPolicy"),
+        pytest.param({"runtime": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
+                     "resources.limits.nvidia.com/gpu", "1", id="gpu-limit"),
+        pytest.param({"runtime": {"resources": {"requests": {"memory": "8Gi"}}}},
+                     "resources.requests.memory", "8Gi", id="memory-request"),
+        pytest.param({"runtime": {"env": [{"name": "FLEETSERVE_LOG_LEVEL", "value": "debug"}]}},
+                     "env.0", {"name": "FLEETSERVE_LOG_LEVEL", "value": "debug"}, id="env"),
+        pytest.param({"runtime": {"env": [{"name": "T", "valueFrom": {
+                         "secretKeyRef": {"name": "s", "key": "k"}}}]}},
+                     "env.0.valueFrom.secretKeyRef.key", "k", id="env-secret"),
+        pytest.param({}, "readinessProbe.httpGet.path", "/v2/health/ready", id="readiness"),
+        pytest.param({}, "livenessProbe.httpGet.path", "/v2/health/live", id="liveness"),
+        pytest.param({}, "securityContext.readOnlyRootFilesystem", True, id="read-only-root"),
+        pytest.param({}, "securityContext.allowPrivilegeEscalation", False, id="no-escalation"),
+        pytest.param({}, "securityContext.capabilities.drop", ["ALL"], id="drop-all"),
+        pytest.param({}, "command", ["fleetserve-runtime", "serve"], id="command"),
+        pytest.param({}, "ports.0.containerPort", 8080, id="port"),
+    ],
+)  # fmt: skip
+def test_container_fields(sections: dict[str, Any], path: str, value: Any) -> None:
+    """Runtime fields land in the container."""
+    container = _container(_children(**sections))
+    head, _, leaf = path.partition(".nvidia.com/")
+    found = _get(container, head)["nvidia.com/" + leaf] if leaf else _get(container, path)
+    assert found == value
+
+
+@pytest.mark.parametrize(
+    ("sections", "path", "value"),
+    [
+        pytest.param({"runtime": {"replicas": {"min": 3, "max": 3}}}, "spec.replicas", 3,
+                     id="fixed-replicas"),
+        pytest.param({"runtime": {"nodeSelector": {"gpu": "a100"}}},
+                     "spec.template.spec.nodeSelector.gpu", "a100", id="nodeSelector"),
+        pytest.param({"runtime": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}},
+                     "spec.template.spec.tolerations.0.operator", "Exists", id="tolerations"),
+        pytest.param({"runtime": {"serviceAccountName": "rt"}},
+                     "spec.template.spec.serviceAccountName", "rt", id="serviceAccountName"),
+        pytest.param({}, "spec.template.spec.securityContext.seccompProfile.type", "RuntimeDefault",
+                     id="seccomp"),
+        pytest.param({}, "spec.template.spec.securityContext.runAsNonRoot", True, id="non-root"),
+        pytest.param({}, "spec.template.metadata.annotations.prometheus.io/scrape", "true",
+                     id="scrape"),
+        pytest.param({}, "metadata.ownerReferences.0.uid", "uid-1", id="owner"),
+        pytest.param({}, "spec.strategy.rollingUpdate.maxUnavailable", 0, id="no-unavailable"),
+    ],
+)  # fmt: skip
+def test_deployment_fields(sections: dict[str, Any], path: str, value: Any) -> None:
+    """Replicas, scheduling, security and ownership of the stable Deployment."""
+    deployment = _children(**sections)[("Deployment", "demo-stable")]
+    if "prometheus.io/" in path:
+        head, _, key = path.partition(".prometheus.io/")
+        assert _get(deployment, head)["prometheus.io/" + key] == value
+    else:
+        assert _get(deployment, path) == value
+
+
+def test_autoscaled_replicas_are_left_to_the_autoscaler() -> None:
+    """With max > min the operator applies no replica count, so it never fights an HPA."""
+    deployment = _children(runtime={"replicas": {"min": 1, "max": 4}})[
+        ("Deployment", "demo-stable")
+    ]
+    assert "replicas" not in deployment["spec"]
+
+
+def test_pvc_model_is_mounted_read_only() -> None:
+    """A pvc:// model mounts its claim read-only at /models."""
+    children = _children(model={"name": "m", "version": "1", "uri": "pvc://weights/enc"})
+    pod = children[("Deployment", "demo-stable")]["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    assert volume["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    assert mount == {"name": "model", "mountPath": "/models", "readOnly": True}
+
+
+def test_fallback_runs_on_cpu_with_its_overrides() -> None:
+    """The fallback track: CPU device, its own resources, batching overrides, min replicas."""
+    children = _children(fallback={
+        "enabled": True, "replicas": {"min": 1, "max": 3}, "threads": 2,
+        "resources": {"requests": {"cpu": "4"}}, "nodeSelector": {"pool": "cpu"},
+        "batching": {"maxBatchSize": 4},
+    })  # fmt: skip
+    container = _container(children, "demo-fallback")
+    assert _flag(container, "--device") == "cpu"
+    assert _flag(container, "--track") == "fallback"
+    assert _flag(container, "--max-batch-size") == "4"
+    assert _flag(container, "--threads") == "2"
+    assert container["resources"] == {"requests": {"cpu": "4"}}
+    deployment = children[("Deployment", "demo-fallback")]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert ("Service", "demo-fallback") in children
+
+
+def test_children_without_gateway() -> None:
+    """Replicas provider: stable Deployment and Services, no HTTPRoute, no fallback."""
+    assert sorted(_children()) == [
+        ("Deployment", "demo-stable"), ("Service", "demo"), ("Service", "demo-stable"),
+    ]  # fmt: skip
+
+
+def test_umbrella_service_selects_the_gpu_pool() -> None:
+    """The umbrella Service spreads over GPU-track pods; a warm fallback gets no traffic."""
+    service = _children(fallback={"enabled": True})[("Service", "demo")]
+    assert service["spec"]["selector"][naming.POOL_LABEL] == "gpu"
+    assert service["spec"]["ports"][0]["port"] == 80
+
+
+def test_http_route_sends_everything_to_stable() -> None:
+    """gateway-api: weighted backendRefs, stable 100, a warm fallback listed at 0."""
+    children = _children(
+        traffic={**GATEWAY, "hostnames": ["a.example"]}, fallback={"enabled": True}
+    )
+    route = children[("HTTPRoute", "demo")]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [{"name": "gw", "sectionName": "http"}]
+    assert route["spec"]["hostnames"] == ["a.example"]
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [("demo-stable", 100), ("demo-fallback", 0)]
+
+
+def test_fallback_active_moves_traffic_and_replicas() -> None:
+    """With FallbackActive true (set by the rollout issue) traffic and replicas move to CPU."""
+    status = InferenceServiceStatus.model_validate({"conditions": [{
+        "type": "FallbackActive", "status": "True", "reason": "GPUTrackDown",
+        "lastTransitionTime": "2025-01-01T00:00:00Z"}]})  # fmt: skip
+    spec = make_spec(fallback={"enabled": True, "replicas": {"min": 1, "max": 3}}, traffic=GATEWAY)
+    assert traffic_weights(spec, status) == {naming.Track.STABLE: 0, naming.Track.FALLBACK: 100}
+    children = {child_key(c): c for c in desired_children(OWNER, spec, status)}
+    assert children[("Deployment", "demo-fallback")]["spec"]["replicas"] == 3
+    assert children[("Service", "demo")]["spec"]["selector"][naming.POOL_LABEL] == "cpu"
+
+
+def test_labels_follow_the_naming_vocabulary() -> None:
+    """Every child carries instance, managed-by; tracks add track and model-version."""
+    for (_, name), child in _children().items():
+        labels = child["metadata"]["labels"]
+        assert labels[naming.INSTANCE_LABEL] == "demo", name
+        assert labels[naming.MANAGED_BY_LABEL] == "fleetserve-operator", name
+    deployment = _children()[("Deployment", "demo-stable")]
+    assert deployment["metadata"]["labels"][naming.MODEL_VERSION_LABEL] == "1"
+    assert naming.MODEL_VERSION_LABEL not in deployment["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize(
+    ("desired", "observed", "drifted"),
+    [
+        pytest.param({"a": 1}, {"a": 1, "b": 2}, False, id="server-added-fields"),
+        pytest.param({"a": 1}, {"a": 2}, True, id="changed"),
+        pytest.param({"a": {"b": 1}}, {}, True, id="missing"),
+        pytest.param({"l": [{"x": 1}]}, {"l": [{"x": 1, "d": 0}]}, False, id="list-defaults"),
+        pytest.param({"l": [1, 2]}, {"l": [1]}, True, id="list-length"),
+        pytest.param({"q": 2}, {"q": "2"}, False, id="quantity-as-string"),
+    ],
+)
+def test_is_drifted(desired: Any, observed: Any, drifted: bool) -> None:
+    """Drift means a desired field is missing or different; extra fields are fine."""
+    assert is_drifted(desired, observed) is drifted
+
+
+def test_stale_children_are_only_our_own() -> None:
+    """A child no longer desired is stale only if this owner controls it."""
+    ours = {"kind": "Deployment", "metadata": {"name": "demo-fallback",
+            "ownerReferences": [OWNER.reference()]}}  # fmt: skip
+    foreign = {"kind": "Deployment", "metadata": {"name": "other", "ownerReferences": []}}
+    desired = desired_children(OWNER, make_spec(), InferenceServiceStatus())
+    assert stale_children(OWNER, desired, [ours, foreign]) == [ours]

@@ -1,0 +1,177 @@
+"""One reconcile against an in-memory cluster: apply, restore, report, and write nothing idle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.observe import MemoryFigures, memory_problem, transitions
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.sync import Sync
+from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
+
+NOW = "2025-01-01T00:00:00Z"
+
+
+def _setup(spec: dict[str, Any] | None = None, **kwargs: Any) -> tuple[FakeKube, Sync]:
+    kube = FakeKube()
+    kube.add_service(make_service(spec))
+    sync = Sync(kube, metrics=OperatorMetrics(), clock=lambda: NOW, **kwargs)
+    return kube, sync
+
+
+def _status(kube: FakeKube) -> InferenceServiceStatus:
+    body = kube.get_inference_service("ns", "demo")
+    assert body is not None
+    return InferenceServiceStatus.model_validate(body.get("status") or {})
+
+
+def _conditions(kube: FakeKube) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in _status(kube).conditions}
+
+
+def test_create_applies_children_and_reports_pending() -> None:
+    """First reconcile: Deployment and Services applied, phase Pending until pods are ready."""
+    kube, sync = _setup()
+    assert sync.run_by_name("ns", "demo", trigger="create") is None
+    applied = sorted((kind, name) for action, kind, name in kube.writes if action == "apply")
+    assert applied == [
+        ("Deployment", "demo-stable"),
+        ("Service", "demo"),
+        ("Service", "demo-stable"),
+    ]
+    assert _status(kube).phase == "Pending"
+    assert _conditions(kube)["Ready"] == ("False", "Pending")
+    assert [e.reason for e in kube.events][:3] == ["Created", "Created", "Created"]
+
+
+def test_ready_pods_make_it_succeed_and_report_the_version() -> None:
+    """When the Deployment is rolled out, status says Succeeded, stableVersion and 1/1."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    status = _status(kube)
+    assert (status.phase, status.stable_version, status.ready) == ("Succeeded", "1", "1/1")
+    assert _conditions(kube)["Ready"] == ("True", "Succeeded")
+    assert _conditions(kube)["Progressing"] == ("False", "Complete")
+    assert any(e.reason == "PhaseChanged" for e in kube.events)
+
+
+def test_idle_reconcile_writes_nothing() -> None:
+    """A converged service (as after an operator restart) gets no apply and no status write."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    before = list(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="resume")
+    sync.run_by_name("ns", "demo", trigger="resync")
+    assert kube.writes == before
+
+
+def test_deleted_child_is_restored() -> None:
+    """A deleted Deployment comes back on the next reconcile."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    del kube.objects[("Deployment", "ns", "demo-stable")]
+    sync.run_by_name("ns", "demo", trigger="child")
+    assert ("Deployment", "ns", "demo-stable") in kube.objects
+
+
+def test_edited_child_is_restored_but_foreign_fields_kept() -> None:
+    """Drift in an owned field is re-applied; fields others own are not a drift."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    deployment = kube.objects[("Deployment", "ns", "demo-stable")]
+    deployment["metadata"]["annotations"] = {"someone/else": "x"}
+    writes = len(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="child")
+    assert len(kube.writes) == writes
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"][1] = "builtin://other"
+    sync.run_by_name("ns", "demo", trigger="child")
+    restored = kube.objects[("Deployment", "ns", "demo-stable")]
+    assert restored["spec"]["template"]["spec"]["containers"][0]["args"][1] == "builtin://synthetic"
+
+
+def test_disabling_the_fallback_deletes_it() -> None:
+    """Children no longer desired are deleted."""
+    spec = {"model": {"name": "m", "version": "1", "uri": "builtin://synthetic"},
+            "fallback": {"enabled": True}}  # fmt: skip
+    kube, sync = _setup(spec)
+    sync.run_by_name("ns", "demo", trigger="create")
+    assert ("Deployment", "ns", "demo-fallback") in kube.objects
+    kube.objects[("InferenceService", "ns", "demo")]["spec"]["fallback"]["enabled"] = False
+    sync.run_by_name("ns", "demo", trigger="update")
+    assert ("Deployment", "ns", "demo-fallback") not in kube.objects
+    assert ("delete", "Service", "demo-fallback") in kube.writes
+
+
+def test_unknown_builtin_is_degraded_naming_the_field() -> None:
+    """A semantic error: nothing applied, Degraded names spec.model.uri, phase Failed."""
+    kube, sync = _setup({"model": {"name": "m", "version": "1", "uri": "builtin://gpt9"}})
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.field == "spec.model.uri"
+    assert not [w for w in kube.writes if w[0] == "apply"]
+    status = _status(kube)
+    assert status.phase == "Failed"
+    assert _conditions(kube)["Degraded"] == ("True", "InvalidSpec")
+    assert status.last_error is not None
+    assert "spec.model.uri" in status.last_error
+    assert any(e.type == "Warning" for e in kube.events)
+
+
+def test_missing_pvc_is_a_temporary_degradation() -> None:
+    """A missing claim is DependencyMissing; creating it lets the next reconcile proceed."""
+    kube, sync = _setup({"model": {"name": "m", "version": "1", "uri": "pvc://weights/enc"}})
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "DependencyMissing"
+    assert _conditions(kube)["Degraded"] == ("True", "DependencyMissing")
+    kube.claims.add(("ns", "weights"))
+    assert sync.run_by_name("ns", "demo", trigger="resync") is None
+    assert _conditions(kube)["Degraded"] == ("False", "AsExpected")
+
+
+def test_memory_budget_check_reports_both_numbers() -> None:
+    """Measured figures above the budget: Degraded MemoryBudgetExceeded with both numbers."""
+    source = FakeMetricSource({
+        "weights_bytes": 500e6, "fixed_bytes": 10e6, "bytes_per_token": 100_000,
+    })  # fmt: skip
+    spec = {"model": {"name": "m", "version": "1", "uri": "builtin://synthetic"},
+            "memory": {"budget": "1Gi"}}  # fmt: skip
+    kube, sync = _setup(spec, default_prometheus_url="http://prom:9090",
+                        metric_source=lambda url: source)  # fmt: skip
+    sync.run_by_name("ns", "demo", trigger="create")
+    degraded = _status(kube).conditions[2]
+    assert (degraded.type, degraded.reason) == ("Degraded", "MemoryBudgetExceeded")
+    assert "1329200000 bytes" in degraded.message
+    assert "spec.memory.budget 1Gi" in degraded.message
+    assert 'namespace="ns",model="m",version="1",track="stable"' in source.queries[0]
+
+
+def test_memory_problem_none_within_budget() -> None:
+    """A batch that fits raises no problem; no budget means no check."""
+    figures = MemoryFigures(weights_bytes=1e6, fixed_bytes=1e6, bytes_per_token=10)
+    assert memory_problem(make_spec(memory={"budget": "1Gi"}), figures) is None
+    assert memory_problem(make_spec(), MemoryFigures(1e12, 0, 0)) is None
+
+
+def test_condition_transition_time_kept_when_unchanged() -> None:
+    """LastTransitionTime moves only when a condition's status flips."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    first = {c.type: c.last_transition_time for c in _status(kube).conditions}
+    sync._clock = lambda: "2025-01-01T00:05:00Z"  # noqa: SLF001  # a later reconcile
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    later = {c.type: c.last_transition_time for c in _status(kube).conditions}
+    assert later["Degraded"] == first["Degraded"]
+    assert later["Ready"] == "2025-01-01T00:05:00Z"
+
+
+def test_transitions_of_an_unchanged_status_are_empty() -> None:
+    """No change, no Event."""
+    status = InferenceServiceStatus(phase="Succeeded")
+    assert transitions(status, status) == []
