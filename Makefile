@@ -10,7 +10,8 @@ PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
 LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
-.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean
+.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
+        crds crds-check e2e-operator
 
 ## help: list the targets
 help:
@@ -25,8 +26,16 @@ $(STAMP): runtime/pyproject.toml operator/pyproject.toml requirements-dev.txt re
 	    -r e2e/requirements.txt -r bench/requirements.txt -e runtime -e operator
 	@touch $(STAMP)
 
-## lint: ruff (lint + format check) and mypy --strict on our packages
-lint: setup
+## crds: regenerate crds/ from the operator's pydantic models
+crds: setup
+	$(PY) -m fleetserve_operator.crdgen
+
+## crds-check: fail when crds/ is out of date
+crds-check: setup
+	$(PY) -m fleetserve_operator.crdgen --check
+
+## lint: ruff (lint + format check), mypy --strict on our packages, CRDs up to date
+lint: setup crds-check
 	$(VENV)/bin/ruff check $(LINTED) e2e
 	$(VENV)/bin/ruff format --check $(LINTED) e2e
 	$(VENV)/bin/mypy --strict $(PACKAGES) bench

@@ -29,6 +29,7 @@ LIMITS = BatchLimits(
     max_batch_tokens=0,
     aging_s=0.2,
     lower_class_share=0.1,
+    min_padding_efficiency=0.85,
 )
 
 

@@ -7,8 +7,10 @@ time passed. Rules (issue 2):
 * expired items are removed first and returned, so they never cost compute;
 * a batch is dispatched when `max_batch_size` items wait, or when the oldest has waited
   `max_queue_delay`, whichever comes first;
-* a batch holds items of one model version and one length bucket, padded only to its own
-  longest member, and stays within the padded-token budget;
+* a batch holds items of one model version and starts from one length bucket; when that
+  bucket cannot fill it, items of the nearest buckets join as long as the batch's padding
+  efficiency (real / padded tokens) stays above a floor; it is padded only to its own
+  longest member and stays within the padded-token budget;
 * the first item is the one with the best *effective* priority (its class, raised one class
   per `aging` waited, so nothing starves), and each lower class with items waiting in that
   bucket is guaranteed a share of the batch.
@@ -121,6 +123,9 @@ class BatchLimits:
     """0 means no padded-token budget."""
     aging_s: float
     lower_class_share: float
+    min_padding_efficiency: float = 1.0
+    """Neighbouring buckets may top up a batch while real/padded tokens stay at or above
+    this; 1.0 keeps batches to one bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +164,11 @@ def plan_batch(queue: RequestQueue, now: float, limits: BatchLimits) -> Plan:
     due = oldest + limits.max_queue_delay_s
     if len(queue) < limits.max_batch_size and now < due:
         return Plan(None, expired, _earliest(due, queue.next_deadline()))
-    cells = _choose_cells(queue, now, limits, delay_passed=now >= due)
-    batch = _fill(queue, cells, now, limits)
+    by_bucket: dict[tuple[Hashable, int], list[Cell]] = {}
+    for cell in queue.cells():
+        by_bucket.setdefault((cell.group, cell.bucket), []).append(cell)
+    key = _choose_bucket(by_bucket, now, limits, delay_passed=now >= due)
+    batch = _fill(queue, by_bucket, key, now, limits)
     return Plan(batch, expired, None)
 
 
@@ -172,13 +180,14 @@ def _effective(item: PendingItem, now: float, aging_s: float) -> tuple[float, in
     return (item.priority - (now - item.enqueued_at) / aging_s, item.seq)
 
 
-def _choose_cells(
-    queue: RequestQueue, now: float, limits: BatchLimits, *, delay_passed: bool
-) -> list[Cell]:
-    """The priority cells of the (group, bucket) the next batch comes from."""
-    by_bucket: dict[tuple[Hashable, int], list[Cell]] = {}
-    for cell in queue.cells():
-        by_bucket.setdefault((cell.group, cell.bucket), []).append(cell)
+def _choose_bucket(
+    by_bucket: dict[tuple[Hashable, int], list[Cell]],
+    now: float,
+    limits: BatchLimits,
+    *,
+    delay_passed: bool,
+) -> tuple[Hashable, int]:
+    """The (group, bucket) the next batch starts from: a full one, or the most urgent."""
     best_key: tuple[Hashable, int] | None = None
     best_rank: tuple[float, int] | None = None
     for key, cells in by_bucket.items():
@@ -190,10 +199,20 @@ def _choose_cells(
         if best_rank is None or rank < best_rank:
             best_key, best_rank = key, rank
     if best_key is None:
-        # Enough items overall but no single bucket is full: take the best bucket anyway
+        # Enough items overall but no single bucket is full: take the most urgent bucket
         # rather than wait, since the executor is idle.
-        return _choose_cells(queue, now, limits, delay_passed=True)
-    return by_bucket[best_key]
+        return _choose_bucket(by_bucket, now, limits, delay_passed=True)
+    return best_key
+
+
+def _neighbours(
+    by_bucket: dict[tuple[Hashable, int], list[Cell]], key: tuple[Hashable, int]
+) -> list[Cell]:
+    """Cells of the same group in other buckets, nearest bucket first, then by priority."""
+    group, bucket = key
+    others = [k for k in by_bucket if k[0] == group and k != key]
+    others.sort(key=lambda k: (abs(k[1] - bucket), k[1]))
+    return [cell for k in others for cell in sorted(by_bucket[k], key=lambda c: c.priority)]
 
 
 class _Filler:
@@ -221,6 +240,25 @@ class _Filler:
         self.pending[priority] = next(self.iters[priority], None)
         return True
 
+    def offer(self, item: PendingItem) -> bool:
+        """Add a neighbouring bucket's item if the batch stays efficient enough.
+
+        Returns False once the batch is full (stop offering), True otherwise.
+        """
+        if len(self.chosen) >= self.limits.max_batch_size:
+            return False
+        count = len(self.chosen) + 1
+        longest = max(self.longest, item.length)
+        budget = self.limits.max_batch_tokens
+        if budget and count * longest > budget:
+            return True
+        real = sum(chosen.length for chosen in self.chosen) + item.length
+        if real < self.limits.min_padding_efficiency * count * longest:
+            return True
+        self.chosen.append(item)
+        self.longest = longest
+        return True
+
     def best_waiting(self) -> Priority | None:
         """The class whose next item has the best effective priority."""
         waiting = [(p, item) for p, item in self.pending.items() if item is not None]
@@ -229,9 +267,19 @@ class _Filler:
         return min(waiting, key=lambda pair: _effective(pair[1], self.now, self.limits.aging_s))[0]
 
 
-def _fill(queue: RequestQueue, cells: list[Cell], now: float, limits: BatchLimits) -> Batch:
-    """Take items from `cells` into one batch: lower-class shares first, then by priority."""
-    cells = sorted(cells, key=lambda cell: cell.priority)
+def _fill(
+    queue: RequestQueue,
+    by_bucket: dict[tuple[Hashable, int], list[Cell]],
+    key: tuple[Hashable, int],
+    now: float,
+    limits: BatchLimits,
+) -> Batch:
+    """Take one batch from the chosen bucket, topped up from its neighbours.
+
+    Lower-class shares go first, then the bucket's items by effective priority, then items
+    of the nearest buckets while the padding efficiency floor holds.
+    """
+    cells = sorted(by_bucket[key], key=lambda cell: cell.priority)
     filler = _Filler(cells, now, limits)
     if limits.lower_class_share > 0:
         share = max(1, int(limits.lower_class_share * limits.max_batch_size))
@@ -241,11 +289,15 @@ def _fill(queue: RequestQueue, cells: list[Cell], now: float, limits: BatchLimit
                     break
     while (best := filler.best_waiting()) is not None and filler.admit(best):
         pass
+    if limits.min_padding_efficiency < 1.0:
+        for item in (i for cell in _neighbours(by_bucket, key) for i in cell.iter_live()):
+            if not filler.offer(item):
+                break
     for item in filler.chosen:
         queue.take(item)
     return Batch(
         items=tuple(filler.chosen),
-        group=cells[0].group,
+        group=key[0],
         pad_to=filler.longest,
         real_tokens=sum(item.length for item in filler.chosen),
         formed_at=now,

@@ -54,6 +54,9 @@ class BatchingConfig(_Section):
     """Length-bucket upper edges in tokens, `auto` (learned from observed lengths) or `none`."""
     max_batch_tokens: int = Field(0, ge=0)
     """Most padded tokens in one batch; 0 derives the limit from the memory budget."""
+    min_padding_efficiency: float = Field(0.85, gt=0, le=1)
+    """A batch that one bucket cannot fill takes neighbouring buckets' requests while real /
+    padded tokens stay at or above this; 1.0 keeps each batch to one bucket."""
     packing: bool = True
     """Let the model lay tokens back to back so dense layers compute no padding."""
 

@@ -354,6 +354,7 @@ class Runtime:
             max_batch_tokens=model.max_batch_tokens if model is not None else 0,
             aging_s=queue.priority_aging_ms / 1000,
             lower_class_share=queue.lower_class_share,
+            min_padding_efficiency=batching.min_padding_efficiency,
         )
 
     async def _schedule(self) -> None:

@@ -178,6 +178,34 @@ def test_full_bucket_goes_before_the_delay() -> None:
     assert [i.length for i in batch.items] == [5, 5, 5, 5]
 
 
+def test_neighbouring_buckets_top_up_a_batch_above_the_efficiency_floor() -> None:
+    """A bucket that cannot fill the batch takes near-length neighbours, never far ones."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 10, 64])
+    queue.push(make_items([7, 8], now=clock(), bucket_of=policy.bucket_of))
+    queue.push(make_items([9, 10], now=clock(), bucket_of=policy.bucket_of))
+    queue.push(make_items([60], now=clock(), bucket_of=policy.bucket_of))
+    clock.advance(0.011)
+    strict = limits(max_batch_size=8, min_padding_efficiency=0.85)
+    batch = plan_batch(queue, clock(), strict).batch
+    assert batch is not None
+    assert sorted(i.length for i in batch.items) == [7, 8, 9, 10]
+    assert batch.real_tokens / batch.padded_tokens >= 0.85
+    assert len(queue) == 1
+
+
+def test_efficiency_floor_of_one_keeps_buckets_strict() -> None:
+    """With the floor at 1.0 no neighbour joins, even an equal-length one."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 10, 64])
+    queue.push(make_items([7], now=clock(), bucket_of=policy.bucket_of))
+    queue.push(make_items([9], now=clock(), bucket_of=policy.bucket_of))
+    clock.advance(0.011)
+    batch = plan_batch(queue, clock(), limits(min_padding_efficiency=1.0)).batch
+    assert batch is not None
+    assert [i.length for i in batch.items] == [7]
+
+
 def test_learned_buckets_follow_observed_quantiles() -> None:
     """After `refresh` observations, edges sit at quantiles of what was seen."""
     policy = LearnedBuckets(256, refresh=100)

@@ -1,0 +1,231 @@
+"""``make bench-runtime``: dynamic batching measured side by side in one run (issue 2).
+
+Starts ``fleetserve-runtime`` with the MiniLM model on 127.0.0.1, once per configuration and
+each time in a fresh process pinned to the server core, and drives it with the same seeded
+closed-loop workload from the client core:
+
+(a) dynamic batching with length buckets and packing, max batch 32;
+(b) the same server with max batch 1 (the unbatched baseline);
+(c) batching in arrival order, no buckets, no packing, each batch padded to its longest member.
+
+Usage: ``.venv/bin/python -m bench.runtime_bench [--requests N] [--concurrency N] ...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from bench.gemm import measure_peak_flops
+from bench.loadgen import run_closed_loop
+from bench.pinning import pin_current_process
+from bench.report import ConfigResult, Measurement, print_report, summarise
+from bench.server_metrics import scrape
+from bench.server_proc import free_port, process_cpu_seconds, running_server
+from bench.textgen import PROFILES, generate_workload
+from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
+
+MODEL_NAME = "minilm"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server configuration under test.
+
+    Attributes:
+        label: Short name ("a", "b", "c").
+        description: What the configuration does.
+        args: Options that set it apart; the common ones come from ``server_argv``.
+    """
+
+    label: str
+    description: str
+    args: tuple[str, ...]
+
+
+CONFIGS = (
+    ServerConfig("a", "buckets+packing, max 32", ("--buckets", "auto", "--max-batch-size", "32")),
+    ServerConfig("b", "no batching, max 1", ("--buckets", "auto", "--max-batch-size", "1")),
+    ServerConfig(
+        "c",
+        "arrival order, padded, max 32",
+        ("--buckets", "none", "--no-packing", "--max-batch-size", "32"),
+    ),
+)
+
+
+def request_body(text: str) -> bytes:
+    """Return the Open Inference Protocol request for one text, serialised."""
+    payload = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    return json.dumps(payload).encode("utf-8")
+
+
+def server_argv(runtime: Sequence[str], *, port: int, args: argparse.Namespace) -> list[str]:
+    """Return the server command line shared by every configuration."""
+    return [
+        *runtime,
+        "serve",
+        f"--model={args.model}",
+        f"--name={MODEL_NAME}",
+        "--version=v1",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--device=cpu",
+        "--threads=1",
+        f"--max-queue-delay-ms={args.max_queue_delay_ms}",
+        "--max-queue-size=4096",
+        "--default-timeout-ms=30000",
+        "--max-timeout-ms=30000",
+    ]
+
+
+@dataclass(frozen=True)
+class RequestSet:
+    """Pre-serialised request bodies: an unmeasured warm-up set and the measured set.
+
+    Attributes:
+        warmup: Bodies sent before the measured window.
+        measured: Bodies sent in the measured window.
+        measured_tokens: Total token count of the measured texts.
+    """
+
+    warmup: tuple[bytes, ...]
+    measured: tuple[bytes, ...]
+    measured_tokens: int
+
+
+def build_requests(args: argparse.Namespace) -> RequestSet:
+    """Generate the seeded texts once; every configuration gets the very same bytes."""
+    workload = generate_workload(
+        PROFILES[args.profile], args.warmup + args.requests, seed=args.seed
+    )
+    bodies = tuple(request_body(t) for t in workload.texts)
+    return RequestSet(
+        warmup=bodies[: args.warmup],
+        measured=bodies[args.warmup :],
+        measured_tokens=sum(workload.token_counts[args.warmup :]),
+    )
+
+
+def measure_config(
+    config: ServerConfig,
+    requests: RequestSet,
+    *,
+    args: argparse.Namespace,
+    log_dir: Path,
+) -> Measurement:
+    """Start a fresh server for ``config``, warm it up, and measure one closed-loop run."""
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    url = f"{base_url}/v2/models/{MODEL_NAME}/infer"
+    argv = [*server_argv(shlex.split(args.runtime), port=port, args=args), *config.args]
+    with running_server(
+        argv,
+        base_url=base_url,
+        core=args.server_core,
+        log_path=log_dir / f"server-{config.label}.log",
+    ) as pid:
+        asyncio.run(run_closed_loop(url, requests.warmup, concurrency=args.concurrency))
+        return _measure_window(url, base_url=base_url, pid=pid, requests=requests, args=args)
+
+
+def _measure_window(
+    url: str,
+    *,
+    base_url: str,
+    pid: int,
+    requests: RequestSet,
+    args: argparse.Namespace,
+) -> Measurement:
+    """Run the measured closed loop, reading server counters and CPU times around it."""
+    counters_before = scrape(base_url)
+    server_cpu_before = process_cpu_seconds(pid)
+    client_cpu_before = time.process_time()
+    load = asyncio.run(
+        run_closed_loop(
+            url, requests.measured, concurrency=args.concurrency, time_limit_s=args.time_limit_s
+        )
+    )
+    client_cpu_s = time.process_time() - client_cpu_before
+    server_cpu_s = process_cpu_seconds(pid) - server_cpu_before
+    return Measurement(
+        load=load,
+        counters=scrape(base_url) - counters_before,
+        expected_real_tokens=requests.measured_tokens,
+        server_cpu_s=server_cpu_s,
+        client_cpu_s=client_cpu_s,
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    default_runtime = str(Path(sys.executable).with_name("fleetserve-runtime"))
+    parser.add_argument("--runtime", default=default_runtime, help="server command (shell words)")
+    parser.add_argument("--model", default="builtin://minilm-l6")
+    parser.add_argument("--requests", type=int, default=1500, help="measured requests per config")
+    parser.add_argument("--warmup", type=int, default=256, help="unmeasured requests per config")
+    parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="mixed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--client-core", type=int, default=1)
+    parser.add_argument("--time-limit-s", type=float, default=300.0, help="per measured run")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run every configuration and print the report."""
+    args = parse_args(argv)
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    pin_current_process(args.client_core)
+    requests = build_requests(args)
+    # Measured before any server starts, so nothing else runs on the server's core.
+    peak_flops = measure_peak_flops(core=args.server_core)
+    results: list[ConfigResult] = []
+    with tempfile.TemporaryDirectory(prefix="fleetserve-bench-") as log_dir:
+        for config in CONFIGS:
+            measurement = measure_config(config, requests, args=args, log_dir=Path(log_dir))
+            results.append(
+                summarise(
+                    measurement,
+                    label=config.label,
+                    description=config.description,
+                    server_args=config.args,
+                    flops_per_token=FLOPS_PER_TOKEN,
+                    peak_flops=peak_flops,
+                )
+            )
+    context = {
+        **vars(args),
+        "peak_gemm_flops": peak_flops,
+        "flops_per_token": FLOPS_PER_TOKEN,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "cpus": os.cpu_count(),
+        # Other work on the machine skews every figure; a load average far above the two
+        # busy cores of this benchmark says the run was not alone.
+        "loadavg_1m_start": load_before,
+        "loadavg_1m_end": os.getloadavg()[0],
+    }
+    print_report(results, headline="a", baseline="b", context=context)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Start a server as a pinned child process, wait until it is ready, always stop it.
+
+``bench.runtime_bench`` runs each server configuration in a fresh process through
+``running_server``. The child gets its own process group, so stopping it also stops anything
+it spawned (uvicorn workers, tokenizer pools).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bench.pinning import pinned_command, single_thread_env
+
+#: Grace period between SIGTERM and SIGKILL when stopping a server.
+STOP_GRACE_S = 15.0
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _is_ready(base_url: str) -> bool:
+    """Return True if ``GET /v2/health/ready`` answers 200."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v2/health/ready", timeout=2.0) as response:
+            status: int = response.status
+            return status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes],
+    *,
+    base_url: str,
+    log_path: Path,
+    timeout_s: float,
+) -> None:
+    """Poll readiness until it succeeds; fail fast if the server exits or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while not _is_ready(base_url):
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not ready after {timeout_s:.0f} s:\n{_tail(log_path)}")
+        time.sleep(0.25)
+
+
+def _tail(log_path: Path, lines: int = 30) -> str:
+    """Return the last ``lines`` lines of the server's log."""
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """Return the CPU time (user + system, all threads) that process ``pid`` has used so far.
+
+    The bench reads it around the measured window: a saturated server near 1.0 CPU-s per
+    second owns its core; much less means it was waiting, or the core was shared.
+    """
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of proc(5); fields[0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    """Send ``signum`` to the process group led by ``pid``, if it still exists."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server's whole process group: SIGTERM, then SIGKILL after a grace period."""
+    _signal_group(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STOP_GRACE_S)
+    # SIGKILL whatever is left: a hung server, or children it left behind in its group.
+    _signal_group(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextlib.contextmanager
+def running_server(
+    argv: Sequence[str],
+    *,
+    base_url: str,
+    core: int,
+    log_path: Path,
+    ready_timeout_s: float = 180.0,
+) -> Iterator[int]:
+    """Run ``argv`` pinned to ``core`` until the ``with`` block ends.
+
+    Args:
+        argv: Server command line; it must listen at ``base_url``.
+        base_url: ``http://127.0.0.1:<port>`` of the server.
+        core: CPU core for the server and all its threads.
+        log_path: File that receives the server's stdout and stderr.
+        ready_timeout_s: How long model loading and warm-up may take.
+
+    Yields:
+        The server's process id; the server is ready when the block starts.
+    """
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            pinned_command(argv, core=core),
+            env=single_thread_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_ready(process, base_url=base_url, log_path=log_path, timeout_s=ready_timeout_s)
+            yield process.pid
+        finally:
+            _stop(process)
