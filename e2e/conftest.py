@@ -1,0 +1,73 @@
+"""Fixtures of the e2e tier: a local cluster, a local Prometheus, one namespace per test.
+
+Nothing here needs the cluster binaries at import time: they are looked up when the first
+fixture starts a cluster, and a missing binary fails that fixture with the command that builds
+it (``make tools``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# --import-mode=importlib does not put test roots on sys.path; the harness package lives here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster, LocalPrometheus  # noqa: E402
+from fleetserve_e2e.cluster import standin_commands, venv_commands  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--e2e-runtime``: which program runtime pods run."""
+    parser.addoption(
+        "--e2e-runtime",
+        choices=["venv", "standin"],
+        default="venv",
+        help="venv: the repo's fleetserve-runtime (default); standin: the harness's stand-in",
+    )
+
+
+@pytest.fixture(scope="session")
+def runtime_commands(request: pytest.FixtureRequest) -> dict[str, list[str]]:
+    """Container command → host argv for runtime pods, as chosen by ``--e2e-runtime``."""
+    standin = request.config.getoption("--e2e-runtime") == "standin"
+    return standin_commands() if standin else venv_commands()
+
+
+@pytest.fixture(scope="session")
+def local_cluster(runtime_commands: dict[str, list[str]]) -> Iterator[LocalCluster]:
+    """A running local cluster shared by the session; torn down at the end, even on failure."""
+    with LocalCluster(commands=runtime_commands) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def local_prometheus(local_cluster: LocalCluster) -> Iterator[LocalPrometheus]:
+    """A real Prometheus scraping the session cluster's pod processes every second."""
+    with LocalPrometheus(local_cluster.file_sd_path, scrape_interval_s=1.0) as prometheus:
+        yield prometheus
+
+
+@pytest.fixture
+def kube(local_cluster: LocalCluster) -> KubeClient:
+    """The session cluster's admin API client."""
+    return local_cluster.client
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: KubeClient) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (its pods stop with it)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:5]}"
+    kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    try:
+        kube.delete(f"/api/v1/namespaces/{name}")
+    except KubeApiError as error:
+        if error.status_code != 404:  # the test may have deleted it itself
+            raise

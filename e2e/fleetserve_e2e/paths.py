@@ -1,0 +1,58 @@
+"""Where the harness finds its pinned versions, built binaries and long-lived state.
+
+Everything here derives from ``e2e/tools/go.mod`` (the single place versions are pinned) and
+from the user's cache directory, so builds survive ``git clean`` and are shared by checkouts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+E2E_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = E2E_DIR.parent
+TOOLS_DIR = E2E_DIR / "tools"
+
+_REQUIRE = re.compile(r"^\s*(?:require\s+)?(\S+)\s+(v\S+)", re.MULTILINE)
+
+
+def pinned_version(module: str) -> str:
+    """Return the version ``e2e/tools/go.mod`` pins for ``module``.
+
+    Raises:
+        LookupError: The module is not required by the tools module.
+    """
+    text = (TOOLS_DIR / "go.mod").read_text(encoding="utf-8")
+    for path, version in _REQUIRE.findall(text):
+        if path == module:
+            return str(version)
+    raise LookupError(f"{module} is not pinned in {TOOLS_DIR / 'go.mod'}")
+
+
+def cache_dir() -> Path:
+    """Return ``$XDG_CACHE_HOME/fleetserve`` (default ``~/.cache/fleetserve``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fleetserve"
+
+
+def bin_dir() -> Path:
+    """Return the directory holding binaries built for the pinned Kubernetes version."""
+    return cache_dir() / "bin" / pinned_version("k8s.io/kubernetes")
+
+
+def binary(name: str) -> Path:
+    """Return the path of a built tool, failing with the command that builds it.
+
+    Raises:
+        FileNotFoundError: The tools have not been built yet.
+    """
+    path = bin_dir() / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; build the tools first with `make tools`")
+    return path
+
+
+def state_dir(component: str) -> Path:
+    """Return the directory where a background ``make <component>-up`` records its state."""
+    return cache_dir() / component

@@ -1,0 +1,150 @@
+"""Generate the certificates and keys a throwaway control plane needs, at every start.
+
+One CA signs the API server's serving certificate and an admin client certificate in group
+``system:masters``; a separate key pair signs service-account tokens.  ECDSA P-256 keys are
+used because they are generated in milliseconds, which keeps cluster start fast.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# 10.0.0.1 is the first address of the service range the API server is started with.
+SERVICE_IP = "10.0.0.1"
+_VALIDITY = datetime.timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class ClusterPki:
+    """Paths of the PEM files written by :func:`write_pki`."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    admin_cert: Path
+    admin_key: Path
+    service_account_key: Path
+    service_account_pub: Path
+
+    @classmethod
+    def in_directory(cls, directory: Path) -> ClusterPki:
+        """Return the file layout used in ``directory`` (also to reopen a running cluster)."""
+        return cls(
+            ca_cert=directory / "ca.crt",
+            ca_key=directory / "ca.key",
+            server_cert=directory / "apiserver.crt",
+            server_key=directory / "apiserver.key",
+            admin_cert=directory / "admin.crt",
+            admin_key=directory / "admin.key",
+            service_account_key=directory / "sa.key",
+            service_account_pub=directory / "sa.pub",
+        )
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+    )
+
+
+def _leaf(
+    *,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    san: x509.SubjectAlternativeName | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = _new_key()
+    builder = _builder(subject, ca.subject, key.public_key()).add_extension(
+        x509.ExtendedKeyUsage([usage]), critical=False
+    )
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
+
+
+def write_pki(directory: Path) -> ClusterPki:
+    """Write a fresh CA, serving, admin and service-account key material into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = _new_key()
+    ca_name = _name("fleetserve-e2e-ca")
+    ca = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    san = x509.SubjectAlternativeName(
+        [
+            x509.DNSName("localhost"),
+            x509.DNSName("kubernetes"),
+            x509.DNSName("kubernetes.default"),
+            x509.DNSName("kubernetes.default.svc"),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address(SERVICE_IP)),
+        ]
+    )
+    server, server_key = _leaf(
+        subject=_name("kube-apiserver"),
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        ca=ca,
+        ca_key=ca_key,
+        san=san,
+    )
+    admin, admin_key = _leaf(
+        subject=_name("fleetserve-e2e-admin", "system:masters"),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        ca=ca,
+        ca_key=ca_key,
+    )
+    sa_key = _new_key()
+    pki = ClusterPki.in_directory(directory)
+    pem = serialization.Encoding.PEM
+    pki.ca_cert.write_bytes(ca.public_bytes(pem))
+    pki.ca_key.write_bytes(_key_pem(ca_key))
+    pki.server_cert.write_bytes(server.public_bytes(pem))
+    pki.server_key.write_bytes(_key_pem(server_key))
+    pki.admin_cert.write_bytes(admin.public_bytes(pem))
+    pki.admin_key.write_bytes(_key_pem(admin_key))
+    pki.service_account_key.write_bytes(_key_pem(sa_key))
+    pki.service_account_pub.write_bytes(
+        sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return pki

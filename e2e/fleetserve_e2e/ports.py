@@ -1,0 +1,16 @@
+"""Pick free loopback TCP ports, so several clusters and pods can run side by side."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    The kernel picks it from the ephemeral range; the tiny window before the caller binds it
+    is acceptable for tests.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
