@@ -155,19 +155,33 @@ class Plan:
     """When the decision may change without new arrivals (delay or deadline); None: never."""
 
 
-def plan_batch(queue: RequestQueue, now: float, limits: BatchLimits) -> Plan:
-    """Decide the next batch; takes the chosen items out of `queue`."""
+def plan_batch(
+    queue: RequestQueue, now: float, limits: BatchLimits, *, not_before: float | None = None
+) -> Plan:
+    """Decide the next batch; takes the chosen items out of `queue`.
+
+    `not_before` is when the executor expects to need the next batch (its running batch is
+    about to end); until then only a full bucket is dispatched, so batches formed while the
+    device is busy are as large as the queue allows. None means the executor is idle.
+    """
     expired = tuple(queue.pop_expired(now))
     oldest = queue.oldest_enqueued_at()
     if oldest is None:
         return Plan(None, expired, None)
     due = oldest + limits.max_queue_delay_s
-    if len(queue) < limits.max_batch_size and now < due:
+    busy = not_before is not None and now < not_before
+    if not busy and len(queue) < limits.max_batch_size and now < due:
         return Plan(None, expired, _earliest(due, queue.next_deadline()))
     by_bucket: dict[tuple[Hashable, int], list[Cell]] = {}
     for cell in queue.cells():
         by_bucket.setdefault((cell.group, cell.bucket), []).append(cell)
-    key = _choose_bucket(by_bucket, now, limits, delay_passed=now >= due)
+    # An idle executor takes the most urgent bucket once the delay passed or a full batch's
+    # worth waits overall; a busy one only takes a full bucket (see `not_before`).
+    any_bucket = not busy and (now >= due or len(queue) >= limits.max_batch_size)
+    key = _choose_bucket(by_bucket, now, limits, any_bucket=any_bucket)
+    if key is None:
+        hold = max(due, not_before) if not_before is not None else due
+        return Plan(None, expired, _earliest(hold, queue.next_deadline()))
     batch = _fill(queue, by_bucket, key, now, limits)
     return Plan(batch, expired, None)
 
@@ -185,24 +199,23 @@ def _choose_bucket(
     now: float,
     limits: BatchLimits,
     *,
-    delay_passed: bool,
-) -> tuple[Hashable, int]:
-    """The (group, bucket) the next batch starts from: a full one, or the most urgent."""
-    best_key: tuple[Hashable, int] | None = None
-    best_rank: tuple[float, int] | None = None
+    any_bucket: bool,
+) -> tuple[Hashable, int] | None:
+    """The (group, bucket) the next batch starts from.
+
+    The most urgent full bucket; failing that, with `any_bucket`, the most urgent of the
+    rest; None when there is no candidate yet.
+    """
+    best: dict[bool, tuple[tuple[float, int], tuple[Hashable, int]]] = {}
     for key, cells in by_bucket.items():
         full = sum(cell.live for cell in cells) >= limits.max_batch_size
-        if not delay_passed and not full:
-            continue
         heads = [head for cell in cells if (head := cell.head()) is not None]
         rank = min(_effective(head, now, limits.aging_s) for head in heads)
-        if best_rank is None or rank < best_rank:
-            best_key, best_rank = key, rank
-    if best_key is None:
-        # Enough items overall but no single bucket is full: take the most urgent bucket
-        # rather than wait, since the executor is idle.
-        return _choose_bucket(by_bucket, now, limits, delay_passed=True)
-    return best_key
+        if full not in best or rank < best[full][0]:
+            best[full] = (rank, key)
+    if True in best:
+        return best[True][1]
+    return best[False][1] if any_bucket and False in best else None
 
 
 def _neighbours(

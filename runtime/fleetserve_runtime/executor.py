@@ -97,6 +97,29 @@ class _Budget:
     checks: bool = field(default=True)
 
 
+@dataclass(slots=True)
+class _Pace:
+    """Moving averages of compute seconds per real token and of prepare seconds per batch.
+
+    The scheduler asks how long the running batch has left, so it can form the next batch
+    just before the device frees up (bigger batches, still prepared in time) instead of as
+    soon as the queue delay passes.
+    """
+
+    per_token_s: float = 0.0
+    prep_s: float = 0.0
+    alpha: float = 0.2
+
+    def update(self, *, compute_s: float, real_tokens: int, prep_s: float) -> None:
+        """Fold one finished batch into the averages."""
+        per_token = compute_s / max(real_tokens, 1)
+        if self.per_token_s == 0.0:
+            self.per_token_s, self.prep_s = per_token, prep_s
+            return
+        self.per_token_s += self.alpha * (per_token - self.per_token_s)
+        self.prep_s += self.alpha * (prep_s - self.prep_s)
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, OutOfMemory | torch.cuda.OutOfMemoryError)
 
@@ -126,6 +149,9 @@ class Executor:
         self._inflight = 0
         self._lock = threading.Lock()
         self._batches = 0
+        self._pace = _Pace()
+        self._running: tuple[float, int] | None = None
+        """(perf_counter at compute start, real tokens) of the batch computing now."""
         self._stream = (
             torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
             if device.type == "cuda"
@@ -147,6 +173,18 @@ class Executor:
     def inflight_batches(self) -> int:
         """Batches submitted and not finished."""
         return self._inflight
+
+    def remaining_s(self) -> float | None:
+        """Estimated seconds until the running batch ends, less the time to prepare the next.
+
+        None when no batch is computing or nothing has been measured yet.
+        """
+        running = self._running
+        if running is None or self._pace.per_token_s == 0.0:
+            return None
+        started, tokens = running
+        expected = self._pace.per_token_s * tokens - self._pace.prep_s
+        return max(0.0, started + expected - time.perf_counter())
 
     def submit(self, job: BatchJob) -> None:
         """Hand a batch to the prepare thread; call only when `has_capacity`."""
@@ -192,7 +230,12 @@ class Executor:
     def _compute_loop(self) -> None:
         while (job := self._compute_q.get()) is not None:
             started = time.perf_counter()
+            self._running = (started, job.batch.real_tokens)
             outcome = self._compute(job, started)
+            self._running = None
+            self._pace.update(
+                compute_s=outcome.compute_s, real_tokens=job.batch.real_tokens, prep_s=job.prep_s
+            )
             with self._lock:
                 self._inflight -= 1
             self._batches += 1

@@ -364,7 +364,9 @@ class Runtime:
             wake_at: float | None
             if self._executor.has_capacity:
                 active = self.registry.active if self.registry.is_ready else None
-                plan = plan_batch(self.queue, now, self._limits(active))
+                remaining = self._executor.remaining_s()
+                not_before = None if remaining is None else now + remaining
+                plan = plan_batch(self.queue, now, self._limits(active), not_before=not_before)
                 for item in plan.expired:
                     _expire(item, now)
                 if plan.batch is not None:

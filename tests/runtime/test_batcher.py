@@ -206,6 +206,30 @@ def test_efficiency_floor_of_one_keeps_buckets_strict() -> None:
     assert [i.length for i in batch.items] == [7]
 
 
+def test_busy_executor_holds_a_partial_batch_until_it_is_needed() -> None:
+    """While the device is busy, a partial batch waits for `not_before`, then goes."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 6], now=clock()))
+    clock.advance(0.05)
+    busy_until = clock() + 0.1
+    held = plan_batch(queue, clock(), limits(), not_before=busy_until)
+    assert held.batch is None
+    assert held.wake_at == pytest.approx(busy_until)
+    clock.advance(0.1)
+    batch = plan_batch(queue, clock(), limits(), not_before=busy_until).batch
+    assert batch is not None
+    assert len(batch.items) == 2
+
+
+def test_busy_executor_still_takes_a_full_bucket() -> None:
+    """A full bucket is dispatched (and prepared) even while the device is busy."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 4, now=clock()))
+    batch = plan_batch(queue, clock(), limits(), not_before=clock() + 1).batch
+    assert batch is not None
+    assert len(batch.items) == 4
+
+
 def test_learned_buckets_follow_observed_quantiles() -> None:
     """After `refresh` observations, edges sit at quantiles of what was seen."""
     policy = LearnedBuckets(256, refresh=100)
