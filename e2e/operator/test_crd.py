@@ -13,7 +13,6 @@ import pytest
 from fleetserve_e2e import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "serving.fleetserve.io_inferenceservices.yaml"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 INVALID = sorted((ROOT / "tests" / "operator" / "invalid").glob("*.yaml"))
 
@@ -22,17 +21,6 @@ def _header(path: Path, key: str) -> str:
     prefix = f"# {key}: "
     line = next(line for line in path.read_text().splitlines() if line.startswith(prefix))
     return line.removeprefix(prefix)
-
-
-@pytest.fixture(scope="module")
-def crd(local_cluster: LocalCluster) -> LocalCluster:
-    """The InferenceService CRD, installed and established."""
-    applied = local_cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    assert applied.returncode == 0, applied.stderr
-    name = "crd/inferenceservices.serving.fleetserve.io"
-    waited = local_cluster.kubectl("wait", "--for=condition=Established", name, "--timeout=60s")
-    assert waited.returncode == 0, waited.stderr
-    return local_cluster
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -29,8 +29,10 @@ def _run(config: OperatorConfig) -> None:
     kopf.configure(verbose=config.verbose, log_format=kopf.LogFormat[config.log_format.upper()])
     metrics = OperatorMetrics()
     if config.metrics_port:
-        start_http_server(config.metrics_port, registry=metrics.registry)
-    kube = KubeApi.from_environment()
+        start_http_server(
+            config.metrics_port, addr=config.listen_address, registry=metrics.registry
+        )
+    kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
     sync = Sync(kube, metrics=metrics, default_prometheus_url=config.prometheus_url)
     registry = kopf.OperatorRegistry()
     handlers.register(
@@ -41,7 +43,11 @@ def _run(config: OperatorConfig) -> None:
     )
     settings = kopf.OperatorSettings()
     apply_kopf_settings(settings, config)
-    liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
+    liveness = (
+        f"http://{config.listen_address}:{config.liveness_port}/healthz"
+        if config.liveness_port
+        else None
+    )
     asyncio.run(
         kopf.operator(
             registry=registry,

@@ -1,13 +1,22 @@
-"""Metric reads from Prometheus behind a small `MetricSource` protocol.
+"""Metric reads from Prometheus behind a small `MetricSource` protocol, and canary analysis.
 
-`handlers` reads the runtime's measured memory figures here for the memory-budget check;
-the rollout's canary analysis (issue 5) builds on the same protocol. Tests feed numbers
-through `testing.FakeMetricSource` instead of a Prometheus. "No data" (None) is its own
-outcome, never a failure; an unreachable Prometheus raises `MetricsUnavailable`.
+`sync` reads the runtime's measured memory figures here for the memory-budget check. For a
+rollout (issue 5) it asks `rollout.analysis_target` whether an analysis is due and, if so,
+calls `evaluate`, which compares the canary with the stable track by the `track` label over
+one window and returns an `AnalysisResult` for `rollout.next_step`. Tests feed numbers through
+`testing.FakeMetricSource`/`ScriptedMetricSource` instead of a Prometheus.
+
+"No data" is its own outcome everywhere, never a failure (flagger counts "no values found"
+as a failed check; Argo errors on an empty result): a query with no series, or NaN, is
+`NoData`; an unreachable Prometheus or a failed query is `QueryError`/`PrometheusDown`; both
+make the analysis inconclusive. Fewer than `minRequests` canary requests is inconclusive too,
+so a 1% step with little traffic never passes on noise.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import requests
@@ -19,8 +28,44 @@ from fleetserve_operator.contract import MemoryMetric
 from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import MemoryFigures
+from fleetserve_operator.spec import (
+    AnalysisResult,
+    AnalysisSpec,
+    CheckOutcome,
+    CheckResult,
+    InconclusiveReason,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    Verdict,
+)
 
-__all__ = ["MetricSource", "PrometheusSource", "memory_query", "read_memory_figures"]
+__all__ = [
+    "QUEUE_WAIT_SECONDS",
+    "REJECTIONS",
+    "REQUESTS",
+    "REQUEST_SECONDS",
+    "SERVER_ERRORS",
+    "AnalysisTarget",
+    "MetricSource",
+    "PlannedCheck",
+    "PrometheusSource",
+    "TrackScope",
+    "code_ratio_query",
+    "evaluate",
+    "memory_query",
+    "p99_ms_query",
+    "plan_checks",
+    "read_memory_figures",
+    "read_stable_error_ratio",
+    "requests_query",
+    "target_for",
+]
+
+REQUESTS = "fleetserve_requests_total"
+REQUEST_SECONDS = "fleetserve_request_duration_seconds"
+QUEUE_WAIT_SECONDS = "fleetserve_queue_wait_seconds"
+SERVER_ERRORS = "5.."
+REJECTIONS = "503|504"  # the runtime's QueueFull (503) and DeadlineExceeded (504)
 
 
 class MetricSource(Protocol):
@@ -84,3 +129,243 @@ def read_memory_figures(
     if weights is None or fixed is None or per_token is None:
         return None
     return MemoryFigures(weights_bytes=weights, fixed_bytes=fixed, bytes_per_token=per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackScope:
+    """The series of one track: the scrape's `namespace` plus the runtime's labels."""
+
+    namespace: str
+    model: str
+    version: str
+    track: Track
+    offset: str | None = None
+    """Read the window this long ago (the stable baseline at the 100% step, where the
+    stable track gets no traffic)."""
+
+    def selector(self, extra: str = "") -> str:
+        """The label matchers, e.g. `namespace="ns",model="m",version="2",track="canary"`."""
+        labels = (
+            f'namespace="{self.namespace}",model="{self.model}",'
+            f'version="{self.version}",track="{self.track}"'
+        )
+        return f"{labels},{extra}" if extra else labels
+
+    def range(self, window: str) -> str:
+        """`[window]`, with the offset modifier when one is set."""
+        return f"[{window}] offset {self.offset}" if self.offset else f"[{window}]"
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisTarget:
+    """What one analysis compares: the canary with the stable track, over one window."""
+
+    canary: TrackScope
+    stable: TrackScope
+    window: str
+    """PromQL range, e.g. `1m` (`analysis.window`, else the rollout interval)."""
+    queue_wait_floor_ms: float = 0.0
+    """Queue waits up to this are by design (the batcher's `maxQueueDelayMs`), so the
+    queue-wait ratio check never fails below it."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCheck:
+    """One check to run: the canary's query and its bounds, fixed or relative to stable."""
+
+    name: str
+    query: str
+    min: float | None = None
+    max: float | None = None
+    baseline: str | None = None
+    """Stable's query; when set, the upper bound is `max(factor × stable, floor)`."""
+    factor: float = 1.0
+    floor: float = 0.0
+
+
+def target_for(
+    spec: InferenceServiceSpec, status: InferenceServiceStatus, *, namespace: str
+) -> AnalysisTarget:
+    """The canary and stable series a rollout's analysis compares now.
+
+    At 100% the stable track gets no traffic, so its baseline is read from the window
+    before (`offset`), when it still served most requests.
+    """
+    window = (spec.rollout.analysis and spec.rollout.analysis.window) or spec.rollout.interval
+    model = spec.model.name
+    canary = TrackScope(namespace, model, status.canary_version or spec.model.version, Track.CANARY)
+    stable = TrackScope(
+        namespace,
+        model,
+        status.stable_version or "",
+        Track.STABLE,
+        offset=window if status.canary_weight == 100 else None,
+    )
+    return AnalysisTarget(
+        canary, stable, window, queue_wait_floor_ms=spec.batching.max_queue_delay_ms
+    )
+
+
+def requests_query(scope: TrackScope, window: str) -> str:
+    """Requests the track answered in the window."""
+    return f"sum(increase({REQUESTS}{{{scope.selector()}}}{scope.range(window)}))"
+
+
+def code_ratio_query(scope: TrackScope, window: str, codes: str) -> str:
+    """Share of the track's answers whose status matches `codes` (a regex such as `5..`).
+
+    `or vector(0)`: with no such answer there is no such series, and an empty numerator
+    would make a healthy track look like "no data".
+    """
+    code = f'code=~"{codes}"'
+    matching = f"{REQUESTS}{{{scope.selector(code)}}}{scope.range(window)}"
+    every = f"{REQUESTS}{{{scope.selector()}}}{scope.range(window)}"
+    return f"(sum(rate({matching})) or vector(0)) / sum(rate({every}))"
+
+
+def p99_ms_query(histogram: str, scope: TrackScope, window: str) -> str:
+    """The track's p99 of a seconds histogram, in milliseconds."""
+    buckets = f"{histogram}_bucket{{{scope.selector()}}}{scope.range(window)}"
+    return f"1000 * histogram_quantile(0.99, sum by (le) (rate({buckets})))"
+
+
+def _custom_query(template: str, scope: TrackScope, window: str) -> str:
+    values = {
+        "$namespace": scope.namespace,
+        "$model": scope.model,
+        "$version": scope.version,
+        "$track": scope.track.value,
+        "$window": window,
+    }
+    for placeholder, value in values.items():
+        template = template.replace(placeholder, value)
+    return template
+
+
+def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck]:
+    """The built-in checks (errors, latency, queue wait, rejections) and `spec.checks`."""
+    canary, stable, window = target.canary, target.stable, target.window
+    planned = [
+        PlannedCheck(
+            "error-rate",
+            code_ratio_query(canary, window, SERVER_ERRORS),
+            max=spec.max_error_rate,
+        ),
+        PlannedCheck(
+            "p99-latency-vs-stable",
+            p99_ms_query(REQUEST_SECONDS, canary, window),
+            baseline=p99_ms_query(REQUEST_SECONDS, stable, window),
+            factor=spec.max_latency_ratio_vs_stable,
+        ),
+        PlannedCheck(
+            "queue-wait-p99-vs-stable",
+            p99_ms_query(QUEUE_WAIT_SECONDS, canary, window),
+            baseline=p99_ms_query(QUEUE_WAIT_SECONDS, stable, window),
+            factor=spec.max_queue_wait_ratio_vs_stable,
+            floor=target.queue_wait_floor_ms,
+        ),
+        # Stable's rejection ratio is usually 0, and any multiple of 0 is 0: the error
+        # budget is the floor, so a canary may reject what it may fail.
+        PlannedCheck(
+            "rejection-ratio-vs-stable",
+            code_ratio_query(canary, window, REJECTIONS),
+            baseline=code_ratio_query(stable, window, REJECTIONS),
+            factor=spec.max_rejection_ratio_vs_stable,
+            floor=spec.max_error_rate,
+        ),
+    ]
+    if spec.max_p99_latency_ms is not None:
+        latency = p99_ms_query(REQUEST_SECONDS, canary, window)
+        planned.insert(1, PlannedCheck("p99-latency", latency, max=spec.max_p99_latency_ms))
+    for check in spec.checks:
+        query = _custom_query(check.query, canary, window)
+        planned.append(PlannedCheck(check.name, query, min=check.min, max=check.max))
+    return planned
+
+
+def _value(source: MetricSource, promql: str) -> float | None:
+    """The query's value; NaN (0/0, a quantile of no samples) is no data, like no series."""
+    value = source.query(promql)
+    return None if value is None or math.isnan(value) else value
+
+
+def _judge(source: MetricSource, planned: PlannedCheck) -> CheckResult:
+    name = planned.name
+    try:
+        value = _value(source, planned.query)
+        baseline = None if planned.baseline is None else _value(source, planned.baseline)
+    except MetricsUnavailable:
+        return CheckResult(
+            name=name, min=planned.min, max=planned.max, outcome=CheckOutcome.QUERY_ERROR
+        )
+    upper = planned.max
+    if planned.baseline is not None:
+        upper = None if baseline is None else max(planned.factor * baseline, planned.floor)
+    if value is None or (planned.baseline is not None and upper is None):
+        return CheckResult(
+            name=name, value=value, min=planned.min, max=upper, outcome=CheckOutcome.NO_DATA
+        )
+    passed = (planned.min is None or value >= planned.min) and (upper is None or value <= upper)
+    outcome = CheckOutcome.PASSED if passed else CheckOutcome.FAILED
+    return CheckResult(name=name, value=value, min=planned.min, max=upper, outcome=outcome)
+
+
+def _describe(check: CheckResult) -> str:
+    if check.value is None:
+        return f"{check.name}: {check.outcome.value}"
+    bounds = [f">= {check.min:.4g}" if check.min is not None else ""]
+    bounds.append(f"<= {check.max:.4g}" if check.max is not None else "")
+    return f"{check.name} {check.value:.4g} (wanted {' and '.join(b for b in bounds if b)})"
+
+
+def _verdict(checks: list[CheckResult], requests: float) -> AnalysisResult:
+    """Failed on any definite violation; else inconclusive on any missing value; else passed."""
+    failed = [c for c in checks if c.outcome is CheckOutcome.FAILED]
+    missing = [c for c in checks if c.outcome in (CheckOutcome.NO_DATA, CheckOutcome.QUERY_ERROR)]
+    if failed:
+        verdict, reason, named = Verdict.FAILED, None, failed
+    elif missing:
+        errors = any(c.outcome is CheckOutcome.QUERY_ERROR for c in missing)
+        reason = InconclusiveReason.QUERY_ERROR if errors else InconclusiveReason.NO_DATA
+        verdict, named = Verdict.INCONCLUSIVE, missing
+    else:
+        verdict, reason, named = Verdict.PASSED, None, checks
+    message = "; ".join(_describe(check) for check in named)
+    return AnalysisResult(
+        verdict=verdict, reason=reason, message=message, requests=requests, checks=checks
+    )
+
+
+def _inconclusive(
+    reason: InconclusiveReason, message: str, requests: float | None = None
+) -> AnalysisResult:
+    return AnalysisResult(
+        verdict=Verdict.INCONCLUSIVE, reason=reason, message=message, requests=requests
+    )
+
+
+def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -> AnalysisResult:
+    """Judge the canary over `target.window`: Passed, Failed, or Inconclusive with a reason."""
+    if not source.is_online():
+        return _inconclusive(InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer")
+    try:
+        requests = _value(source, requests_query(target.canary, target.window))
+    except MetricsUnavailable as exc:
+        return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc)[:1024])
+    if requests is None or requests < spec.min_requests:
+        seen = 0.0 if requests is None else requests
+        message = f"{seen:.0f} canary requests in {target.window}, fewer than {spec.min_requests}"
+        return _inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, message, requests)
+    return _verdict([_judge(source, planned) for planned in plan_checks(spec, target)], requests)
+
+
+def read_stable_error_ratio(source: MetricSource, scope: TrackScope, window: str) -> float | None:
+    """The stable track's 5xx ratio over `window` for the fallback trigger; None: no data.
+
+    An unreachable Prometheus is no data too: failover on errors needs evidence (failover
+    on missing replicas does not need Prometheus at all).
+    """
+    try:
+        return _value(source, code_ratio_query(scope, window, SERVER_ERRORS))
+    except MetricsUnavailable:
+        return None

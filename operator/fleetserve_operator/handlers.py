@@ -87,6 +87,9 @@ def register(
 ) -> None:
     """Register every handler of the operator in `registry`."""
     handlers = Handlers(sync, retry_delay_s=retry_delay_s)
+    # An explicit registry starts without kopf's implicit login handlers; log in the way
+    # `kube` does (in-cluster service account, else $KUBECONFIG).
+    kopf.on.login(id="login", registry=registry)(kopf.login_via_client)
     resource = (naming.GROUP, naming.VERSION, naming.PLURAL)
     for cause, on_change in (
         ("create", kopf.on.create),

@@ -113,7 +113,7 @@ class KubeApi:
         self._timeout_s = timeout_s
 
     @classmethod
-    def from_environment(cls) -> KubeApi:
+    def from_environment(cls, *, timeout_s: float = 30.0) -> KubeApi:
         """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG)."""
         configuration = kubernetes.client.Configuration()
         try:
@@ -124,7 +124,7 @@ class KubeApi:
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped
                 client_configuration=configuration
             )
-        return cls(kubernetes.client.ApiClient(configuration))
+        return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s)
 
     def _send(
         self,

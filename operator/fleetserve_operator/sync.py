@@ -67,40 +67,46 @@ class Sync:
         self._locks_guard = threading.Lock()
         self.reconcile_count = 0
 
-    def _lock(self, ref: ObjectRef) -> threading.Lock:
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault((ref.namespace, ref.name), threading.Lock())
-
-    def run_by_name(self, namespace: str, name: str, *, trigger: str) -> SpecError | None:
-        """`run` for the InferenceService `namespace/name`, if it exists and is not going."""
-        body = self._kube.get_inference_service(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
-        return self.run(body, trigger=trigger)
+            return self._locks.setdefault((namespace, name), threading.Lock())
 
     def run(self, body: Mapping[str, Any], *, trigger: str) -> SpecError | None:
-        """Reconcile one InferenceService; returns the spec error it reported, if any.
+        """`run_by_name` for the InferenceService `body` (only its name is used)."""
+        meta = body["metadata"]
+        return self.run_by_name(meta["namespace"], meta["name"], trigger=trigger)
+
+    def run_by_name(self, namespace: str, name: str, *, trigger: str) -> SpecError | None:
+        """Reconcile one InferenceService, if it exists and is not going; returns its spec error.
+
+        The object is read inside the lock: a body read before it (kopf's, or one read while
+        another reconcile ran) may predate the status that reconcile wrote, and reporting
+        from it would write that status and post its Events a second time.
 
         Raises:
             ClusterUnavailable: the API server failed; retry later.
         """
-        meta = body["metadata"]
-        ref = ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         started = time.monotonic()
         result = "error"
         try:
-            with self._lock(ref):
-                error = self._converge_and_report(ref, body)
+            with self._lock(namespace, name):
+                body = self._kube.get_inference_service(namespace, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    result = "gone"
+                    return None
+                error = self._converge_and_report(body)
             result = "ok" if error is None else error.reason
             return error
         finally:
             self.reconcile_count += 1
             self._metrics.reconciles.labels(trigger, result).inc()
             self._metrics.duration_seconds.labels(trigger).observe(time.monotonic() - started)
-            if result != "ok":
+            if result not in ("ok", "gone"):
                 self._metrics.errors.labels(result).inc()
 
-    def _converge_and_report(self, ref: ObjectRef, body: Mapping[str, Any]) -> SpecError | None:
+    def _converge_and_report(self, body: Mapping[str, Any]) -> SpecError | None:
+        meta = body["metadata"]
+        ref = ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         previous = InferenceServiceStatus.model_validate(body.get("status") or {})
         owner = Owner(name=ref.name, namespace=ref.namespace, uid=ref.uid)
         error: SpecError | None = None

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetserve_operator import naming
+from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.kube import ObjectRef
 from fleetserve_operator.observe import EventNote
 from fleetserve_operator.spec import InferenceServiceSpec
 
-__all__ = ["FakeKube", "FakeMetricSource", "make_service", "make_spec"]
+__all__ = [
+    "FakeClock",
+    "FakeKube",
+    "FakeMetricSource",
+    "ScriptedMetricSource",
+    "make_service",
+    "make_spec",
+]
 
 Manifest = dict[str, Any]
 
@@ -133,6 +142,42 @@ class FakeMetricSource:
         """The value of the first key contained in `promql`, else None."""
         self.queries.append(promql)
         return next((v for k, v in self.values.items() if k in promql), None)
+
+    def is_online(self) -> bool:
+        """Whether the fake is up."""
+        return self.online
+
+
+@dataclass
+class FakeClock:
+    """A settable clock for the rollout: `now` moves only when a test advances it."""
+
+    now: datetime = field(default_factory=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+
+    def advance(self, seconds: float) -> datetime:
+        """Move the clock forward and return the new time."""
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+@dataclass
+class ScriptedMetricSource:
+    """A `MetricSource` answering exact PromQL strings; any other query has no data.
+
+    Queries in `failing` raise `MetricsUnavailable`, as a Prometheus error would.
+    """
+
+    values: dict[str, float | None] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)
+    online: bool = True
+    queries: list[str] = field(default_factory=list)
+
+    def query(self, promql: str) -> float | None:
+        """The scripted value of `promql`."""
+        self.queries.append(promql)
+        if promql in self.failing:
+            raise MetricsUnavailable(f"scripted failure: {promql}")
+        return self.values.get(promql)
 
     def is_online(self) -> bool:
         """Whether the fake is up."""

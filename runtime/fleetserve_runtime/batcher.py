@@ -63,7 +63,9 @@ class FixedBuckets(BucketPolicy):
 class LearnedBuckets(BucketPolicy):
     """Edges at quantiles of recently observed lengths, re-learned every `refresh` inputs.
 
-    Until `refresh` inputs were seen the edges are powers of two, a shape-agnostic start.
+    The edges start as powers of two, a shape-agnostic guess, and are first learned after
+    `first` inputs, then re-learned at doubling counts until `refresh`, so a fresh replica
+    pads well within its first few hundred requests.
     """
 
     # Finer in the tail, where lengths spread: on the mixed query/sentence profile these give
@@ -71,12 +73,15 @@ class LearnedBuckets(BucketPolicy):
     # quantiles give 0.84; deciles 0.93 but batches half as large).
     QUANTILES = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 
-    def __init__(self, max_len: int, *, window: int = 4096, refresh: int = 512) -> None:
+    def __init__(
+        self, max_len: int, *, window: int = 4096, refresh: int = 512, first: int = 64
+    ) -> None:
         start = [2**k for k in range(3, max(4, math.ceil(math.log2(max_len))))]
         super().__init__(sorted({*[e for e in start if e < max_len], max_len}))
         self._max_len = max_len
         self._window = window
         self._refresh = refresh
+        self._next_learn = min(first, refresh)
         self._seen: list[int] = []
         self._next = 0
         self._count = 0
@@ -89,7 +94,8 @@ class LearnedBuckets(BucketPolicy):
             self._seen[self._next] = length
             self._next = (self._next + 1) % self._window
         self._count += 1
-        if self._count % self._refresh == 0:
+        if self._count == self._next_learn:
+            self._next_learn = min(2 * self._count, self._count + self._refresh)
             self._edges = quantile_edges(self._seen, self.QUANTILES, self._max_len)
 
 

@@ -22,6 +22,7 @@ from fleetserve_operator.spec.delivery import (
     AnalysisSpec,
     MetricCheck,
     ParentRef,
+    RolloutCommand,
     RolloutSpec,
     TrafficSpec,
 )
@@ -30,6 +31,7 @@ from fleetserve_operator.spec.serving import (
     BatchingSpec,
     EnvVar,
     FallbackSpec,
+    GpuTrackSpec,
     MemorySpec,
     ModelSpec,
     Replicas,
@@ -38,24 +40,37 @@ from fleetserve_operator.spec.serving import (
     Toleration,
 )
 from fleetserve_operator.spec.status import (
+    Acknowledgement,
+    AnalysisResult,
+    CheckOutcome,
+    CheckResult,
     Condition,
     ConditionType,
+    InconclusiveReason,
     InferenceServiceStatus,
     RolloutPhase,
+    RolloutStatus,
     TracksStatus,
     TrackStatus,
+    Verdict,
 )
 
 __all__ = [
     "DEFAULT_IMAGE",
     "GPU_RESOURCE",
+    "Acknowledgement",
+    "AnalysisResult",
     "AnalysisSpec",
     "BatchingOverrides",
     "BatchingSpec",
+    "CheckOutcome",
+    "CheckResult",
     "Condition",
     "ConditionType",
     "EnvVar",
     "FallbackSpec",
+    "GpuTrackSpec",
+    "InconclusiveReason",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
     "MemorySpec",
@@ -64,13 +79,16 @@ __all__ = [
     "ParentRef",
     "Replicas",
     "Resources",
+    "RolloutCommand",
     "RolloutPhase",
     "RolloutSpec",
+    "RolloutStatus",
     "RuntimeSpec",
     "Toleration",
     "TrackStatus",
     "TrafficSpec",
     "TracksStatus",
+    "Verdict",
     "parse_duration_s",
     "parse_quantity",
 ]
@@ -93,3 +111,10 @@ class InferenceServiceSpec(Wire):
     """The CPU fallback track."""
     traffic: TrafficSpec = TrafficSpec()
     """How traffic reaches the tracks."""
+
+    @property
+    def gpu_track(self) -> GpuTrackSpec:
+        """The sections that shape the GPU tracks' pods (what a rollout rolls out)."""
+        return GpuTrackSpec(
+            model=self.model, runtime=self.runtime, batching=self.batching, memory=self.memory
+        )

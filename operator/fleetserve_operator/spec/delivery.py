@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from fleetserve_operator.spec.base import Duration, Wire, cel
 
-__all__ = ["AnalysisSpec", "MetricCheck", "ParentRef", "RolloutSpec", "TrafficSpec"]
+__all__ = [
+    "COMMAND_PREFIX",
+    "AnalysisSpec",
+    "MetricCheck",
+    "ParentRef",
+    "RolloutCommand",
+    "RolloutSpec",
+    "TrafficSpec",
+]
+
+COMMAND_PREFIX = "serving.fleetserve.io/"
+
+
+class RolloutCommand(StrEnum):
+    """Manual rollout control: annotations on the InferenceService (the spec is never edited).
+
+    Each command is acted on once per value, acknowledged in `status.rollout.acknowledged`
+    and an Event, and then removed by the operator:
+    `kubectl annotate fsvc demo serving.fleetserve.io/promote=next`.
+    """
+
+    PROMOTE = "promote"
+    """Skip to the next step (`next`, the default) or past every step (`full`)."""
+    PAUSE = "pause"
+    """Stop advancing; analysis still runs and can still roll back."""
+    RESUME = "resume"
+    """Continue a paused or holding rollout."""
+    ABORT = "abort"
+    """Roll the canary back now."""
+    RETRY = "retry"
+    """Roll out again the spec that was rolled back or failed."""
+
+    @property
+    def annotation(self) -> str:
+        """The annotation key, e.g. `serving.fleetserve.io/promote`."""
+        return COMMAND_PREFIX + self.value
 
 
 class MetricCheck(Wire):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -22,6 +23,7 @@ __all__ = [
     "EnvSource",
     "EnvVar",
     "FallbackSpec",
+    "GpuTrackSpec",
     "KeyRef",
     "MemorySpec",
     "ModelSpec",
@@ -105,6 +107,12 @@ class Resources(Wire):
     def has_gpu(self) -> bool:
         """True when the resources ask for an NVIDIA GPU."""
         return GPU_RESOURCE in self.requests or GPU_RESOURCE in self.limits
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs one replica takes (its limit, else its request); 0 without GPUs."""
+        value = self.limits.get(GPU_RESOURCE, self.requests.get(GPU_RESOURCE, 0))
+        return parse_quantity(value)
 
 
 class Toleration(Wire):
@@ -323,3 +331,34 @@ class FallbackSpec(Wire):
             msg = f"fallback.resources must not request {GPU_RESOURCE}: the fallback runs on CPU"
             raise ValueError(msg)
         return self
+
+
+class GpuTrackSpec(Wire):
+    """The spec sections that shape a GPU track's pods; a change to them is a rollout.
+
+    `status.rollout.stableSpec` keeps the one the stable track runs, so that the stable
+    track keeps serving it while a canary runs the new one, and after a rollback.
+    """
+
+    model: ModelSpec
+    """What to serve."""
+    runtime: RuntimeSpec = RuntimeSpec()
+    """How the GPU tracks run (`replicas` is not part of the digest)."""
+    batching: BatchingSpec = BatchingSpec()
+    """Dynamic batching and admission limits."""
+    memory: MemorySpec = MemorySpec()
+    """Per-replica memory budget."""
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the pod-shaping fields.
+
+        Replica counts are left out (scaling is not a rollout), and so are fields at their
+        defaults, so that a field added to the API later does not start a rollout of every
+        existing service after an operator upgrade.
+        """
+        unscaled = self.model_copy(
+            update={"runtime": self.runtime.model_copy(update={"replicas": Replicas()})}
+        )
+        shaping = unscaled.model_dump_json(by_alias=True, exclude_defaults=True)
+        return hashlib.sha256(shaping.encode()).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""What the operator observed: the phase, per-track replicas and metav1-shaped conditions.
+"""What the operator observed: the phase, rollout state, per-track replicas and conditions.
 
 All state lives here, in `.status`, so a restarted operator resumes where it stopped. The
 phases are documented once, in `RolloutPhase`; the `Ready` condition's reason is the phase.
@@ -12,38 +12,55 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from fleetserve_operator.spec.base import Wire
+from fleetserve_operator.spec.serving import GpuTrackSpec
 
 __all__ = [
+    "Acknowledgement",
+    "AnalysisResult",
+    "CheckOutcome",
+    "CheckResult",
     "Condition",
     "ConditionType",
+    "InconclusiveReason",
     "InferenceServiceStatus",
     "RolloutPhase",
+    "RolloutStatus",
     "TrackStatus",
     "TracksStatus",
+    "Verdict",
 ]
 
 Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
 
 
 class RolloutPhase(StrEnum):
-    """Where an InferenceService stands (`status.phase`).
+    """Where an InferenceService stands (`status.phase`); `rollout.next_step` moves it.
 
-    - `Pending`: the stable track has no available replica yet.
-    - `Succeeded`: the stable track serves the spec's version and no rollout is running.
-    - `Progressing`: a canary takes a growing share of traffic, step by step.
-    - `Paused`: a rollout is held (by the pause annotation, or for want of metric data).
-    - `Promoting`: the canary passed its last step; the stable track moves to its version.
-    - `RollingBack`: the canary failed its analysis; its weight is returning to 0.
-    - `RolledBack`: the canary was withdrawn; stable serves the previous version.
-    - `Failed`: the spec cannot be deployed; the `Degraded` condition says why.
+    - `Pending`: no rollout; the stable track has no available replica yet.
+    - `Succeeded`: no rollout; the stable track serves the spec.
+    - `Starting`: a canary runs the new spec at weight 0 until it is Ready (or the
+      `progressDeadline` passes).
+    - `Progressing`: the canary holds a step's weight; at the end of each interval the
+      analysis decides: advance, count a failure, or count an inconclusive result.
+    - `Paused`: a person paused the rollout; the weight stays, but analysis still runs and
+      a failing canary is still rolled back.
+    - `Holding`: `inconclusiveThreshold` analyses in a row had no verdict (too little
+      traffic, Prometheus down); the weight stays until a verdict, never promoting on
+      missing data.
+    - `Promoting`: the last step passed; the stable track rolls to the new spec while the
+      canary carries all traffic, then the canary goes.
+    - `RolledBack`: the canary was withdrawn (failed analyses, OOM kill or restart, abort);
+      stable serves the previous spec until the spec changes or `retry` is annotated.
+    - `Failed`: the spec cannot be deployed: it is invalid, or its canary never became Ready.
     """
 
     PENDING = "Pending"
     SUCCEEDED = "Succeeded"
+    STARTING = "Starting"
     PROGRESSING = "Progressing"
     PAUSED = "Paused"
+    HOLDING = "Holding"
     PROMOTING = "Promoting"
-    ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
 
@@ -52,15 +69,139 @@ class RolloutPhase(StrEnum):
         """True while a canary exists and may carry traffic."""
         return self in _ROLLOUT_ACTIVE
 
+    @property
+    def is_analysing(self) -> bool:
+        """True while the canary holds a step's weight and is judged every interval."""
+        return self in _ANALYSING
 
-_ROLLOUT_ACTIVE = frozenset(
-    {
-        RolloutPhase.PROGRESSING,
-        RolloutPhase.PAUSED,
-        RolloutPhase.PROMOTING,
-        RolloutPhase.ROLLING_BACK,
-    }
-)
+
+_ANALYSING = frozenset({RolloutPhase.PROGRESSING, RolloutPhase.PAUSED, RolloutPhase.HOLDING})
+_ROLLOUT_ACTIVE = _ANALYSING | {RolloutPhase.STARTING, RolloutPhase.PROMOTING}
+
+
+class Verdict(StrEnum):
+    """The outcome of one analysis."""
+
+    PASSED = "Passed"
+    """Every check had data and lay within its bounds."""
+    FAILED = "Failed"
+    """At least one check had data outside its bounds (or the canary crashed)."""
+    INCONCLUSIVE = "Inconclusive"
+    """No verdict: too few requests, no data, or Prometheus unreachable. Never a pass."""
+
+
+class CheckOutcome(StrEnum):
+    """The outcome of one check; `NoData` and `QueryError` are not failures."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"
+    NO_DATA = "NoData"
+    QUERY_ERROR = "QueryError"
+
+
+class InconclusiveReason(StrEnum):
+    """Why an analysis had no verdict."""
+
+    TOO_FEW_REQUESTS = "TooFewRequests"
+    """The canary answered fewer than `minRequests` requests in the window."""
+    PROMETHEUS_DOWN = "PrometheusDown"
+    """Prometheus did not answer its health check."""
+    QUERY_ERROR = "QueryError"
+    """A query failed."""
+    NO_DATA = "NoData"
+    """A query returned no series (or NaN)."""
+    NOT_RUN = "NotRun"
+    """The analysis was due but no result was supplied."""
+
+
+class CheckResult(Wire):
+    """One check of one analysis: the value, the bounds it was held to, the outcome."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+    """Built-in check name or `spec.rollout.analysis.checks[].name`."""
+    value: float | None = None
+    """Measured canary value; unset when there was no data."""
+    min: float | None = None
+    """Lowest passing value."""
+    max: float | None = None
+    """Highest passing value (for ratios vs stable: the bound computed from stable's value)."""
+    outcome: CheckOutcome
+    """Whether the value passed; `NoData`/`QueryError` make the analysis inconclusive."""
+
+
+class AnalysisResult(Wire):
+    """One analysis of the canary: verdict, reason and every check (kept in status)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    verdict: Verdict
+    """Passed, Failed or Inconclusive."""
+    reason: InconclusiveReason | None = None
+    """Why an inconclusive analysis had no verdict."""
+    message: str = Field("", max_length=1024)
+    """One line naming the failing or missing checks and their values."""
+    requests: float | None = None
+    """Canary requests in the window."""
+    checks: list[CheckResult] = Field(default_factory=list, max_length=32)
+    """Per-check values, bounds and outcomes."""
+    time: Timestamp | None = None
+    """When the rollout recorded it (set by the rollout, not the analysis)."""
+    weight: int | None = Field(None, ge=0, le=100)
+    """Canary weight while it was measured."""
+
+
+class Acknowledgement(Wire):
+    """A rollout command annotation the operator has acted on (or ignored, saying why)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    annotation: str = Field(max_length=253)
+    """The annotation key, e.g. `serving.fleetserve.io/promote`."""
+    value: str = Field(max_length=256)
+    """Its value when acted on; the same value is never acted on twice."""
+    time: Timestamp
+    """When it was acted on."""
+    result: str = Field(max_length=256)
+    """What it did, e.g. `promoted to step 3 (50%)` or `ignored in phase Succeeded`."""
+
+
+class RolloutStatus(Wire):
+    """The rollout's bookkeeping: what stable runs, what is under rollout, counts, history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    stable_hash: str | None = Field(None, max_length=64)
+    """Hash of the GPU-track spec the stable track runs (`GpuTrackSpec.digest`)."""
+    stable_spec: GpuTrackSpec | None = None
+    """The GPU-track spec the stable track runs; the spec itself is never rewritten."""
+    spec_hash: str | None = Field(None, max_length=64)
+    """Hash under rollout; after a rollback, the failed one (so it is not retried by itself)."""
+    step_index: int | None = Field(None, ge=0)
+    """Index into `spec.rollout.steps` of the current step; unset before the first."""
+    canary_started_at: Timestamp | None = None
+    """When the canary was (re)created; `progressDeadline` counts from here."""
+    interval_started_at: Timestamp | None = None
+    """When the current analysis interval began; the next analysis is due one
+    `interval` later."""
+    failed_analyses: int = Field(0, ge=0)
+    """Consecutive failed analyses (an inconclusive one neither counts nor resets)."""
+    inconclusive_analyses: int = Field(0, ge=0)
+    """Consecutive inconclusive analyses."""
+    analyses: list[AnalysisResult] = Field(default_factory=list, max_length=100)
+    """The last `analysis.historyLimit` analyses, newest last."""
+    acknowledged: list[Acknowledgement] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["annotation"],
+        },
+    )
+    """Command annotations acted on, while they are still present."""
+    message: str = Field("", max_length=4096)
+    """Why the rollout is where it is (hold reason, failing values)."""
 
 
 class ConditionType(StrEnum):
@@ -75,6 +216,9 @@ class ConditionType(StrEnum):
     too small for the configured batch."""
     FALLBACK_ACTIVE = "FallbackActive"
     """Traffic goes to the CPU fallback track."""
+    PROMOTED = "Promoted"
+    """The stable track serves the spec; False during and after a rollout. The reason is
+    the phase and the message says why (failing values, hold reason)."""
 
 
 class Condition(Wire):
@@ -149,12 +293,8 @@ class InferenceServiceStatus(Wire):
     """Model version under rollout, if any."""
     canary_weight: int = Field(0, ge=0, le=100)
     """Percentage of traffic the canary receives."""
-    step_index: int | None = Field(None, ge=0)
-    """Index into `spec.rollout.steps` of the current step."""
-    failed_analyses: int = Field(0, ge=0)
-    """Consecutive failed analyses of the current rollout."""
-    inconclusive_analyses: int = Field(0, ge=0)
-    """Consecutive inconclusive analyses of the current rollout."""
+    rollout: RolloutStatus = RolloutStatus()
+    """The rollout's state; a restarted operator resumes from it."""
     ready: str | None = Field(None, max_length=32)
     """Ready / desired replicas of the stable track, e.g. `2/2`."""
     tracks: TracksStatus = TracksStatus()
@@ -168,7 +308,7 @@ class InferenceServiceStatus(Wire):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """`Ready`, `Progressing`, `Degraded`, `FallbackActive`."""
+    """`Ready`, `Progressing`, `Degraded`, `FallbackActive`, `Promoted`."""
 
     def condition(self, kind: ConditionType) -> Condition | None:
         """The condition of type `kind`, if reported."""
