@@ -123,3 +123,20 @@ def test_semantic_errors_name_the_field(sections: dict[str, Any], field: str) ->
     with pytest.raises(InvalidSpec) as caught:
         check_semantics(Owner(name="demo", namespace="ns", uid="u"), spec)
     assert caught.value.field == field
+
+
+def test_gpu_track_digest_ignores_scaling_and_defaults() -> None:
+    """Replicas and explicitly-set defaults are no rollout; a new version or image is."""
+    base = make_spec().gpu_track.digest
+    assert make_spec(runtime={"replicas": {"min": 3, "max": 3}}).gpu_track.digest == base
+    assert make_spec(batching={"maxBatchSize": 32}).gpu_track.digest == base
+    other = make_spec(model={"name": "demo", "version": "2", "uri": "builtin://synthetic"})
+    assert other.gpu_track.digest != base
+    assert make_spec(runtime={"image": "example/runtime:2"}).gpu_track.digest != base
+
+
+def test_gpu_count_prefers_the_limit() -> None:
+    """GPUs per replica: the limit, else the request, else 0."""
+    assert make_spec().runtime.resources.gpu_count == 0
+    limited = make_spec(runtime={"resources": {"limits": {"nvidia.com/gpu": 2}}})
+    assert limited.runtime.resources.gpu_count == 2

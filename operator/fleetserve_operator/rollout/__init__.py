@@ -1,0 +1,65 @@
+"""Pure rollout state machine (issue 5): spec, status, observed facts and clock → transition.
+
+`sync` calls `next_step` on every reconcile of an InferenceService (spec change, child event,
+the resync timer). When `is_analysis_due` says so, it first runs `analysis.evaluate` and puts
+the result in `Facts`. `next_step` returns the new status and the `Action`s to apply; it does
+no I/O, so a restarted operator that feeds in the same status gets the same step back and
+never restarts or double-promotes a rollout.
+
+- `data`: what goes in (`Facts`) and out (`Transition`, the `Action` kinds), and `Trigger`.
+- `traffic`: the traffic split and GPU-aware track sizes that follow from a status.
+- `moves`: one handler per row of the table.
+- `machine`: `TRANSITIONS`, the only table, and `next_step`.
+
+The phases are documented once, in `spec.RolloutPhase`. One trigger is acted on per call:
+the first in `Trigger`'s order that holds and has a row for the phase (a command annotation
+without a row is acknowledged as ignored). CPU fallback failover is orthogonal to the phase:
+it is decided first, and while it is active no analysis is due and no step advances.
+"""
+
+from __future__ import annotations
+
+from fleetserve_operator.rollout.data import (
+    Action,
+    Capacity,
+    ClearAnnotation,
+    CreateCanary,
+    DeleteCanary,
+    EmitEvent,
+    Facts,
+    IncrementCounter,
+    OperatorCounter,
+    PromoteStable,
+    ScaleTracks,
+    SetWeights,
+    TrackFacts,
+    Transition,
+    Trigger,
+)
+from fleetserve_operator.rollout.machine import TRANSITIONS, next_step
+from fleetserve_operator.rollout.moves import is_analysis_due
+from fleetserve_operator.rollout.traffic import fallback_active, plan_capacity, traffic_split
+
+__all__ = [
+    "TRANSITIONS",
+    "Action",
+    "Capacity",
+    "ClearAnnotation",
+    "CreateCanary",
+    "DeleteCanary",
+    "EmitEvent",
+    "Facts",
+    "IncrementCounter",
+    "OperatorCounter",
+    "PromoteStable",
+    "ScaleTracks",
+    "SetWeights",
+    "TrackFacts",
+    "Transition",
+    "Trigger",
+    "fallback_active",
+    "is_analysis_due",
+    "next_step",
+    "plan_capacity",
+    "traffic_split",
+]

@@ -1,0 +1,196 @@
+"""What the rollout state machine exchanges with its caller: facts in, actions out.
+
+All frozen dataclasses (STYLE rule 5); `Facts()` is the empty observation. The caller
+(`sync`) fills `Facts` from the child Deployments, their pods, the annotations and the due
+analysis, and applies each `Action` of a `Transition` in order after writing its status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from fleetserve_operator.spec import AnalysisResult, InferenceServiceStatus, RolloutCommand
+
+__all__ = [
+    "Action",
+    "Capacity",
+    "ClearAnnotation",
+    "CreateCanary",
+    "DeleteCanary",
+    "EmitEvent",
+    "Facts",
+    "IncrementCounter",
+    "OperatorCounter",
+    "PromoteStable",
+    "ScaleTracks",
+    "SetWeights",
+    "TrackFacts",
+    "Transition",
+    "Trigger",
+]
+
+
+class Trigger(StrEnum):
+    """What moves a rollout, in priority order (the first detected one with a row wins)."""
+
+    ADOPT = "Adopt"  # no stable spec recorded yet (first deploy): the spec becomes stable
+    NEW_SPEC = "NewSpec"  # the GPU-track spec differs from stable's and from the one tried
+    SPEC_REVERTED = "SpecReverted"  # the spec is stable's again
+    ABORT = "Abort"
+    CANARY_CRASHED = "CanaryCrashed"  # a canary pod was OOM-killed or restarted
+    RETRY = "Retry"
+    PROMOTE = "Promote"
+    PAUSE = "Pause"
+    RESUME = "Resume"
+    CANARY_READY = "CanaryReady"
+    READY_DEADLINE_PASSED = "ReadyDeadlinePassed"
+    ANALYSIS_PASSED = "AnalysisPassed"
+    ANALYSIS_FAILED = "AnalysisFailed"
+    ANALYSIS_INCONCLUSIVE = "AnalysisInconclusive"
+    STABLE_PROMOTED = "StablePromoted"  # stable runs the new spec, rolled out and available
+    STABLE_AVAILABLE = "StableAvailable"
+    STABLE_UNAVAILABLE = "StableUnavailable"
+
+    @property
+    def command(self) -> RolloutCommand | None:
+        """The annotation command this trigger stands for, if any."""
+        return _COMMANDS.get(self)
+
+
+_COMMANDS = {Trigger(command.value.capitalize()): command for command in RolloutCommand}
+
+
+@dataclass(frozen=True, slots=True)
+class TrackFacts:
+    """What the caller observed of one GPU track's Deployment and its current pods."""
+
+    spec_hash: str | None
+    """The `GpuTrackSpec.digest` the Deployment's template was rendered from (its label)."""
+    available: int = 0
+    replicas: int = 0
+    """Desired replicas (an autoscaler's choice when the stable track is autoscaled)."""
+    rolled_out: bool = False
+    """The Deployment controller finished rolling out the current template."""
+    restarts: int = 0
+    """Container restarts of the pods of the current template."""
+    oom_killed: bool = False
+    """A container of the current template was OOMKilled."""
+
+    def serves(self, spec_hash: str | None) -> bool:
+        """True when the track runs `spec_hash`, rolled out, with an available replica."""
+        return self.spec_hash == spec_hash and self.rolled_out and self.available > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Everything `next_step` needs besides spec, status and clock; `Facts()` is empty."""
+
+    stable: TrackFacts | None = None
+    canary: TrackFacts | None = None
+    stable_error_ratio: float | None = None
+    """Stable's 5xx ratio over `fallback.errorWindow`; None: no data."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    analysis: AnalysisResult | None = None
+    """Set when `is_analysis_due` said so."""
+
+
+class OperatorCounter(StrEnum):
+    """Counters of the operator the rollout increments (label `reason`)."""
+
+    ROLLBACKS = "fleetserve_operator_rollbacks_total"
+    PROMOTIONS = "fleetserve_operator_promotions_total"
+
+
+@dataclass(frozen=True, slots=True)
+class SetWeights:
+    """Route these percentages to the tracks (HTTPRoute weights, or replica ratio)."""
+
+    stable: int
+    canary: int
+    fallback: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleTracks:
+    """Set replicas; `stable` None leaves the stable count to its autoscaler."""
+
+    stable: int | None
+    canary: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateCanary:
+    """Create (or re-template) `<name>-canary` from the current spec."""
+
+    version: str
+    spec_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCanary:
+    """Remove `<name>-canary`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteStable:
+    """Render `<name>-stable` from `status.rollout.stableSpec` (a rolling update)."""
+
+    version: str
+    spec_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvent:
+    """Post an Event on the InferenceService."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementCounter:
+    """Increment an operator counter."""
+
+    counter: OperatorCounter
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAnnotation:
+    """Remove a command annotation that has been acted on (and acknowledged in status)."""
+
+    annotation: str
+
+
+Action = (
+    SetWeights
+    | ScaleTracks
+    | CreateCanary
+    | DeleteCanary
+    | PromoteStable
+    | EmitEvent
+    | IncrementCounter
+    | ClearAnnotation
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The outcome of `next_step`: the status to write, then the actions to apply."""
+
+    status: InferenceServiceStatus
+    actions: tuple[Action, ...]
+    trigger: Trigger | None
+    """What was acted on; None when nothing was due."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Replicas per GPU track; `stable` None leaves the count to an autoscaler."""
+
+    stable: int | None
+    canary: int

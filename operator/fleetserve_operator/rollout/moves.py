@@ -1,0 +1,338 @@
+"""The moves of the rollout: one handler per row of `machine.TRANSITIONS`.
+
+Each handler takes the `Tick` (spec, status, facts, clock) and returns a `Step`: the new
+status and the actions only it knows about (create or delete the canary, promote, events,
+counters). Weight and scale actions are derived afterwards from the status change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from fleetserve_operator.rollout.data import (
+    Action,
+    CreateCanary,
+    DeleteCanary,
+    EmitEvent,
+    Facts,
+    IncrementCounter,
+    OperatorCounter,
+    PromoteStable,
+    TrackFacts,
+)
+from fleetserve_operator.rollout.traffic import fallback_active
+from fleetserve_operator.spec import (
+    AnalysisResult,
+    InconclusiveReason,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    RolloutCommand,
+    RolloutPhase,
+    Verdict,
+    parse_duration_s,
+)
+
+P = RolloutPhase
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """One call of `next_step`: its inputs, and the spec's digest computed once."""
+
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus
+    facts: Facts
+    now: datetime
+    spec_hash: str
+
+    @property
+    def phase(self) -> RolloutPhase:
+        """The current phase; a fresh object counts as Pending."""
+        return self.status.phase or P.PENDING
+
+    @property
+    def stamp(self) -> str:
+        """`now` as metav1 writes timestamps (RFC 3339, UTC, seconds)."""
+        return self.now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A handler's result: the new status and the actions it alone knows about."""
+
+    status: InferenceServiceStatus
+    actions: tuple[Action, ...] = ()
+
+
+def elapsed_s(since: str | None, now: datetime) -> float:
+    """Seconds from the timestamp `since` to `now`; -inf when it was never set."""
+    return -math.inf if since is None else (now - datetime.fromisoformat(since)).total_seconds()
+
+
+def is_analysis_due(
+    spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime
+) -> bool:
+    """True when the canary holds a step, failover is off, and an interval has passed."""
+    phase = status.phase or P.PENDING
+    if not phase.is_analysing or fallback_active(status):
+        return False
+    elapsed = elapsed_s(status.rollout.interval_started_at, now)
+    return elapsed >= parse_duration_s(spec.rollout.interval)
+
+
+def with_rollout(status: InferenceServiceStatus, **changes: Any) -> dict[str, Any]:
+    """A status update that changes these `status.rollout` fields."""
+    return {"rollout": status.rollout.model_copy(update=changes)}
+
+
+def settled_phase(t: Tick, stable_hash: str | None) -> RolloutPhase:
+    """Without a rollout: Succeeded while stable serves `stable_hash`, else Pending."""
+    stable = t.facts.stable
+    return P.SUCCEEDED if stable is not None and stable.serves(stable_hash) else P.PENDING
+
+
+def new_event(kind: Literal["Normal", "Warning"], reason: str, message: str) -> EmitEvent:
+    """An `EmitEvent` action."""
+    return EmitEvent(type=kind, reason=reason, message=message)
+
+
+# Handlers: one per row of TRANSITIONS; each returns the new status and its own actions.
+
+
+def adopt(t: Tick) -> Step:
+    """First deploy (or first sight): the spec becomes stable's, with no canary."""
+    gpu = t.spec.gpu_track
+    status = t.status.model_copy(
+        update={"phase": settled_phase(t, gpu.digest)}
+        | with_rollout(
+            t.status, stable_spec=gpu, stable_hash=gpu.digest, spec_hash=None, message=""
+        )
+    )
+    return Step(status, (PromoteStable(gpu.model.version, gpu.digest),))
+
+
+def settle(t: Tick) -> Step:
+    """No rollout: Succeeded while stable serves its spec, else Pending."""
+    stable_spec = t.status.rollout.stable_spec
+    phase = settled_phase(t, t.status.rollout.stable_hash)
+    update: dict[str, Any] = {"phase": phase} | with_rollout(t.status, spec_hash=None, message="")
+    if phase is P.SUCCEEDED and stable_spec is not None:
+        update["stable_version"] = stable_spec.model.version
+    return Step(t.status.model_copy(update=update))
+
+
+def start(t: Tick) -> Step:
+    """(Re)start a rollout of the current spec: canary at weight 0 until it is Ready."""
+    version, digest = t.spec.model.version, t.spec_hash
+    reason = "RolloutRestarted" if t.phase.is_rollout_active else "RolloutStarted"
+    message = f"rolling out version {version} (spec {digest}) over steps {t.spec.rollout.steps}"
+    status = t.status.model_copy(
+        update={"phase": P.STARTING, "canary_version": version, "canary_weight": 0}
+        | with_rollout(
+            t.status,
+            spec_hash=digest,
+            step_index=None,
+            canary_started_at=t.stamp,
+            interval_started_at=None,
+            failed_analyses=0,
+            inconclusive_analyses=0,
+            analyses=[],
+            message=f"waiting for the canary to become Ready: {message}",
+        )
+    )
+    return Step(status, (CreateCanary(version, digest), new_event("Normal", reason, message)))
+
+
+def withdraw(t: Tick, phase: RolloutPhase, message: str, **changes: Any) -> Step:
+    """End the rollout in `phase`: the canary goes and its weight is 0."""
+    update: dict[str, Any] = {"phase": phase, "canary_version": None, "canary_weight": 0}
+    status = t.status.model_copy(update=update | with_rollout(t.status, message=message, **changes))
+    return Step(status, (DeleteCanary(),))
+
+
+def cancel(t: Tick) -> Step:
+    """The spec went back to stable's: drop the canary; nothing failed."""
+    phase = settled_phase(t, t.status.rollout.stable_hash)
+    step = withdraw(t, phase, "", spec_hash=None, step_index=None)
+    event = new_event("Normal", "RolloutCancelled", "the spec is the stable one again")
+    return Step(step.status, (*step.actions, event))
+
+
+def roll_back(t: Tick, reason: str, detail: str, phase: RolloutPhase = P.ROLLED_BACK) -> Step:
+    """Weight 0 at once, canary removed; the failed spec is kept so it is not retried alone."""
+    version = t.status.canary_version
+    message = f"{reason}: version {version} withdrawn at {t.status.canary_weight}%: {detail}"
+    step = withdraw(t, phase, message, step_index=None)
+    counter = IncrementCounter(OperatorCounter.ROLLBACKS, reason)
+    return Step(step.status, (*step.actions, counter, new_event("Warning", phase.value, message)))
+
+
+def abort(t: Tick) -> Step:
+    """The abort annotation: roll back now."""
+    return roll_back(t, "Aborted", "the abort annotation was set")
+
+
+def crashed(t: Tick) -> Step:
+    """A canary pod was OOM-killed or restarted: roll back without waiting for PromQL."""
+    canary = t.facts.canary or TrackFacts(spec_hash=None)
+    if canary.oom_killed:
+        return roll_back(t, "CanaryOOMKilled", "a canary container was OOMKilled")
+    return roll_back(t, "CanaryRestarted", f"canary containers restarted {canary.restarts}x")
+
+
+def not_ready(t: Tick) -> Step:
+    """The canary missed `progressDeadline`: the rollout failed (its weight was never > 0)."""
+    deadline = t.spec.rollout.progress_deadline
+    detail = f"the canary did not become Ready within progressDeadline {deadline}"
+    return roll_back(t, "CanaryNotReady", detail, phase=P.FAILED)
+
+
+def at_step(t: Tick, index: int, reason: str) -> Step:
+    """Hold step `index` for a fresh interval."""
+    weight = t.spec.rollout.steps[index]
+    message = f"step {index + 1}/{len(t.spec.rollout.steps)}: {weight}% to the canary"
+    status = t.status.model_copy(
+        update={"phase": P.PROGRESSING, "canary_weight": weight}
+        | with_rollout(
+            t.status,
+            step_index=index,
+            interval_started_at=t.stamp,
+            failed_analyses=0,
+            inconclusive_analyses=0,
+            message=message,
+        )
+    )
+    return Step(status, (new_event("Normal", reason, message),))
+
+
+def first_step(t: Tick) -> Step:
+    """The canary is Ready: give it the first step's weight."""
+    return at_step(t, 0, "CanaryReady")
+
+
+def promote(t: Tick) -> Step:
+    """The last step passed: stable rolls to the new spec while the canary takes it all."""
+    gpu = t.spec.gpu_track
+    message = f"stable track rolling to version {gpu.model.version}; canary carries 100%"
+    status = t.status.model_copy(
+        update={"phase": P.PROMOTING, "canary_weight": 100}
+        | with_rollout(t.status, stable_spec=gpu, stable_hash=gpu.digest, message=message)
+    )
+    actions = (
+        PromoteStable(gpu.model.version, gpu.digest),
+        new_event("Normal", "Promoting", message),
+    )
+    return Step(status, actions)
+
+
+def advance(t: Tick, reason: str = "StepAdvanced") -> Step:
+    """The next step, or promotion after the last."""
+    following = (t.status.rollout.step_index or 0) + 1
+    return promote(t) if following >= len(t.spec.rollout.steps) else at_step(t, following, reason)
+
+
+def promote_command(t: Tick) -> Step:
+    """The promote annotation: `full` promotes now, any other value takes the next step."""
+    value = t.facts.annotations.get(RolloutCommand.PROMOTE.annotation, "")
+    return promote(t) if value.strip().lower() == "full" else advance(t, "PromotedByHand")
+
+
+def finish(t: Tick) -> Step:
+    """Stable serves the new spec: traffic back to it, canary gone."""
+    version = t.status.canary_version
+    step = withdraw(t, P.SUCCEEDED, "", spec_hash=None, step_index=None)
+    status = step.status.model_copy(update={"stable_version": version})
+    counter = IncrementCounter(OperatorCounter.PROMOTIONS, "Promoted")
+    event = new_event("Normal", "Promoted", f"version {version} is stable")
+    return Step(status, (*step.actions, counter, event))
+
+
+def pause(t: Tick) -> Step:
+    """The pause annotation: hold the weight (analysis still runs and can roll back)."""
+    message = f"paused by annotation at {t.status.canary_weight}%"
+    return Step(
+        t.status.model_copy(update={"phase": P.PAUSED} | with_rollout(t.status, message=message))
+    )
+
+
+def resume(t: Tick) -> Step:
+    """The resume annotation: continue with a fresh interval and no inconclusive count."""
+    message = f"resumed at {t.status.canary_weight}%"
+    update = with_rollout(
+        t.status, interval_started_at=t.stamp, inconclusive_analyses=0, message=message
+    )
+    return Step(t.status.model_copy(update={"phase": P.PROGRESSING} | update))
+
+
+def due_analysis(t: Tick) -> AnalysisResult:
+    """The due analysis: the caller's result, a pass without analysis config, else NotRun."""
+    if t.facts.analysis is not None:
+        return t.facts.analysis
+    if t.spec.rollout.analysis is None:
+        message = "no analysis configured: judged on readiness and time alone"
+        return AnalysisResult(verdict=Verdict.PASSED, message=message)
+    return AnalysisResult(
+        verdict=Verdict.INCONCLUSIVE,
+        reason=InconclusiveReason.NOT_RUN,
+        message="the analysis was due but no result was supplied",
+    )
+
+
+def verdict(t: Tick) -> Verdict | None:
+    """The due analysis's verdict; None when no analysis is due."""
+    return due_analysis(t).verdict if is_analysis_due(t.spec, t.status, t.now) else None
+
+
+def recorded(t: Tick, **changes: Any) -> Tick:
+    """`t` with the due analysis appended to the history and a fresh interval."""
+    result = due_analysis(t).model_copy(update={"time": t.stamp, "weight": t.status.canary_weight})
+    limit = t.spec.rollout.analysis.history_limit if t.spec.rollout.analysis else 10
+    history = [*t.status.rollout.analyses, result][-limit:]
+    update = with_rollout(t.status, analyses=history, interval_started_at=t.stamp, **changes)
+    return replace(t, status=t.status.model_copy(update=update))
+
+
+def passed(t: Tick) -> Step:
+    """A passed analysis: record it and advance (out of Holding too)."""
+    return advance(recorded(t))
+
+
+def record_only(t: Tick) -> Step:
+    """While paused a pass or no verdict changes nothing but the history."""
+    return Step(recorded(t).status)
+
+
+def failed(t: Tick) -> Step:
+    """Count a failed analysis; `failureThreshold` in a row rolls the canary back."""
+    result, analysis = due_analysis(t), t.spec.rollout.analysis
+    failures = t.status.rollout.failed_analyses + 1
+    threshold = analysis.failure_threshold if analysis else 1
+    t = recorded(t, failed_analyses=failures, inconclusive_analyses=0)
+    detail = f"{result.message} ({failures}/{threshold} consecutive failed analyses)"
+    if failures >= threshold:
+        return roll_back(t, "AnalysisFailed", detail)
+    status = t.status.model_copy(update=with_rollout(t.status, message=detail))
+    return Step(status, (new_event("Warning", "AnalysisFailed", detail),))
+
+
+def inconclusive(t: Tick) -> Step:
+    """Count an analysis without verdict; `inconclusiveThreshold` in a row holds the step."""
+    result, analysis = due_analysis(t), t.spec.rollout.analysis
+    count = t.status.rollout.inconclusive_analyses + 1
+    threshold = analysis.inconclusive_threshold if analysis else 1
+    t = recorded(t, inconclusive_analyses=count)
+    reason = result.reason.value if result.reason else "Inconclusive"
+    detail = f"{reason}: {result.message} ({count}/{threshold} inconclusive analyses)"
+    phase = P.HOLDING if count >= threshold else t.phase
+    if phase is P.HOLDING:
+        detail = f"holding at {t.status.canary_weight}%, never promoting without data: {detail}"
+    status = t.status.model_copy(update={"phase": phase} | with_rollout(t.status, message=detail))
+    return Step(status, (new_event("Warning", "AnalysisInconclusive", detail),))
+
+
+def ignored(t: Tick) -> Step:
+    """A command with no row for the phase: nothing changes (it is still acknowledged)."""
+    return Step(t.status)

@@ -1,0 +1,194 @@
+"""Canary analysis: the PromQL it builds and the verdicts it reaches from scripted values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetserve_operator import analysis
+from fleetserve_operator.analysis import (
+    QUEUE_WAIT_SECONDS,
+    REJECTIONS,
+    REQUEST_SECONDS,
+    SERVER_ERRORS,
+    AnalysisTarget,
+    TrackScope,
+    code_ratio_query,
+    evaluate,
+    p99_ms_query,
+    requests_query,
+    target_for,
+)
+from fleetserve_operator.naming import Track
+from fleetserve_operator.spec import AnalysisSpec, InferenceServiceStatus
+from fleetserve_operator.testing import ScriptedMetricSource, make_spec
+
+CANARY = TrackScope("ns", "demo", "2", Track.CANARY)
+STABLE = TrackScope("ns", "demo", "1", Track.STABLE)
+TARGET = AnalysisTarget(CANARY, STABLE, "1m", queue_wait_floor_ms=10.0)
+SPEC = AnalysisSpec(prometheus_url="http://prometheus:9090", max_p99_latency_ms=500)
+
+
+def scripted(**overrides: float | None) -> ScriptedMetricSource:
+    """A healthy canary and stable (500 requests, no errors, 50 ms p99), with overrides."""
+    figures: dict[str, float | None] = {
+        "requests": 500.0,
+        "errors": 0.0,
+        "p99": 50.0,
+        "stable_p99": 50.0,
+        "queue": 5.0,
+        "stable_queue": 5.0,
+        "rejections": 0.0,
+        "stable_rejections": 0.0,
+    }
+    figures.update(overrides)
+    w = TARGET.window
+    return ScriptedMetricSource(
+        values={
+            requests_query(CANARY, w): figures["requests"],
+            code_ratio_query(CANARY, w, SERVER_ERRORS): figures["errors"],
+            p99_ms_query(REQUEST_SECONDS, CANARY, w): figures["p99"],
+            p99_ms_query(REQUEST_SECONDS, STABLE, w): figures["stable_p99"],
+            p99_ms_query(QUEUE_WAIT_SECONDS, CANARY, w): figures["queue"],
+            p99_ms_query(QUEUE_WAIT_SECONDS, STABLE, w): figures["stable_queue"],
+            code_ratio_query(CANARY, w, REJECTIONS): figures["rejections"],
+            code_ratio_query(STABLE, w, REJECTIONS): figures["stable_rejections"],
+        }
+    )
+
+
+def test_selector_and_requests_query() -> None:
+    """Series are picked by the scrape's namespace and the runtime's model/version/track."""
+    assert requests_query(CANARY, "1m") == (
+        'sum(increase(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
+        'track="canary"}[1m]))'
+    )
+
+
+def test_error_ratio_query_counts_no_errors_as_zero() -> None:
+    """5xx / all, with `or vector(0)` so that a clean canary is 0, not "no data"."""
+    assert code_ratio_query(CANARY, "2m", SERVER_ERRORS) == (
+        '(sum(rate(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
+        'track="canary",code=~"5.."}[2m])) or vector(0)) / '
+        'sum(rate(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
+        'track="canary"}[2m]))'
+    )
+
+
+def test_p99_query_in_milliseconds_with_offset() -> None:
+    """p99 from the histogram's buckets, in ms; the offset reads an earlier window."""
+    scope = TrackScope("ns", "demo", "1", Track.STABLE, offset="1m")
+    assert p99_ms_query(REQUEST_SECONDS, scope, "1m") == (
+        "1000 * histogram_quantile(0.99, sum by (le) (rate(fleetserve_request_duration_seconds"
+        '_bucket{namespace="ns",model="demo",version="1",track="stable"}[1m] offset 1m)))'
+    )
+
+
+@pytest.mark.parametrize(
+    ("weight", "offset"),
+    [pytest.param(20, None, id="stable-has-traffic"), pytest.param(100, "30s", id="at-100")],
+)
+def test_target_reads_stable_baseline_before_the_last_step(weight: int, offset: str | None) -> None:
+    """At 100% the stable gets no traffic, so its baseline comes from the window before."""
+    spec = make_spec(rollout={"interval": "30s"})
+    status = InferenceServiceStatus(stable_version="1", canary_version="2", canary_weight=weight)
+    target = target_for(spec, status, namespace="ns")
+    assert (target.canary.version, target.stable.version, target.window) == ("2", "1", "30s")
+    assert target.stable.offset == offset
+    assert target.queue_wait_floor_ms == spec.batching.max_queue_delay_ms
+
+
+def test_custom_check_placeholders_are_substituted() -> None:
+    """`$namespace`, `$model`, `$version`, `$track`, `$window` name the canary's series."""
+    check = {"name": "oom", "query": 'sum(x{ns="$namespace",v="$version"}[$window])', "max": 0}
+    spec = AnalysisSpec.model_validate({"prometheusUrl": "http://p:9090", "checks": [check]})
+    custom = analysis.plan_checks(spec, TARGET)[-1]
+    assert (custom.name, custom.query, custom.max) == ("oom", 'sum(x{ns="ns",v="2"}[1m])', 0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "verdict", "reason", "failing"),
+    [
+        pytest.param({}, "Passed", None, [], id="healthy"),
+        pytest.param({"errors": 0.2}, "Failed", None, ["error-rate"], id="error-spike"),
+        pytest.param(
+            {"p99": 160.0}, "Failed", None, ["p99-latency-vs-stable"], id="latency-ratio-only"
+        ),
+        pytest.param(
+            {"p99": 900.0, "stable_p99": 800.0}, "Failed", None, ["p99-latency"], id="absolute-p99"
+        ),
+        pytest.param({"requests": 5.0}, "Inconclusive", "TooFewRequests", [], id="too-few"),
+        pytest.param({"requests": None}, "Inconclusive", "TooFewRequests", [], id="no-traffic"),
+        pytest.param({"stable_p99": None}, "Inconclusive", "NoData", [], id="stable-no-data"),
+        pytest.param({"p99": float("nan")}, "Inconclusive", "NoData", [], id="nan-is-no-data"),
+        pytest.param(
+            {"errors": 0.5, "stable_p99": None}, "Failed", None, ["error-rate"], id="fail-wins"
+        ),
+        pytest.param({"queue": 9.0, "stable_queue": 1.0}, "Passed", None, [], id="queue-floor"),
+        pytest.param(
+            {"queue": 40.0, "stable_queue": 10.0},
+            "Failed",
+            None,
+            ["queue-wait-p99-vs-stable"],
+            id="queue-regression",
+        ),
+        pytest.param({"rejections": 0.005}, "Passed", None, [], id="rejection-floor"),
+        pytest.param(
+            {"rejections": 0.3, "stable_rejections": 0.1, "errors": 0.0},
+            "Failed",
+            None,
+            ["rejection-ratio-vs-stable"],
+            id="rejection-regression",
+        ),
+    ],
+)
+def test_evaluate(
+    overrides: dict[str, Any], verdict: str, reason: str | None, failing: list[str]
+) -> None:
+    """Scripted values give the verdict; failed checks are named with values and bounds."""
+    result = evaluate(scripted(**overrides), SPEC, TARGET)
+    assert (result.verdict, result.reason) == (verdict, reason)
+    assert [c.name for c in result.checks if c.outcome == "Failed"] == failing
+    for name in failing:
+        assert name in result.message
+
+
+def test_failed_check_records_value_and_bound() -> None:
+    """A ratio check's bound is computed from stable's value and kept in the result."""
+    result = evaluate(scripted(p99=160.0), SPEC, TARGET)
+    check = next(c for c in result.checks if c.name == "p99-latency-vs-stable")
+    assert (check.value, check.max, check.outcome) == (160.0, 75.0, "Failed")
+    assert "p99-latency-vs-stable 160 (wanted <= 75)" in result.message
+
+
+def test_prometheus_down_is_inconclusive_without_queries() -> None:
+    """An unreachable Prometheus is no verdict, never a pass, and nothing is queried."""
+    source = scripted()
+    source.online = False
+    result = evaluate(source, SPEC, TARGET)
+    assert (result.verdict, result.reason) == ("Inconclusive", "PrometheusDown")
+    assert source.queries == []
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(requests_query(CANARY, "1m"), id="requests"),
+        pytest.param(code_ratio_query(CANARY, "1m", SERVER_ERRORS), id="error-ratio"),
+    ],
+)
+def test_query_error_is_inconclusive(broken: str) -> None:
+    """A failed query is QueryError (not a failure, not NoData)."""
+    source = scripted()
+    source.failing.add(broken)
+    result = evaluate(source, SPEC, TARGET)
+    assert (result.verdict, result.reason) == ("Inconclusive", "QueryError")
+
+
+def test_stable_error_ratio_for_fallback() -> None:
+    """The fallback trigger reads stable's 5xx ratio; a failing Prometheus is no data."""
+    query = code_ratio_query(STABLE, "1m", SERVER_ERRORS)
+    assert analysis.read_stable_error_ratio(ScriptedMetricSource({query: 0.4}), STABLE, "1m") == 0.4
+    failing = ScriptedMetricSource(failing={query})
+    assert analysis.read_stable_error_ratio(failing, STABLE, "1m") is None
