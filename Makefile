@@ -11,7 +11,7 @@ LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check e2e-operator
+        crds crds-check docs e2e-operator
 
 ## help: list the targets
 help:
@@ -29,6 +29,10 @@ $(STAMP): runtime/pyproject.toml operator/pyproject.toml requirements-dev.txt re
 ## crds: regenerate crds/ from the operator's pydantic models
 crds: setup
 	$(PY) -m fleetserve_operator.crdgen
+
+## docs: regenerate the README's InferenceService reference from the spec models
+docs: setup
+	$(PY) -m fleetserve_operator.docgen --write README.md
 
 ## crds-check: fail when crds/ is out of date
 crds-check: setup
