@@ -10,8 +10,9 @@ sections whose field names alone would be ambiguous prefix them (`--cache-max-en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,23 +98,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"fleetserve-runtime: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from fleetserve_runtime.api import create_app
     from fleetserve_runtime.logs import configure_logging
 
     listener = configure_logging(config.log_level, config.log_format)
+    server = _server(create_app(config), config, on_exit=listener.stop)
     try:
-        uvicorn.run(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http="httptools",
-            access_log=False,
-            log_config=None,
-            timeout_graceful_shutdown=10,
-        )
+        server.run()
     finally:
         listener.stop()
     return 0
+
+
+def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> Any:
+    """A uvicorn server that flushes the log queue before it re-raises a caught signal.
+
+    uvicorn ends a SIGTERM-triggered shutdown by re-raising the signal, which kills the
+    process before any `finally` of ours runs; without this the last log lines (the shutdown
+    itself) would be lost in the queue.
+    """
+    import uvicorn
+
+    class _FlushingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    on_exit()
+
+    settings = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=10,
+    )
+    return _FlushingServer(settings)
