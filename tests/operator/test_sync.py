@@ -175,3 +175,24 @@ def test_transitions_of_an_unchanged_status_are_empty() -> None:
     """No change, no Event."""
     status = InferenceServiceStatus(phase="Succeeded")
     assert transitions(status, status) == []
+
+
+def test_stale_body_does_not_repeat_the_last_report() -> None:
+    """A body read before the last reconcile (kopf's may be) writes and posts nothing again."""
+    kube, sync = _setup()
+    stale = kube.get_inference_service("ns", "demo")
+    assert stale is not None
+    sync.run_by_name("ns", "demo", trigger="create")
+    writes, events = list(kube.writes), list(kube.events)
+    sync.run(stale, trigger="child")
+    assert (kube.writes, kube.events) == (writes, events)
+
+
+def test_a_deleted_service_is_not_reconciled() -> None:
+    """An event that arrives after the InferenceService went writes nothing."""
+    kube, sync = _setup()
+    body = kube.get_inference_service("ns", "demo")
+    assert body is not None
+    del kube.objects[("InferenceService", "ns", "demo")]
+    assert sync.run(body, trigger="child") is None
+    assert kube.writes == []
