@@ -76,5 +76,9 @@ clean:
 
 include e2e/cluster.mk
 
+## e2e-operator: the operator against the local control plane, under its RBAC role
+e2e-operator: setup tools
+	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: e2e-harness
+e2e: e2e-harness e2e-operator
