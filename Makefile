@@ -11,7 +11,7 @@ LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check docs e2e-operator
+        crds crds-check docs chart-sync e2e-operator e2e-chart
 
 ## help: list the targets
 help:
@@ -20,23 +20,30 @@ help:
 ## setup: create .venv and install both packages (editable) with pinned dependencies
 setup: $(STAMP)
 $(STAMP): runtime/pyproject.toml operator/pyproject.toml requirements-dev.txt requirements.lock \
-          e2e/requirements.txt bench/requirements.txt
+          requirements-ship.txt e2e/requirements.txt bench/requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c requirements.lock -r requirements-dev.txt \
+	$(PY) -m pip install --quiet -c requirements.lock -r requirements-dev.txt -r requirements-ship.txt \
 	    -r e2e/requirements.txt -r bench/requirements.txt -e runtime -e operator
 	@touch $(STAMP)
 
-## crds: regenerate crds/ from the operator's pydantic models
+CRD := crds/serving.fleetserve.io_inferenceservices.yaml
+CHART_CRD := charts/fleetserve/crds/serving.fleetserve.io_inferenceservices.yaml
+
+## crds: regenerate crds/ (and the chart's copy) from the operator's pydantic models
 crds: setup
-	$(PY) -m fleetserve_operator.crdgen
+	$(PY) -m fleetserve_operator.crdgen $(CRD) $(CHART_CRD)
+
+## chart-sync: copy the CRD and the operator's RBAC role into the chart
+chart-sync: crds
+	cp operator/rbac/role.yaml charts/fleetserve/files/operator-rbac.yaml
 
 ## docs: regenerate the README's InferenceService reference from the spec models
 docs: setup
 	$(PY) -m fleetserve_operator.docgen --write README.md
 
-## crds-check: fail when crds/ is out of date
+## crds-check: fail when crds/ or the chart's copy is out of date
 crds-check: setup
-	$(PY) -m fleetserve_operator.crdgen --check
+	$(PY) -m fleetserve_operator.crdgen --check $(CRD) $(CHART_CRD)
 
 ## lint: ruff (lint + format check), mypy --strict on our packages, CRDs up to date
 lint: setup crds-check
@@ -80,5 +87,9 @@ include e2e/cluster.mk
 e2e-operator: setup tools
 	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
 
+## e2e-chart: helm install of the chart on the local control plane
+e2e-chart: setup tools
+	cd e2e && timeout 600 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: e2e-harness e2e-operator
+e2e: e2e-harness e2e-operator e2e-chart

