@@ -312,10 +312,16 @@ class Runtime:
         finally:
             self._inflight_requests -= 1
             # A caller that went away (or an error in a sibling item) must not leave work
-            # behind that still costs compute.
+            # behind that still costs compute, nor sibling errors nobody will ever read
+            # (asyncio would log each as "exception was never retrieved").
             for item in items:
                 if item.live:
                     self.queue.take(item)
+            for _, ticket in tickets:
+                if not ticket.future.done():
+                    ticket.future.cancel()
+                elif not ticket.future.cancelled():
+                    ticket.future.exception()
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
         limits = self.config.queue
