@@ -11,7 +11,7 @@ LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check docs chart-sync e2e-operator e2e-chart
+        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout
 
 ## help: list the targets
 help:
@@ -91,5 +91,11 @@ e2e-operator: setup tools
 e2e-chart: setup tools
 	cd e2e && timeout 600 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
 
+## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart; last line time_to_rollback_s=
+e2e-rollout: setup tools prometheus-install
+	@log=$$(mktemp); cd e2e && timeout 900 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
+	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
+	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
+
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: e2e-harness e2e-operator e2e-chart
+e2e: e2e-harness e2e-operator e2e-chart e2e-rollout

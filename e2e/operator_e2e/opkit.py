@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +167,17 @@ class OperatorProcess:
 
     @classmethod
     def start(
-        cls, *, kubeconfig: Path, namespace: str, log_path: Path, marker: str
+        cls,
+        *,
+        kubeconfig: Path,
+        namespace: str,
+        log_path: Path,
+        marker: str,
+        settings: Mapping[str, str] | None = None,
     ) -> OperatorProcess:
         """Start the operator watching `namespace`; returns once kopf answers /healthz.
+
+        `settings` are extra `FLEETSERVE_*` variables (e.g. a faster rollout timer).
 
         Raises:
             ProcessExitedError: the operator exited while starting (the log tail says why).
@@ -193,6 +202,7 @@ class OperatorProcess:
             # The harness's cluster-down finds the operator by this marker if a run is killed.
             **{MARKER_ENV: marker},
         )
+        env.update(settings or {})
         process = start_process(
             "fleetserve-operator", [str(OPERATOR), "run"], log_path=log_path, env=env
         )
@@ -233,3 +243,8 @@ class OperatorProcess:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s (kopf stops in about 3 s)."""
         self.process.stop(grace_s=15.0)
+
+    def kill(self) -> None:
+        """SIGKILL the operator's process group at once (a crash: no clean-up runs)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.popen.wait(timeout=15.0)

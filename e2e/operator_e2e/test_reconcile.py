@@ -47,18 +47,25 @@ def _runtime_flag(cluster: LocalCluster, namespace: str, name: str) -> str | Non
 def test_batching_change_rolls_the_pods(
     crd: LocalCluster, kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    """A new `spec.batching` reaches the Deployment, and new pods run with the new args."""
-    _create(kube, namespace, synthetic_service(NAME))
+    """A new `spec.batching` reaches the Deployment, and new pods run with the new args.
+
+    It is a change of the GPU track, so it is rolled out (issue 5): a canary runs it first,
+    then the stable track. One 100% step without analysis keeps that short.
+    """
+    quick = {"steps": [100], "interval": "1s"}
+    _create(kube, namespace, synthetic_service(NAME, rollout=quick))
     old_pod = wait_for_ready_pods(kube, namespace, count=1)[0]["metadata"]["uid"]
 
     kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"batching": {"maxBatchSize": 7}}})
+
+    def stable_batch_size() -> bool:
+        deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return flag(args, "max-batch-size") == "7"
+
+    wait_until(stable_batch_size, timeout_s=90.0, what="the stable track on the new batching")
     body = wait_converged(kube, namespace, NAME, ready=STABLE)
     assert body["metadata"]["generation"] == 2
-    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
-    assert (
-        flag(deployment["spec"]["template"]["spec"]["containers"][0]["args"], "max-batch-size")
-        == "7"
-    )
     wait_until(
         lambda: _runtime_flag(crd, namespace, "max-batch-size") == "7",
         timeout_s=60.0,

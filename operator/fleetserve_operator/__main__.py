@@ -39,6 +39,7 @@ def _run(config: OperatorConfig) -> None:
         registry,
         sync,
         resync_interval_s=config.resync_interval_s,
+        rollout_tick_s=config.rollout_tick_s,
         retry_delay_s=config.retry_delay_s,
     )
     settings = kopf.OperatorSettings()

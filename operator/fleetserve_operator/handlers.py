@@ -1,8 +1,10 @@
 """kopf registration: which events reach the operator, and how errors become retries.
 
 Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
-InferenceService; on a resync timer; and on any event of a Deployment or Service the operator
-manages, so a deleted or edited child is restored and status follows pod readiness. Handlers
+InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
+fallback carries the traffic (steps fall due by the clock, issue 5); and on any event of a
+Deployment or Service the operator manages, so a deleted or edited child is restored and
+status follows pod readiness. Handlers
 are synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
 errors are turned into kopf's retry policy here, in `_kopf_error`, and nowhere else.
 """
@@ -16,6 +18,7 @@ import kopf
 
 from fleetserve_operator import naming
 from fleetserve_operator.errors import FleetserveError, InvalidSpec
+from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
 
 __all__ = ["register"]
@@ -30,6 +33,14 @@ def _kopf_error(
     if isinstance(error, InvalidSpec):
         return kopf.PermanentError(str(error))
     return kopf.TemporaryError(str(error), delay=delay_s)
+
+
+def _is_ticking(status: kopf.Status, **_: Any) -> bool:
+    """Whether the rollout timer runs: a rollout is active or the fallback serves."""
+    current = InferenceServiceStatus.model_validate(dict(status))
+    fallback = current.condition(ConditionType.FALLBACK_ACTIVE)
+    active = current.phase is not None and current.phase.is_rollout_active
+    return active or (fallback is not None and fallback.is_true)
 
 
 class Handlers:
@@ -54,8 +65,15 @@ class Handlers:
         A spec error is already in status and waits for a new spec, so only temporary
         errors are raised (and retried).
         """
+        self._tick(body, trigger="resync")
+
+    def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
+        """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone."""
+        self._tick(body, trigger="rollout")
+
+    def _tick(self, body: kopf.Body, *, trigger: str) -> None:
         try:
-            self._sync.run(dict(body), trigger="resync")
+            self._sync.run(dict(body), trigger=trigger)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
@@ -83,6 +101,7 @@ def register(
     sync: Sync,
     *,
     resync_interval_s: float,
+    rollout_tick_s: float,
     retry_delay_s: float,
 ) -> None:
     """Register every handler of the operator in `registry`."""
@@ -101,6 +120,9 @@ def register(
         *resource, id="resync", interval=resync_interval_s, initial_delay=resync_interval_s,
         registry=registry,
     )(handlers.resync)  # fmt: skip
+    kopf.on.timer(
+        *resource, id="rollout", interval=rollout_tick_s, when=_is_ticking, registry=registry,
+    )(handlers.rollout_tick)  # fmt: skip
     managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
     for group, plural in (("apps", "deployments"), ("", "services")):
         kopf.on.event(group, "v1", plural, labels=managed, registry=registry)(

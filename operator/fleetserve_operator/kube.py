@@ -35,6 +35,7 @@ _PLURALS = {
     "HTTPRoute": "httproutes",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Event": "events",
+    "Pod": "pods",
     naming.KIND: naming.PLURAL,
 }
 _CHILD_KINDS = (
@@ -81,6 +82,14 @@ class Cluster(Protocol):
         """The operator's children of `owner`."""
         ...
 
+    def list_pods(self, namespace: str, owner: str) -> list[Manifest]:
+        """The pods of `owner`'s tracks (for restarts and OOM kills)."""
+        ...
+
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
+        """Remove an annotation of the InferenceService (a command that was acted on)."""
+        ...
+
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Post an Event on the InferenceService."""
         ...
@@ -99,6 +108,11 @@ def _path(api_version: str, kind: str, namespace: str, name: str | None = None) 
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{prefix}/namespaces/{namespace}/{_PLURALS[kind]}"
     return path if name is None else f"{path}/{name}"
+
+
+def _owned_by(owner: str) -> str:
+    """Label selector of the objects this operator manages for InferenceService `owner`."""
+    return f"{naming.INSTANCE_LABEL}={owner},{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
 
 
 def _now() -> str:
@@ -230,7 +244,7 @@ class KubeApi:
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
         """Deployments, Services and HTTPRoutes labelled as this operator's children of `owner`."""
-        selector = f"{naming.INSTANCE_LABEL}={owner},{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
+        selector = _owned_by(owner)
         children: list[Manifest] = []
         for api_version, kind in _CHILD_KINDS:
             path = _path(api_version, kind, namespace)
@@ -244,6 +258,26 @@ class KubeApi:
                 {"apiVersion": api_version, "kind": kind, **item} for item in listed["items"]
             ]
         return children
+
+    def list_pods(self, namespace: str, owner: str) -> list[Manifest]:
+        """The pods labelled as `owner`'s (they carry their Deployment's labels)."""
+        path = _path("v1", "Pod", namespace)
+        try:
+            listed = self._call("GET", path, query=[("labelSelector", _owned_by(owner))])
+        except _ApiError as exc:
+            raise ClusterUnavailable(f"list pods of {owner}: {exc}") from exc
+        items: list[Manifest] = listed["items"]
+        return items
+
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
+        """Merge-patch the annotation to null; an InferenceService already gone is fine."""
+        path = _path(naming.API_VERSION, naming.KIND, ref.namespace, ref.name)
+        body = {"metadata": {"annotations": {annotation: None}}}
+        try:
+            self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+        except _ApiError as exc:
+            if exc.status != 404:
+                raise ClusterUnavailable(f"annotation {annotation} of {ref.name}: {exc}") from exc
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Post an Event on the InferenceService; failing to is logged, never raised."""

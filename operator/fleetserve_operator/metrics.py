@@ -1,18 +1,21 @@
 """The operator's own Prometheus metrics (`fleetserve_operator_*`), served by `__main__`.
 
-`handlers` counts every reconcile by trigger and outcome, times it, and counts the writes it
-makes, so a restarted operator that writes nothing can be seen to write nothing.
+`sync` counts every reconcile by trigger and outcome, times it, and counts the writes it
+makes, so a restarted operator that writes nothing can be seen to write nothing. It also
+counts the rollouts' rollbacks and promotions when a transition asks it to.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from fleetserve_operator.rollout import OperatorCounter
+
 __all__ = ["OperatorMetrics"]
 
 
 class OperatorMetrics:
-    """Reconcile counts, durations, errors and API writes, in their own registry."""
+    """Reconcile counts, durations, errors, API writes and rollout outcomes, in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -33,3 +36,19 @@ class OperatorMetrics:
             "fleetserve_operator_writes", "Writes to the API server (apply, delete, status).",
             ["kind", "action"], registry=self.registry,
         )  # fmt: skip
+        self._rollout = {
+            OperatorCounter.ROLLBACKS: Counter(
+                OperatorCounter.ROLLBACKS.value.removesuffix("_total"),
+                "Canaries withdrawn, by reason (AnalysisFailed, CanaryRestarted, Aborted, ...).",
+                ["reason"], registry=self.registry,
+            ),
+            OperatorCounter.PROMOTIONS: Counter(
+                OperatorCounter.PROMOTIONS.value.removesuffix("_total"),
+                "New versions that became stable, by reason.",
+                ["reason"], registry=self.registry,
+            ),
+        }  # fmt: skip
+
+    def rollout_counter(self, counter: OperatorCounter) -> Counter:
+        """The counter a rollout's `IncrementCounter` action names."""
+        return self._rollout[counter]

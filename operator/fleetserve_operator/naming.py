@@ -36,6 +36,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 TRACK_LABEL = f"{GROUP}/track"
 MODEL_VERSION_LABEL = f"{GROUP}/model-version"
 POOL_LABEL = f"{GROUP}/pool"
+SPEC_HASH_LABEL = f"{GROUP}/spec-hash"
+"""`GpuTrackSpec.digest` a GPU track's template was rendered from (Deployment and pods)."""
 
 
 class Track(StrEnum):

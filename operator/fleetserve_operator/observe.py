@@ -1,6 +1,7 @@
 """Pure: what the operator observed (child Deployments, problems, measured memory) → `.status`.
 
-`handlers` gathers the observations through `kube` and `analysis`, calls `compute_status`, and
+`sync` gathers the observations through `kube` and `analysis`, calls `compute_status` on the
+status the rollout returned, and
 writes the result only when it differs from the object's current status (so a resync or an
 operator restart writes nothing). `transitions` turns a status change into Events. A
 condition's `lastTransitionTime` moves only when its status does, as metav1 prescribes.
@@ -30,6 +31,7 @@ __all__ = [
     "Observation",
     "Problem",
     "compute_status",
+    "is_rolled_out",
     "memory_problem",
     "set_condition",
     "track_status",
@@ -115,7 +117,7 @@ def track_status(deployment: Manifest) -> TrackStatus:
     )
 
 
-def _is_rolled_out(deployment: Manifest) -> bool:
+def is_rolled_out(deployment: Manifest) -> bool:
     """True when the Deployment controller has finished rolling out the current template."""
     spec, status = deployment["spec"], deployment.get("status", {})
     wanted = spec.get("replicas", 0)
@@ -137,16 +139,11 @@ def set_condition(conditions: list[Condition], new: Condition, *, now: str) -> l
     return [updated if c.type == new.type else c for c in conditions]
 
 
-def _phase(
-    previous: InferenceServiceStatus, problem: Problem | None, stable: TrackStatus | None
-) -> RolloutPhase:
+def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> RolloutPhase:
+    """The rollout's phase (`rollout.next_step` set it), except Failed for an invalid spec."""
     if problem is not None and problem.reason == "InvalidSpec":
         return RolloutPhase.FAILED
-    if previous.phase is not None and previous.phase.is_rollout_active:
-        return previous.phase  # the rollout (issue 5) owns the phase while a canary runs
-    if stable is not None and stable.available_replicas > 0:
-        return RolloutPhase.SUCCEEDED
-    return RolloutPhase.PENDING
+    return previous.phase or RolloutPhase.PENDING
 
 
 def _conditions(
@@ -156,7 +153,7 @@ def _conditions(
     stable: TrackStatus | None,
 ) -> list[Condition]:
     rolling = sorted(
-        track.value for track, dep in seen.deployments.items() if not _is_rolled_out(dep)
+        track.value for track, dep in seen.deployments.items() if not is_rolled_out(dep)
     )
     ready = stable is not None and stable.available_replicas > 0
     fallback = previous.condition(ConditionType.FALLBACK_ACTIVE)
@@ -192,23 +189,24 @@ def _conditions(
     conditions = list(previous.conditions)
     for condition in wanted:
         conditions = set_condition(conditions, condition, now=seen.now)
-    return conditions
+    # The rollout's conditions (FallbackActive, Promoted) were decided for this generation too.
+    generation = {"observed_generation": seen.generation}
+    return [condition.model_copy(update=generation) for condition in conditions]
 
 
 def compute_status(previous: InferenceServiceStatus, seen: Observation) -> InferenceServiceStatus:
-    """The status to report after observing `seen`; rollout fields are carried over."""
+    """The status to report after observing `seen`.
+
+    `previous` is the status `rollout.next_step` returned (or the object's, when the spec
+    is invalid): phase, stable version, weights and rollout state are carried over.
+    """
     tracks = {track: track_status(dep) for track, dep in seen.deployments.items()}
     stable = tracks.get(Track.STABLE)
-    phase = _phase(previous, seen.problem, stable)
-    stable_dep = seen.deployments.get(Track.STABLE)
-    stable_version = previous.stable_version
-    if stable_dep is not None and stable is not None and _is_rolled_out(stable_dep):
-        stable_version = stable.version
+    phase = _phase(previous, seen.problem)
     return previous.model_copy(
         update={
             "observed_generation": seen.generation,
             "phase": phase,
-            "stable_version": stable_version,
             "ready": f"{stable.ready_replicas}/{stable.replicas}" if stable else "0/0",
             "tracks": TracksStatus(
                 stable=stable, canary=tracks.get(Track.CANARY), fallback=tracks.get(Track.FALLBACK)

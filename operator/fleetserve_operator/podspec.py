@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fleetserve_operator import contract, naming
+from fleetserve_operator import contract
 
 if TYPE_CHECKING:
     from fleetserve_operator.reconcile import TrackPlan
-    from fleetserve_operator.spec import InferenceServiceSpec
+    from fleetserve_operator.spec import GpuTrackSpec
 
 __all__ = ["CONTAINER_NAME", "RUNTIME_UID", "pod_template"]
 
@@ -57,7 +57,7 @@ def _resources(plan: TrackPlan) -> Manifest:
     return resources
 
 
-def _volumes(spec: InferenceServiceSpec) -> tuple[list[Manifest], list[Manifest]]:
+def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
     """(volumes, mounts): a writable /tmp, and the model's PVC read-only at /models."""
     # The root filesystem is read-only; torch and tokenizers still want a scratch directory.
     volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
@@ -74,7 +74,8 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[Manifest], list[Manifest]
     return volumes, mounts
 
 
-def _container(spec: InferenceServiceSpec, plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
+def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
+    spec = plan.pods
     container: Manifest = {
         "name": CONTAINER_NAME,
         "image": spec.runtime.image,
@@ -97,8 +98,9 @@ def _container(spec: InferenceServiceSpec, plan: TrackPlan, mounts: list[Manifes
     return container
 
 
-def pod_template(service: str, spec: InferenceServiceSpec, plan: TrackPlan) -> Manifest:
-    """The pod template of `plan`'s track of InferenceService `service`."""
+def pod_template(plan: TrackPlan, labels: dict[str, str]) -> Manifest:
+    """The pod template of `plan`'s track, labelled `labels` (those of its Deployment)."""
+    spec = plan.pods
     volumes, mounts = _volumes(spec)
     pod: Manifest = {
         "automountServiceAccountToken": False,
@@ -111,7 +113,7 @@ def pod_template(service: str, spec: InferenceServiceSpec, plan: TrackPlan) -> M
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": 30,
-        "containers": [_container(spec, plan, mounts)],
+        "containers": [_container(plan, mounts)],
         "volumes": volumes,
     }
     if spec.runtime.service_account_name:
@@ -122,10 +124,9 @@ def pod_template(service: str, spec: InferenceServiceSpec, plan: TrackPlan) -> M
         pod["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True) for t in plan.tolerations
         ]
-    track = plan.config.track
     return {
         "metadata": {
-            "labels": naming.labels(service, track, plan.config.version),
+            "labels": dict(labels),
             "annotations": {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(contract.HTTP_PORT),

@@ -3,8 +3,10 @@
 `handlers` calls `desired_children` and hands the result to `kube` for server-side apply;
 nothing here talks to the cluster. Children are plain dicts in the API's own shape, carrying
 only the fields the operator owns (server-side apply leaves every other field to its owner).
-The canary Deployment is the rollout's (issue 5): it appears here only while a rollout is
-active, from `status`.
+Everything that changes during a rollout (issue 5) is rendered from `status`, which
+`rollout.next_step` wrote: the stable track runs `status.rollout.stableSpec`, the canary
+exists only while a rollout is active, replica counts follow `rollout.plan_capacity` and
+HTTPRoute weights `rollout.traffic_split`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
 from fleetserve_operator.podspec import pod_template
+from fleetserve_operator.rollout import fallback_active, plan_capacity, traffic_split
 from fleetserve_operator.spec import (
     BatchingSpec,
-    ConditionType,
+    GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
     Resources,
+    RolloutPhase,
     Toleration,
 )
 
@@ -35,6 +39,7 @@ __all__ = [
     "desired_children",
     "is_drifted",
     "plan_tracks",
+    "stable_pods",
     "stale_children",
     "traffic_weights",
 ]
@@ -83,6 +88,10 @@ class TrackPlan:
     resources: Resources
     node_selector: dict[str, str]
     tolerations: list[Toleration]
+    pods: GpuTrackSpec
+    """The model, runtime and memory sections the pods are rendered from."""
+    spec_hash: str | None = None
+    """`pods.digest` on the GPU tracks (their spec-hash label); None on the fallback."""
 
 
 def check_semantics(owner: Owner, spec: InferenceServiceSpec) -> None:
@@ -100,54 +109,90 @@ def check_semantics(owner: Owner, spec: InferenceServiceSpec) -> None:
         if kind not in contract.KNOWN_BUILTINS:
             known = ", ".join(sorted(contract.KNOWN_BUILTINS))
             raise InvalidSpec("spec.model.uri", f"unknown builtin model {kind!r}; known: {known}")
-    fallback_batching(spec)
+    fallback_batching(spec, spec.batching)
 
 
-def fallback_batching(spec: InferenceServiceSpec) -> BatchingSpec:
-    """The fallback's batching: `spec.batching` with `spec.fallback.batching` laid over it."""
+def fallback_batching(spec: InferenceServiceSpec, base: BatchingSpec) -> BatchingSpec:
+    """The fallback's batching: `base` with `spec.fallback.batching` laid over it."""
     try:
-        return spec.fallback.batching.merged_over(spec.batching)
+        return spec.fallback.batching.merged_over(base)
     except ValueError as exc:
         raise InvalidSpec("spec.fallback.batching", str(exc)) from None
 
 
-def _fallback_active(status: InferenceServiceStatus) -> bool:
-    condition = status.condition(ConditionType.FALLBACK_ACTIVE)
-    return condition is not None and condition.is_true
+def stable_pods(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> GpuTrackSpec:
+    """What the stable track runs: `status.rollout.stableSpec`, else (first deploy) the spec.
+
+    The stable track moves to a new spec only when the rollout promotes it, never because
+    the spec changed; replica bounds always come from the current spec.
+    """
+    pods = status.rollout.stable_spec or spec.gpu_track
+    return pods.model_copy(
+        update={"runtime": pods.runtime.model_copy(update={"replicas": spec.runtime.replicas})}
+    )
 
 
-def plan_tracks(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> list[TrackPlan]:
-    """The tracks to run: stable always, fallback when enabled (grown to max while active)."""
-    runtime = spec.runtime
-    stable = TrackPlan(
+def _gpu_plan(pods: GpuTrackSpec, track: Track, replicas: int | None) -> TrackPlan:
+    runtime = pods.runtime
+    return TrackPlan(
         config=contract.TrackConfig(
-            Track.STABLE, spec.model.version, spec.batching, runtime.device, runtime.threads
+            track, pods.model.version, pods.batching, runtime.device, runtime.threads
         ),
-        replicas=None if runtime.replicas.is_autoscaled else runtime.replicas.min,
+        replicas=replicas,
         resources=runtime.resources,
         node_selector=runtime.node_selector,
         tolerations=runtime.tolerations,
+        pods=pods,
+        spec_hash=pods.digest,
     )
+
+
+def plan_tracks(
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    *,
+    observed_stable_replicas: int = 0,
+) -> list[TrackPlan]:
+    """The tracks to run now, sized by `rollout.plan_capacity`.
+
+    Stable always (on its own spec); the canary while a rollout is active (on the current
+    spec); the fallback when enabled (on stable's spec, grown to max while it is active).
+    `observed_stable_replicas` is the stable Deployment's count, which an autoscaler owns.
+    """
+    capacity = plan_capacity(spec, status, stable_replicas=observed_stable_replicas)
+    stable = stable_pods(spec, status)
+    plans = [_gpu_plan(stable, Track.STABLE, capacity.stable)]
+    phase = status.phase or RolloutPhase.PENDING
+    if phase.is_rollout_active:
+        plans.append(_gpu_plan(spec.gpu_track, Track.CANARY, capacity.canary))
     if not spec.fallback.enabled:
-        return [stable]
+        return plans
     fallback = spec.fallback
-    active = _fallback_active(status)
-    return [
-        stable,
+    active = fallback_active(status)
+    plans.append(
         TrackPlan(
             config=contract.TrackConfig(
-                Track.FALLBACK, spec.model.version, fallback_batching(spec), "cpu", fallback.threads
+                Track.FALLBACK,
+                stable.model.version,
+                fallback_batching(spec, stable.batching),
+                "cpu",
+                fallback.threads,
             ),
             replicas=fallback.replicas.max if active else fallback.replicas.min,
             resources=fallback.resources,
             node_selector=fallback.node_selector,
             tolerations=fallback.tolerations,
-        ),
-    ]
+            pods=stable,
+        )
+    )
+    return plans
 
 
-def _deployment(owner: Owner, spec: InferenceServiceSpec, plan: TrackPlan) -> Manifest:
+def _deployment(owner: Owner, plan: TrackPlan) -> Manifest:
     track = plan.config.track
+    labels = naming.labels(owner.name, track, plan.config.version)
+    if plan.spec_hash is not None:
+        labels[naming.SPEC_HASH_LABEL] = plan.spec_hash
     body: Manifest = {
         "selector": {"matchLabels": naming.selector(owner.name, track)},
         # No request is dropped by a rolling update: a new pod must be ready before an old
@@ -157,11 +202,10 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, plan: TrackPlan) -> Ma
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
         },
         "revisionHistoryLimit": 3,
-        "template": pod_template(owner.name, spec, plan),
+        "template": pod_template(plan, labels),
     }
     if plan.replicas is not None:
         body = {"replicas": plan.replicas, **body}
-    labels = naming.labels(owner.name, track, plan.config.version)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -191,16 +235,18 @@ def _service(
 
 
 def traffic_weights(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> dict[Track, int]:
-    """Percent of traffic per track: all to stable unless a rollout or a failover says else."""
-    if _fallback_active(status):
-        return {Track.STABLE: 0, Track.FALLBACK: 100}
-    canary = status.canary_weight if status.phase and status.phase.is_rollout_active else 0
-    weights = {Track.STABLE: 100 - canary}
-    if status.phase and status.phase.is_rollout_active:
-        weights[Track.CANARY] = canary
+    """Percent of traffic per track (`rollout.traffic_split`) as the HTTPRoute lists them.
+
+    The canary is listed while a rollout is active, the fallback whenever it is enabled
+    (at 0 while the GPU tracks serve), so a failover only changes weights, never the
+    rule's shape.
+    """
+    split = traffic_split(status)
+    weights = {Track.STABLE: split.stable}
+    if status.phase is not None and status.phase.is_rollout_active:
+        weights[Track.CANARY] = split.canary
     if spec.fallback.enabled:
-        # Listed at weight 0 so that a failover only changes weights, never the rule's shape.
-        weights[Track.FALLBACK] = 0
+        weights[Track.FALLBACK] = split.fallback
     return weights
 
 
@@ -234,11 +280,15 @@ def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, i
 
 
 def desired_children(
-    owner: Owner, spec: InferenceServiceSpec, status: InferenceServiceStatus
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    *,
+    observed_stable_replicas: int = 0,
 ) -> list[Manifest]:
-    """Every child object the service needs now, in apply order (Deployments first)."""
-    plans = plan_tracks(spec, status)
-    children = [_deployment(owner, spec, plan) for plan in plans]
+    """Every child object the service needs in `status`, in apply order (Deployments first)."""
+    plans = plan_tracks(spec, status, observed_stable_replicas=observed_stable_replicas)
+    children = [_deployment(owner, plan) for plan in plans]
     for plan in plans:
         track = plan.config.track
         children.append(
@@ -249,7 +299,7 @@ def desired_children(
                 naming.selector(owner.name, track),
             )
         )
-    pool = Track.FALLBACK.pool if _fallback_active(status) else Track.STABLE.pool
+    pool = Track.FALLBACK.pool if fallback_active(status) else Track.STABLE.pool
     umbrella = {
         naming.NAME_LABEL: naming.APP_NAME,
         naming.INSTANCE_LABEL: owner.name,

@@ -41,6 +41,10 @@ class OperatorConfig(BaseSettings):
     `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked."""
     resync_interval_s: float = Field(60.0, ge=1, le=3600)
     """How often every InferenceService is re-checked (drift of routes, memory budget)."""
+    rollout_tick_s: float = Field(5.0, ge=0.1, le=600)
+    """How often a service with a rollout in progress or an active fallback is re-checked,
+    in seconds. A rollout step falls due one `interval` after it began, so keep this well
+    below the shortest `spec.rollout.interval`: a step is late by up to this much."""
     retry_delay_s: float = Field(30.0, ge=1, le=3600)
     """Back-off before a temporary error (API server, missing PVC) is retried, in seconds."""
     request_timeout_s: float = Field(30.0, gt=0, le=600)

@@ -1,11 +1,21 @@
-"""One reconcile: parse → check → render → apply what drifted → observe → report.
+"""One reconcile: parse → check → observe → step the rollout → render → apply → report.
 
 `handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
-(`reconcile`, `observe`); this module only sequences them with the I/O of `kube` and
-`analysis`, so that the same steps run whatever the trigger. It writes nothing when nothing
-changed: a child is applied only when it drifted from the desired object, and status only
-when it differs from the current one (an operator restart therefore writes nothing).
-Reconciles of one InferenceService are serialised; different ones run in parallel.
+(`rollout`, `reconcile`, `observe`, `facts`); this module only sequences them with the I/O
+of `kube` and `analysis`, so that the same steps run whatever the trigger:
+
+1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
+   annotations, the stable track's error ratio, and the analysis when one is due;
+2. `rollout.next_step` decides the new status;
+3. the children are rendered from that status and applied where they drifted;
+4. the status is written, then the transition's side effects (Events, counters, clearing
+   a command annotation) are applied. Weights, replica counts, the canary and the stable
+   track's spec are not applied as actions: they follow from the status in step 3.
+
+It writes nothing when nothing changed: a child is applied only when it drifted from the
+desired object, and status only when it differs from the current one (an operator restart
+therefore writes nothing). Reconciles of one InferenceService are serialised; different
+ones run in parallel.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleetserve_operator import contract, observe, reconcile
+from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
 from fleetserve_operator.errors import DependencyMissing, InvalidSpec, MetricsUnavailable, SpecError
 from fleetserve_operator.kube import Cluster, ObjectRef
@@ -27,7 +37,7 @@ from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import EventNote, Observation, Problem
 from fleetserve_operator.reconcile import Owner
-from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
+from fleetserve_operator.spec import AnalysisResult, InferenceServiceSpec, InferenceServiceStatus
 
 __all__ = ["Sync", "utc_now"]
 
@@ -35,9 +45,14 @@ Manifest = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
-def utc_now() -> str:
-    """The current time as an RFC 3339 UTC timestamp (second precision, as metav1 keeps)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_now() -> datetime:
+    """The current time, timezone-aware (UTC)."""
+    return datetime.now(UTC)
+
+
+def _stamp(now: datetime) -> str:
+    """`now` as metav1 keeps timestamps: RFC 3339, UTC, second precision."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
@@ -56,11 +71,11 @@ class Sync:
         metrics: OperatorMetrics,
         default_prometheus_url: str | None = None,
         metric_source: Callable[[str], MetricSource] = PrometheusSource,
-        clock: Callable[[], str] = utc_now,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._kube = kube
         self._metrics = metrics
-        self._prometheus_url = default_prometheus_url
+        self._default_prometheus_url = default_prometheus_url
         self._metric_source = metric_source
         self._clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -109,12 +124,21 @@ class Sync:
         ref = ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         previous = InferenceServiceStatus.model_validate(body.get("status") or {})
         owner = Owner(name=ref.name, namespace=ref.namespace, uid=ref.uid)
+        now = self._clock()
+        status, actions = previous, tuple[rollout.Action, ...]()
         error: SpecError | None = None
         problem: Problem | None = None
         observed = self._kube.list_children(ref.namespace, ref.name)
         try:
             spec = self._checked_spec(owner, body["spec"])
-            desired = reconcile.desired_children(owner, spec, previous)
+            deployments = _deployments_by_track(observed)
+            seen_facts = self._facts(ref, spec, previous, deployments, meta, now)
+            step = rollout.next_step(spec, previous, seen_facts, now)
+            status, actions = step.status, step.actions
+            stable = seen_facts.stable
+            desired = reconcile.desired_children(
+                owner, spec, status, observed_stable_replicas=stable.replicas if stable else 0
+            )
             observed = self._converge(ref, owner, desired, observed)
             problem = self._memory_problem(ref.namespace, spec)
         except SpecError as exc:
@@ -124,10 +148,74 @@ class Sync:
             generation=body["metadata"].get("generation", 0),
             deployments=_deployments_by_track(observed),
             problem=problem,
-            now=self._clock(),
+            now=_stamp(now),
         )
-        self._report(ref, previous, observe.compute_status(previous, seen))
+        self._report(ref, previous, observe.compute_status(status, seen))
+        self._apply_effects(ref, actions)
         return error
+
+    def _facts(
+        self,
+        ref: ObjectRef,
+        spec: InferenceServiceSpec,
+        previous: InferenceServiceStatus,
+        deployments: Mapping[Track, Manifest],
+        meta: Mapping[str, Any],
+        now: datetime,
+    ) -> rollout.Facts:
+        """What the rollout needs to know now (a due analysis queries Prometheus)."""
+        gpu = [deployments.get(Track.STABLE), deployments.get(Track.CANARY)]
+        pods = self._kube.list_pods(ref.namespace, ref.name) if any(gpu) else []
+        return rollout.Facts(
+            stable=facts.track_facts(gpu[0], pods),
+            canary=facts.track_facts(gpu[1], pods),
+            stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
+            annotations=dict(meta.get("annotations") or {}),
+            analysis=self._due_analysis(ref.namespace, spec, previous, now),
+        )
+
+    def _prometheus_url(self, spec: InferenceServiceSpec) -> str | None:
+        checks = spec.rollout.analysis
+        return checks.prometheus_url if checks else self._default_prometheus_url
+
+    def _stable_error_ratio(
+        self, namespace: str, spec: InferenceServiceSpec, previous: InferenceServiceStatus
+    ) -> float | None:
+        """Stable's 5xx ratio over `fallback.errorWindow`, when it can trigger a failover."""
+        fallback, url = spec.fallback, self._prometheus_url(spec)
+        if not fallback.enabled or fallback.max_error_rate is None or url is None:
+            return None
+        model = reconcile.stable_pods(spec, previous).model
+        scope = analysis.TrackScope(namespace, model.name, model.version, Track.STABLE)
+        return analysis.read_stable_error_ratio(
+            self._metric_source(url), scope, fallback.error_window
+        )
+
+    def _due_analysis(
+        self,
+        namespace: str,
+        spec: InferenceServiceSpec,
+        previous: InferenceServiceStatus,
+        now: datetime,
+    ) -> AnalysisResult | None:
+        """The canary's analysis, only when one is configured and due."""
+        checks = spec.rollout.analysis
+        if checks is None or not rollout.is_analysis_due(spec, previous, now):
+            return None
+        target = analysis.target_for(spec, previous, namespace=namespace)
+        return analysis.evaluate(self._metric_source(checks.prometheus_url), checks, target)
+
+    def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
+        """Events, counters and command annotations; the rest was rendered from status."""
+        for action in actions:
+            match action:
+                case rollout.EmitEvent(type=kind, reason=reason, message=message):
+                    self._kube.post_event(ref, EventNote(kind, reason, message))
+                case rollout.IncrementCounter(counter=counter, reason=reason):
+                    self._metrics.rollout_counter(counter).labels(reason).inc()
+                case rollout.ClearAnnotation(annotation=annotation):
+                    self._kube.remove_annotation(ref, annotation)
+                    self._metrics.writes.labels(naming.KIND, "annotation").inc()
 
     def _checked_spec(self, owner: Owner, raw: Mapping[str, Any]) -> InferenceServiceSpec:
         try:
@@ -166,8 +254,7 @@ class Sync:
         self._kube.post_event(ref, EventNote("Normal", action, f"{action} {kind} {name}"))
 
     def _memory_problem(self, namespace: str, spec: InferenceServiceSpec) -> Problem | None:
-        analysis = spec.rollout.analysis
-        url = analysis.prometheus_url if analysis else self._prometheus_url
+        url = self._prometheus_url(spec)
         if url is None or spec.memory.budget_bytes == 0:
             return None
         model = spec.model

@@ -105,6 +105,9 @@ class FakeKube:
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
         """Stored children labelled for `owner`."""
+        return [obj for obj in self._owned(namespace, owner) if obj["kind"] != "Pod"]
+
+    def _owned(self, namespace: str, owner: str) -> list[Manifest]:
         return [
             copy.deepcopy(obj)
             for (kind, ns, _), obj in self.objects.items()
@@ -113,9 +116,38 @@ class FakeKube:
             and obj["metadata"].get("labels", {}).get(naming.INSTANCE_LABEL) == owner
         ]
 
+    def list_pods(self, namespace: str, owner: str) -> list[Manifest]:
+        """Stored pods labelled for `owner` (see `add_pod`)."""
+        return [obj for obj in self._owned(namespace, owner) if obj["kind"] == "Pod"]
+
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
+        """Drop an annotation of the stored InferenceService."""
+        body = self.objects[(naming.KIND, ref.namespace, ref.name)]
+        body["metadata"].get("annotations", {}).pop(annotation, None)
+        self.writes.append(("annotate", naming.KIND, ref.name))
+
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Record the event."""
         self.events.append(note)
+
+    def add_pod(
+        self, deployment: str, namespace: str = "ns", *, restarts: int = 0, reason: str = ""
+    ) -> None:
+        """Play the kubelet: a pod of Deployment `deployment`'s current template.
+
+        `reason` is its container's last termination reason (e.g. `OOMKilled`).
+        """
+        template = self.objects[("Deployment", namespace, deployment)]["spec"]["template"]
+        container: Manifest = {"name": "runtime", "restartCount": restarts}
+        if reason:
+            container["lastState"] = {"terminated": {"reason": reason, "exitCode": 137}}
+        name = f"{deployment}-{len(self.objects)}"
+        meta = {"name": name, "namespace": namespace, **copy.deepcopy(template["metadata"])}
+        self.objects[("Pod", namespace, name)] = {
+            "kind": "Pod",
+            "metadata": meta,
+            "status": {"containerStatuses": [container]},
+        }
 
     def set_ready(self, name: str, namespace: str = "ns", *, ready: int | None = None) -> None:
         """Play the Deployment controller: mark Deployment `name` rolled out and ready."""

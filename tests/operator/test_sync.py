@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.observe import MemoryFigures, memory_problem, transitions
-from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
-NOW = "2025-01-01T00:00:00Z"
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def _setup(spec: dict[str, Any] | None = None, **kwargs: Any) -> tuple[FakeKube, Sync]:
@@ -144,8 +145,9 @@ def test_memory_budget_check_reports_both_numbers() -> None:
     kube, sync = _setup(spec, default_prometheus_url="http://prom:9090",
                         metric_source=lambda url: source)  # fmt: skip
     sync.run_by_name("ns", "demo", trigger="create")
-    degraded = _status(kube).conditions[2]
-    assert (degraded.type, degraded.reason) == ("Degraded", "MemoryBudgetExceeded")
+    degraded = _status(kube).condition(ConditionType.DEGRADED)
+    assert degraded is not None
+    assert degraded.reason == "MemoryBudgetExceeded"
     assert "1329200000 bytes" in degraded.message
     assert "spec.memory.budget 1Gi" in degraded.message
     assert 'namespace="ns",model="m",version="1",track="stable"' in source.queries[0]
@@ -163,7 +165,7 @@ def test_condition_transition_time_kept_when_unchanged() -> None:
     kube, sync = _setup()
     sync.run_by_name("ns", "demo", trigger="create")
     first = {c.type: c.last_transition_time for c in _status(kube).conditions}
-    sync._clock = lambda: "2025-01-01T00:05:00Z"  # noqa: SLF001  # a later reconcile
+    sync._clock = lambda: datetime(2025, 1, 1, 0, 5, tzinfo=UTC)  # noqa: SLF001  # later
     kube.set_ready("demo-stable")
     sync.run_by_name("ns", "demo", trigger="child")
     later = {c.type: c.last_transition_time for c in _status(kube).conditions}

@@ -1,0 +1,156 @@
+"""A bounded load driver that plays the gateway: requests follow the HTTPRoute's weights.
+
+The e2e cluster stores and validates HTTPRoutes but no gateway programs them, so the driver
+does what a gateway would: every `route_poll_s` it reads the route's backendRefs weights,
+and each request picks a track by those weights and one of that track's ready pods from the
+harness's pod map. It records every request (send time, track, HTTP status) and every change
+of the weights, runs on its own thread with its own event loop, and stops by itself after
+`duration_s` (or when the test leaves the `with` block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import httpx
+from opkit import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
+
+from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.pod_map import PodAddress
+
+NO_ANSWER = 0
+"""Status recorded when no ready pod of the track exists or the connection failed."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request: when it was sent (monotonic seconds), to which track, and its status."""
+
+    time: float
+    track: str
+    status: int
+
+    @property
+    def is_server_error(self) -> bool:
+        """A 5xx answer, or no answer at all."""
+        return self.status >= 500 or self.status == NO_ANSWER
+
+
+@dataclass(frozen=True)
+class RouteSample:
+    """The HTTPRoute's weights per track as first seen at `time` (monotonic seconds)."""
+
+    time: float
+    weights: dict[str, int]
+
+
+@dataclass
+class LoadDriver:
+    """Sends `rate_rps` requests per second to the InferenceService `name`, for `duration_s`."""
+
+    cluster: LocalCluster
+    namespace: str
+    name: str
+    model: str
+    rate_rps: float = 25.0
+    duration_s: float = 150.0
+    concurrency: int = 4
+    route_poll_s: float = 0.2
+    records: list[Record] = field(default_factory=list)
+    routes: list[RouteSample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _pods: list[PodAddress] = field(default_factory=list)
+    _random: random.Random = field(default_factory=lambda: random.Random(5))  # noqa: S311
+
+    def __enter__(self) -> LoadDriver:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """The weights the driver routes by now (empty before the route exists)."""
+        return self.routes[-1].weights if self.routes else {}
+
+    def by_track(self, track: str) -> list[Record]:
+        """The records of requests routed to `track`."""
+        return [record for record in list(self.records) if record.track == track]
+
+    async def _main(self) -> None:
+        kube = KubeClient(self.cluster.server, self.cluster.pki)
+        deadline = time.monotonic() + self.duration_s
+        try:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+                workers = [self._worker(client, i, deadline) for i in range(self.concurrency)]
+                await asyncio.gather(self._follow(kube, deadline), *workers)
+        finally:
+            kube.close()
+
+    def _running(self, deadline: float) -> bool:
+        return not self._stop.is_set() and time.monotonic() < deadline
+
+    async def _follow(self, kube: KubeClient, deadline: float) -> None:
+        """Read the route's weights and the pod map every `route_poll_s`."""
+        path = child_path("HTTPRoute", self.namespace, self.name)
+        prefix = f"{self.name}-"
+        while self._running(deadline):
+            route = await asyncio.to_thread(get_or_none, kube, path)
+            if route is not None:
+                refs = route["spec"]["rules"][0]["backendRefs"]
+                weights = {ref["name"].removeprefix(prefix): ref["weight"] for ref in refs}
+                if weights != self.weights:
+                    self.routes.append(RouteSample(time.monotonic(), weights))
+            self._pods = [
+                pod
+                for pod in self.cluster.pod_addresses()
+                if pod.namespace == self.namespace
+                and pod.ready
+                and pod.labels.get(INSTANCE_LABEL) == self.name
+            ]
+            await asyncio.sleep(self.route_poll_s)
+
+    def _pick(self) -> tuple[str, PodAddress | None] | None:
+        weights = {track: w for track, w in self.weights.items() if w > 0}
+        if not weights:
+            return None
+        track = self._random.choices(list(weights), weights=list(weights.values()))[0]
+        pods = [pod for pod in self._pods if pod.labels.get(TRACK_LABEL) == track]
+        return track, (self._random.choice(pods) if pods else None)
+
+    async def _worker(self, client: httpx.AsyncClient, worker: int, deadline: float) -> None:
+        period_s = self.concurrency / self.rate_rps
+        sent = 0
+        while self._running(deadline):
+            started = time.monotonic()
+            picked = self._pick()
+            if picked is not None:
+                track, pod = picked
+                text = f"request {worker}-{sent} of the rollout load"  # unique: no cache hit
+                status = NO_ANSWER if pod is None else await self._send(client, pod, text)
+                self.records.append(Record(started, track, status))
+                sent += 1
+            await asyncio.sleep(max(0.0, period_s - (time.monotonic() - started)))
+
+    async def _send(self, client: httpx.AsyncClient, pod: PodAddress, text: str) -> int:
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+        try:
+            response = await client.post(f"{pod.url}/v2/models/{self.model}/infer", json=body)
+        except httpx.HTTPError:
+            return NO_ANSWER
+        return response.status_code
