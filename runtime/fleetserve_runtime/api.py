@@ -8,6 +8,7 @@ schema), so no bad input reaches the model or produces a 500.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -49,6 +50,8 @@ from fleetserve_runtime.schemas import (
 )
 
 __all__ = ["STATUS_OF", "create_app"]
+
+log = logging.getLogger("fleetserve.api")
 
 STATUS_OF: dict[type[FleetserveError], int] = {
     InvalidInput: 400,
@@ -213,14 +216,27 @@ class _Routes:
             response = await run(request_id)
         except FleetserveError as exc:
             response = _error_response(exc, request_id)
+        except Exception:
+            # Nothing should get here; if something does, it is answered (and counted, so a
+            # canary's analysis sees it) like any other server error, with an id to find it.
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("unexpected error", extra={"error_id": error_id})
+            response = _error(500, f"internal error (error id {error_id})", request_id)
         if self.runtime is not None:
-            label = version or (
-                self.runtime.registry.active.version if self.runtime.registry.is_ready else "none"
-            )
             self.runtime.metrics.observe_request(
-                label, response.status_code, time.perf_counter() - started
+                self._version_label(version), response.status_code, time.perf_counter() - started
             )
         return response
+
+    def _version_label(self, version: str | None) -> str:
+        """The metrics label: the loaded version asked for, else the active one.
+
+        Versions that are not loaded share one label, so callers cannot mint series.
+        """
+        registry = self.rt.registry
+        if version is not None:
+            return version if version in registry.versions() else "unknown"
+        return registry.active.version if registry.is_ready else "none"
 
     async def infer_v2(self, request: Request, name: str, version: str | None) -> Response:
         async def run(request_id: str) -> Response:
@@ -392,7 +408,9 @@ def _register_repository(app: FastAPI, routes: _Routes) -> None:
         uri = body.parameters.uri or routes.config.model
         try:
             loaded = await routes.rt.load_version(uri, body.parameters.version)
-        except (ValueError, TypeError) as exc:
+        except FleetserveError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - user code: any failure means "cannot load"
             raise InvalidInput(f"cannot load {uri!r}: {exc}") from None
         return _json({"name": name, "active_version": loaded.version})
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fleetserve_runtime.request_queue import Cell, PendingItem, Priority, RequestQueue
@@ -207,21 +207,25 @@ def _choose_bucket(
     *,
     any_bucket: bool,
 ) -> tuple[Hashable, int] | None:
-    """The (group, bucket) the next batch starts from.
+    """The (group, bucket) the next batch starts from, or None to wait.
 
-    The most urgent full bucket; failing that, with `any_bucket`, the most urgent of the
-    rest; None when there is no candidate yet.
+    Buckets are ranked by the effective priority of their most urgent item, a full bucket
+    counting one class better. The winner is taken if it is full or `any_bucket` holds;
+    a partial winner otherwise waits until the executor needs a batch. Because the ranking
+    ages, an item in a partial bucket eventually outranks buckets that never stop being
+    full, so nothing starves behind them.
     """
-    best: dict[bool, tuple[tuple[float, int], tuple[Hashable, int]]] = {}
+    best: tuple[tuple[float, int], bool, tuple[Hashable, int]] | None = None
     for key, cells in by_bucket.items():
         full = sum(cell.live for cell in cells) >= limits.max_batch_size
         heads = [head for cell in cells if (head := cell.head()) is not None]
-        rank = min(_effective(head, now, limits.aging_s) for head in heads)
-        if full not in best or rank < best[full][0]:
-            best[full] = (rank, key)
-    if True in best:
-        return best[True][1]
-    return best[False][1] if any_bucket and False in best else None
+        level, seq = min(_effective(head, now, limits.aging_s) for head in heads)
+        score = (level - 1.0 if full else level, seq)
+        if best is None or score < best[0]:
+            best = (score, full, key)
+    if best is None or not (best[1] or any_bucket):
+        return None
+    return best[2]
 
 
 def _neighbours(
@@ -244,39 +248,60 @@ class _Filler:
         self.pending = {p: next(it, None) for p, it in self.iters.items()}
         self.chosen: list[PendingItem] = []
         self.longest = 0
+        self.real = 0
 
-    def admit(self, priority: Priority) -> bool:
-        """Add the next item of `priority` if it fits; False when it does not (or none left)."""
-        item = self.pending[priority]
-        if item is None or len(self.chosen) >= self.limits.max_batch_size:
-            return False
-        longest = max(self.longest, item.length)
-        budget = self.limits.max_batch_tokens
-        if self.chosen and budget and (len(self.chosen) + 1) * longest > budget:
-            return False
-        self.chosen.append(item)
-        self.longest = longest
-        self.pending[priority] = next(self.iters[priority], None)
-        return True
+    @property
+    def is_full(self) -> bool:
+        """True once the batch holds `max_batch_size` items."""
+        return len(self.chosen) >= self.limits.max_batch_size
 
-    def offer(self, item: PendingItem) -> bool:
-        """Add a neighbouring bucket's item if the batch stays efficient enough.
-
-        Returns False once the batch is full (stop offering), True otherwise.
-        """
-        if len(self.chosen) >= self.limits.max_batch_size:
-            return False
+    def _fits(self, item: PendingItem, *, floor: float) -> bool:
         count = len(self.chosen) + 1
         longest = max(self.longest, item.length)
         budget = self.limits.max_batch_tokens
-        if budget and count * longest > budget:
-            return True
-        real = sum(chosen.length for chosen in self.chosen) + item.length
-        if real < self.limits.min_padding_efficiency * count * longest:
-            return True
+        if self.chosen and budget and count * longest > budget:
+            return False
+        return self.real + item.length >= floor * count * longest
+
+    def _add(self, item: PendingItem) -> None:
         self.chosen.append(item)
-        self.longest = longest
+        self.longest = max(self.longest, item.length)
+        self.real += item.length
+
+    def admit(self, priority: Priority) -> bool:
+        """Add the next item of `priority` if it fits; False when it does not (or none left).
+
+        An item that does not fit the token budget closes its class for this batch, so one
+        long request cannot stop other classes from filling the batch.
+        """
+        item = self.pending[priority]
+        if item is None or self.is_full:
+            return False
+        if not self._fits(item, floor=0.0):
+            self.pending[priority] = None
+            return False
+        self._add(item)
+        self.pending[priority] = next(self.iters[priority], None)
         return True
+
+    def admit_shares(self, lower: list[Priority]) -> None:
+        """Give each lower class with items waiting its guaranteed share of the batch."""
+        if self.limits.lower_class_share <= 0:
+            return
+        share = max(1, int(self.limits.lower_class_share * self.limits.max_batch_size))
+        for priority in lower:
+            for _ in range(share):
+                if not self.admit(priority):
+                    break
+
+    def top_up(self, items: Iterator[PendingItem]) -> None:
+        """Add neighbouring buckets' items while the batch stays efficient enough."""
+        floor = self.limits.min_padding_efficiency
+        for item in items:
+            if self.is_full:
+                return
+            if self._fits(item, floor=floor):
+                self._add(item)
 
     def best_waiting(self) -> Priority | None:
         """The class whose next item has the best effective priority."""
@@ -300,24 +325,20 @@ def _fill(
     """
     cells = sorted(by_bucket[key], key=lambda cell: cell.priority)
     filler = _Filler(cells, now, limits)
-    if limits.lower_class_share > 0:
-        share = max(1, int(limits.lower_class_share * limits.max_batch_size))
-        for cell in cells[1:]:
-            for _ in range(share):
-                if not filler.admit(cell.priority):
-                    break
-    while (best := filler.best_waiting()) is not None and filler.admit(best):
-        pass
+    # The most urgent item goes first, whatever its class: shares must not crowd it out.
+    if (first := filler.best_waiting()) is not None:
+        filler.admit(first)
+    filler.admit_shares([cell.priority for cell in cells[1:]])
+    while not filler.is_full and (best := filler.best_waiting()) is not None:
+        filler.admit(best)
     if limits.min_padding_efficiency < 1.0:
-        for item in (i for cell in _neighbours(by_bucket, key) for i in cell.iter_live()):
-            if not filler.offer(item):
-                break
+        filler.top_up(i for cell in _neighbours(by_bucket, key) for i in cell.iter_live())
     for item in filler.chosen:
         queue.take(item)
     return Batch(
         items=tuple(filler.chosen),
         group=key[0],
         pad_to=filler.longest,
-        real_tokens=sum(item.length for item in filler.chosen),
+        real_tokens=filler.real,
         formed_at=now,
     )

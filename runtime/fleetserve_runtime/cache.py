@@ -1,14 +1,14 @@
 """Optional LRU result cache, bounded by entries and bytes, beside the request flow.
 
-Keys hash the model name, the version, the normalised input and the request parameters that
-change the result, so a version switch can never serve an old version's result. Used from
+Keys hash the model name, the loaded version (label and load generation), the input in a
+canonical encoding and the request parameters that change the result, so a version switch —
+or a label reloaded from another URI — can never serve an old result. Used from
 the event loop only.
 """
 
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from collections import OrderedDict
 from typing import Any
 
@@ -19,8 +19,8 @@ __all__ = ["ResultCache", "cache_key"]
 
 def cache_key(*, model: str, version: str, instance: object, params: dict[str, Any]) -> bytes:
     """Digest identifying one instance's result under one model version and parameters."""
-    if isinstance(instance, str):
-        instance = unicodedata.normalize("NFC", instance).strip()
+    # The instance is hashed exactly as given (canonical JSON, sorted keys): any further
+    # normalisation could map inputs the model treats differently to one cached answer.
     blob = orjson.dumps(
         [model, version, instance, params], option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     )

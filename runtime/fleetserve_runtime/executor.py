@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from fleetserve_runtime.batcher import Batch
@@ -118,6 +119,17 @@ class _Pace:
             return
         self.per_token_s += self.alpha * (per_token - self.per_token_s)
         self.prep_s += self.alpha * (prep_s - self.prep_s)
+
+
+def _owned(result: ItemResult) -> ItemResult:
+    """A numpy result that owns its memory.
+
+    A view could point into a pooled input buffer that the next batch overwrites, or keep a
+    whole batch's output alive behind one cached row.
+    """
+    if isinstance(result, np.ndarray) and result.base is not None:
+        return result.copy()
+    return result
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -255,12 +267,19 @@ class Executor:
 
     def _compute(self, job: BatchJob, started: float) -> BatchOutcome:
         items = job.batch.items
+        payloads = [i.payload for i in items]
         try:
-            if job.prep_error is not None:
+            if job.prep_error is not None and _is_oom(job.prep_error) and len(items) > 1:
+                # Collating (e.g. the host-to-device copy) ran out of memory: split like a
+                # forward-pass OOM rather than failing requests that fit on their own.
+                job.prepared = None
+                results, splits = self._split(job, payloads)
+            elif job.prep_error is not None:
                 raise job.prep_error
-            if job.ready is not None:
-                torch.cuda.current_stream(self.device).wait_event(job.ready)
-            results, splits = self._execute(job, [i.payload for i in items], job.prepared)
+            else:
+                if job.ready is not None:
+                    torch.cuda.current_stream(self.device).wait_event(job.ready)
+                results, splits = self._execute(job, payloads, job.prepared)
             return BatchOutcome(job, results, started, time.perf_counter() - started, splits)
         except Exception:
             error_id = uuid.uuid4().hex[:12]
@@ -282,7 +301,11 @@ class Executor:
             self._check_budget(job.model.memory, len(payloads) * job.layout.pad_to)
             with torch.inference_mode():
                 output = handler.forward(prepared)
-            return list(handler.postprocess(output, len(payloads))), 0
+            results = [_owned(result) for result in handler.postprocess(output, len(payloads))]
+            if len(results) != len(payloads):
+                msg = f"postprocess returned {len(results)} results for {len(payloads)} items"
+                raise RuntimeError(msg)
+            return results, 0
         except Exception as exc:
             if not _is_oom(exc):
                 raise
@@ -299,20 +322,31 @@ class Executor:
         splits = 1
         middle = len(payloads) // 2
         for half in (payloads[:middle], payloads[middle:]):
-            layout = replace(job.layout, pad_to=max(p.length for p in half))
-            lease = self._pool.lease()
-            try:
-                prepared, ready = self._collate(job.model.handler, half, layout, lease)
-                if ready is not None:
-                    torch.cuda.current_stream(self.device).wait_event(ready)
-                half_results, half_splits = self._execute(
-                    replace(job, layout=layout), half, prepared
-                )
-            finally:
-                lease.release()
+            half_results, half_splits = self._run_half(job, half)
             results.extend(half_results)
             splits += half_splits
         return results, splits
+
+    def _run_half(
+        self, job: BatchJob, half: list[PreparedInput]
+    ) -> tuple[list[ItemResult | FleetserveError], int]:
+        """Collate and run one half of a split batch, splitting further if it still OOMs."""
+        layout = replace(job.layout, pad_to=max(p.length for p in half))
+        lease = self._pool.lease()
+        try:
+            try:
+                prepared, ready = self._collate(job.model.handler, half, layout, lease)
+            except Exception as exc:
+                if not _is_oom(exc):
+                    raise
+                if len(half) == 1:
+                    return [OutOfMemory(f"request does not fit in memory: {exc}")], 0
+                return self._split(job, half)
+            if ready is not None:
+                torch.cuda.current_stream(self.device).wait_event(ready)
+            return self._execute(replace(job, layout=layout), half, prepared)
+        finally:
+            lease.release()
 
     def _check_budget(self, memory: MemoryProfile | None, padded_tokens: int) -> None:
         """On CPU, refuse a batch the measured profile says will not fit (CUDA raises itself)."""

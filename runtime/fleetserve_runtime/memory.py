@@ -172,7 +172,7 @@ class BufferLease:
         numel = 1
         for dim in shape:
             numel *= dim
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         buf = self._pool._acquire(numel * itemsize)  # noqa: SLF001 - lease and pool are one unit
         self._buffers.append(buf)
         return buf[: numel * itemsize].view(dtype).view(shape)

@@ -91,6 +91,7 @@ class RequestQueue:
         self._cells: dict[tuple[Hashable, int, Priority], Cell] = {}
         self._deadlines: list[tuple[float, int, PendingItem]] = []
         self._size = 0
+        self._passes = 0
 
     def __len__(self) -> int:
         """Live items waiting."""
@@ -167,5 +168,6 @@ class RequestQueue:
         if len(self._deadlines) > 64 and len(self._deadlines) > 4 * self._size:
             self._deadlines = [entry for entry in self._deadlines if entry[2].live]
             heapq.heapify(self._deadlines)
-        if len(self._cells) > 64:
+        self._passes += 1
+        if len(self._cells) > 64 and self._passes % 64 == 0:
             self._cells = {key: cell for key, cell in self._cells.items() if cell.live}

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetserve_runtime.batcher import (
@@ -27,6 +27,7 @@ from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.errors import (
     DeadlineExceeded,
     FleetserveError,
+    InputTooLong,
     InvalidInput,
     ItemFailed,
     ModelNotReady,
@@ -51,6 +52,15 @@ log = logging.getLogger("fleetserve.runtime")
 
 CALIBRATION_TOKENS = 1024
 """Largest padded-token count of one warmup batch; bounds warmup time on a CPU."""
+
+MAX_CHARS_PER_TOKEN = 64
+"""A text longer than this many characters per allowed token cannot fit, whatever the
+tokenizer: such inputs are refused (or cut, when truncation was asked) before tokenising,
+which runs on the event loop and would stall every other request for a huge input."""
+
+RESULT_GRACE_S = 30.0
+"""How long past its deadline a request that already reached a batch may wait for the
+batch's result before it is answered 504; only a hung model ever hits it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +159,7 @@ class Runtime:
         self._scheduler: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[LoadedModel] | None = None
         self._stopping = False
+        self._generation = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -205,6 +216,12 @@ class Runtime:
         """
         if version in self.registry.versions():
             loaded = self.registry.get(version)
+            if uri != loaded.uri:
+                msg = (
+                    f"version {version!r} is already loaded from {loaded.uri!r}; "
+                    "unload it before loading another model under that label"
+                )
+                raise InvalidInput(msg)
             self.registry.activate(loaded)
             return loaded
         batching = self.config.batching
@@ -215,6 +232,8 @@ class Runtime:
             max_sequence_length=batching.max_sequence_length,
         )
         loaded = await asyncio.to_thread(self._load_and_warm, handler)
+        self._generation += 1
+        loaded = replace(loaded, uri=uri, generation=self._generation)
         self.registry.activate(loaded)
         log.info(
             "model ready",
@@ -266,7 +285,9 @@ class Runtime:
         tickets: list[tuple[int, _Ticket]] = []
         items: list[PendingItem] = []
         hits = 0
-        for index, instance in enumerate(call.instances):
+        max_chars = self.config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
+        for index, raw in enumerate(call.instances):
+            instance = _bounded(raw, max_chars, truncate=call.truncate)
             prepared = model.handler.preprocess(instance, truncate=call.truncate)
             key = self._cache_key(model, instance, call.truncate)
             cached = self._cache_lookup(model, key)
@@ -304,11 +325,16 @@ class Runtime:
         timings: StageTimings,
     ) -> None:
         self._inflight_requests += 1
+        wait_s = max(item.deadline for item in items) - self._clock() + RESULT_GRACE_S
         try:
-            for index, ticket in tickets:
-                result, item_timings = await ticket.future
-                results[index] = result
-                timings.merge(item_timings)
+            async with asyncio.timeout(wait_s):
+                for index, ticket in tickets:
+                    result, item_timings = await ticket.future
+                    results[index] = result
+                    timings.merge(item_timings)
+        except TimeoutError:
+            msg = f"no result {RESULT_GRACE_S:.0f}s after the deadline; the model may be stuck"
+            raise DeadlineExceeded(msg) from None
         finally:
             self._inflight_requests -= 1
             # A caller that went away (or an error in a sibling item) must not leave work
@@ -335,9 +361,11 @@ class Runtime:
     def _cache_key(self, model: LoadedModel, instance: object, truncate: bool) -> bytes | None:
         if not self.cache.enabled:
             return None
-        params = {"truncate": truncate}
         return cache_key(
-            model=self.config.name, version=model.version, instance=instance, params=params
+            model=self.config.name,
+            version=f"{model.version}#{model.generation}",
+            instance=instance,
+            params={"truncate": truncate},
         )
 
     def _cache_lookup(self, model: LoadedModel, key: bytes | None) -> ItemResult | None:
@@ -414,9 +442,9 @@ class Runtime:
             elif isinstance(result, ItemError):
                 ticket.future.set_exception(ItemFailed(result.message))
             else:
-                if ticket.key is not None:
-                    self.cache.put(ticket.key, result)
                 ticket.future.set_result((result, timings))
+                if ticket.key is not None:
+                    self._cache_put(ticket.key, result)
         version = job.model.version
         self.metrics.observe_batch(
             version,
@@ -431,6 +459,14 @@ class Runtime:
         if outcome.error_id is not None:
             self.metrics.batch_failures.labels(*self.metrics.labels(version)).inc()
         self._wakeup.set()
+
+    def _cache_put(self, key: bytes, result: ItemResult) -> None:
+        try:
+            self.cache.put(key, result)
+        except (TypeError, ValueError):
+            # A result the cache cannot size (not JSON-serialisable) is simply not cached;
+            # it must never keep the batch's other requests from being answered.
+            log.warning("result not cacheable", exc_info=True)
 
     # -- introspection -----------------------------------------------------------------
 
@@ -482,6 +518,16 @@ class Runtime:
             "bytes_per_token": profile.bytes_per_token if profile else None,
             "load_seconds": model.load_seconds,
         }
+
+
+def _bounded(instance: object, max_chars: int, *, truncate: bool) -> object:
+    """Cut or refuse a text that cannot fit before the tokenizer spends time on it."""
+    if not isinstance(instance, str) or len(instance) <= max_chars:
+        return instance
+    if truncate:
+        return instance[:max_chars]
+    msg = f"input of {len(instance)} characters cannot fit max_sequence_length in tokens"
+    raise InputTooLong(msg)
 
 
 def _fail(item: PendingItem, error: FleetserveError) -> None:

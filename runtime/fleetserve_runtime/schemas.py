@@ -80,12 +80,16 @@ class LoadRequest(BaseModel):
     parameters: LoadParameters
 
 
-def _flatten(data: list[Any]) -> list[Any]:
-    if not any(isinstance(value, list) for value in data):
-        return data
-    flat: list[Any] = []
-    for value in data:
-        flat.extend(_flatten(value) if isinstance(value, list) else [value])
+def _flatten(data: list[Any], depth: int) -> list[Any]:
+    """Flatten nested lists of at most `depth` levels (the tensor's rank), without recursion."""
+    flat = data
+    for _ in range(depth):
+        if not any(isinstance(value, list) for value in flat):
+            return flat
+        flat = [leaf for value in flat for leaf in (value if isinstance(value, list) else [value])]
+    if any(isinstance(value, list) for value in flat):
+        msg = f"input data is nested deeper than its shape's {depth} dimensions"
+        raise InvalidInput(msg)
     return flat
 
 
@@ -114,7 +118,7 @@ def tensor_instances(
     if any(dim < 0 for dim in tensor.shape):
         msg = f"input shape must not have negative dimensions, got {tensor.shape}"
         raise InvalidInput(msg)
-    flat = _flatten(tensor.data)
+    flat = _flatten(tensor.data, len(tensor.shape))
     count = tensor.shape[0]
     if math.prod(tensor.shape) != len(flat):
         msg = f"input shape {tensor.shape} needs {math.prod(tensor.shape)} values, got {len(flat)}"

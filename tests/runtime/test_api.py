@@ -179,6 +179,37 @@ async def test_v1_bad_input() -> None:
     assert "instances" in response.json()["error"]
 
 
+async def test_huge_text_is_refused_before_tokenising() -> None:
+    """A text far longer than any allowed token count gets 413 at once (or is cut if asked)."""
+    huge = "word " * 100_000
+    async with serve(batching={"max_sequence_length": 16}) as (client, _):
+        refused = await client.post("/v2/models/test/infer", json=v2([huge]))
+        cut = await client.post("/v2/models/test/infer", json=v2([huge], truncate=True))
+    assert refused.status_code == 413
+    assert "characters" in refused.json()["error"]
+    assert cut.status_code == 200
+
+
+async def test_deeply_nested_data_is_a_400() -> None:
+    """Data nested far deeper than the tensor's shape is refused, never a recursion error."""
+    nested = "[" * 900 + '"a"' + "]" * 900
+    body = '{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":' + nested + "}]}"
+    async with serve() as (client, _):
+        response = await client.post("/v2/models/test/infer", content=body.encode())
+    assert response.status_code == 400
+    assert "nested deeper" in response.json()["error"]
+
+
+async def test_unknown_versions_share_one_metrics_label() -> None:
+    """Requests naming versions that are not loaded cannot mint new metric series."""
+    async with serve() as (client, _):
+        for i in range(3):
+            await client.post(f"/v2/models/test/versions/junk{i}/infer", json=v2(["x"]))
+        text = (await client.get("/metrics")).text
+    assert metric(text, "fleetserve_requests_total", version="unknown", code="404") == 3
+    assert "junk" not in text
+
+
 async def test_truncation_only_when_asked() -> None:
     """An over-long input is refused, unless the request asks to truncate it."""
     long_text = "w " * 40
@@ -305,6 +336,28 @@ async def test_hot_swap_and_instant_switch_back() -> None:
     assert after.json()["model_version"] == "v1"
     assert released.json()["released_version"] == "v2"
     assert runtime.registry.versions() == ["v1"]
+
+
+async def test_reusing_a_loaded_label_for_another_model_is_refused() -> None:
+    """A loaded version label cannot silently point at a different URI."""
+    async with serve() as (client, _):
+        response = await client.post(
+            "/v2/repository/models/test/load",
+            json={"parameters": {"version": "v1", "uri": SYNTH + "&dim=4"}},
+        )
+    assert response.status_code == 400
+    assert "already loaded" in response.json()["error"]
+
+
+async def test_loading_an_unimportable_factory_is_400() -> None:
+    """A module:factory that cannot be imported is the caller's error, not a 500."""
+    async with serve() as (client, _):
+        response = await client.post(
+            "/v2/repository/models/test/load",
+            json={"parameters": {"version": "v2", "uri": "no_such_module_here:factory"}},
+        )
+    assert response.status_code == 400
+    assert "cannot load" in response.json()["error"]
 
 
 async def test_bad_load_request_is_400() -> None:

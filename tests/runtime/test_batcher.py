@@ -230,6 +230,38 @@ def test_busy_executor_still_takes_a_full_bucket() -> None:
     assert len(batch.items) == 4
 
 
+def test_an_urgent_item_is_not_starved_by_a_bucket_that_stays_full() -> None:
+    """A high item in a partial bucket outranks a low bucket that keeps refilling."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 64])
+    queue.push(make_items([50], now=clock(), priority=Priority.HIGH, bucket_of=policy.bucket_of))
+    for _ in range(3):
+        queue.push(
+            make_items([5] * 4, now=clock(), priority=Priority.LOW, bucket_of=policy.bucket_of)
+        )
+        clock.advance(0.02)
+        held = plan_batch(queue, clock(), limits(), not_before=clock() + 1)
+        assert held.batch is None, "busy: the urgent partial bucket waits for the executor"
+        batch = plan_batch(queue, clock(), limits()).batch
+        assert batch is not None
+        if any(i.priority is Priority.HIGH for i in batch.items):
+            return
+    pytest.fail("the high-priority item never got a batch")
+
+
+def test_token_budget_does_not_let_shares_crowd_out_the_most_urgent() -> None:
+    """The most urgent item goes in first; a class whose next item breaks the budget closes."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([200], now=clock(), priority=Priority.HIGH))
+    queue.push(make_items([100, 100, 100], now=clock(), priority=Priority.LOW))
+    clock.advance(0.011)
+    tight = limits(max_batch_tokens=600, lower_class_share=0.5)
+    batch = plan_batch(queue, clock(), tight).batch
+    assert batch is not None
+    assert batch.items[0].priority is Priority.HIGH
+    assert batch.padded_tokens <= 600
+
+
 def test_learned_buckets_follow_observed_quantiles() -> None:
     """After `refresh` observations, edges sit at quantiles of what was seen."""
     policy = LearnedBuckets(256, refresh=100)

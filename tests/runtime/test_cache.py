@@ -12,10 +12,11 @@ def key(instance: str, version: str = "v1", truncate: bool = False) -> bytes:
 
 
 def test_keys_separate_versions_and_parameters() -> None:
-    """A version or a parameter change gives a different key; normalisation does not."""
+    """A version or a parameter change gives a different key, and so does any input change."""
     assert key("hello") != key("hello", version="v2")
     assert key("hello") != key("hello", truncate=True)
-    assert key("hello") == key("  hello ")
+    assert key("hello") != key("  hello ")
+    assert key("hello") == key("hello")
 
 
 def test_lru_evicts_by_entries() -> None:

@@ -152,6 +152,63 @@ def test_failing_batch_fails_alone() -> None:
     assert second.error_id is None
 
 
+def test_results_never_alias_pooled_buffers() -> None:
+    """A handler that returns views of its inputs still hands back arrays that own memory."""
+
+    class Echo(SyntheticHandler):
+        def forward(self, batch: Any) -> Any:
+            """Return the (pooled) input tensor itself."""
+            return batch
+
+        def postprocess(self, output: Any, count: int) -> list[Any]:
+            """Rows as numpy views of the input buffer."""
+            seeds, _ = output
+            view = seeds.numpy().reshape(count, 1)
+            return [view[i] for i in range(count)]
+
+    handler = Echo("s", "v1", params=SyntheticParams(latency_ms=0))
+    (outcome,) = run(DEFAULTS, [job(handler, [5, 6])])
+    assert all(r.base is None for r in outcome.results)
+
+
+def test_wrong_result_count_fails_the_batch_instead_of_hanging() -> None:
+    """A postprocess returning too few results is a batch failure (500), never a lost request."""
+
+    class Short(SyntheticHandler):
+        def postprocess(self, output: Any, count: int) -> list[Any]:
+            """Drop the last result."""
+            return super().postprocess(output, count)[:-1]
+
+    handler = Short("s", "v1", params=SyntheticParams(latency_ms=0))
+    (outcome,) = run(DEFAULTS, [job(handler, [5, 6])])
+    assert outcome.error_id is not None
+    assert all(isinstance(r, BatchFailed) for r in outcome.results)
+
+
+def test_oom_while_collating_splits_the_batch() -> None:
+    """Running out of memory while preparing a batch splits it like a forward-pass OOM."""
+
+    class TightCollate(SyntheticHandler):
+        def collate(
+            self,
+            items: Sequence[PreparedInput],
+            *,
+            layout: BatchLayout,
+            alloc: TensorAllocator,
+            device: torch.device,
+        ) -> Any:
+            """Refuse batches of more than one item."""
+            if len(items) > 1:
+                raise OutOfMemory("copy does not fit")
+            return super().collate(items, layout=layout, alloc=alloc, device=device)
+
+    handler = TightCollate("s", "v1", params=SyntheticParams(latency_ms=0))
+    (outcome,) = run(DEFAULTS, [job(handler, [5, 6, 7])])
+    assert outcome.error_id is None
+    assert outcome.oom_splits >= 1
+    assert not any(isinstance(r, Exception) for r in outcome.results)
+
+
 def test_resolve_device() -> None:
     """`auto` picks what exists; asking for CUDA without one is a startup error."""
     assert resolve_device("cpu").type == "cpu"

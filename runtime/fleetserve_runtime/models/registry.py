@@ -102,6 +102,11 @@ class LoadedModel:
     memory: MemoryProfile | None
     max_batch_tokens: int
     """Padded-token limit derived from the memory budget (0: unbounded)."""
+    uri: str = ""
+    """The model URI this version was loaded from."""
+    generation: int = 0
+    """Distinguishes two loads of the same version label (e.g. unloaded, then reloaded from
+    another URI), so cached results of one are never served for the other."""
 
     @property
     def version(self) -> str:
