@@ -11,7 +11,7 @@ LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout
+        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime
 
 ## help: list the targets
 help:
@@ -50,7 +50,7 @@ lint: setup crds-check
 	$(VENV)/bin/ruff check $(LINTED) e2e
 	$(VENV)/bin/ruff format --check $(LINTED) e2e
 	$(VENV)/bin/mypy --strict $(PACKAGES) bench
-	cd e2e && ../$(VENV)/bin/mypy --strict fleetserve_e2e
+	cd e2e && ../$(VENV)/bin/mypy --strict fleetserve_e2e fleetserve_demo
 
 typecheck: lint
 
@@ -61,9 +61,14 @@ unit: setup
 ## test: lint, then every test tier (the README's test command; CI runs it)
 test: lint unit e2e
 
-## demo: start the runtime with MiniLM, send a burst of concurrent requests, show the batches
-demo: setup
-	PYTHONPATH=. $(PY) examples/runtime_demo.py $(DEMO_FLAGS)
+## demo: control plane + Prometheus + operator; a MiniLM canary promoted step by step, a bad
+##       version rolled back (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
+demo: setup tools prometheus-install
+	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
+
+## demo-runtime: the runtime alone with MiniLM: a burst of concurrent requests and its batches
+demo-runtime: setup
+	PYTHONPATH=. $(PY) examples/runtime_demo.py
 
 ## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP
 bench-runtime: setup
@@ -97,5 +102,9 @@ e2e-rollout: setup tools prometheus-install
 	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
 	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
 
+## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: promotion and rollback both observed
+e2e-demo: setup tools prometheus-install
+	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
+
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: e2e-harness e2e-operator e2e-chart e2e-rollout
+e2e: e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo

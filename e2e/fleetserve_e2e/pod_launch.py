@@ -31,6 +31,15 @@ class LaunchPlan:
     readiness_path: str
 
 
+def prestop_sleep_s(pod: JsonObject) -> float:
+    """Seconds of the runtime container's native `preStop` sleep action (0 when it has none)."""
+    container = runtime_container(pod)
+    if container is None:
+        return 0.0
+    sleep = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
+    return float(sleep.get("seconds", 0))
+
+
 def runtime_container(pod: JsonObject) -> JsonObject | None:
     """Return the pod's Fleetserve runtime container, or None for any other pod."""
     for container in pod["spec"].get("containers", []):

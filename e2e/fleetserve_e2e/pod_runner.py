@@ -7,8 +7,10 @@ bound to a node and, for each one:
   loopback port; the readiness endpoint is probed and the pod's status written back; a process
   that exits is restarted after ``restart_delay_s`` with restartCount + 1 (restartPolicy Always);
 - any other pod is simply reported Running and Ready (KWOK-style);
-- a pod marked for deletion has its process stopped (SIGTERM, SIGKILL after its grace period,
-  capped) and is then removed for good, as a kubelet confirms a graceful deletion.
+- a pod marked for deletion is reported not ready, runs out its `preStop` sleep (the native
+  sleep action, if the container has one) still serving, then has its process stopped
+  (SIGTERM, SIGKILL after its grace period, both capped) and is removed for good, as a
+  kubelet confirms a graceful deletion.
 
 Polling, rather than a watch, keeps this small and restart-proof; a list every few hundred
 milliseconds is nothing for a local API server.
@@ -26,7 +28,12 @@ from pathlib import Path
 import httpx
 
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
-from fleetserve_e2e.pod_launch import LaunchPlan, launch_plan, runtime_container
+from fleetserve_e2e.pod_launch import (
+    LaunchPlan,
+    launch_plan,
+    prestop_sleep_s,
+    runtime_container,
+)
 from fleetserve_e2e.pod_map import (
     FILE_SD_FILE,
     POD_MAP_FILE,
@@ -79,6 +86,8 @@ class PodRunner:
         self._probe = httpx.Client(timeout=_PROBE_TIMEOUT_S, trust_env=False)
         self._processes: dict[str, PodProcess] = {}
         self._reported: dict[str, JsonObject] = {}
+        self._terminating: dict[str, float] = {}
+        """uid → monotonic time its deletion was first seen, while its preStop sleep runs."""
         self._published: list[PodAddress] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
@@ -227,7 +236,10 @@ class PodRunner:
 
     def _finish_deletion(self, pod: JsonObject) -> None:
         meta = pod["metadata"]
-        running = self._processes.pop(meta["uid"], None)
+        running = self._processes.get(meta["uid"])
+        if running is not None and not self._drained(pod, running):
+            return
+        self._processes.pop(meta["uid"], None)
         if running is not None:
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
             running.process.stop(grace_s=min(max(grace, 0.5), _MAX_GRACE_S))
@@ -239,6 +251,24 @@ class PodRunner:
         except KubeApiError as error:
             if error.status_code not in (404, 409):
                 raise
+
+    def _drained(self, pod: JsonObject, running: PodProcess) -> bool:
+        """Whether a terminating pod's preStop sleep is over (as a kubelet runs it).
+
+        Until then the process keeps serving but the pod is reported not ready, as the
+        endpoints of a terminating pod are withdrawn while its preStop hook runs.
+        """
+        seconds = prestop_sleep_s(pod)
+        if seconds <= 0:
+            return True
+        if running.seen.ready:
+            running.seen = replace(running.seen, ready=False, ready_changed_at=timestamp())
+            self._report(pod, running.seen)
+        started = self._terminating.setdefault(pod["metadata"]["uid"], time.monotonic())
+        if time.monotonic() - started < min(seconds, _MAX_GRACE_S):
+            return False
+        del self._terminating[pod["metadata"]["uid"]]
+        return True
 
     def _publish(self, pods_by_uid: Mapping[str, JsonObject]) -> None:
         addresses = [

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve_e2e.pod_launch import launch_plan, resolve_command, without_listen_flags
+from fleetserve_e2e.pod_launch import (
+    launch_plan,
+    prestop_sleep_s,
+    resolve_command,
+    without_listen_flags,
+)
 from fleetserve_e2e.testing import runtime_deployment
 
 COMMANDS = {"fleetserve-runtime": ["/venv/bin/fleetserve-runtime"]}
@@ -50,3 +55,13 @@ def test_launch_plan_keeps_args_and_env_and_moves_the_port() -> None:
     assert plan.env["FLEETSERVE_LOG_LEVEL"] == "info"
     assert plan.env["PATH"] == "/bin"
     assert plan.readiness_path == "/v2/health/ready"
+
+
+def test_prestop_sleep_is_read_from_the_runtime_container() -> None:
+    """The native preStop sleep of the runtime container is honoured; none means no drain."""
+    pod = _pod()
+    assert prestop_sleep_s(pod) == 0.0
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    spec["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 5}}}
+    assert prestop_sleep_s(pod) == 5.0

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from opkit import (
+from opkit import children, flag, process_args, wait_converged
+
+from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.operator_process import (
     GROUP_VERSION,
     KIND,
     MANAGER,
@@ -19,15 +22,9 @@ from opkit import (
     POOL_LABEL,
     TRACK_LABEL,
     OperatorProcess,
-    children,
     condition,
-    flag,
     fsvc_path,
-    process_args,
-    wait_converged,
 )
-
-from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.testing import wait_for_ready_pods
 
 ROOT = Path(__file__).resolve().parents[2]

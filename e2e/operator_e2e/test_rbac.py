@@ -53,4 +53,6 @@ def test_bound_role_is_the_shipped_one(crd: LocalCluster, operator_kubeconfig: P
     bound = [
         r for r in roles if r["metadata"]["name"].startswith(f"{shipped['metadata']['name']}-")
     ]
-    assert [r["rules"] for r in bound] == [shipped["rules"]]
+    # Other e2e folders sharing this cluster create their own copies; each must be verbatim.
+    assert bound
+    assert all(r["rules"] == shipped["rules"] for r in bound)

@@ -1,7 +1,8 @@
 """Fixtures of the rollout e2e tests (issue 5): the operator fixtures, Prometheus, a fast timer.
 
 The operator fixtures (CRD, least-privilege identity, `start_operator`) are the operator
-e2e's, imported from `operator_e2e/opfixtures.py`; the helpers are `opkit`'s.
+e2e's, imported from `operator_e2e/opfixtures.py`; the load driver and the operator process
+live in the harness (`fleetserve_e2e.loadgen`, `fleetserve_e2e.operator_process`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-# --import-mode=importlib puts no test folder on sys.path: add this one (loadgen) and the
-# operator e2e's (opkit, opfixtures).
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "operator_e2e")]
+# --import-mode=importlib puts no test folder on sys.path: add the operator e2e's (opkit,
+# opfixtures).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator_e2e"))
 
 from opfixtures import crd, operator_kubeconfig, start_operator  # noqa: E402
-from opkit import OperatorProcess  # noqa: E402
+
+from fleetserve_e2e.operator_process import OperatorProcess  # noqa: E402
 
 __all__ = ["crd", "operator_kubeconfig", "rollout_operator", "start_operator"]
 

@@ -13,18 +13,18 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from loadgen import LoadDriver
-from opkit import (
+from opkit import synthetic_service
+
+from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.loadgen import LoadDriver
+from fleetserve_e2e.operator_process import (
     TRACK_LABEL,
     OperatorProcess,
     child_path,
     condition,
     fsvc_path,
     get_or_none,
-    synthetic_service,
 )
-
-from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from fleetserve_operator.reconcile import TrackPlan
     from fleetserve_operator.spec import GpuTrackSpec
 
-__all__ = ["CONTAINER_NAME", "RUNTIME_UID", "pod_template"]
+__all__ = ["CONTAINER_NAME", "DRAIN_SECONDS", "RUNTIME_UID", "pod_template"]
+
+DRAIN_SECONDS = 5
+"""How long a terminating runtime pod keeps serving before it is sent SIGTERM."""
 
 Manifest = dict[str, Any]
 CONTAINER_NAME = "runtime"
@@ -88,6 +91,11 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "livenessProbe": _probe(contract.LIVE_PATH, period_s=10, failures=3),
         "securityContext": _security_context(),
         "volumeMounts": mounts,
+        # Keep serving for a moment after deletion starts: endpoints and gateways stop routing
+        # to a terminating pod only after a propagation delay, and without this the requests
+        # sent in that window (promotion, rollback, scale-down) are refused. Native sleep
+        # action: the runtime image needs no shell.
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
     }
     env = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.runtime.env]
     if env:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 import httpx
-from opkit import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
 
 from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.operator_process import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
 from fleetserve_e2e.pod_map import PodAddress
 
 NO_ANSWER = 0

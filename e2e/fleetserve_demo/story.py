@@ -1,0 +1,366 @@
+"""The demo's story, start to end: fleet up, a good rollout promoted, a bad one rolled back.
+
+Every process (control plane, Prometheus, operator, runtime pods, the load driver's thread) is
+entered into one `ExitStack`, so Ctrl-C, SIGTERM, an error or `--exit` stops all of them.
+Every wait has a deadline; a story that did not happen ends the program with exit status 1.
+The last line is `DEMO_RESULT={json}`, which `demo_e2e/test_demo.py` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from fleetserve_demo.display import RolloutView, traffic_line
+from fleetserve_demo.manifest import (
+    MAX_LATENCY_RATIO_VS_STABLE,
+    bad_version,
+    demo_service,
+    good_version,
+)
+from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.loadgen import LoadDriver
+from fleetserve_e2e.operator_process import (
+    TRACK_LABEL,
+    OperatorIdentity,
+    OperatorProcess,
+    condition,
+    fsvc_path,
+    install_crd,
+)
+from fleetserve_e2e.paths import REPO_DIR, binary
+from fleetserve_e2e.waiting import GiveUpError, wait_until
+
+NAMESPACE = "demo"
+NAME = "minilm"
+CHART_RBAC = REPO_DIR / "charts" / "fleetserve" / "files" / "operator-rbac.yaml"
+# Steps fall due by the operator's clock: tick well inside the demo's few-second intervals.
+OPERATOR_SETTINGS = {"FLEETSERVE_ROLLOUT_TICK_S": "0.5"}
+# Enough requests for the 1% step to be judged within a few windows, little enough for two
+# cores that also run the control plane, Prometheus and three MiniLM processes.
+LOAD_RPS = 30.0
+# A fleet left running for a look around keeps its traffic for a day.
+LOAD_FOREVER_S = 24 * 3600.0
+REFRESH_S = 0.5
+READY_TIMEOUT_S = 180.0
+ROLLOUT_TIMEOUT_S = 240.0
+ROLLBACK_TIMEOUT_S = 150.0
+
+
+class StoryError(GiveUpError):
+    """The rollout ended otherwise than the story says (e.g. the good version rolled back)."""
+
+
+@dataclass
+class Outcome:
+    """What happened, printed as the `DEMO_RESULT` line at the end."""
+
+    ok: bool = False
+    promoted_version: str | None = None
+    promotion_weights: list[int] = field(default_factory=list)
+    promotion_analyses: list[dict[str, Any]] = field(default_factory=list)
+    rollback_phase: str | None = None
+    rollback_reason: str | None = None
+    rollback_analyses: list[dict[str, Any]] = field(default_factory=list)
+    time_to_rollback_s: float | None = None
+    failure: str | None = None
+    wall_s: float = 0.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """`--exit` (tear down at the end, for CI), `--fast` (3 s steps), `--interval S`."""
+    parser = argparse.ArgumentParser(prog="python -m fleetserve_demo", description=__doc__)
+    parser.add_argument(
+        "--exit", action="store_true", help="tear everything down at the end instead of waiting"
+    )
+    parser.add_argument(
+        "--fast", action="store_true", help="3 s rollout steps (same as --interval 3)"
+    )
+    parser.add_argument("--interval", type=int, default=5, help="seconds each step is held (5)")
+    args = parser.parse_args(argv)
+    if args.fast:
+        args.interval = 3
+    if args.interval < 1:
+        parser.error("--interval must be at least 1 second")
+    return args
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SystemExit unwinds the ExitStack, so a `kill` stops the fleet as Ctrl-C does.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the story; 0 when both the promotion and the rollback happened."""
+    args = parse_args(argv)
+    console = Console(highlight=False, log_path=False)
+    if not console.is_terminal:
+        # CI logs: no live redraws, and wide enough for the analysis table.
+        console.width = 140
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    outcome = Outcome()
+    started = time.monotonic()
+    try:
+        with ExitStack() as stack:
+            Story(console, args.interval, stack, outcome).run()
+            outcome.ok = True
+            if not args.exit:
+                console.print("\n[bold]The fleet keeps running, with traffic. Ctrl-C stops it.[/]")
+                while True:
+                    signal.pause()
+            console.rule("tearing down")
+    except KeyboardInterrupt:
+        console.print("stopped: every process the demo started was stopped")
+        return 0 if outcome.ok else 130
+    except (TimeoutError, GiveUpError, RuntimeError, FileNotFoundError) as error:
+        outcome.failure = f"{type(error).__name__}: {error}"
+        console.print(f"[bold red]The demo's story did not happen:[/] {outcome.failure}")
+    outcome.wall_s = round(time.monotonic() - started, 1)
+    # Written raw: rich would wrap a long line, and the test parses it.
+    sys.stdout.write(f"DEMO_RESULT={json.dumps(outcome.__dict__)}\n")
+    console.print(f"demo finished in {outcome.wall_s:.0f}s")
+    return 0 if outcome.ok else 1
+
+
+@dataclass
+class Story:
+    """The demo's steps; each says what it does before it does it."""
+
+    console: Console
+    interval_s: int
+    stack: ExitStack
+    outcome: Outcome
+    _chapter: int = 0
+
+    def run(self) -> None:
+        """Fleet up, traffic on, good version promoted, bad version rolled back, where to look."""
+        cluster, prometheus, operator = self._start_fleet()
+        kube = cluster.client
+        service = demo_service(prometheus_url=prometheus.url, interval_s=self.interval_s)
+        self._serve(kube, service)
+        self._say("Live traffic: the load driver plays the gateway, by the HTTPRoute's weights")
+        load = self.stack.enter_context(
+            LoadDriver(
+                cluster,
+                NAMESPACE,
+                NAME,
+                service["spec"]["model"]["name"],
+                rate_rps=LOAD_RPS,
+                duration_s=LOAD_FOREVER_S,
+            )
+        )
+        wait_until(
+            lambda: any(r.status == 200 for r in load.by_track("stable")),
+            timeout_s=30.0,
+            what="the first answer from the stable track",
+        )
+        self._promote(kube, service, load)
+        self._roll_back(kube, service, load)
+        self._where_to_look(cluster, prometheus, operator)
+
+    def _say(self, text: str) -> None:
+        self._chapter += 1
+        self.console.rule(f"[bold]{self._chapter}. {text}", align="left")
+
+    def _start_fleet(self) -> tuple[LocalCluster, LocalPrometheus, OperatorProcess]:
+        self._say("Local control plane (etcd, kube-apiserver, controller-manager, scheduler)")
+        cluster = self.stack.enter_context(LocalCluster())
+        prometheus = self.stack.enter_context(
+            LocalPrometheus(cluster.file_sd_path, scrape_interval_s=1.0)
+        )
+        self.console.print(f"Prometheus ready at {prometheus.url}")
+        self._say("InferenceService CRD and the operator, under the chart's least-privilege RBAC")
+        install_crd(cluster)
+        cluster.client.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        identity = OperatorIdentity.create(
+            cluster,
+            rbac_file=CHART_RBAC,
+            suffix=NAMESPACE,
+            kubeconfig=cluster.work_dir / "operator-kubeconfig",
+        )
+        operator = OperatorProcess.start(
+            kubeconfig=identity.kubeconfig,
+            namespace=NAMESPACE,
+            log_path=cluster.work_dir / "logs" / "operator.log",
+            marker=cluster.marker,
+            settings=OPERATOR_SETTINGS,
+        )
+        self.stack.callback(operator.stop)
+        self.console.print(
+            f"fleetserve-operator (pid {operator.process.pid}) runs as "
+            f"system:serviceaccount:{identity.namespace}:fleetserve-operator"
+        )
+        return cluster, prometheus, operator
+
+    def _serve(self, kube: KubeClient, service: dict[str, Any]) -> None:
+        version = service["spec"]["model"]["version"]
+        self._say(
+            f"InferenceService {NAME} (examples/minilm.yaml): MiniLM v{version} on the GPU track"
+        )
+        self.console.print(
+            f"stable: 1 replica on a GPU node · fallback: 1 CPU replica · steps "
+            f"{service['spec']['rollout']['steps']} every {self.interval_s}s"
+        )
+        kube.create(fsvc_path(NAMESPACE), service)
+
+        def ready() -> dict[str, Any] | None:
+            status = _status(kube)
+            tracks = status.get("tracks", {})
+            counts = [tracks.get(t, {}).get("readyReplicas", 0) for t in ("stable", "fallback")]
+            if status.get("phase") == "Succeeded" and counts == [1, 1]:
+                return status
+            return None
+
+        started = time.monotonic()
+        with self.console.status("loading MiniLM in the stable and fallback pods…"):
+            wait_until(ready, timeout_s=READY_TIMEOUT_S, what=f"{NAME} to be Ready", interval_s=0.5)
+        self.console.print(f"{NAME} is Ready in {time.monotonic() - started:.0f}s")
+
+    def _follow(
+        self,
+        kube: KubeClient,
+        load: LoadDriver,
+        view: RolloutView,
+        done: Callable[[dict[str, Any]], bool],
+        timeout_s: float,
+        what: str,
+    ) -> dict[str, Any]:
+        """Redraw the rollout until `done(status)`; a rollout that ended otherwise gives up."""
+
+        def step() -> dict[str, Any] | None:
+            status = _status(kube)
+            new, moved = view.update(status)
+            if moved is not None:
+                self.console.log(f"canary weight → [bold]{moved}%[/]")
+            for row in new:
+                self.console.log(row.describe())
+            live.update(view.render(load))
+            if done(status):
+                return status
+            if status.get("phase") in ("RolledBack", "Failed"):
+                raise StoryError(f"phase {status['phase']}: {status['rollout'].get('message')}")
+            return None
+
+        with Live(view.render(load), console=self.console, refresh_per_second=4) as live:
+            return wait_until(step, timeout_s=timeout_s, what=what, interval_s=REFRESH_S)
+
+    def _promote(self, kube: KubeClient, service: dict[str, Any], load: LoadDriver) -> None:
+        self._say("Roll out MiniLM v2: canary steps, each judged by Prometheus")
+        steps = service["spec"]["rollout"]["steps"]
+        view = RolloutView("rollout v1 → v2", steps, MAX_LATENCY_RATIO_VS_STABLE)
+        kube.merge_patch(fsvc_path(NAMESPACE, NAME), good_version(service, "2"))
+        status = self._follow(
+            kube,
+            load,
+            view,
+            lambda s: s.get("stableVersion") == "2" and s.get("phase") == "Succeeded",
+            ROLLOUT_TIMEOUT_S,
+            "v2 to be promoted",
+        )
+        self.outcome.promoted_version = status["stableVersion"]
+        self.outcome.promotion_weights = view.weights_seen
+        self.outcome.promotion_analyses = [row.as_dict() for row in view.rows]
+        self.console.print(
+            f"[bold green]Promoted:[/] stable is v{status['stableVersion']}; canary weights seen "
+            f"{view.weights_seen}; {condition(status, 'Promoted')['message']}"
+        )
+        self.console.print(traffic_line(load))
+
+    def _roll_back(self, kube: KubeClient, service: dict[str, Any], load: LoadDriver) -> None:
+        self._say("Roll out a bad v3 (same model name, fails 30% of requests): automatic rollback")
+        steps = service["spec"]["rollout"]["steps"]
+        view = RolloutView("rollout v2 → v3 (bad)", steps, MAX_LATENCY_RATIO_VS_STABLE)
+        view.skip_earlier(_status(kube))
+        patched_at = time.monotonic()
+        kube.merge_patch(fsvc_path(NAMESPACE, NAME), bad_version(service, "3"))
+        status = self._follow(
+            kube,
+            load,
+            view,
+            lambda s: s.get("phase") == "RolledBack",
+            ROLLBACK_TIMEOUT_S,
+            "v3 to be rolled back",
+        )
+        if status.get("stableVersion") != "2":
+            raise StoryError(f"after the rollback stable is v{status.get('stableVersion')}")
+        reason = condition(status, "Promoted")["message"] or status["rollout"].get("message", "")
+        self.outcome.rollback_phase = status["phase"]
+        self.outcome.rollback_reason = reason
+        self.outcome.rollback_analyses = [row.as_dict() for row in view.rows]
+        self.outcome.time_to_rollback_s = _time_to_rollback(load, patched_at)
+        self.console.print(f"[bold red]Rolled back:[/] {reason}")
+        self.console.print(
+            f"stable stays v{status['stableVersion']}; from the first failed canary request to "
+            f"canary weight 0: [bold]{self.outcome.time_to_rollback_s:.1f}s[/]"
+        )
+        self.console.print(traffic_line(load))
+
+    def _where_to_look(
+        self, cluster: LocalCluster, prometheus: LocalPrometheus, operator: OperatorProcess
+    ) -> None:
+        self._say("Where to look")
+        kubectl = binary("kubectl")
+        stable = next(
+            (
+                pod
+                for pod in cluster.pod_addresses()
+                if pod.namespace == NAMESPACE and pod.labels.get(TRACK_LABEL) == "stable"
+            ),
+            None,
+        )
+        selector = f'namespace="{NAMESPACE}",model="{NAME}"'
+        lines = [
+            f"export KUBECONFIG={cluster.kubeconfig}",
+            f"{kubectl} get fsvc -n {NAMESPACE}",
+            f"{kubectl} get fsvc {NAME} -n {NAMESPACE} -o yaml   # status.rollout.analyses",
+            f"{kubectl} get deploy,pods,httproute -n {NAMESPACE}",
+            f"{kubectl} get events -n {NAMESPACE} --field-selector involvedObject.name={NAME}",
+            "",
+            f"Prometheus: {prometheus.url}/graph",
+            f"  sum by (track, version, code) (rate(fleetserve_requests_total{{{selector}}}[1m]))",
+            "  histogram_quantile(0.99, sum by (le, track) "
+            f"(rate(fleetserve_request_duration_seconds_bucket{{{selector}}}[1m])))",
+            f"  avg by (track) (fleetserve_batch_size_sum{{{selector}}} "
+            f"/ fleetserve_batch_size_count{{{selector}}})",
+            "",
+            f"runtime metrics (stable pod): {stable.url + '/metrics' if stable else '-'}",
+            f"operator metrics: {operator.metrics_url}",
+            f"operator log: {operator.process.log_path}",
+        ]
+        for line in lines:
+            self.console.print(line, soft_wrap=True)
+
+
+def _status(kube: KubeClient) -> dict[str, Any]:
+    status: dict[str, Any] = kube.get(fsvc_path(NAMESPACE, NAME)).get("status", {})
+    return status
+
+
+def _time_to_rollback(load: LoadDriver, since: float) -> float:
+    """Seconds from the canary's first failed request to the route's canary weight 0."""
+    bad = [r.time for r in load.by_track("canary") if r.time >= since and r.is_server_error]
+    if not bad:
+        raise StoryError("rolled back, but the load driver saw no failed canary request")
+    first_bad = min(bad)
+
+    def withdrawn() -> float | None:
+        return next(
+            (s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")),
+            None,
+        )
+
+    # The driver reads the route every 0.2 s: it sees the weight drop within moments.
+    return round(
+        wait_until(withdrawn, timeout_s=10.0, what="the route without the canary") - first_bad, 2
+    )

@@ -1,0 +1,275 @@
+"""The real operator on a local cluster: the CRD, a least-privilege identity, the process.
+
+The operator e2e tests (``operator_e2e/opfixtures.py``), the rollout e2e tests and the demo
+(``fleetserve_demo``) all run ``fleetserve-operator run`` the same way: the checked-in CRD is
+installed, the operator authenticates as the ServiceAccount of its shipped RBAC file with a
+token from the TokenRequest API (a kubeconfig that holds nothing else), and it runs as a
+subprocess watching one namespace.  Running it under that role proves the role suffices.
+
+The InferenceService names are spelled out here (ARCHITECTURE.md, "Names") rather than
+imported from ``fleetserve_operator``: these callers treat the operator as a black box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve_e2e.cluster import LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
+from fleetserve_e2e.paths import REPO_DIR
+from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
+from fleetserve_e2e.waiting import wait_until
+
+OPERATOR = REPO_DIR / ".venv" / "bin" / "fleetserve-operator"
+CRD = REPO_DIR / "crds" / "serving.fleetserve.io_inferenceservices.yaml"
+CRD_NAME = "inferenceservices.serving.fleetserve.io"
+GROUP_VERSION = "serving.fleetserve.io/v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+TRACK_LABEL = "serving.fleetserve.io/track"
+MODEL_VERSION_LABEL = "serving.fleetserve.io/model-version"
+POOL_LABEL = "serving.fleetserve.io/pool"
+MANAGER = "fleetserve-operator"
+# Where each kind of child lives in the API (group/version, plural).
+CHILD_APIS = {
+    "Deployment": ("apps/v1", "deployments"),
+    "Service": ("", "services"),
+    "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
+}
+RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
+# Variables the operator must not inherit from its caller's environment: its settings come
+# only from what the caller sets, and loopback API traffic must never go through a proxy.
+_SCRUBBED = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "KUBERNETES_SERVICE_HOST")
+
+
+def fsvc_path(namespace: str, name: str = "") -> str:
+    """REST path of the InferenceServices of `namespace` (or of one of them)."""
+    return namespaced(PLURAL, namespace, name, group_version=GROUP_VERSION)
+
+
+def child_path(kind: str, namespace: str, name: str = "") -> str:
+    """REST path of a child kind in `namespace` (or of one object)."""
+    group_version, plural = CHILD_APIS[kind]
+    return namespaced(plural, namespace, name, group_version=group_version)
+
+
+def get_or_none(kube: KubeClient, path: str) -> JsonObject | None:
+    """GET `path`, or None when it answers 404."""
+    try:
+        return kube.get(path)
+    except KubeApiError as error:
+        if error.status_code == 404:
+            return None
+        raise
+
+
+def condition(status: Mapping[str, Any], kind: str) -> JsonObject:
+    """The condition of type `kind` in `status` (KeyError when absent)."""
+    for item in status.get("conditions", []):
+        if item["type"] == kind:
+            return dict(item)
+    raise KeyError(kind)
+
+
+def install_crd(cluster: LocalCluster) -> None:
+    """Apply the checked-in InferenceService CRD and wait until it is Established.
+
+    Raises:
+        RuntimeError: kubectl refused the CRD or it was not established within 60 s.
+    """
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    if applied.returncode != 0:
+        raise RuntimeError(f"applying {CRD.name} failed:\n{applied.stderr}")
+    waited = cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"
+    )
+    if waited.returncode != 0:
+        raise RuntimeError(f"the CRD was not established:\n{waited.stderr}")
+
+
+@dataclass(frozen=True)
+class OperatorIdentity:
+    """The ServiceAccount, ClusterRole and binding of an RBAC file, and a kubeconfig for them.
+
+    `create` renames the role and binding with `suffix` and puts the account in a namespace
+    of its own, so several identities (test sessions, a demo) can share one cluster.
+    """
+
+    namespace: str
+    role_name: str
+    kubeconfig: Path
+
+    @classmethod
+    def create(
+        cls,
+        cluster: LocalCluster,
+        *,
+        rbac_file: Path,
+        suffix: str,
+        kubeconfig: Path,
+        token_lifetime_s: int = 3600,
+    ) -> OperatorIdentity:
+        """Create the RBAC file's objects, request a token and write `kubeconfig` with it.
+
+        `rbac_file` holds a ServiceAccount, a ClusterRole and a ClusterRoleBinding, in that
+        order (operator/rbac/role.yaml, or the chart's copy of it).
+        """
+        kube = cluster.client
+        account, role, binding = yaml.safe_load_all(rbac_file.read_text(encoding="utf-8"))
+        namespace = f"{account['metadata'].get('namespace', 'fleetserve-system')}-{suffix}"
+        name = f"{role['metadata']['name']}-{suffix}"
+        account["metadata"]["namespace"] = namespace
+        role["metadata"]["name"] = name
+        binding["metadata"]["name"] = name
+        binding["roleRef"]["name"] = name
+        binding["subjects"] = [{**binding["subjects"][0], "namespace": namespace}]
+        kube.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
+        kube.create(f"{RBAC_API}/clusterroles", role)
+        kube.create(f"{RBAC_API}/clusterrolebindings", binding)
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": token_lifetime_s},
+        }
+        account_path = f"/api/v1/namespaces/{namespace}/serviceaccounts/"
+        account_path += account["metadata"]["name"]
+        token = kube.create(f"{account_path}/token", request)["status"]["token"]
+        _write_token_kubeconfig(kubeconfig, cluster, token)
+        return cls(namespace=namespace, role_name=name, kubeconfig=kubeconfig)
+
+    def delete(self, kube: KubeClient) -> None:
+        """Delete the binding, the role and the account's namespace."""
+        kube.delete(f"{RBAC_API}/clusterrolebindings/{self.role_name}")
+        kube.delete(f"{RBAC_API}/clusterroles/{self.role_name}")
+        kube.delete(f"/api/v1/namespaces/{self.namespace}")
+
+
+def _write_token_kubeconfig(path: Path, cluster: LocalCluster, token: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "e2e",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.pki.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": "fleetserve-operator", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "fleetserve-operator"}}],
+        "current-context": "e2e",
+    }
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    path.chmod(0o600)
+
+
+@dataclass
+class OperatorProcess:
+    """A running `fleetserve-operator run`, its ports and its log."""
+
+    process: ManagedProcess
+    metrics_port: int
+    liveness_port: int
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        kubeconfig: Path,
+        namespace: str,
+        log_path: Path,
+        marker: str,
+        settings: Mapping[str, str] | None = None,
+    ) -> OperatorProcess:
+        """Start the operator watching `namespace`; returns once kopf answers /healthz.
+
+        `settings` are extra `FLEETSERVE_*` variables (e.g. a faster rollout timer).
+
+        Raises:
+            ProcessExitedError: the operator exited while starting (the log tail says why).
+            TimeoutError: it did not become live within 60 s.
+        """
+        metrics_port, liveness_port = free_port(), free_port()
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("FLEETSERVE_") and key.upper() not in _SCRUBBED
+        }
+        env.update(
+            KUBECONFIG=str(kubeconfig),
+            NO_PROXY="127.0.0.1,localhost",
+            FLEETSERVE_NAMESPACES=json.dumps([namespace]),
+            FLEETSERVE_LOG_FORMAT="plain",
+            FLEETSERVE_LISTEN_ADDRESS="127.0.0.1",
+            FLEETSERVE_METRICS_PORT=str(metrics_port),
+            FLEETSERVE_LIVENESS_PORT=str(liveness_port),
+            # A temporary error (a PVC not there yet) is retried within a test's time.
+            FLEETSERVE_RETRY_DELAY_S="2",
+            # The harness's cluster-down finds the operator by this marker if a run is killed.
+            **{MARKER_ENV: marker},
+        )
+        env.update(settings or {})
+        process = start_process(
+            "fleetserve-operator", [str(OPERATOR), "run"], log_path=log_path, env=env
+        )
+        running = cls(process=process, metrics_port=metrics_port, liveness_port=liveness_port)
+        try:
+            wait_until(running.is_live, timeout_s=60.0, what="the operator's /healthz")
+        except BaseException:
+            running.stop()
+            raise
+        return running
+
+    @property
+    def metrics_url(self) -> str:
+        """The operator's own Prometheus metrics endpoint."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def is_live(self) -> bool:
+        """Whether kopf answers its liveness probe (raises if the process has exited)."""
+        self.process.ensure_running()
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        return httpx.get(url, timeout=2.0, trust_env=False).is_success
+
+    def counters(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """The samples of counter `name` (without `_total`), keyed by their sorted labels."""
+        text = httpx.get(self.metrics_url, timeout=5.0, trust_env=False).text
+        return {
+            tuple(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == name
+            for sample in family.samples
+            if sample.name == f"{name}_total"
+        }
+
+    def total(self, name: str) -> float:
+        """The sum of counter `name` over all its labels."""
+        return sum(self.counters(name).values())
+
+    def log(self) -> str:
+        """Everything the operator logged so far."""
+        return self.process.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s (kopf stops in about 3 s)."""
+        self.process.stop(grace_s=15.0)
+
+    def kill(self) -> None:
+        """SIGKILL the operator's process group at once (a crash: no clean-up runs)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.popen.wait(timeout=15.0)
