@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -70,7 +70,6 @@ class BatchJob:
     batch: Batch
     model: LoadedModel
     layout: BatchLayout
-    submitted_at: float
     lease: BufferLease | None = None
     prepared: Any = None
     prep_error: BaseException | None = None
@@ -89,13 +88,6 @@ class BatchOutcome:
     compute_s: float
     oom_splits: int = 0
     error_id: str | None = None
-
-
-@dataclass(slots=True)
-class _Budget:
-    budget_bytes: int
-    reserve_fraction: float
-    checks: bool = field(default=True)
 
 
 @dataclass(slots=True)
@@ -153,7 +145,8 @@ class Executor:
     ) -> None:
         self.device = device
         self._pool = pool
-        self._budget = _Budget(budget_bytes, reserve_fraction)
+        self._budget_bytes = budget_bytes
+        self._reserve_fraction = reserve_fraction
         self._on_done = on_done
         self._log_sample = log_sample
         self._prep_q: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
@@ -180,11 +173,6 @@ class Executor:
     def has_capacity(self) -> bool:
         """True while fewer than `PIPELINE_DEPTH` batches are in the executor."""
         return self._inflight < self.PIPELINE_DEPTH
-
-    @property
-    def inflight_batches(self) -> int:
-        """Batches submitted and not finished."""
-        return self._inflight
 
     def remaining_s(self) -> float | None:
         """Estimated seconds until the running batch ends, less the time to prepare the next.
@@ -350,11 +338,11 @@ class Executor:
 
     def _check_budget(self, memory: MemoryProfile | None, padded_tokens: int) -> None:
         """On CPU, refuse a batch the measured profile says will not fit (CUDA raises itself)."""
-        budget = self._budget.budget_bytes
+        budget = self._budget_bytes
         if memory is None or not budget or self.device.type == "cuda":
             return
         need = memory.weights_bytes + memory.batch_bytes(padded_tokens)
-        limit = budget * (1 - self._budget.reserve_fraction)
+        limit = budget * (1 - self._reserve_fraction)
         if need > limit:
             msg = f"batch needs {need} bytes, budget allows {int(limit)}"
             raise OutOfMemory(msg)

@@ -99,7 +99,6 @@ class InferenceResult:
     model: LoadedModel
     results: list[ItemResult]
     timings: StageTimings
-    cache_hits: int
 
 
 @dataclass(slots=True, eq=False)
@@ -284,7 +283,6 @@ class Runtime:
         results: list[ItemResult] = [None] * len(call.instances)
         tickets: list[tuple[int, _Ticket]] = []
         items: list[PendingItem] = []
-        hits = 0
         max_chars = self.config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
         for index, raw in enumerate(call.instances):
             instance = _bounded(raw, max_chars, truncate=call.truncate)
@@ -293,7 +291,6 @@ class Runtime:
             cached = self._cache_lookup(model, key)
             if cached is not None:
                 results[index] = cached
-                hits += 1
                 continue
             ticket = _Ticket(self._loop.create_future(), key)
             tickets.append((index, ticket))
@@ -315,7 +312,7 @@ class Runtime:
             self.queue.push(items)
             self._wakeup.set()
             await self._await_items(items, tickets, results, timings)
-        return InferenceResult(model, results, timings, hits)
+        return InferenceResult(model, results, timings)
 
     async def _await_items(
         self,
@@ -418,7 +415,7 @@ class Runtime:
     def _submit(self, batch: Batch) -> None:
         model: LoadedModel = batch.group  # type: ignore[assignment]
         layout = BatchLayout(pad_to=batch.pad_to, packed=self.config.batching.packing)
-        self._executor.submit(BatchJob(batch, model, layout, submitted_at=self._clock()))
+        self._executor.submit(BatchJob(batch, model, layout))
 
     def _on_batch_done(self, outcome: BatchOutcome) -> None:
         """Called on the executor's compute thread: hop to the event loop."""

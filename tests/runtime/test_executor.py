@@ -73,7 +73,7 @@ def job(
         item.payload = handler.preprocess(" ".join(["w"] * (length - 2)), truncate=False)
     batch = Batch(tuple(items), "v1", max(lengths), sum(lengths), 0.0)
     model = LoadedModel(handler, 0.0, memory, 0)
-    return BatchJob(batch, model, BatchLayout(pad_to=max(lengths)), submitted_at=0.0)
+    return BatchJob(batch, model, BatchLayout(pad_to=max(lengths)))
 
 
 def run(executor_kwargs: dict[str, Any], jobs: list[BatchJob]) -> list[BatchOutcome]:
