@@ -78,6 +78,11 @@ def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig)
     settings.watching.client_timeout = config.watch_timeout_s + 30
     settings.networking.request_timeout = config.request_timeout_s
     settings.execution.max_workers = config.workers
+    # A timer caught mid-reconcile when its InferenceService is deleted keeps the finalizer
+    # until kopf checks again, 60 s later by default: deletion then took a minute. Give a
+    # running reconcile a moment to finish, then re-check every second.
+    settings.background.instant_exit_timeout = 0.5
+    settings.background.cancellation_polling = 1.0
     # One operator replica runs at a time (the chart uses a Recreate strategy), so peering
     # (and its cluster-scoped CRD) is not needed.
     settings.peering.standalone = True
