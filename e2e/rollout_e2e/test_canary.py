@@ -13,7 +13,9 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 from opkit import synthetic_service
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.loadgen import LoadDriver
@@ -31,6 +33,9 @@ NAME = "demo"
 BASE_LATENCY_MS = 20
 STEPS = [20, 50, 100]
 ROLLOUT_S = 120.0
+# The operator's per-InferenceService gauges (README, "Operator metrics").
+PHASE = "fleetserve_operator_inferenceservice_phase"
+CANARY_WEIGHT = "fleetserve_operator_canary_weight_percent"
 
 
 def _service(prometheus: LocalPrometheus, **sections: Any) -> dict[str, Any]:
@@ -101,6 +106,25 @@ def _route_weights(kube: KubeClient, namespace: str) -> dict[str, int]:
     return {ref["name"].removeprefix(f"{NAME}-"): ref["weight"] for ref in refs}
 
 
+def _gauge(operator: OperatorProcess, name: str, namespace: str, **labels: str) -> float | None:
+    """The operator's sample of gauge `name` for this test's InferenceService, if exported."""
+    text = httpx.get(operator.metrics_url, timeout=5.0, trust_env=False).text
+    wanted = {"namespace": namespace, "name": NAME, **labels}
+    samples = (s for f in text_string_to_metric_families(text) for s in f.samples)
+    return next((s.value for s in samples if s.name == name and s.labels == wanted), None)
+
+
+def _wait_gauge(
+    operator: OperatorProcess, name: str, namespace: str, value: float | None, **labels: str
+) -> None:
+    """Wait (briefly: the operator exports status right after writing it) for the value."""
+    wait_until(
+        lambda: _gauge(operator, name, namespace, **labels) == value,
+        timeout_s=5.0,
+        what=f"{name}{labels or ''} to read {value}",
+    )
+
+
 def _rolled_back(
     kube: KubeClient,
     namespace: str,
@@ -117,6 +141,8 @@ def _rolled_back(
     )
     assert _route_weights(kube, namespace) == {"stable": 100}
     assert operator.total("fleetserve_operator_rollbacks") == 1
+    _wait_gauge(operator, PHASE, namespace, 1.0, phase="RolledBack")
+    assert _gauge(operator, CANARY_WEIGHT, namespace) == 0
     assert "RolledBack" in _events(kube, namespace)
     assert all(r.status == 200 for r in load.by_track("stable")), "stable answered errors"
     return status
@@ -132,17 +158,17 @@ def test_a_healthy_version_is_promoted(
     """(a) Version 2 passes every step, is promoted to 100% and becomes stable."""
     operator = rollout_operator()
     _deploy(kube, namespace, local_prometheus)
+    gauged: set[float | None] = set()
+
+    def promoted() -> dict[str, Any] | None:
+        gauged.add(_gauge(operator, CANARY_WEIGHT, namespace))
+        status = _status(kube, namespace)
+        done = status.get("stableVersion") == "2" and status.get("phase") == "Succeeded"
+        return status if done else None
+
     with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
         _roll_out(kube, namespace, _model("2"))
-        status = wait_until(
-            lambda: (
-                (s := _status(kube, namespace)).get("stableVersion") == "2"
-                and s.get("phase") == "Succeeded"
-                and s
-            ),
-            timeout_s=ROLLOUT_S,
-            what="version 2 to become stable",
-        )
+        status = wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
     canary_weights = [sample.weights.get("canary") for sample in load.routes]
     assert [w for w in canary_weights if w] == STEPS, load.routes
     assert _route_weights(kube, namespace) == {"stable": 100}
@@ -150,6 +176,11 @@ def test_a_healthy_version_is_promoted(
     assert len(passed) >= len(STEPS)
     assert operator.total("fleetserve_operator_promotions") == 1
     assert condition(status, "Promoted")["status"] == "True"
+    stepped = {w for w in gauged if w}
+    assert stepped, f"the canary weight gauge showed no step: {gauged}"
+    assert stepped <= set(STEPS), gauged
+    _wait_gauge(operator, CANARY_WEIGHT, namespace, 0.0)
+    _wait_gauge(operator, PHASE, namespace, 1.0, phase="Succeeded")
     assert load.by_track("canary"), "no request reached the canary"
     assert all(r.status == 200 for r in load.records), "a request failed"
 
@@ -161,12 +192,22 @@ def test_b_an_erroring_version_is_rolled_back(
     local_cluster: LocalCluster,
     rollout_operator: Callable[[], OperatorProcess],
 ) -> None:
-    """(b) 20% errors: rolled back at once; only canary-routed requests saw errors."""
+    """(b) 20% errors: rolled back at once; only canary-routed requests saw errors.
+
+    Deleting the InferenceService afterwards drops the operator's gauges of it.
+    """
     operator = rollout_operator()
     _deploy(kube, namespace, local_prometheus)
     with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
         _roll_out(kube, namespace, _model("2", error_rate=0.2))
         status = _rolled_back(kube, namespace, operator, load)
+    kube.delete(fsvc_path(namespace, NAME))
+    wait_until(
+        lambda: _gauge(operator, PHASE, namespace, phase="RolledBack") is None,
+        timeout_s=60.0,
+        what="the deleted InferenceService's gauges to go",
+    )
+    assert _gauge(operator, CANARY_WEIGHT, namespace) is None
     assert "error-rate" in status["rollout"]["message"]
     bad = [r for r in load.records if r.is_server_error]
     assert bad, "the canary answered no error"

@@ -4,8 +4,9 @@ Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of
 InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
 fallback carries the traffic (steps fall due by the clock, issue 5); and on any event of a
 Deployment or Service the operator manages, so a deleted or edited child is restored and
-status follows pod readiness. Handlers
-are synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
+status follows pod readiness. Deletion only calls `Sync.forget`, to drop the service's
+gauges (Kubernetes deletes the children by their owner references). Handlers are
+synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
 errors are turned into kopf's retry policy here, in `_kopf_error`, and nowhere else.
 """
 
@@ -91,6 +92,11 @@ class Handlers:
                 "re-converging %s/%s after a child event failed: %s", meta["namespace"], owner, exc
             )
 
+    def service_deleted(self, body: kopf.Body, **_: Any) -> None:
+        """Forget a deleted InferenceService's gauges; its children go by their owner refs."""
+        meta = body["metadata"]
+        self._sync.forget(meta["namespace"], meta["name"])
+
     def probe(self, **_: Any) -> int:
         """Liveness: the number of reconciles so far (kopf serves probes on /healthz)."""
         return self._sync.reconcile_count
@@ -116,6 +122,12 @@ def register(
         ("resume", kopf.on.resume),
     ):
         on_change(*resource, id=f"converge-on-{cause}", registry=registry)(handlers.service_changed)
+    # Optional: no finalizer of its own, so deletion is never blocked on the operator for
+    # metrics' sake. The timers' finalizer makes kopf call it in practice; a deletion it
+    # misses is forgotten by the next reconcile, which finds the object gone.
+    kopf.on.delete(*resource, id="forget-on-delete", optional=True, registry=registry)(
+        handlers.service_deleted
+    )
     kopf.on.timer(
         *resource, id="resync", interval=resync_interval_s, initial_delay=resync_interval_s,
         registry=registry,

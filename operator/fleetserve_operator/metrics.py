@@ -2,20 +2,146 @@
 
 `sync` counts every reconcile by trigger and outcome, times it, and counts the writes it
 makes, so a restarted operator that writes nothing can be seen to write nothing. It also
-counts the rollouts' rollbacks and promotions when a transition asks it to.
+counts the rollouts' rollbacks and promotions when a transition asks it to, and exports
+each InferenceService's reported status (phase, canary weight, conditions, versions) as
+gauges, so alerts and dashboards need no kube-state-metrics config; `handlers` forgets a
+service's gauges when it is deleted.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from fleetserve_operator.rollout import OperatorCounter
+from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutPhase
 
-__all__ = ["OperatorMetrics"]
+__all__ = [
+    "CANARY_WEIGHT",
+    "CONDITION",
+    "INFO",
+    "PHASE",
+    "GaugeSample",
+    "OperatorMetrics",
+    "ServiceGauge",
+    "status_samples",
+]
+
+_CONDITION_STATUSES: tuple[str, ...] = get_args(Condition.model_fields["status"].annotation)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceGauge:
+    """A gauge with one series set per InferenceService, labelled `namespace` and `name`."""
+
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+    """Labels besides `namespace` and `name`."""
+
+
+PHASE = ServiceGauge(
+    "fleetserve_operator_inferenceservice_phase",
+    "status.phase as a state set: 1 for the current phase, 0 for every other RolloutPhase.",
+    ("phase",),
+)
+CANARY_WEIGHT = ServiceGauge(
+    "fleetserve_operator_canary_weight_percent",
+    "status.canaryWeight: percentage of traffic routed to the canary (0 without one).",
+    (),
+)
+CONDITION = ServiceGauge(
+    "fleetserve_operator_inferenceservice_condition",
+    "status.conditions as a state set: 1 for the condition's status, 0 for the other two.",
+    ("condition", "status"),
+)
+INFO = ServiceGauge(
+    "fleetserve_operator_inferenceservice_info",
+    "Always 1; status.stableVersion and status.canaryVersion ('' without a canary).",
+    ("stable_version", "canary_version"),
+)
+_SERVICE_GAUGES = (PHASE, CANARY_WEIGHT, CONDITION, INFO)
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeSample:
+    """One sample of a `ServiceGauge` for one InferenceService."""
+
+    gauge: ServiceGauge
+    labels: Mapping[str, str]
+    """A value for each of `gauge.labels`."""
+    value: float
+
+
+def status_samples(status: InferenceServiceStatus) -> list[GaugeSample]:
+    """The gauge samples that describe `status` (no phase yet: every phase 0)."""
+    samples = [
+        GaugeSample(PHASE, {"phase": phase.value}, float(phase == status.phase))
+        for phase in RolloutPhase
+    ]
+    samples.append(GaugeSample(CANARY_WEIGHT, {}, float(status.canary_weight)))
+    samples.extend(
+        GaugeSample(
+            CONDITION,
+            {"condition": condition.type, "status": value},
+            float(condition.status == value),
+        )
+        for condition in status.conditions
+        for value in _CONDITION_STATUSES
+    )
+    versions = {
+        "stable_version": status.stable_version or "",
+        "canary_version": status.canary_version or "",
+    }
+    samples.append(GaugeSample(INFO, versions, 1.0))
+    return samples
+
+
+class _ServiceGauges:
+    """The last reported status of each InferenceService, exported at scrape time.
+
+    A service's series are replaced as a whole, so a condition that is no longer reported
+    (or a version that was replaced) leaves no stale series behind.
+    """
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, str], list[GaugeSample]] = {}
+        self._guard = threading.Lock()
+
+    def observe(self, namespace: str, name: str, status: InferenceServiceStatus) -> None:
+        samples = status_samples(status)
+        with self._guard:
+            self._samples[namespace, name] = samples
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._samples.pop((namespace, name), None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._guard:
+            services = list(self._samples.items())
+        families = {family.name: family for family in self._families()}
+        for (namespace, name), samples in services:
+            for sample in samples:
+                values = [namespace, name, *(sample.labels[k] for k in sample.gauge.labels)]
+                families[sample.gauge.name].add_metric(values, sample.value)
+        yield from families.values()
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(g.name, g.documentation, labels=["namespace", "name", *g.labels])
+            for g in _SERVICE_GAUGES
+        ]
 
 
 class OperatorMetrics:
-    """Reconcile counts, durations, errors, API writes and rollout outcomes, in one registry."""
+    """Reconcile counts, durations, errors, API writes, rollout outcomes and service state."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -48,7 +174,17 @@ class OperatorMetrics:
                 ["reason"], registry=self.registry,
             ),
         }  # fmt: skip
+        self._services = _ServiceGauges()
+        self.registry.register(self._services)
 
     def rollout_counter(self, counter: OperatorCounter) -> Counter:
         """The counter a rollout's `IncrementCounter` action names."""
         return self._rollout[counter]
+
+    def observe_status(self, namespace: str, name: str, status: InferenceServiceStatus) -> None:
+        """Export `status` as the InferenceService's gauges, replacing what it reported before."""
+        self._services.observe(namespace, name, status)
+
+    def forget_service(self, namespace: str, name: str) -> None:
+        """Drop every gauge series of a deleted InferenceService (a no-op for an unknown one)."""
+        self._services.forget(namespace, name)

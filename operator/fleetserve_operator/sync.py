@@ -8,9 +8,10 @@ of `kube` and `analysis`, so that the same steps run whatever the trigger:
    annotations, the stable track's error ratio, and the analysis when one is due;
 2. `rollout.next_step` decides the new status;
 3. the children are rendered from that status and applied where they drifted;
-4. the status is written, then the transition's side effects (Events, counters, clearing
-   a command annotation) are applied. Weights, replica counts, the canary and the stable
-   track's spec are not applied as actions: they follow from the status in step 3.
+4. the status is written and exported as gauges, then the transition's side effects
+   (Events, counters, clearing a command annotation) are applied. Weights, replica counts,
+   the canary and the stable track's spec are not applied as actions: they follow from the
+   status in step 3.
 
 It writes nothing when nothing changed: a child is applied only when it drifted from the
 desired object, and status only when it differs from the current one (an operator restart
@@ -107,6 +108,9 @@ class Sync:
             with self._lock(namespace, name):
                 body = self._kube.get_inference_service(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
+                    # Also covers a deletion whose delete handler never ran (a finalizer
+                    # removed by hand), which would otherwise leave its gauges forever.
+                    self._metrics.forget_service(namespace, name)
                     result = "gone"
                     return None
                 error = self._converge_and_report(body)
@@ -118,6 +122,14 @@ class Sync:
             self._metrics.duration_seconds.labels(trigger).observe(time.monotonic() - started)
             if result not in ("ok", "gone"):
                 self._metrics.errors.labels(result).inc()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the gauges of a deleted InferenceService.
+
+        Waits for a reconcile of it that is under way, which would export them again.
+        """
+        with self._lock(namespace, name):
+            self._metrics.forget_service(namespace, name)
 
     def _converge_and_report(self, body: Mapping[str, Any]) -> SpecError | None:
         meta = body["metadata"]
@@ -273,14 +285,18 @@ class Sync:
     def _report(
         self, ref: ObjectRef, previous: InferenceServiceStatus, status: InferenceServiceStatus
     ) -> None:
-        if status == previous:
-            return
-        self._kube.apply_status(
-            ref, status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        )
-        self._metrics.writes.labels("InferenceService", "status").inc()
-        for note in observe.transitions(previous, status):
-            self._kube.post_event(ref, note)
+        """Write `status` if it changed, post its transitions, then export it as gauges.
+
+        An unchanged status is exported too: a restarted operator's gauges start empty.
+        """
+        if status != previous:
+            self._kube.apply_status(
+                ref, status.model_dump(by_alias=True, exclude_none=True, mode="json")
+            )
+            self._metrics.writes.labels("InferenceService", "status").inc()
+            for note in observe.transitions(previous, status):
+                self._kube.post_event(ref, note)
+        self._metrics.observe_status(ref.namespace, ref.name, status)
 
 
 def _deployments_by_track(children: list[Manifest]) -> dict[Track, Manifest]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from fleetserve_operator.spec import RolloutPhase
+from fleetserve_operator.spec import ConditionType, RolloutPhase
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
@@ -32,7 +32,7 @@ ALL_FEATURES = [
     "--set",
     "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true",
     "--set",
-    "monitoring.prometheusRule.enabled=true,monitoring.kubeStateMetrics.enabled=true",
+    "monitoring.prometheusRule.enabled=true",
 ]
 Manifest = dict[str, Any]
 
@@ -179,7 +179,7 @@ def test_chart_copies_are_byte_identical_to_their_sources() -> None:
 
 
 def test_all_optional_features_render() -> None:
-    """PodMonitor, ServiceMonitor, PrometheusRule and the kube-state-metrics config render."""
+    """PodMonitor, ServiceMonitor (keeping scraped labels) and PrometheusRule render."""
     manifests = render("--set", "watchNamespaces={ml}", *ALL_FEATURES)
     pod_monitor = only(manifests, "PodMonitor")["spec"]
     assert pod_monitor["namespaceSelector"] == {"matchNames": ["ml"]}
@@ -187,20 +187,13 @@ def test_all_optional_features_render() -> None:
         "matchLabels": {"app.kubernetes.io/managed-by": "fleetserve-operator"}
     }
     assert pod_monitor["podMetricsEndpoints"][0]["port"] == "http"
-    assert only(manifests, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    (endpoint,) = only(manifests, "ServiceMonitor")["spec"]["endpoints"]
+    # The operator's per-InferenceService series carry the service's namespace.
+    assert (endpoint["port"], endpoint["honorLabels"]) == ("metrics", True)
     rules = only(manifests, "PrometheusRule")["spec"]["groups"]
     alerts = {r["alert"] for group in rules for r in group["rules"]}
     readme = (CHART / "README.md").read_text()
     assert alerts == set(re.findall(r"^\| `(Fleetserve\w+)`", readme, re.MULTILINE))
-
-
-def test_kube_state_metrics_phases_are_the_operator_phases() -> None:
-    """The StateSet lists exactly RolloutPhase's values."""
-    manifests = render(*ALL_FEATURES)
-    config_map = only(manifests, "ConfigMap", "fs-fleetserve-kube-state-metrics")
-    config = yaml.safe_load(config_map["data"]["inferenceservice.yaml"])
-    (phase,) = [m for m in config["spec"]["resources"][0]["metrics"] if m["name"] == "phase"]
-    assert phase["each"]["stateSet"]["list"] == [p.value for p in RolloutPhase]
 
 
 def test_dashboard_is_valid_grafana_json() -> None:
@@ -209,9 +202,9 @@ def test_dashboard_is_valid_grafana_json() -> None:
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(config_map["data"]["fleetserve.json"])
     titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
-    for topic in ("request rate", "p99", "batch size", "queue wait", "padding", "canary weight"):
+    topics = ("request rate", "p99", "batch size", "queue wait", "padding", "canary weight")
+    for topic in (*topics, "rolled back", "phase"):
         assert topic in titles
-    assert "rolled back" in titles
 
 
 @pytest.mark.parametrize(
@@ -246,21 +239,33 @@ def exposed_names(registry: CollectorRegistry) -> set[str]:
     }
 
 
+def queries() -> str:
+    """The PromQL of the PrometheusRule and the dashboard, as text."""
+    manifests = render(*ALL_FEATURES)
+    dashboard = only(manifests, "ConfigMap", "fs-fleetserve-dashboard")["data"]
+    return json.dumps(only(manifests, "PrometheusRule")["spec"]) + str(dashboard["fleetserve.json"])
+
+
 def test_alerts_and_dashboard_use_real_metric_names() -> None:
-    """Each fleetserve_* series queried is exported by the runtime, operator or KSM config."""
+    """Each fleetserve_* series queried is exported by the runtime or the operator."""
     from fleetserve_operator.metrics import OperatorMetrics
     from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 
     snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {})
     runtime = RuntimeMetrics(model="m", track="stable", snapshot=lambda: snapshot)
     known = exposed_names(runtime.registry) | exposed_names(OperatorMetrics().registry)
-    known |= {f"fleetserve_inferenceservice_{n}" for n in ("phase", "canary_weight", "condition")}
-    manifests = render(*ALL_FEATURES)
-    queried = json.dumps(only(manifests, "PrometheusRule")["spec"])
-    queried += only(manifests, "ConfigMap", "fs-fleetserve-dashboard")["data"]["fleetserve.json"]
-    used = set(re.findall(r"\bfleetserve_[a-z_]+", queried))
+    used = set(re.findall(r"\bfleetserve_[a-z_]+", queries()))
     assert used, "no fleetserve_* series found"
     assert used <= known, f"not exported: {sorted(used - known)}"
+
+
+def test_alerts_and_dashboard_match_real_phases_and_conditions() -> None:
+    """Each `phase` and `condition` matcher names a RolloutPhase or a ConditionType."""
+    text = queries()
+    for label, values in (("phase", RolloutPhase), ("condition", ConditionType)):
+        used = set(re.findall(rf'\b{label}=\\?"(\w+)', text))
+        assert used, f"no {label} matcher found"
+        assert used <= {v.value for v in values}, f"unknown {label}: {sorted(used)}"
 
 
 def test_long_release_names_give_valid_object_names() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve_operator import analysis, facts, naming
 from fleetserve_operator.analysis import SERVER_ERRORS
-from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.metrics import CANARY_WEIGHT, INFO, PHASE, OperatorMetrics, ServiceGauge
 from fleetserve_operator.rollout import OperatorCounter
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
@@ -78,6 +78,11 @@ class Cluster:
         route = self.kube.objects[("HTTPRoute", "ns", "demo")]
         refs = route["spec"]["rules"][0]["backendRefs"]
         return {ref["name"]: ref["weight"] for ref in refs}
+
+    def gauge(self, gauge: ServiceGauge, **labels: str) -> float | None:
+        """The service's sample of `gauge` with `labels`, None when not exported."""
+        labels = {"namespace": "ns", "name": "demo", **labels}
+        return self.metrics.registry.get_sample_value(gauge.name, labels)
 
     def counter(self, counter: OperatorCounter, reason: str) -> float:
         """The operator counter's value for `reason`."""
@@ -157,6 +162,20 @@ def test_restarting_canary_is_rolled_back() -> None:
     assert cluster.weights() == {"demo-stable": 100}
     assert cluster.counter(OperatorCounter.ROLLBACKS, "CanaryRestarted") == 1
     assert any(e.type == "Warning" and e.reason == "RolledBack" for e in cluster.kube.events)
+
+
+def test_gauges_follow_the_steps_and_the_rollback() -> None:
+    """The weight gauge holds each step's weight, then 0 with the phase RolledBack."""
+    cluster = _started()
+    assert cluster.gauge(PHASE, phase="Starting") == 1
+    cluster.ready("demo-canary")
+    assert cluster.gauge(CANARY_WEIGHT) == 50
+    assert cluster.gauge(INFO, stable_version="1", canary_version="2") == 1
+    cluster.kube.add_pod("demo-canary", restarts=1)
+    cluster.reconcile()
+    assert cluster.gauge(CANARY_WEIGHT) == 0
+    assert cluster.gauge(PHASE, phase="RolledBack") == 1
+    assert cluster.gauge(PHASE, phase="Progressing") == 0
 
 
 def test_failing_analysis_rolls_back() -> None:

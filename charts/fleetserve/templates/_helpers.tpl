@@ -1,7 +1,7 @@
 {{/*
 Names and labels shared by every object of the release. The full name is cut to 43
-characters so that it plus the longest suffix, "-kube-state-metrics", stays a valid
-63-character name.
+characters so that it plus a suffix of up to 20 (the longest is "-namespaced") stays a
+valid 63-character name.
 */}}
 {{- define "fleetserve.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
