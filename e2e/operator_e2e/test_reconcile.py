@@ -116,6 +116,40 @@ def test_edited_fields_are_restored_but_foreign_ones_kept(
     assert kube.get(deployment)["metadata"]["annotations"]["example.com/owner"] == "ml-team"
 
 
+def _route_weights(route: JsonObject) -> list[tuple[str, int]]:
+    return [
+        (ref["name"], ref["weight"])
+        for rule in route["spec"]["rules"]
+        for ref in rule["backendRefs"]
+    ]
+
+
+def test_edited_route_weights_are_restored_at_once(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """A hand-edited HTTPRoute weight goes back on its watch event, well before a resync.
+
+    The operator's resync runs every 60 s here; the 20 s bound shows the watch did it.
+    """
+    manifest = synthetic_service(
+        NAME, traffic={"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
+    )
+    _create(kube, namespace, manifest)
+    path = child_path("HTTPRoute", namespace, NAME)
+    route = kube.get(path)
+    wanted = _route_weights(route)
+    rules = route["spec"]["rules"]
+    for rule in rules:
+        for ref in rule["backendRefs"]:
+            ref["weight"] = 7
+    kube.merge_patch(path, {"spec": {"rules": rules}})
+    wait_until(
+        lambda: _route_weights(kube.get(path)) == wanted,
+        timeout_s=20.0,
+        what=f"the route's weights {wanted} restored",
+    )
+
+
 def test_autoscaled_replicas_are_left_alone(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -3,9 +3,9 @@
 Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
 InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
 fallback carries the traffic (steps fall due by the clock, issue 5); and on any event of a
-Deployment or Service the operator manages, so a deleted or edited child is restored and
-status follows pod readiness. Deletion only calls `Sync.forget`, to drop the service's
-gauges (Kubernetes deletes the children by their owner references). Handlers are
+Deployment, Service or HTTPRoute the operator manages, so a deleted or edited child is
+restored and status follows pod readiness. Deletion only calls `Sync.forget`, to drop the
+service's gauges (Kubernetes deletes the children by their owner references). Handlers are
 synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
 errors are turned into kopf's retry policy here, in `_kopf_error`, and nowhere else.
 """
@@ -61,7 +61,7 @@ class Handlers:
             raise _kopf_error(error, delay_s=self._delay_s)
 
     def resync(self, body: kopf.Body, **_: Any) -> None:
-        """Timer: re-check routes, Services and the memory budget, which no child event covers.
+        """Timer: re-check what no watch covers (the memory budget, PVCs) and heal missed events.
 
         A spec error is already in status and waits for a new spec, so only temporary
         errors are raised (and retried).
@@ -136,7 +136,14 @@ def register(
         *resource, id="rollout", interval=rollout_tick_s, when=_is_ticking, registry=registry,
     )(handlers.rollout_tick)  # fmt: skip
     managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
-    for group, plural in (("apps", "deployments"), ("", "services")):
+    # HTTPRoutes too: a weight edited by hand would otherwise send users to a canary, or
+    # away from stable, until the next resync. Without the Gateway API CRDs in the cluster
+    # kopf simply has nothing to watch.
+    for group, plural in (
+        ("apps", "deployments"),
+        ("", "services"),
+        ("gateway.networking.k8s.io", "httproutes"),
+    ):
         kopf.on.event(group, "v1", plural, labels=managed, registry=registry)(
             handlers.child_changed
         )
