@@ -9,7 +9,7 @@ condition's `lastTransitionTime` moves only when its status does, as metav1 pres
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,26 @@ def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> Rollout
     return previous.phase or RolloutPhase.PENDING
 
 
+def _progressing(
+    make: Callable[[ConditionType, bool, str, str], Condition],
+    previous: InferenceServiceStatus,
+    phase: RolloutPhase,
+    rolling: list[str],
+) -> Condition:
+    """True while a canary rollout runs (reason: its phase) or a Deployment rolls.
+
+    A canary held at a step has every Deployment rolled out, yet the service is still on
+    its way to the new version; tools that wait on Progressing (kstatus, Argo CD) must see it.
+    """
+    tracks = f"; rolling out: {', '.join(rolling)}" if rolling else ""
+    if phase.is_rollout_active:
+        canary = f"canary {previous.canary_version} at {previous.canary_weight}% of traffic"
+        return make(ConditionType.PROGRESSING, True, phase.value, canary + tracks)
+    if rolling:
+        return make(ConditionType.PROGRESSING, True, "RollingUpdate", tracks.removeprefix("; "))
+    return make(ConditionType.PROGRESSING, False, "Complete", "every track is rolled out")
+
+
 def _conditions(
     previous: InferenceServiceStatus,
     seen: Observation,
@@ -172,12 +192,7 @@ def _conditions(
     counts = f"{stable.available_replicas}/{stable.replicas}" if stable else "0/0"
     wanted = [
         make(ConditionType.READY, ready, phase.value, f"stable track: {counts} replicas available"),
-        make(
-            ConditionType.PROGRESSING,
-            bool(rolling),
-            "RollingUpdate" if rolling else "Complete",
-            f"rolling out: {', '.join(rolling)}" if rolling else "every track is rolled out",
-        ),
+        _progressing(make, previous, phase, rolling),
         make(
             ConditionType.DEGRADED,
             problem is not None,

@@ -150,6 +150,21 @@ def test_healthy_canary_is_promoted_through_every_step() -> None:
     assert any(e.reason == "Promoted" for e in cluster.kube.events)
 
 
+def test_progressing_holds_while_a_canary_waits_at_a_step() -> None:
+    """Every Deployment is rolled out at a step, yet Progressing stays True until promotion."""
+    cluster = _started()
+    cluster.ready("demo-canary")
+    progressing = cluster.reconcile(after_s=1).condition(ConditionType.PROGRESSING)
+    assert progressing is not None
+    assert (progressing.status, progressing.reason) == ("True", "Progressing")
+    assert progressing.message == "canary 2 at 50% of traffic"
+    cluster.reconcile(after_s=10)
+    cluster.reconcile(after_s=10)
+    done = cluster.ready("demo-stable").condition(ConditionType.PROGRESSING)
+    assert done is not None
+    assert (done.status, done.reason) == ("False", "Complete")
+
+
 def test_restarting_canary_is_rolled_back() -> None:
     """A canary pod that restarted: weight 0, canary deleted, RolledBack, counter, Warning."""
     cluster = _started()
