@@ -24,6 +24,7 @@ from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutP
 __all__ = [
     "CANARY_WEIGHT",
     "CONDITION",
+    "EFFECTIVE_CANARY_WEIGHT",
     "INFO",
     "PHASE",
     "GaugeSample",
@@ -55,6 +56,11 @@ CANARY_WEIGHT = ServiceGauge(
     "status.canaryWeight: percentage of traffic routed to the canary (0 without one).",
     (),
 )
+EFFECTIVE_CANARY_WEIGHT = ServiceGauge(
+    "fleetserve_operator_effective_canary_weight_percent",
+    "status.effectiveCanaryWeight: the canary's real share (replica ratio without a route).",
+    (),
+)
 CONDITION = ServiceGauge(
     "fleetserve_operator_inferenceservice_condition",
     "status.conditions as a state set: 1 for the condition's status, 0 for the other two.",
@@ -65,7 +71,7 @@ INFO = ServiceGauge(
     "Always 1; status.stableVersion and status.canaryVersion ('' without a canary).",
     ("stable_version", "canary_version"),
 )
-_SERVICE_GAUGES = (PHASE, CANARY_WEIGHT, CONDITION, INFO)
+_SERVICE_GAUGES = (PHASE, CANARY_WEIGHT, EFFECTIVE_CANARY_WEIGHT, CONDITION, INFO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,7 @@ def status_samples(status: InferenceServiceStatus) -> list[GaugeSample]:
         for phase in RolloutPhase
     ]
     samples.append(GaugeSample(CANARY_WEIGHT, {}, float(status.canary_weight)))
+    samples.append(GaugeSample(EFFECTIVE_CANARY_WEIGHT, {}, float(status.effective_canary_weight)))
     samples.extend(
         GaugeSample(
             CONDITION,

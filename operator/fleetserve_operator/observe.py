@@ -68,6 +68,10 @@ class Observation:
     problem: Problem | None
     now: str
     """RFC 3339 UTC timestamp of this observation."""
+    canary_split: int = 0
+    """The percentage the routing rules give the canary (`rollout.traffic_split`)."""
+    routes_by_weight: bool = False
+    """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,21 @@ def _conditions(
     return [condition.model_copy(update=generation) for condition in conditions]
 
 
+def effective_canary_weight(seen: Observation, tracks: Mapping[Track, TrackStatus]) -> int:
+    """The percentage of requests the canary really gets.
+
+    An HTTPRoute gives it exactly its split. Without one the umbrella Service spreads
+    requests over every ready GPU-pool pod, so the canary's share of ready replicas is what
+    it gets: one canary pod next to three stable ones is 25%, whatever the step says.
+    """
+    if seen.routes_by_weight or seen.canary_split == 0:
+        return seen.canary_split
+    canary, stable = tracks.get(Track.CANARY), tracks.get(Track.STABLE)
+    canary_ready = canary.ready_replicas if canary else 0
+    total = canary_ready + (stable.ready_replicas if stable else 0)
+    return round(100 * canary_ready / total) if total else 0
+
+
 def compute_status(previous: InferenceServiceStatus, seen: Observation) -> InferenceServiceStatus:
     """The status to report after observing `seen`.
 
@@ -226,6 +245,7 @@ def compute_status(previous: InferenceServiceStatus, seen: Observation) -> Infer
             "tracks": TracksStatus(
                 stable=stable, canary=tracks.get(Track.CANARY), fallback=tracks.get(Track.FALLBACK)
             ),
+            "effective_canary_weight": effective_canary_weight(seen, tracks),
             "last_error": seen.problem.message if seen.problem else None,
             "last_transition_time": (
                 previous.last_transition_time if phase == previous.phase else seen.now

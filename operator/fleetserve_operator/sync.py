@@ -140,9 +140,11 @@ class Sync:
         status, actions = previous, tuple[rollout.Action, ...]()
         error: SpecError | None = None
         problem: Problem | None = None
+        routes_by_weight = False
         observed = self._kube.list_children(ref.namespace, ref.name)
         try:
             spec = self._checked_spec(owner, body["spec"])
+            routes_by_weight = spec.traffic.provider == "gateway-api"
             deployments = _deployments_by_track(observed)
             seen_facts = self._facts(ref, spec, previous, deployments, meta, now)
             step = rollout.next_step(spec, previous, seen_facts, now)
@@ -161,6 +163,8 @@ class Sync:
             deployments=_deployments_by_track(observed),
             problem=problem,
             now=_stamp(now),
+            canary_split=rollout.traffic_split(status).canary,
+            routes_by_weight=routes_by_weight,
         )
         self._report(ref, previous, observe.compute_status(status, seen))
         self._apply_effects(ref, actions)

@@ -14,6 +14,7 @@ from fleetserve_operator import handlers, naming
 from fleetserve_operator.metrics import (
     CANARY_WEIGHT,
     CONDITION,
+    EFFECTIVE_CANARY_WEIGHT,
     INFO,
     PHASE,
     GaugeSample,
@@ -63,17 +64,19 @@ def test_no_phase_yet_sets_every_phase_to_zero() -> None:
 
 
 def test_weight_conditions_and_versions() -> None:
-    """Canary weight as is; each condition a state set over True/False/Unknown; versions."""
+    """Both canary weights as they are; each condition a state set over True/False/Unknown."""
     status = InferenceServiceStatus(
         phase=RolloutPhase.PROGRESSING,
         stable_version="1",
         canary_version="2",
         canary_weight=20,
+        effective_canary_weight=25,
         conditions=[_condition("Ready", "True"), _condition("Degraded", "Unknown")],
     )
     samples = [s for s in status_samples(status) if s.gauge is not PHASE]
     assert samples == [
         GaugeSample(CANARY_WEIGHT, {}, 20.0),
+        GaugeSample(EFFECTIVE_CANARY_WEIGHT, {}, 25.0),
         GaugeSample(CONDITION, {"condition": "Ready", "status": "True"}, 1.0),
         GaugeSample(CONDITION, {"condition": "Ready", "status": "False"}, 0.0),
         GaugeSample(CONDITION, {"condition": "Ready", "status": "Unknown"}, 0.0),

@@ -8,7 +8,14 @@ import pytest
 
 from fleetserve_operator import analysis, facts, naming
 from fleetserve_operator.analysis import SERVER_ERRORS
-from fleetserve_operator.metrics import CANARY_WEIGHT, INFO, PHASE, OperatorMetrics, ServiceGauge
+from fleetserve_operator.metrics import (
+    CANARY_WEIGHT,
+    EFFECTIVE_CANARY_WEIGHT,
+    INFO,
+    PHASE,
+    OperatorMetrics,
+    ServiceGauge,
+)
 from fleetserve_operator.rollout import OperatorCounter
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
@@ -163,6 +170,27 @@ def test_progressing_holds_while_a_canary_waits_at_a_step() -> None:
     done = cluster.ready("demo-stable").condition(ConditionType.PROGRESSING)
     assert done is not None
     assert (done.status, done.reason) == ("False", "Complete")
+
+
+@pytest.mark.parametrize(
+    ("traffic", "effective"),
+    [
+        # The route sends exactly the step's 50%.
+        pytest.param(GATEWAY, 50, id="gateway-api"),
+        # The Service spreads over ready pods: 2 canary next to 3 stable is 40%.
+        pytest.param({"provider": "replicas"}, 40, id="replicas"),
+    ],
+)
+def test_effective_weight_is_what_the_canary_really_gets(
+    traffic: dict[str, Any], effective: int
+) -> None:
+    """`effectiveCanaryWeight` (and its gauge) says what the canary receives, step or not."""
+    three = {"replicas": {"min": 3, "max": 3}}
+    cluster = _started(traffic=traffic, runtime=three)
+    assert cluster.ready("demo-canary").canary_weight == 50
+    status = cluster.ready("demo-canary", "demo-stable")
+    assert (status.canary_weight, status.effective_canary_weight) == (50, effective)
+    assert cluster.gauge(EFFECTIVE_CANARY_WEIGHT) == effective
 
 
 def test_restarting_canary_is_rolled_back() -> None:

@@ -292,7 +292,10 @@ class InferenceServiceStatus(Wire):
     canary_version: str | None = None
     """Model version under rollout, if any."""
     canary_weight: int = Field(0, ge=0, le=100)
-    """Percentage of traffic the canary receives."""
+    """Percentage of traffic the rollout's current step gives the canary."""
+    effective_canary_weight: int = Field(0, ge=0, le=100)
+    """Percentage the canary really receives: `canaryWeight` with an HTTPRoute; its share
+    of ready replicas with `traffic.provider: replicas`, which can be far more."""
     rollout: RolloutStatus = RolloutStatus()
     """The rollout's state; a restarted operator resumes from it."""
     ready: str | None = Field(None, max_length=32)
