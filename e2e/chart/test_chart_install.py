@@ -1,11 +1,14 @@
-"""`helm install` of charts/fleetserve on the local control plane: objects created and valid.
+"""`helm install` of charts/fleetserve on the local control plane: the operator runs from it.
 
 The real API server validates every object (the CRD's structural schema, RBAC, the
-Deployment); helm waits for the operator Deployment to be Available. Its pod runs no process
-here (the image is not `fleetserve-runtime`), so the harness reports it Running and Ready,
-KWOK-style; e2e/operator runs the operator itself under the same rules. Each test installs a
-release of its own into its namespace and uninstalls it, cluster-scoped RBAC included; the
-CRD stays, as Helm leaves CRDs in place.
+Deployment). The harness's fake kubelet runs the operator pod as a local process: the image's
+entrypoint with the chart's args and env, its ports mapped to free loopback ports, and a
+kubeconfig holding only a token of the chart's ServiceAccount bound to the pod (see
+fleetserve_e2e/pod_launch.py and identity.py). So `helm install --wait` waits for the real
+operator's /healthz, and the operator reconciles under exactly the chart's RBAC: one test has
+it turn an InferenceService into runtime pods that really run. Each test installs a release of
+its own into its namespace and uninstalls it, cluster-scoped RBAC included; the CRD stays, as
+Helm leaves CRDs in place.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import pytest
 import yaml
 
 from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.operator_process import child_path, condition, fsvc_path
 from fleetserve_e2e.paths import binary
+from fleetserve_e2e.testing import list_pods, wait_for_deletion
+from fleetserve_e2e.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
 ROLE = ROOT / "operator" / "rbac" / "role.yaml"
+EXAMPLE = ROOT / "examples" / "synthetic.yaml"
 CRD_NAME = "inferenceservices.serving.fleetserve.io"
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
 
@@ -52,9 +59,12 @@ def release(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[str]:
-    """The chart installed as release `fs-<namespace's random suffix>`, values from the param."""
+    """The chart installed as release `fs-<namespace's random suffix>`, values from the param.
+
+    `{namespace}` in a value stands for the test's namespace.
+    """
     name = f"fs-{namespace[-5:]}"
-    values: list[str] = getattr(request, "param", [])
+    values = [v.replace("{namespace}", namespace) for v in getattr(request, "param", [])]
     installed = helm(
         local_cluster, tmp_path, "install", name, str(CHART), "-n", namespace,
         "--wait", "--timeout", "150s", *values,
@@ -82,7 +92,7 @@ def can_i(cluster: LocalCluster, account: str, verb: str, resource: str, namespa
 def test_install_creates_valid_objects(
     local_cluster: LocalCluster, kube: KubeClient, namespace: str, release: str
 ) -> None:
-    """CRD Established, operator Available, RBAC identical to role.yaml and effective."""
+    """CRD Established, operator run and Available, RBAC identical to role.yaml and effective."""
     crd = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True"
@@ -100,6 +110,7 @@ def test_install_creates_valid_objects(
     account = f"system:serviceaccount:{namespace}:{fullname}"
     assert can_i(local_cluster, account, "patch", "deployments.apps", namespace) == "yes"
     assert can_i(local_cluster, account, "get", "secrets", namespace) == "no"
+    assert_operator_ran_cleanly(local_cluster, namespace, release)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +127,50 @@ def test_namespaced_install_grants_only_the_watched_namespace(
     assert can_i(local_cluster, account, "patch", "deployments.apps", "default") == "yes"
     assert can_i(local_cluster, account, "patch", "deployments.apps", namespace) == "no"
     assert can_i(local_cluster, account, "list", "customresourcedefinitions", "default") == "yes"
+
+
+def assert_operator_ran_cleanly(cluster: LocalCluster, namespace: str, release: str) -> None:
+    """The release's operator pod really ran, and was refused nothing and raised nothing.
+
+    The fake kubelet keeps each pod's log in `<work dir>/pods/<namespace>_<pod>.log`.
+    """
+    selector = f"app.kubernetes.io/name=fleetserve-operator,app.kubernetes.io/instance={release}"
+    (pod,) = list_pods(cluster.client, namespace, selector)
+    path = cluster.work_dir / "pods" / f"{namespace}_{pod['metadata']['name']}.log"
+    log = path.read_text(encoding="utf-8", errors="replace")
+    assert log, f"{path} is empty: no operator process ran"
+    for needle in ("forbidden", "Traceback"):
+        assert needle.lower() not in log.lower(), f"operator log has {needle!r}:\n{log[-4000:]}"
+
+
+@pytest.mark.parametrize(
+    "release", [pytest.param(["--set", "watchNamespaces[0]={namespace}"], id="watch-own")],
+    indirect=True,
+)  # fmt: skip
+def test_chart_operator_reconciles_an_inference_service(
+    local_cluster: LocalCluster, kube: KubeClient, namespace: str, release: str
+) -> None:
+    """The chart's operator turns the synthetic example into running, Ready runtime pods.
+
+    It runs as the chart's ServiceAccount only, so this also proves the chart's RBAC suffices:
+    its log may hold no "forbidden" and no traceback. The InferenceService is deleted while the
+    operator still runs, as the operator has to remove its finalizer.
+    """
+    service = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    # One replica is enough to prove the pods run, and keeps the test quick.
+    service["spec"]["runtime"]["replicas"] = {"min": 1, "max": 1}
+    name = service["metadata"]["name"]
+    kube.create(fsvc_path(namespace), service)
+
+    def is_ready() -> bool:
+        status = kube.get(fsvc_path(namespace, name)).get("status", {})
+        return bool(condition(status, "Ready")["status"] == "True")
+
+    wait_until(is_ready, timeout_s=150.0, what=f"{namespace}/{name} to be Ready")
+    stable = kube.get(child_path("Deployment", namespace, f"{name}-stable"))
+    assert stable["status"]["readyReplicas"] == 1
+    # Ready pods here are processes that answered their readiness probe.
+    assert [p.ready for p in local_cluster.pod_addresses() if p.namespace == namespace] == [True]
+    kube.delete(fsvc_path(namespace, name))
+    wait_for_deletion(kube, fsvc_path(namespace, name), timeout_s=60.0)
+    assert_operator_ran_cleanly(local_cluster, namespace, release)

@@ -2,8 +2,9 @@
 
 It builds real Kubernetes binaries from pinned Go modules, starts etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler on 127.0.0.1, registers fake nodes, runs scheduled
-runtime pods as local processes and starts a real Prometheus that scrapes them.  The pytest
-fixtures in ``e2e/conftest.py`` and the ``make cluster-up`` family of targets are its callers.
+runtime and operator pods as local processes and starts a real Prometheus that scrapes the
+runtime pods.  The pytest fixtures in ``e2e/conftest.py`` and the ``make cluster-up`` family
+of targets are its callers.
 """
 
 from fleetserve_e2e.cluster import LocalCluster

@@ -39,12 +39,19 @@ _GATEWAY_CRD = "httproutes.gateway.networking.k8s.io"
 def venv_commands(venv: Path = REPO_DIR / ".venv") -> dict[str, list[str]]:
     """Container commands resolved in the repo's virtualenv, which stands in for the image."""
     bin_dir = venv / "bin"
-    return {name: [str(bin_dir / name)] for name in ("fleetserve-runtime", "python", "python3")}
+    names = ("fleetserve-runtime", "fleetserve-operator", "python", "python3")
+    return {name: [str(bin_dir / name)] for name in names}
 
 
 def standin_commands() -> dict[str, list[str]]:
-    """Container commands served by the stdlib stand-in runtime (harness self-tests)."""
-    return {"fleetserve-runtime": [sys.executable, str(STANDIN_RUNTIME)]}
+    """Runtime pods served by the stdlib stand-in runtime (harness self-tests).
+
+    The operator has no stand-in; it is light and runs from the virtualenv.
+    """
+    return {
+        "fleetserve-runtime": [sys.executable, str(STANDIN_RUNTIME)],
+        "fleetserve-operator": venv_commands()["fleetserve-operator"],
+    }
 
 
 class LocalCluster:
@@ -215,6 +222,8 @@ class LocalCluster:
             work_dir=self.work_dir,
             commands=self._commands,
             base_env={**os.environ, MARKER_ENV: self.marker},
+            server=self.server,
+            ca_cert=self.pki.ca_cert,
         )
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:

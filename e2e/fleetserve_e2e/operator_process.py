@@ -25,6 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e.cluster import LocalCluster
+from fleetserve_e2e.identity import isolated_env, request_token, write_token_kubeconfig
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.paths import REPO_DIR
 from fleetserve_e2e.ports import free_port
@@ -49,9 +50,6 @@ CHILD_APIS = {
     "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
 }
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
-# Variables the operator must not inherit from its caller's environment: its settings come
-# only from what the caller sets, and loopback API traffic must never go through a proxy.
-_SCRUBBED = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "KUBERNETES_SERVICE_HOST")
 
 
 def fsvc_path(namespace: str, name: str = "") -> str:
@@ -139,15 +137,15 @@ class OperatorIdentity:
         kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
         kube.create(f"{RBAC_API}/clusterroles", role)
         kube.create(f"{RBAC_API}/clusterrolebindings", binding)
-        request = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": token_lifetime_s},
-        }
-        account_path = f"/api/v1/namespaces/{namespace}/serviceaccounts/"
-        account_path += account["metadata"]["name"]
-        token = kube.create(f"{account_path}/token", request)["status"]["token"]
-        _write_token_kubeconfig(kubeconfig, cluster, token)
+        token = request_token(
+            kube,
+            namespace=namespace,
+            account=account["metadata"]["name"],
+            expiration_s=token_lifetime_s,
+        )
+        write_token_kubeconfig(
+            kubeconfig, server=cluster.server, ca_cert=cluster.pki.ca_cert, token=token
+        )
         return cls(namespace=namespace, role_name=name, kubeconfig=kubeconfig)
 
     def delete(self, kube: KubeClient) -> None:
@@ -155,27 +153,6 @@ class OperatorIdentity:
         kube.delete(f"{RBAC_API}/clusterrolebindings/{self.role_name}")
         kube.delete(f"{RBAC_API}/clusterroles/{self.role_name}")
         kube.delete(f"/api/v1/namespaces/{self.namespace}")
-
-
-def _write_token_kubeconfig(path: Path, cluster: LocalCluster, token: str) -> None:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki.ca_cert),
-                },
-            }
-        ],
-        "users": [{"name": "fleetserve-operator", "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "fleetserve-operator"}}],
-        "current-context": "e2e",
-    }
-    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
-    path.chmod(0o600)
 
 
 @dataclass
@@ -205,14 +182,10 @@ class OperatorProcess:
             TimeoutError: it did not become live within 60 s.
         """
         metrics_port, liveness_port = free_port(), free_port()
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith("FLEETSERVE_") and key.upper() not in _SCRUBBED
-        }
+        # Its settings come only from here, and it reaches the API only as `kubeconfig`'s account.
+        env = isolated_env(os.environ)
         env.update(
             KUBECONFIG=str(kubeconfig),
-            NO_PROXY="127.0.0.1,localhost",
             FLEETSERVE_NAMESPACES=json.dumps([namespace]),
             FLEETSERVE_LOG_FORMAT="plain",
             FLEETSERVE_LISTEN_ADDRESS="127.0.0.1",

@@ -1,11 +1,15 @@
-"""The fake kubelet: runs scheduled runtime pods as local processes and reports their status.
+"""The fake kubelet: runs scheduled Fleetserve pods as local processes and reports their status.
 
 It plays the kubelet for every fake node at once.  Every ``sync_interval_s`` it lists the pods
 bound to a node and, for each one:
 
-- a Fleetserve runtime pod gets its container command started as a local process on a free
-  loopback port; the readiness endpoint is probed and the pod's status written back; a process
-  that exits is restarted after ``restart_delay_s`` with restartCount + 1 (restartPolicy Always);
+- a pod of a Fleetserve image (the runtime or the operator) gets its container command started
+  as a local process, its ports mapped to free loopback ports (``pod_launch``); a pod that
+  mounts a service-account token gets, as from a kubelet, a token bound to the pod from the
+  TokenRequest API, here in a kubeconfig in the work dir (``identity``), so the process acts
+  only as that ServiceAccount; the readiness endpoint is probed and the pod's status written
+  back; a process that exits is restarted after ``restart_delay_s`` with restartCount + 1
+  (restartPolicy Always);
 - any other pod is simply reported Running and Ready (KWOK-style);
 - a pod marked for deletion is reported not ready, runs out its `preStop` sleep (the native
   sleep action, if the container has one) still serving, then has its process stopped
@@ -27,12 +31,19 @@ from pathlib import Path
 
 import httpx
 
+from fleetserve_e2e.identity import (
+    ProjectedToken,
+    projected_token,
+    request_token,
+    write_token_kubeconfig,
+)
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.pod_launch import (
+    LOOPBACK,
     LaunchPlan,
+    fleetserve_container,
     launch_plan,
     prestop_sleep_s,
-    runtime_container,
 )
 from fleetserve_e2e.pod_map import (
     FILE_SD_FILE,
@@ -51,7 +62,7 @@ _PROBE_TIMEOUT_S = 1.0
 
 @dataclass
 class PodProcess:
-    """A runtime pod's local process and what the harness observed about it."""
+    """A Fleetserve pod's local process and what the harness observed about it."""
 
     plan: LaunchPlan
     log_path: Path
@@ -60,18 +71,26 @@ class PodProcess:
     exited_at: float | None = None
 
     @property
-    def address(self) -> str:
-        """``127.0.0.1:<port>``."""
-        return f"127.0.0.1:{self.plan.port}"
+    def address(self) -> str | None:
+        """``127.0.0.1:<port>`` of a runtime's inference API; None for the operator."""
+        port = self.plan.serving_port
+        return None if port is None else f"{LOOPBACK}:{port}"
 
 
 @dataclass
 class RunnerConfig:
-    """Settings of the fake kubelet."""
+    """Settings of the fake kubelet.
+
+    `base_env` is the environment pod processes start from; cluster credentials, proxies and
+    ``FLEETSERVE_*`` settings are dropped from it.  `server` and `ca_cert` go into the token
+    kubeconfigs of pods that mount a service-account token.
+    """
 
     work_dir: Path
     commands: Mapping[str, Sequence[str]]
     base_env: Mapping[str, str]
+    server: str
+    ca_cert: Path
     sync_interval_s: float = 0.3
     restart_delay_s: float = 1.0
 
@@ -152,7 +171,7 @@ class PodRunner:
             return
         if pod["status"].get("phase") in ("Succeeded", "Failed"):
             return
-        container = runtime_container(pod)
+        container = fleetserve_container(pod)
         if container is None:
             # KWOK-style: nothing runs, so report Running and Ready once and never change it.
             if pod["metadata"]["uid"] not in self._reported:
@@ -166,14 +185,22 @@ class PodRunner:
 
     def _launch(self, pod: JsonObject, container: JsonObject) -> PodProcess:
         meta = pod["metadata"]
+        stem = self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
+        token = projected_token(pod)
+        kubeconfig = None if token is None else Path(f"{stem}.kubeconfig")
         plan = launch_plan(
             pod,
             container,
             commands=self._config.commands,
             base_env=self._config.base_env,
-            port=free_port(),
+            allocate_port=free_port,
+            kubeconfig=kubeconfig,
         )
-        log_path = self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}.log"
+        # Only once the plan holds: a pod spec the harness cannot run is retried every sync,
+        # and must not request a token each time.
+        if token is not None and kubeconfig is not None:
+            self._write_token_kubeconfig(pod, token, kubeconfig)
+        log_path = Path(f"{stem}.log")
         now = timestamp()
         running = PodProcess(
             plan=plan,
@@ -183,6 +210,20 @@ class PodRunner:
         )
         self._processes[meta["uid"]] = running
         return running
+
+    def _write_token_kubeconfig(self, pod: JsonObject, wanted: ProjectedToken, path: Path) -> None:
+        """Write a kubeconfig at `path` with a token bound to the pod, as it mounts it."""
+        token = request_token(
+            self._client,
+            namespace=pod["metadata"]["namespace"],
+            account=wanted.account,
+            expiration_s=wanted.expiration_s,
+            audiences=wanted.audiences,
+            bound_pod=pod,
+        )
+        write_token_kubeconfig(
+            path, server=self._config.server, ca_cert=self._config.ca_cert, token=token
+        )
 
     def _start(self, plan: LaunchPlan, log_path: Path) -> ManagedProcess:
         return start_process(
@@ -217,8 +258,11 @@ class PodRunner:
         running.seen = seen
 
     def _is_ready(self, plan: LaunchPlan) -> bool:
+        if plan.readiness is None:
+            return True
+        url = f"http://{LOOPBACK}:{plan.readiness.port}{plan.readiness.path}"
         try:
-            response = self._probe.get(f"http://127.0.0.1:{plan.port}{plan.readiness_path}")
+            response = self._probe.get(url)
         except httpx.HTTPError:
             return False
         return response.status_code == httpx.codes.OK
@@ -271,17 +315,20 @@ class PodRunner:
         return True
 
     def _publish(self, pods_by_uid: Mapping[str, JsonObject]) -> None:
+        """Publish the runtime pods: the pod map and file_sd list inference endpoints only."""
         addresses = [
             PodAddress(
                 namespace=pods_by_uid[uid]["metadata"]["namespace"],
                 pod=pods_by_uid[uid]["metadata"]["name"],
-                address=running.address,
+                address=address,
                 ready=running.seen.ready,
                 pid=running.process.pid,
                 labels=dict(pods_by_uid[uid]["metadata"].get("labels", {})),
             )
             for uid, running in sorted(self._processes.items())
-            if uid in pods_by_uid and running.process.is_running()
+            if uid in pods_by_uid
+            and running.process.is_running()
+            and (address := running.address) is not None
         ]
         if addresses != self._published:
             self._write_addresses(addresses)
