@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -79,7 +80,11 @@ class Sync:
         self._default_prometheus_url = default_prometheus_url
         self._metric_source = metric_source
         self._clock = clock
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        # Weak values: a service's lock lives only while a reconcile holds or awaits it, so
+        # the operator keeps nothing for the services deleted over its lifetime.
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = (
+            weakref.WeakValueDictionary()
+        )
         self._locks_guard = threading.Lock()
         self.reconcile_count = 0
 

@@ -198,3 +198,15 @@ def test_a_deleted_service_is_not_reconciled() -> None:
     del kube.objects[("InferenceService", "ns", "demo")]
     assert sync.run(body, trigger="child") is None
     assert kube.writes == []
+
+
+def test_a_service_lock_lives_only_while_it_is_held() -> None:
+    """Reconciles of one service share a lock while one holds it; none is kept afterwards."""
+    kube, sync = _setup()
+    held = sync._lock("ns", "demo")
+    assert sync._lock("ns", "demo") is held
+    assert sync._lock("ns", "other") is not held
+    del held
+    assert sync.run_by_name("ns", "demo", trigger="test") is None
+    sync.forget("ns", "demo")
+    assert len(sync._locks) == 0
