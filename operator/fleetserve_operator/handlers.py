@@ -4,10 +4,11 @@ Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of
 InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
 fallback carries the traffic (steps fall due by the clock, issue 5); and on any event of a
 Deployment, Service or HTTPRoute the operator manages, so a deleted or edited child is
-restored and status follows pod readiness. Deletion only calls `Sync.forget`, to drop the
-service's gauges (Kubernetes deletes the children by their owner references). Handlers are
-synchronous (kopf runs them in worker threads; the `kubernetes` client blocks). Domain
-errors are turned into kopf's retry policy here, in `_kopf_error`, and nowhere else.
+restored and status follows pod readiness. A DELETED watch event only calls
+`Sync.forget`, to drop the service's gauges (Kubernetes deletes the children by their owner
+references). Handlers are synchronous (kopf runs them in worker threads; the `kubernetes`
+client blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`,
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -92,10 +93,14 @@ class Handlers:
                 "re-converging %s/%s after a child event failed: %s", meta["namespace"], owner, exc
             )
 
-    def service_deleted(self, body: kopf.Body, **_: Any) -> None:
-        """Forget a deleted InferenceService's gauges; its children go by their owner refs."""
-        meta = body["metadata"]
-        self._sync.forget(meta["namespace"], meta["name"])
+    def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002
+        """On DELETED, forget the InferenceService's gauges; its children go by owner refs.
+
+        `type` is kopf's name for the watch event type; None on the initial listing.
+        """
+        if type == "DELETED":
+            meta = body["metadata"]
+            self._sync.forget(meta["namespace"], meta["name"])
 
     def probe(self, **_: Any) -> int:
         """Liveness: the number of reconciles so far (kopf serves probes on /healthz)."""
@@ -122,12 +127,10 @@ def register(
         ("resume", kopf.on.resume),
     ):
         on_change(*resource, id=f"converge-on-{cause}", registry=registry)(handlers.service_changed)
-    # Optional: no finalizer of its own, so deletion is never blocked on the operator for
-    # metrics' sake. The timers' finalizer makes kopf call it in practice; a deletion it
-    # misses is forgotten by the next reconcile, which finds the object gone.
-    kopf.on.delete(*resource, id="forget-on-delete", optional=True, registry=registry)(
-        handlers.service_deleted
-    )
+    # A watch event, not an on.delete handler: it needs no finalizer and still sees an
+    # object whose finalizer someone removed by hand. A reconcile that finds the object
+    # going forgets it earlier.
+    kopf.on.event(*resource, id="forget-on-deleted", registry=registry)(handlers.service_event)
     kopf.on.timer(
         *resource, id="resync", interval=resync_interval_s, initial_delay=resync_interval_s,
         registry=registry,
@@ -137,8 +140,8 @@ def register(
     )(handlers.rollout_tick)  # fmt: skip
     managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
     # HTTPRoutes too: a weight edited by hand would otherwise send users to a canary, or
-    # away from stable, until the next resync. Without the Gateway API CRDs in the cluster
-    # kopf simply has nothing to watch.
+    # away from stable, until the next resync. Without the Gateway API CRDs kopf warns
+    # ("Unresolved resources cannot be served") and starts watching once they appear.
     for group, plural in (
         ("apps", "deployments"),
         ("", "services"),

@@ -53,7 +53,7 @@ PHASE = ServiceGauge(
 )
 CANARY_WEIGHT = ServiceGauge(
     "fleetserve_operator_canary_weight_percent",
-    "status.canaryWeight: percentage of traffic routed to the canary (0 without one).",
+    "status.canaryWeight: the rollout step's percentage for the canary (0 without one).",
     (),
 )
 EFFECTIVE_CANARY_WEIGHT = ServiceGauge(

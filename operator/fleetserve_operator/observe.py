@@ -72,6 +72,8 @@ class Observation:
     """The percentage the routing rules give the canary (`rollout.traffic_split`)."""
     routes_by_weight: bool = False
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
+    fallback_serves: bool = False
+    """The CPU fallback carries the traffic (the umbrella Service selects its pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +161,11 @@ def _progressing(
     """True while a canary rollout runs (reason: its phase) or a Deployment rolls.
 
     A canary held at a step has every Deployment rolled out, yet the service is still on
-    its way to the new version; tools that wait on Progressing (kstatus, Argo CD) must see it.
+    its way to the new version; whoever waits on Progressing must see that.
     """
     tracks = f"; rolling out: {', '.join(rolling)}" if rolling else ""
     if phase.is_rollout_active:
-        canary = f"canary {previous.canary_version} at {previous.canary_weight}% of traffic"
+        canary = f"canary {previous.canary_version} at the {previous.canary_weight}% step"
         return make(ConditionType.PROGRESSING, True, phase.value, canary + tracks)
     if rolling:
         return make(ConditionType.PROGRESSING, True, "RollingUpdate", tracks.removeprefix("; "))
@@ -220,12 +222,16 @@ def effective_canary_weight(seen: Observation, tracks: Mapping[Track, TrackStatu
     requests over every ready GPU-pool pod, so the canary's share of ready replicas is what
     it gets: one canary pod next to three stable ones is 25%, whatever the step says.
     """
-    if seen.routes_by_weight or seen.canary_split == 0:
+    if seen.routes_by_weight:
         return seen.canary_split
     canary, stable = tracks.get(Track.CANARY), tracks.get(Track.STABLE)
     canary_ready = canary.ready_replicas if canary else 0
-    total = canary_ready + (stable.ready_replicas if stable else 0)
-    return round(100 * canary_ready / total) if total else 0
+    if seen.fallback_serves or canary_ready == 0:
+        return 0
+    # A ready canary is behind the Service even at weight 0 (Starting): it gets its share,
+    # and never reads as 0% while it does.
+    share = 100 * canary_ready / (canary_ready + (stable.ready_replicas if stable else 0))
+    return max(1, round(share))
 
 
 def compute_status(previous: InferenceServiceStatus, seen: Observation) -> InferenceServiceStatus:

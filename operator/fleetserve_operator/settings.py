@@ -40,7 +40,7 @@ class OperatorConfig(BaseSettings):
     """Prometheus for the memory-budget check when a service names none in
     `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked."""
     resync_interval_s: float = Field(60.0, ge=1, le=3600)
-    """How often every InferenceService is re-checked (drift of routes, memory budget)."""
+    """How often every InferenceService is re-checked (memory budget, PVCs, missed events)."""
     rollout_tick_s: float = Field(5.0, ge=0.1, le=600)
     """How often a service with a rollout in progress or an active fallback is re-checked,
     in seconds. A rollout step falls due one `interval` after it began, so keep this well

@@ -113,8 +113,7 @@ class Sync:
             with self._lock(namespace, name):
                 body = self._kube.get_inference_service(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
-                    # Also covers a deletion whose delete handler never ran (a finalizer
-                    # removed by hand), which would otherwise leave its gauges forever.
+                    # A service on its way out exports nothing, before its DELETED event.
                     self._metrics.forget_service(namespace, name)
                     result = "gone"
                     return None
@@ -145,11 +144,11 @@ class Sync:
         status, actions = previous, tuple[rollout.Action, ...]()
         error: SpecError | None = None
         problem: Problem | None = None
-        routes_by_weight = False
+        # From the raw spec: a spec error (a PVC gone mid-rollout) must not change it.
+        routes_by_weight = body["spec"].get("traffic", {}).get("provider") == "gateway-api"
         observed = self._kube.list_children(ref.namespace, ref.name)
         try:
             spec = self._checked_spec(owner, body["spec"])
-            routes_by_weight = spec.traffic.provider == "gateway-api"
             deployments = _deployments_by_track(observed)
             seen_facts = self._facts(ref, spec, previous, deployments, meta, now)
             step = rollout.next_step(spec, previous, seen_facts, now)
@@ -169,6 +168,7 @@ class Sync:
             problem=problem,
             now=_stamp(now),
             canary_split=rollout.traffic_split(status).canary,
+            fallback_serves=rollout.fallback_active(status),
             routes_by_weight=routes_by_weight,
         )
         self._report(ref, previous, observe.compute_status(status, seen))

@@ -153,19 +153,19 @@ def test_a_restarted_operator_exports_an_unchanged_status() -> None:
     assert _value(metrics, PHASE.name, phase="Pending") == 1.0
 
 
-def test_the_delete_handler_forgets_the_service_without_a_finalizer() -> None:
-    """`on.delete` is optional (adds no finalizer) and drops the deleted service's gauges."""
+def test_a_deleted_event_forgets_the_service_without_a_finalizer() -> None:
+    """A DELETED watch event drops the service's gauges; other events and kopf's finalizer stay."""
     kube, metrics, sync = _reconciled()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, sync, resync_interval_s=60, rollout_tick_s=1, retry_delay_s=1)
-    # kopf offers no public lookup of registered handlers; its own tests read `_changing`.
-    (deleting,) = [
-        h for h in registry._changing.get_all_handlers() if h.reason == kopf.Reason.DELETE
-    ]
-    assert deleting.requires_finalizer is False
+    # kopf offers no public lookup of registered handlers; its own tests read these.
+    (watching,) = [h for h in registry._watching.get_all_handlers() if h.id == "forget-on-deleted"]
+    assert not any(h.reason == kopf.Reason.DELETE for h in registry._changing.get_all_handlers())
     body = kube.get_inference_service("ns", "demo")
     assert body is not None
-    deleting.fn(body=kopf.Body(body))
+    watching.fn(body=kopf.Body(body), type="MODIFIED")
+    assert _value(metrics, PHASE.name, phase="Pending") == 1.0
+    watching.fn(body=kopf.Body(body), type="DELETED")
     assert _value(metrics, PHASE.name, phase="Pending") is None
     assert _value(metrics, CANARY_WEIGHT.name) is None
 

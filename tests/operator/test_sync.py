@@ -5,9 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from fleetserve_operator.metrics import OperatorMetrics
-from fleetserve_operator.observe import MemoryFigures, memory_problem, transitions
-from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
+from fleetserve_operator.naming import Track
+from fleetserve_operator.observe import (
+    MemoryFigures,
+    Observation,
+    effective_canary_weight,
+    memory_problem,
+    transitions,
+)
+from fleetserve_operator.spec import ConditionType, InferenceServiceStatus, TrackStatus
 from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
@@ -210,3 +219,34 @@ def test_a_service_lock_lives_only_while_it_is_held() -> None:
     assert sync.run_by_name("ns", "demo", trigger="test") is None
     sync.forget("ns", "demo")
     assert len(sync._locks) == 0
+
+
+@pytest.mark.parametrize(
+    ("split", "by_weight", "fallback", "canary", "stable", "expected"),
+    [
+        pytest.param(20, True, False, 1, 9, 20, id="route-weights-are-exact"),
+        pytest.param(1, False, False, 1, 3, 25, id="replicas-one-next-to-three"),
+        pytest.param(0, False, False, 1, 3, 25, id="starting-canary-already-served"),
+        pytest.param(1, False, False, 1, 199, 1, id="a-served-canary-never-reads-0"),
+        pytest.param(1, False, False, 0, 3, 0, id="no-ready-canary"),
+        pytest.param(0, False, True, 1, 3, 0, id="fallback-serves"),
+    ],
+)
+def test_effective_canary_weight(
+    split: int, by_weight: bool, fallback: bool, canary: int, stable: int, expected: int
+) -> None:
+    """The route's weight with gateway-api; else the canary's share of ready GPU-pool pods."""
+    seen = Observation(
+        generation=1,
+        deployments={},
+        problem=None,
+        now="2025-01-01T00:00:00Z",
+        canary_split=split,
+        routes_by_weight=by_weight,
+        fallback_serves=fallback,
+    )
+    tracks = {
+        Track.CANARY: TrackStatus(ready_replicas=canary),
+        Track.STABLE: TrackStatus(ready_replicas=stable),
+    }
+    assert effective_canary_weight(seen, tracks) == expected

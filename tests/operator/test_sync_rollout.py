@@ -164,7 +164,7 @@ def test_progressing_holds_while_a_canary_waits_at_a_step() -> None:
     progressing = cluster.reconcile(after_s=1).condition(ConditionType.PROGRESSING)
     assert progressing is not None
     assert (progressing.status, progressing.reason) == ("True", "Progressing")
-    assert progressing.message == "canary 2 at 50% of traffic"
+    assert progressing.message == "canary 2 at the 50% step"
     cluster.reconcile(after_s=10)
     cluster.reconcile(after_s=10)
     done = cluster.ready("demo-stable").condition(ConditionType.PROGRESSING)
