@@ -94,7 +94,7 @@ e2e-operator: setup tools
 
 ## e2e-chart: helm install of the chart on the local control plane
 e2e-chart: setup tools
-	cd e2e && timeout 600 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
 
 ## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart; last line time_to_rollback_s=
 e2e-rollout: setup tools prometheus-install

@@ -34,6 +34,10 @@ EXAMPLE = ROOT / "examples" / "synthetic.yaml"
 CRD_NAME = "inferenceservices.serving.fleetserve.io"
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
 
+# Install, a runtime pod that imports torch, deletion and uninstall: more than the default
+# per-test timeout on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(420)
+
 
 def helm(
     cluster: LocalCluster, home: Path, *args: str, timeout_s: float = 180

@@ -252,8 +252,13 @@ class Story:
                 raise StoryError(f"phase {status['phase']}: {status['rollout'].get('message')}")
             return None
 
-        with Live(view.render(load), console=self.console, refresh_per_second=4) as live:
-            return wait_until(step, timeout_s=timeout_s, what=what, interval_s=REFRESH_S)
+        try:
+            with Live(view.render(load), console=self.console, refresh_per_second=4) as live:
+                return wait_until(step, timeout_s=timeout_s, what=what, interval_s=REFRESH_S)
+        finally:
+            if not self.console.is_terminal:
+                # Off a terminal Live prints its last frame without a line break.
+                self.console.line()
 
     def _promote(self, kube: KubeClient, service: dict[str, Any], load: LoadDriver) -> None:
         self._say("Roll out MiniLM v2: canary steps, each judged by Prometheus")
@@ -271,9 +276,10 @@ class Story:
         self.outcome.promoted_version = status["stableVersion"]
         self.outcome.promotion_weights = view.weights_seen
         self.outcome.promotion_analyses = [row.as_dict() for row in view.rows]
+        note = condition(status, "Promoted")["message"]
         self.console.print(
             f"[bold green]Promoted:[/] stable is v{status['stableVersion']}; canary weights seen "
-            f"{view.weights_seen}; {condition(status, 'Promoted')['message']}"
+            f"{view.weights_seen}" + (f"; {note}" if note else "")
         )
         self.console.print(traffic_line(load))
 

@@ -20,6 +20,7 @@ of one of Fleetserve's images (:class:`Image`: the runtime or the operator) on t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -193,6 +194,17 @@ def readiness_probe(container: JsonObject, host_ports: Mapping[int, int]) -> Htt
     return HttpProbe(port=host_ports[number], path=str(http_get.get("path", "/")))
 
 
+def _distinct_ports(ports: Sequence[int], allocate_port: Callable[[], int]) -> dict[int, int]:
+    """A different host port for each of `ports`: two free-port probes may return the same."""
+    mapped: dict[int, int] = {}
+    for port in ports:
+        host = allocate_port()
+        while host in mapped.values():
+            host = allocate_port()
+        mapped[port] = host
+    return mapped
+
+
 def launch_plan(
     pod: JsonObject,
     container: JsonObject,
@@ -220,15 +232,16 @@ def launch_plan(
     listening = listen_ports(image, args, env)
     declared = {port["containerPort"] for port in container.get("ports", [])}
     # Port 0 asks for no endpoint (the operator) or any port: nothing to map.
-    host_ports = {port: allocate_port() for port in sorted({*declared, *listening.values()} - {0})}
+    host_ports = _distinct_ports(sorted({*declared, *listening.values()} - {0}), allocate_port)
     moved = {key: host_ports.get(port, 0) for key, port in listening.items()}
     if image is Image.RUNTIME:
         args = [*without_listen_flags(args), "--host", LOOPBACK, "--port", str(moved["--port"])]
     else:
         env.update({name: str(port) for name, port in moved.items()})
         env[OPERATOR_LISTEN_ENV] = LOOPBACK
-    if kubeconfig is not None:
-        env["KUBECONFIG"] = str(kubeconfig)
+    # Without a token the process gets no credentials at all: an unset KUBECONFIG would let
+    # a client fall back to ~/.kube/config, the developer's own.
+    env["KUBECONFIG"] = str(kubeconfig) if kubeconfig is not None else os.devnull
     return LaunchPlan(
         image=image,
         argv=tuple(args),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,21 @@ def test_host_credentials_and_settings_never_reach_the_process() -> None:
     assert plan.env["KUBECONFIG"] == "/work/pods/ns_fs.kubeconfig"
     assert not {"KUBERNETES_SERVICE_HOST", "HTTPS_PROXY", "http_proxy"} & set(plan.env)
     assert "FLEETSERVE_VERBOSE" not in plan.env
+
+
+def test_without_a_token_the_process_gets_no_kubeconfig_at_all() -> None:
+    """No token: KUBECONFIG is the empty file, never a fallback to ~/.kube/config."""
+    pod = _runtime_pod()
+    plan = launch_plan(pod, _container(pod), commands=COMMANDS, base_env={}, allocate_port=_ports())
+    assert plan.env["KUBECONFIG"] == os.devnull
+
+
+def test_ports_get_distinct_host_ports_even_if_a_probe_repeats_one() -> None:
+    """Two free-port probes may return the same port; the plan never maps two ports to it."""
+    repeats = iter([40000, 40000, 40001]).__next__
+    pod = _operator_pod()
+    plan = launch_plan(pod, _container(pod), commands=COMMANDS, base_env={}, allocate_port=repeats)
+    assert sorted(plan.host_ports.values()) == [40000, 40001]
 
 
 def test_projected_token_follows_the_admission_plugins_volume() -> None:

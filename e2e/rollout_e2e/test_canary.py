@@ -117,10 +117,10 @@ def _gauge(operator: OperatorProcess, name: str, namespace: str, **labels: str) 
 def _wait_gauge(
     operator: OperatorProcess, name: str, namespace: str, value: float | None, **labels: str
 ) -> None:
-    """Wait (briefly: the operator exports status right after writing it) for the value."""
+    """Wait for the value (the operator exports status right after writing it)."""
     wait_until(
         lambda: _gauge(operator, name, namespace, **labels) == value,
-        timeout_s=5.0,
+        timeout_s=30.0,
         what=f"{name}{labels or ''} to read {value}",
     )
 
@@ -140,7 +140,12 @@ def _rolled_back(
         what="the canary Deployment to go",
     )
     assert _route_weights(kube, namespace) == {"stable": 100}
-    assert operator.total("fleetserve_operator_rollbacks") == 1
+    # Counted as the transition's side effect, just after the status write.
+    wait_until(
+        lambda: operator.total("fleetserve_operator_rollbacks") == 1,
+        timeout_s=30.0,
+        what="one rollback counted",
+    )
     _wait_gauge(operator, PHASE, namespace, 1.0, phase="RolledBack")
     assert _gauge(operator, CANARY_WEIGHT, namespace) == 0
     assert "RolledBack" in _events(kube, namespace)
