@@ -145,6 +145,22 @@ class LocalCluster:
             check=False,
         )
 
+    def apply_crds(self, path: Path, established: str, *, timeout_s: int) -> None:
+        """Server-side apply the CRD file or directory `path`; wait until `established` is.
+
+        Raises:
+            RuntimeError: kubectl refused the CRDs, or `established` (a CRD name) was not
+                Established within `timeout_s`.
+        """
+        applied = self.kubectl("apply", "--server-side", "-f", str(path))
+        if applied.returncode != 0:
+            raise RuntimeError(f"applying {path.name} failed:\n{applied.stderr}")
+        waited = self.kubectl(
+            "wait", "--for=condition=Established", f"crd/{established}", f"--timeout={timeout_s}s"
+        )
+        if waited.returncode != 0:
+            raise RuntimeError(f"{established} was not established:\n{waited.stderr}")
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def __enter__(self) -> LocalCluster:
@@ -207,7 +223,7 @@ class LocalCluster:
         )
         self._spawn("kube-scheduler", controlplane.scheduler_argv(self.kubeconfig, self.ports))
         if self._install_gateway_api:
-            self._install_gateway_crds()
+            self.apply_crds(gateway_api_crd_dir(), _GATEWAY_CRD, timeout_s=30)
         # The service-account controller creating "default" proves the controller manager works,
         # and pods cannot be admitted in a namespace before it exists.
         self._wait(
@@ -238,16 +254,6 @@ class LocalCluster:
 
     def _wait(self, condition: Callable[[], object], what: str) -> None:
         wait_until(condition, timeout_s=self._timeout_s, what=what)
-
-    def _install_gateway_crds(self) -> None:
-        applied = self.kubectl("apply", "--server-side", "-f", str(gateway_api_crd_dir()))
-        if applied.returncode != 0:
-            raise RuntimeError(f"installing Gateway API CRDs failed:\n{applied.stderr}")
-        waited = self.kubectl(
-            "wait", "--for=condition=Established", f"crd/{_GATEWAY_CRD}", "--timeout=30s"
-        )
-        if waited.returncode != 0:
-            raise RuntimeError(f"Gateway API CRDs not established:\n{waited.stderr}")
 
 
 def _etcd_healthy(etcd: ManagedProcess, port: int) -> bool:

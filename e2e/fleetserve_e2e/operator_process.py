@@ -87,14 +87,7 @@ def install_crd(cluster: LocalCluster) -> None:
     Raises:
         RuntimeError: kubectl refused the CRD or it was not established within 60 s.
     """
-    applied = cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    if applied.returncode != 0:
-        raise RuntimeError(f"applying {CRD.name} failed:\n{applied.stderr}")
-    waited = cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"
-    )
-    if waited.returncode != 0:
-        raise RuntimeError(f"the CRD was not established:\n{waited.stderr}")
+    cluster.apply_crds(CRD, CRD_NAME, timeout_s=60)
 
 
 @dataclass(frozen=True)
