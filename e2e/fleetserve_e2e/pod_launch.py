@@ -113,7 +113,7 @@ def without_listen_flags(args: Sequence[str]) -> list[str]:
     return kept
 
 
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of the last ``flag value`` or ``flag=value`` in `args`, as argparse reads it."""
     found: str | None = None
     for index, arg in enumerate(args):
@@ -172,7 +172,7 @@ def container_env(pod: JsonObject, container: JsonObject) -> dict[str, str]:
 def listen_ports(image: Image, args: Sequence[str], env: Mapping[str, str]) -> dict[str, int]:
     """The container ports the process would bind, keyed by the flag or variable that sets each."""
     if image is Image.RUNTIME:
-        return {"--port": int(_flag_value(args, "--port") or RUNTIME_DEFAULT_PORT)}
+        return {"--port": int(flag_value(args, "--port") or RUNTIME_DEFAULT_PORT)}
     return {name: int(env.get(name, default)) for name, default in OPERATOR_PORT_ENV.items()}
 
 

@@ -15,6 +15,7 @@ from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.pod_launch import (
     HttpProbe,
     Image,
+    flag_value,
     image_of,
     launch_plan,
     prestop_sleep_s,
@@ -79,6 +80,20 @@ def _container(pod: JsonObject) -> JsonObject:
 def test_listen_flags_are_dropped(args: list[str], expected: list[str]) -> None:
     """Both spellings of --host/--port go; everything else stays in order."""
     assert without_listen_flags(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["--port", "9000"], "9000", id="separate-value"),
+        pytest.param(["--port=9000"], "9000", id="equals-form"),
+        pytest.param(["--port", "1", "--port=2"], "2", id="last-wins"),
+        pytest.param(["--portal", "x", "--port"], None, id="absent"),
+    ],
+)
+def test_flag_value_reads_both_spellings(args: list[str], expected: str | None) -> None:
+    """As argparse reads it: either spelling, the last one wins, a bare flag has no value."""
+    assert flag_value(args, "--port") == expected
 
 
 def test_command_resolves_through_table_or_runs_as_written() -> None:

@@ -23,6 +23,7 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     get_or_none,
 )
+from fleetserve_e2e.pod_launch import flag_value
 from fleetserve_e2e.waiting import wait_until
 
 
@@ -102,5 +103,7 @@ def process_args(pid: int) -> list[str]:
 
 
 def flag(args: list[str], name: str) -> str:
-    """The value that follows `--name` in `args`."""
-    return args[args.index(f"--{name}") + 1]
+    """The value of `--name` in `args` (either spelling); fails when it is not there."""
+    value = flag_value(args, f"--{name}")
+    assert value is not None, f"--{name} is not in {args}"
+    return value
