@@ -122,3 +122,12 @@ def wait_for_deletion(client: KubeClient, path: str, *, timeout_s: float = 60.0)
         return False
 
     wait_until(is_gone, timeout_s=timeout_s, what=f"{path} to be deleted")
+
+
+def assert_operator_log_clean(log: str, source: str) -> None:
+    """Fail when an operator's log shows a refused request (its role lacks a rule) or a traceback.
+
+    `source` names the log in the failure message.
+    """
+    for needle in ("forbidden", "Traceback"):
+        assert needle.lower() not in log.lower(), f"{source} has {needle!r}:\n{log[-4000:]}"
