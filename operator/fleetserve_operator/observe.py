@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetserve_operator import naming
 from fleetserve_operator.naming import Track
+from fleetserve_operator.rollout.traffic import fallback_active, traffic_split
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
@@ -23,6 +24,7 @@ from fleetserve_operator.spec import (
     RolloutPhase,
     TracksStatus,
     TrackStatus,
+    set_condition,
 )
 
 __all__ = [
@@ -33,7 +35,6 @@ __all__ = [
     "compute_status",
     "is_rolled_out",
     "memory_problem",
-    "set_condition",
     "track_status",
     "transitions",
 ]
@@ -68,12 +69,8 @@ class Observation:
     problem: Problem | None
     now: str
     """RFC 3339 UTC timestamp of this observation."""
-    canary_split: int = 0
-    """The percentage the routing rules give the canary (`rollout.traffic_split`)."""
     routes_by_weight: bool = False
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
-    fallback_serves: bool = False
-    """The CPU fallback carries the traffic (the umbrella Service selects its pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +130,6 @@ def is_rolled_out(deployment: Manifest) -> bool:
         and status.get("availableReplicas", 0) >= wanted
         and status.get("replicas", 0) <= wanted
     )
-
-
-def set_condition(conditions: list[Condition], new: Condition, *, now: str) -> list[Condition]:
-    """`conditions` with `new` in place of its type; keeps the transition time if unchanged."""
-    old = next((c for c in conditions if c.type == new.type), None)
-    stamp = old.last_transition_time if old and old.status == new.status else now
-    updated = new.model_copy(update={"last_transition_time": stamp})
-    if old is None:
-        return [*conditions, updated]
-    return [updated if c.type == new.type else c for c in conditions]
 
 
 def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> RolloutPhase:
@@ -215,18 +202,20 @@ def _conditions(
     return [condition.model_copy(update=generation) for condition in conditions]
 
 
-def effective_canary_weight(seen: Observation, tracks: Mapping[Track, TrackStatus]) -> int:
-    """The percentage of requests the canary really gets.
+def effective_canary_weight(
+    status: InferenceServiceStatus, seen: Observation, tracks: Mapping[Track, TrackStatus]
+) -> int:
+    """The percentage of requests the canary really gets in `status`.
 
     An HTTPRoute gives it exactly its split. Without one the umbrella Service spreads
     requests over every ready GPU-pool pod, so the canary's share of ready replicas is what
     it gets: one canary pod next to three stable ones is 25%, whatever the step says.
     """
     if seen.routes_by_weight:
-        return seen.canary_split
+        return traffic_split(status).canary
     canary, stable = tracks.get(Track.CANARY), tracks.get(Track.STABLE)
     canary_ready = canary.ready_replicas if canary else 0
-    if seen.fallback_serves or canary_ready == 0:
+    if fallback_active(status) or canary_ready == 0:
         return 0
     # A ready canary is behind the Service even at weight 0 (Starting): it gets its share,
     # and never reads as 0% while it does.
@@ -251,7 +240,7 @@ def compute_status(previous: InferenceServiceStatus, seen: Observation) -> Infer
             "tracks": TracksStatus(
                 stable=stable, canary=tracks.get(Track.CANARY), fallback=tracks.get(Track.FALLBACK)
             ),
-            "effective_canary_weight": effective_canary_weight(seen, tracks),
+            "effective_canary_weight": effective_canary_weight(previous, seen, tracks),
             "last_error": seen.problem.message if seen.problem else None,
             "last_transition_time": (
                 previous.last_transition_time if phase == previous.phase else seen.now

@@ -167,8 +167,6 @@ class Sync:
             deployments=_deployments_by_track(observed),
             problem=problem,
             now=_stamp(now),
-            canary_split=rollout.traffic_split(status).canary,
-            fallback_serves=rollout.fallback_active(status),
             routes_by_weight=routes_by_weight,
         )
         self._report(ref, previous, observe.compute_status(status, seen))

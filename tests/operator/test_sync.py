@@ -16,7 +16,12 @@ from fleetserve_operator.observe import (
     memory_problem,
     transitions,
 )
-from fleetserve_operator.spec import ConditionType, InferenceServiceStatus, TrackStatus
+from fleetserve_operator.spec import (
+    Condition,
+    ConditionType,
+    InferenceServiceStatus,
+    TrackStatus,
+)
 from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
@@ -236,17 +241,27 @@ def test_effective_canary_weight(
     split: int, by_weight: bool, fallback: bool, canary: int, stable: int, expected: int
 ) -> None:
     """The route's weight with gateway-api; else the canary's share of ready GPU-pool pods."""
+    failover = Condition(
+        type=ConditionType.FALLBACK_ACTIVE,
+        status="True",
+        last_transition_time="2025-01-01T00:00:00Z",
+        reason="GPUTrackDown",
+    )
+    status = InferenceServiceStatus(
+        # A split of 0 is a canary still Starting; any other is a step's weight.
+        phase="Progressing" if split else "Starting",
+        canary_weight=split,
+        conditions=[failover] if fallback else [],
+    )
     seen = Observation(
         generation=1,
         deployments={},
         problem=None,
         now="2025-01-01T00:00:00Z",
-        canary_split=split,
         routes_by_weight=by_weight,
-        fallback_serves=fallback,
     )
     tracks = {
         Track.CANARY: TrackStatus(ready_replicas=canary),
         Track.STABLE: TrackStatus(ready_replicas=stable),
     }
-    assert effective_canary_weight(seen, tracks) == expected
+    assert effective_canary_weight(status, seen, tracks) == expected

@@ -10,7 +10,6 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from fleetserve_operator.observe import set_condition
 from fleetserve_operator.rollout.data import (
     Action,
     ClearAnnotation,
@@ -56,6 +55,7 @@ from fleetserve_operator.spec import (
     RolloutPhase,
     Verdict,
     parse_duration_s,
+    set_condition,
 )
 
 __all__ = ["TRANSITIONS", "next_step"]

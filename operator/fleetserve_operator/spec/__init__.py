@@ -53,6 +53,7 @@ from fleetserve_operator.spec.status import (
     TracksStatus,
     TrackStatus,
     Verdict,
+    set_condition,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "Verdict",
     "parse_duration_s",
     "parse_quantity",
+    "set_condition",
 ]
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "TrackStatus",
     "TracksStatus",
     "Verdict",
+    "set_condition",
 ]
 
 Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
@@ -316,3 +317,13 @@ class InferenceServiceStatus(Wire):
     def condition(self, kind: ConditionType) -> Condition | None:
         """The condition of type `kind`, if reported."""
         return next((c for c in self.conditions if c.type == kind.value), None)
+
+
+def set_condition(conditions: list[Condition], new: Condition, *, now: str) -> list[Condition]:
+    """`conditions` with `new` in place of its type; keeps the transition time if unchanged."""
+    old = next((c for c in conditions if c.type == new.type), None)
+    stamp = old.last_transition_time if old and old.status == new.status else now
+    updated = new.model_copy(update={"last_transition_time": stamp})
+    if old is None:
+        return [*conditions, updated]
+    return [updated if c.type == new.type else c for c in conditions]
