@@ -1,4 +1,4 @@
-"""Side-by-side benchmarks for Fleetserve (issue 2, "Benchmark (bench/)").
+"""Side-by-side benchmarks for Fleetserve.
 
 Run from the repository root, e.g. ``.venv/bin/python -m bench.runtime_bench``.
 """

@@ -2,7 +2,7 @@
 
 ``bench.runtime_bench`` calls ``measure_peak_flops``, which runs this module as a child process
 pinned to the server's core with one torch thread, so the peak is measured exactly where and
-how the server computes (issue 2: "peak GEMM FLOP/s measured in the same run on the server's
+how the server computes ("peak GEMM FLOP/s measured in the same run on the server's
 cores").
 """
 

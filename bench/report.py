@@ -2,7 +2,7 @@
 
 ``bench.runtime_bench`` builds a ``ConfigResult`` per server configuration and calls
 ``print_report`` once. The report is a rich table, the JSON of everything, and last the three
-``key=value`` lines that issue 2 asks for, so scripts can read them with ``tail -3``.
+``key=value`` lines, so scripts can read them with ``tail -3``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``make bench-runtime``: dynamic batching measured side by side in one run (issue 2).
+"""``make bench-runtime``: dynamic batching measured side by side in one run.
 
 Starts ``fleetserve-runtime`` with the MiniLM model on 127.0.0.1, once per configuration and
 each time in a fresh process pinned to the server core, and drives it with the same seeded

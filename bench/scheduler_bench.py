@@ -1,4 +1,4 @@
-"""How fast the queue and batcher form batches, with no model cost (issue 2: ≥ 20,000 req/s).
+"""How fast the queue and batcher form batches, with no model cost (target: ≥ 20,000 req/s).
 
 Two figures, measured in one run:
 

@@ -1,4 +1,4 @@
-# Local control plane and Prometheus for e2e tests and the demo (issue 3).
+# Local control plane and Prometheus for e2e tests and the demo.
 # Included by the top-level Makefile, which defines VENV, PY and `setup` (installing
 # e2e/requirements.txt).  Standalone: make -f e2e/cluster.mk VENV=.venv PY=.venv/bin/python <target>
 

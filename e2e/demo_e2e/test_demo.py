@@ -1,4 +1,4 @@
-"""`make demo DEMO_FLAGS=--exit` tells the whole story (issue 6, the demo).
+"""`make demo DEMO_FLAGS=--exit` tells the whole story.
 
 The README's first command runs as a subprocess (with `--fast` steps); the demo's last line,
 `DEMO_RESULT={json}`, is what it read from the InferenceService's status: the promoted

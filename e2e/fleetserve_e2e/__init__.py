@@ -1,4 +1,4 @@
-"""Fleetserve's local control plane for e2e tests and the demo (issue 3).
+"""Fleetserve's local control plane for e2e tests and the demo.
 
 It builds real Kubernetes binaries from pinned Go modules, starts etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler on 127.0.0.1, registers fake nodes, runs scheduled

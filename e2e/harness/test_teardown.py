@@ -10,7 +10,7 @@ from fleetserve_e2e.processes import find_marked, is_pid_alive
 from fleetserve_e2e.testing import runtime_deployment, wait_for_ready_pods
 from fleetserve_e2e.waiting import wait_until
 
-# Issue 3's target is 20 s once built; the assertion leaves headroom for a loaded 2-core box.
+# The target is 20 s once built; the assertion leaves headroom for a loaded 2-core box.
 START_BUDGET_S = 45.0
 
 

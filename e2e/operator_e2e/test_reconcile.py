@@ -44,7 +44,7 @@ def test_batching_change_rolls_the_pods(
 ) -> None:
     """A new `spec.batching` reaches the Deployment, and new pods run with the new args.
 
-    It is a change of the GPU track, so it is rolled out (issue 5): a canary runs it first,
+    It is a change of the GPU track, so it is rolled out: a canary runs it first,
     then the stable track. One 100% step without analysis keeps that short.
     """
     quick = {"steps": [100], "interval": "1s"}

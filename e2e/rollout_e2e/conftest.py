@@ -1,4 +1,4 @@
-"""Fixtures of the rollout e2e tests (issue 5): the operator fixtures, Prometheus, a fast timer.
+"""Fixtures of the rollout e2e tests: the operator fixtures, Prometheus, a fast timer.
 
 The operator fixtures (CRD, least-privilege identity, `start_operator`) are the operator
 e2e's, imported from `operator_e2e/opfixtures.py`; the load driver and the operator process

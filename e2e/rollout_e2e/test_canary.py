@@ -1,4 +1,4 @@
-"""Progressive delivery against real runtimes and a real Prometheus (issue 5, e2e a-e).
+"""Progressive delivery against real runtimes and a real Prometheus.
 
 Each test runs the operator under its RBAC role with a 0.5 s rollout timer, one synthetic
 runtime process per track, 4 s steps judged on a 4 s window, and `LoadDriver` playing the

@@ -6,7 +6,7 @@ Run by hand when bumping a version; ``build_tools.py`` only builds what this pin
 as ``v0.0.0`` with ``replace`` directives pointing into its own source tree, which a module that
 depends on it cannot use.  We therefore read the replace list from the module's own go.mod, as
 ``go mod download -json`` leaves it in the module cache, and replace each staging module with
-its published ``v0.<minor>.<patch>`` release (issue 3).  ``go mod tidy`` then drops whatever the
+its published ``v0.<minor>.<patch>`` release.  ``go mod tidy`` then drops whatever the
 built commands do not need.
 
 Usage: ``python e2e/tools/pin_tools.py``
