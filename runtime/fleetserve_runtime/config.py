@@ -15,14 +15,19 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
 
+from fleetserve_runtime.auth import read_token
+
 __all__ = [
     "BatchingConfig",
     "CacheConfig",
+    "HealthConfig",
+    "HttpConfig",
     "MemoryConfig",
     "QueueConfig",
     "RuntimeConfig",
@@ -32,6 +37,14 @@ __all__ = [
 _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar("_yaml_path", default=None)
 
 Buckets = Literal["auto", "none"] | list[Annotated[int, Field(ge=1)]]
+StringList = Annotated[list[str], NoDecode]
+"""A list given as YAML list or comma-separated text (flags and env variables)."""
+
+
+def _split_list(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
 class _Section(BaseModel):
@@ -137,6 +150,36 @@ class CacheConfig(_Section):
     """Most bytes of cached results."""
 
 
+class HealthConfig(_Section):
+    """When `/v2/health/live` fails, so that the kubelet restarts a wedged replica."""
+
+    flag_prefix: ClassVar[str] = "health-"
+
+    stuck_batch_floor_s: float = Field(60.0, gt=0, le=86_400)
+    """A batch running longer than this, and longer than `stuck_batch_factor` times its
+    expected time, fails liveness, in seconds."""
+    stuck_batch_factor: float = Field(10.0, ge=1, le=1_000)
+    """Multiple of a batch's expected compute time (the measured pace per token times its
+    tokens) after which it counts as stuck, once past `stuck_batch_floor_s`."""
+    loop_stall_s: float = Field(10.0, gt=0, le=3_600)
+    """Longest the event loop may go without running a callback, in seconds; a longer stall
+    fails liveness while it lasts and for as long again after it ends."""
+
+
+class HttpConfig(_Section):
+    """Connection limits and HTTP surface of both listeners (inference and admin)."""
+
+    header_timeout_s: float = Field(10.0, gt=0, le=300)
+    """Longest a client may take to send a request's headers (from connecting, or from the
+    request's first byte on a kept-alive connection); then 408 and the connection is closed."""
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Longest a client may take to send a request's body once its headers arrived; then 408."""
+    max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576)
+    """Most bytes of request line and headers; larger requests get 431."""
+    api_docs: bool = False
+    """Serve `/docs` and `/openapi.json` (off: they describe the API to anyone who asks)."""
+
+
 class RuntimeConfig(BaseSettings):
     """Everything `fleetserve-runtime serve` needs; see the module docstring for sources."""
 
@@ -178,11 +221,83 @@ class RuntimeConfig(BaseSettings):
     """Structured JSON logs, or plain text for a terminal."""
     log_batch_sample: int = Field(100, ge=1)
     """Log per-batch detail for one batch in this many."""
+    max_tensor_rank: int = Field(8, ge=1, le=64)
+    """Most dimensions of an input tensor's shape (and nesting levels of request data)."""
+    max_tensor_elements: int = Field(1_048_576, ge=1)
+    """Most values in one request's input (the product of its shape); more get 413."""
+    auth_token_file: Path | None = None
+    """File holding the bearer token inference requests must send; unset means no token."""
+    auth_exempt_paths: StringList = ["/v2/health/live", "/v2/health/ready", "/metrics"]
+    """Paths served without a token (exact matches, comma-separated): probes and metrics."""
+    model_control: Literal["none", "explicit"] = "none"
+    """`explicit` serves the repository load/unload API on the admin listener; `none` has none."""
+    allowed_model_uris: StringList = []
+    """URIs model control may load, comma-separated: prefixes or `*` globs; `module:` and
+    `file://` handler directories only by an entry equal to the URI."""
+    admin_host: str = "127.0.0.1"
+    """Address of the admin listener (model control)."""
+    admin_port: int = Field(8081, ge=0, le=65535)
+    """TCP port of the admin listener (model control)."""
+    admin_token_file: Path | None = None
+    """File holding the bearer token every model-control request must send."""
 
     batching: BatchingConfig = BatchingConfig()
     queue: QueueConfig = QueueConfig()
     memory: MemoryConfig = MemoryConfig()
     cache: CacheConfig = CacheConfig()
+    health: HealthConfig = HealthConfig()
+    http: HttpConfig = HttpConfig()
+
+    @field_validator("auth_exempt_paths", "allowed_model_uris", mode="before")
+    @classmethod
+    def _parse_list(cls, value: object) -> object:
+        return _split_list(value)
+
+    @field_validator("auth_exempt_paths")
+    @classmethod
+    def _check_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/"):
+                msg = f"auth_exempt_paths entries must start with '/', got {path!r}"
+                raise ValueError(msg)
+        return value
+
+    @field_validator("auth_token_file", "admin_token_file")
+    @classmethod
+    def _check_token_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                read_token(value)
+            except OSError as exc:
+                msg = f"cannot read token file {value}: {exc.strerror}"
+                raise ValueError(msg) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_model_control(self) -> RuntimeConfig:
+        if self.model_control == "none":
+            unused = ("allowed_model_uris", "admin_token_file")
+            stray = [name for name in unused if getattr(self, name)]
+            if stray:
+                msg = f"{' and '.join(stray)} only apply with model_control 'explicit'"
+                raise ValueError(msg)
+            return self
+        if self.admin_token_file is None:
+            msg = (
+                "model_control 'explicit' needs admin_token_file, the file holding the bearer "
+                "token every model-control call must carry"
+            )
+            raise ValueError(msg)
+        if not self.allowed_model_uris:
+            msg = (
+                "model_control 'explicit' needs allowed_model_uris: list the model URIs "
+                "(prefixes or * globs) that may be loaded"
+            )
+            raise ValueError(msg)
+        if self.admin_port == self.port and self.port != 0:
+            msg = f"admin_port ({self.admin_port}) must differ from port ({self.port})"
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _check_instances(self) -> RuntimeConfig:
@@ -190,6 +305,12 @@ class RuntimeConfig(BaseSettings):
             msg = (
                 f"max_instances ({self.max_instances}) must be <= queue.max_queue_size "
                 f"({self.queue.max_queue_size}), or no request that large could ever be queued"
+            )
+            raise ValueError(msg)
+        if self.max_tensor_elements < self.max_instances:
+            msg = (
+                f"max_tensor_elements ({self.max_tensor_elements}) must be >= max_instances "
+                f"({self.max_instances}): every instance has at least one value"
             )
             raise ValueError(msg)
         return self

@@ -7,6 +7,11 @@ split in half and retried, down to single requests; only those that still do not
 `OutOfMemory`. Any other exception fails that batch alone, with an error id in the log and in
 each response. Outcomes go to `on_done`, called on the compute thread: the runtime hops them
 to the event loop.
+
+Until a batch starts computing, its requests can be withdrawn (deadline passed, caller gone):
+while it waits behind a running batch, it holds its requests out of the queue, and they must
+not wait for that batch however long it runs. Withdrawn requests are never computed; the rest
+of the batch is collated again without them, and a batch left empty is skipped.
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from fleetserve_runtime.batcher import Batch
-from fleetserve_runtime.errors import BatchFailed, FleetserveError, OutOfMemory
+from fleetserve_runtime.errors import BatchFailed, DeadlineExceeded, FleetserveError, OutOfMemory
+from fleetserve_runtime.liveness import RunningBatch
 from fleetserve_runtime.memory import BufferLease, BufferPool, MemoryProfile, measure_bytes
 from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
@@ -76,6 +82,10 @@ class BatchJob:
     ready: Any = None
     """CUDA event recorded after the copy, or None on CPU."""
     prep_s: float = 0.0
+    started: bool = False
+    """Set, under the executor's lock, when compute begins: nothing is withdrawn after."""
+    withdrawn: set[int] = field(default_factory=set)
+    """Indices of items withdrawn before compute began."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,8 @@ class BatchOutcome:
     compute_s: float
     oom_splits: int = 0
     error_id: str | None = None
+    withdrawn: frozenset[int] = frozenset()
+    """Items not computed (withdrawn before compute began); their results are placeholders."""
 
 
 @dataclass(slots=True)
@@ -102,6 +114,10 @@ class _Pace:
     per_token_s: float = 0.0
     prep_s: float = 0.0
     alpha: float = 0.2
+
+    def expected_s(self, real_tokens: int) -> float | None:
+        """Compute seconds a batch of `real_tokens` should take; None before any was measured."""
+        return self.per_token_s * real_tokens if self.per_token_s else None
 
     def update(self, *, compute_s: float, real_tokens: int, prep_s: float) -> None:
         """Fold one finished batch into the averages."""
@@ -122,6 +138,15 @@ def _owned(result: ItemResult) -> ItemResult:
     if isinstance(result, np.ndarray) and result.base is not None:
         return result.copy()
     return result
+
+
+def _refill(
+    kept: list[ItemResult | FleetserveError], withdrawn: frozenset[int], size: int
+) -> list[ItemResult | FleetserveError]:
+    """Results in batch order, a placeholder at each withdrawn index (already answered)."""
+    computed = iter(kept)
+    placeholder = DeadlineExceeded("withdrawn before its batch was computed")
+    return [placeholder if n in withdrawn else next(computed) for n in range(size)]
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -155,8 +180,8 @@ class Executor:
         self._lock = threading.Lock()
         self._batches = 0
         self._pace = _Pace()
-        self._running: tuple[float, int] | None = None
-        """(perf_counter at compute start, real tokens) of the batch computing now."""
+        self._running: RunningBatch | None = None
+        """The batch computing now (start on the `perf_counter` clock)."""
         self._stream = (
             torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
             if device.type == "cuda"
@@ -180,11 +205,25 @@ class Executor:
         None when no batch is computing or nothing has been measured yet.
         """
         running = self._running
-        if running is None or self._pace.per_token_s == 0.0:
+        if running is None or running.expected_s is None:
             return None
-        started, tokens = running
-        expected = self._pace.per_token_s * tokens - self._pace.prep_s
-        return max(0.0, started + expected - time.perf_counter())
+        ends = running.started + running.expected_s - self._pace.prep_s
+        return max(0.0, ends - time.perf_counter())
+
+    def running(self) -> RunningBatch | None:
+        """The batch computing now, its start on the `time.perf_counter` clock; None when idle."""
+        return self._running
+
+    def withdraw(self, job: BatchJob, index: int) -> bool:
+        """Take item `index` out of `job` unless its compute began; True when it was taken.
+
+        Callable from any thread; the caller answers the withdrawn request itself.
+        """
+        with self._lock:
+            if job.started:
+                return False
+            job.withdrawn.add(index)
+            return True
 
     def submit(self, job: BatchJob) -> None:
         """Hand a batch to the prepare thread; call only when `has_capacity`."""
@@ -229,13 +268,21 @@ class Executor:
 
     def _compute_loop(self) -> None:
         while (job := self._compute_q.get()) is not None:
+            with self._lock:
+                job.started = True
+                withdrawn = frozenset(job.withdrawn)
+            items = job.batch.items
+            real_tokens = sum(item.length for n, item in enumerate(items) if n not in withdrawn)
+            computes = len(withdrawn) < len(items)
             started = time.perf_counter()
-            self._running = (started, job.batch.real_tokens)
-            outcome = self._compute(job, started)
+            if computes:
+                self._running = RunningBatch(started, self._pace.expected_s(real_tokens))
+            outcome = self._compute(job, started, withdrawn)
             self._running = None
-            self._pace.update(
-                compute_s=outcome.compute_s, real_tokens=job.batch.real_tokens, prep_s=job.prep_s
-            )
+            if computes:
+                self._pace.update(
+                    compute_s=outcome.compute_s, real_tokens=real_tokens, prep_s=job.prep_s
+                )
             with self._lock:
                 self._inflight -= 1
             self._batches += 1
@@ -253,11 +300,16 @@ class Executor:
                 )
             self._on_done(outcome)
 
-    def _compute(self, job: BatchJob, started: float) -> BatchOutcome:
+    def _compute(self, job: BatchJob, started: float, withdrawn: frozenset[int]) -> BatchOutcome:
         items = job.batch.items
-        payloads = [i.payload for i in items]
+        payloads = [item.payload for n, item in enumerate(items) if n not in withdrawn]
         try:
-            if job.prep_error is not None and _is_oom(job.prep_error) and len(items) > 1:
+            if withdrawn:
+                # The prepared tensors hold the withdrawn requests too: collate the rest anew.
+                job.prepared = None
+                kept, splits = self._run_subset(job, payloads) if payloads else ([], 0)
+                results = _refill(kept, withdrawn, len(items))
+            elif job.prep_error is not None and _is_oom(job.prep_error) and len(items) > 1:
                 # Collating (e.g. the host-to-device copy) ran out of memory: split like a
                 # forward-pass OOM rather than failing requests that fit on their own.
                 job.prepared = None
@@ -268,15 +320,15 @@ class Executor:
                 if job.ready is not None:
                     torch.cuda.current_stream(self.device).wait_event(job.ready)
                 results, splits = self._execute(job, payloads, job.prepared)
-            return BatchOutcome(job, results, started, time.perf_counter() - started, splits)
+            compute_s = time.perf_counter() - started
+            return BatchOutcome(job, results, started, compute_s, splits, withdrawn=withdrawn)
         except Exception:
             error_id = uuid.uuid4().hex[:12]
             log.exception("batch failed", extra={"error_id": error_id, "size": len(items)})
             failed = BatchFailed(f"inference failed (error id {error_id})", error_id=error_id)
             results_failed: list[ItemResult | FleetserveError] = [failed] * len(items)
-            return BatchOutcome(
-                job, results_failed, started, time.perf_counter() - started, 0, error_id
-            )
+            compute_s = time.perf_counter() - started
+            return BatchOutcome(job, results_failed, started, compute_s, 0, error_id, withdrawn)
         finally:
             if job.lease is not None:
                 job.lease.release()
@@ -310,29 +362,33 @@ class Executor:
         splits = 1
         middle = len(payloads) // 2
         for half in (payloads[:middle], payloads[middle:]):
-            half_results, half_splits = self._run_half(job, half)
+            half_results, half_splits = self._run_subset(job, half)
             results.extend(half_results)
             splits += half_splits
         return results, splits
 
-    def _run_half(
-        self, job: BatchJob, half: list[PreparedInput]
+    def _run_subset(
+        self, job: BatchJob, payloads: list[PreparedInput]
     ) -> tuple[list[ItemResult | FleetserveError], int]:
-        """Collate and run one half of a split batch, splitting further if it still OOMs."""
-        layout = replace(job.layout, pad_to=max(p.length for p in half))
+        """Collate and run part of a batch, splitting further if it still OOMs.
+
+        The part is a half of a batch that ran out of memory, or the requests of a batch that
+        were not withdrawn.
+        """
+        layout = replace(job.layout, pad_to=max(p.length for p in payloads))
         lease = self._pool.lease()
         try:
             try:
-                prepared, ready = self._collate(job.model.handler, half, layout, lease)
+                prepared, ready = self._collate(job.model.handler, payloads, layout, lease)
             except Exception as exc:
                 if not _is_oom(exc):
                     raise
-                if len(half) == 1:
+                if len(payloads) == 1:
                     return [OutOfMemory(f"request does not fit in memory: {exc}")], 0
-                return self._split(job, half)
+                return self._split(job, payloads)
             if ready is not None:
                 torch.cuda.current_stream(self.device).wait_event(ready)
-            return self._execute(replace(job, layout=layout), half, prepared)
+            return self._execute(replace(job, layout=layout), payloads, prepared)
         finally:
             lease.release()
 

@@ -24,6 +24,7 @@ RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 LABELS = ("model", "version", "track")
 ALLOCATED_DOC = "Bytes allocated: the CUDA allocator's figure, or weights + leased buffers on CPU."
 RESERVED_DOC = "Bytes reserved: the CUDA caching allocator's, or allocated + pooled buffers on CPU."
+STALLED_DOC = "1 while the running batch is past its stuck limit and liveness fails, else 0."
 
 # `_created` series double the scrape size and no query of ours reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
@@ -40,6 +41,8 @@ class StateSnapshot:
     pool_hits: int
     pool_misses: int
     models: dict[str, dict[str, float]]
+    executor_stalled: bool = False
+    """The running batch is past its stuck limit (liveness fails for it)."""
 
 
 class StateCollector(Collector):
@@ -72,6 +75,7 @@ class StateCollector(Collector):
             ),
             ("fleetserve_memory_allocated_bytes", ALLOCATED_DOC, snap.memory_allocated_bytes),
             ("fleetserve_memory_reserved_bytes", RESERVED_DOC, snap.memory_reserved_bytes),
+            ("fleetserve_executor_stalled", STALLED_DOC, int(snap.executor_stalled)),
         )
         for name, doc, value in gauges:
             family = GaugeMetricFamily(name, doc, labels=names)

@@ -4,6 +4,11 @@ Data flows one way: `infer` preprocesses at the door, answers cache hits, queues
 waits; the scheduler task forms batches whenever the executor can take one (and expires
 overdue items even while it cannot, so a 504 is never late by a batch); the executor's
 outcomes come back to the event loop in one hop per batch. Nothing here knows about HTTP.
+
+A request's deadline holds until its batch starts computing: at the deadline, items still
+queued, or formed into a batch that waits behind the running one, are withdrawn and answered
+504 (never computed); only items whose batch is computing get `RESULT_GRACE_S` more. Liveness
+(`liveness.judge`) watches the running batch and, through a heartbeat thread, the event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,6 +45,7 @@ from fleetserve_runtime.executor import (
     resolve_device,
     set_threads,
 )
+from fleetserve_runtime.liveness import Liveness, LoopHeartbeat, judge, judge_executor
 from fleetserve_runtime.memory import BufferPool, MemoryProfile
 from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult, ModelHandler
@@ -59,8 +65,8 @@ tokenizer: such inputs are refused (or cut, when truncation was asked) before to
 which runs on the event loop and would stall every other request for a huge input."""
 
 RESULT_GRACE_S = 30.0
-"""How long past its deadline a request that already reached a batch may wait for the
-batch's result before it is answered 504; only a hung model ever hits it."""
+"""How long past its deadline a request whose batch is computing may wait for the batch's
+result before it is answered 504; only a hung model ever hits it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,9 @@ class _Ticket:
     future: asyncio.Future[tuple[ItemResult, StageTimings]]
     key: bytes | None
     timings: StageTimings = field(default_factory=StageTimings)
+    job: BatchJob | None = None
+    """The batch the item was formed into, and its index there; None while queued."""
+    index: int = 0
 
 
 def calibration_shapes(max_len: int) -> list[tuple[int, int]]:
@@ -155,6 +164,7 @@ class Runtime:
             on_done=self._on_batch_done,
             log_sample=config.log_batch_sample,
         )
+        self._heartbeat = LoopHeartbeat(self._loop, stall_s=config.health.loop_stall_s)
         self._scheduler: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[LoadedModel] | None = None
         self._stopping = False
@@ -165,6 +175,7 @@ class Runtime:
     async def start(self) -> None:
         """Start scheduling and load the configured model in the background."""
         self._scheduler = asyncio.create_task(self._schedule(), name="fleetserve-scheduler")
+        self._heartbeat.start()
         self._loader = asyncio.create_task(
             self.load_version(self.config.model, self.config.version), name="fleetserve-load"
         )
@@ -181,6 +192,16 @@ class Runtime:
     def is_ready(self) -> bool:
         """True once a model version is loaded and warmed and the scheduler runs."""
         return self.registry.is_ready and self._scheduler is not None and not self._stopping
+
+    def liveness(self) -> Liveness:
+        """Whether the executor and the event loop still make progress (`liveness.judge`)."""
+        now = time.perf_counter()
+        return judge(
+            now,
+            batch=self._executor.running(),
+            loop_lag_s=self._heartbeat.lag_s(now),
+            health=self.config.health,
+        )
 
     @property
     def load_failed(self) -> BaseException | None:
@@ -201,6 +222,7 @@ class Runtime:
         for item in leftover:
             _fail(item, ModelNotReady("server is shutting down"))
         await asyncio.to_thread(self._executor.close)
+        await asyncio.to_thread(self._heartbeat.stop)
 
     def _log_load_failure(self, task: asyncio.Task[LoadedModel]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -322,29 +344,49 @@ class Runtime:
         timings: StageTimings,
     ) -> None:
         self._inflight_requests += 1
-        wait_s = max(item.deadline for item in items) - self._clock() + RESULT_GRACE_S
+        deadline = max(item.deadline for item in items)
+        futures = [ticket.future for _, ticket in tickets]
         try:
-            async with asyncio.timeout(wait_s):
-                for index, ticket in tickets:
-                    result, item_timings = await ticket.future
-                    results[index] = result
-                    timings.merge(item_timings)
-        except TimeoutError:
-            msg = f"no result {RESULT_GRACE_S:.0f}s after the deadline; the model may be stuck"
-            raise DeadlineExceeded(msg) from None
+            pending = await _settle(futures, deadline - self._clock())
+            if pending and _first_error(futures) is None:
+                now = self._clock()
+                for item in self._withdraw(items):
+                    _expire(item, now)
+                pending = await _settle(pending, RESULT_GRACE_S)
+            if (error := _first_error(futures)) is not None:
+                raise error
+            if pending:
+                msg = f"no result {RESULT_GRACE_S:.0f}s after the deadline; the model may be stuck"
+                raise DeadlineExceeded(msg)
+            for index, ticket in tickets:
+                result, item_timings = ticket.future.result()
+                results[index] = result
+                timings.merge(item_timings)
         finally:
             self._inflight_requests -= 1
             # A caller that went away (or an error in a sibling item) must not leave work
             # behind that still costs compute, nor sibling errors nobody will ever read
             # (asyncio would log each as "exception was never retrieved").
-            for item in items:
-                if item.live:
-                    self.queue.take(item)
-            for _, ticket in tickets:
-                if not ticket.future.done():
-                    ticket.future.cancel()
-                elif not ticket.future.cancelled():
-                    ticket.future.exception()
+            self._withdraw(items)
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()
+
+    def _withdraw(self, items: list[PendingItem]) -> list[PendingItem]:
+        """Take unanswered items that are not computing yet out of the queue or their batch."""
+        withdrawn: list[PendingItem] = []
+        for item in items:
+            ticket: _Ticket = item.ticket
+            if ticket.future.done():
+                continue
+            if item.live:
+                self.queue.take(item)
+            elif ticket.job is None or not self._executor.withdraw(ticket.job, ticket.index):
+                continue
+            withdrawn.append(item)
+        return withdrawn
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
         limits = self.config.queue
@@ -415,7 +457,11 @@ class Runtime:
     def _submit(self, batch: Batch) -> None:
         model: LoadedModel = batch.group  # type: ignore[assignment]
         layout = BatchLayout(pad_to=batch.pad_to, packed=self.config.batching.packing)
-        self._executor.submit(BatchJob(batch, model, layout))
+        job = BatchJob(batch, model, layout)
+        for index, item in enumerate(batch.items):
+            ticket: _Ticket = item.ticket
+            ticket.job, ticket.index = job, index
+        self._executor.submit(job)
 
     def _on_batch_done(self, outcome: BatchOutcome) -> None:
         """Called on the executor's compute thread: hop to the event loop."""
@@ -427,13 +473,19 @@ class Runtime:
         done = self._clock()
         compute_s = outcome.compute_s
         batch_s = max(0.0, done - compute_s - batch.formed_at)
+        # Withdrawn items were answered when they were withdrawn, and never computed.
+        computed = [
+            (item, result)
+            for n, (item, result) in enumerate(zip(batch.items, outcome.results, strict=True))
+            if n not in outcome.withdrawn
+        ]
         waits: list[float] = []
-        for item, result in zip(batch.items, outcome.results, strict=True):
+        for item, result in computed:
             ticket: _Ticket = item.ticket
             waits.append(batch.formed_at - item.enqueued_at)
             if ticket.future.done():
                 continue
-            timings = StageTimings(waits[-1], batch_s, compute_s, len(batch.items))
+            timings = StageTimings(waits[-1], batch_s, compute_s, len(computed))
             if isinstance(result, FleetserveError):
                 ticket.future.set_exception(result)
             elif isinstance(result, ItemError):
@@ -442,12 +494,15 @@ class Runtime:
                 ticket.future.set_result((result, timings))
                 if ticket.key is not None:
                     self._cache_put(ticket.key, result)
+        self._wakeup.set()
+        if not computed:
+            return
         version = job.model.version
         self.metrics.observe_batch(
             version,
-            size=len(batch.items),
-            real_tokens=batch.real_tokens,
-            padded_tokens=batch.padded_tokens,
+            size=len(computed),
+            real_tokens=sum(item.length for item, _ in computed),
+            padded_tokens=len(computed) * max(item.length for item, _ in computed),
             queue_waits=waits,
             compute_s=compute_s,
         )
@@ -455,7 +510,6 @@ class Runtime:
             self.metrics.oom_splits.labels(*self.metrics.labels(version)).inc(outcome.oom_splits)
         if outcome.error_id is not None:
             self.metrics.batch_failures.labels(*self.metrics.labels(version)).inc()
-        self._wakeup.set()
 
     def _cache_put(self, key: bytes, result: ItemResult) -> None:
         try:
@@ -500,6 +554,9 @@ class Runtime:
             pool_hits=stats.hits,
             pool_misses=stats.misses,
             models=models,
+            executor_stalled=not judge_executor(
+                time.perf_counter(), batch=self._executor.running(), health=self.config.health
+            ).ok,
         )
 
     def describe(self, model: LoadedModel) -> dict[str, Any]:
@@ -531,6 +588,24 @@ def _fail(item: PendingItem, error: FleetserveError) -> None:
     ticket: _Ticket = item.ticket
     if not ticket.future.done():
         ticket.future.set_exception(error)
+
+
+async def _settle(
+    futures: Collection[asyncio.Future[Any]], timeout_s: float
+) -> set[asyncio.Future[Any]]:
+    """Wait until every future is done, one fails, or `timeout_s` passes; returns the pending."""
+    _, pending = await asyncio.wait(
+        futures, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_EXCEPTION
+    )
+    return pending
+
+
+def _first_error(futures: Sequence[asyncio.Future[Any]]) -> BaseException | None:
+    """The error of the first future (in request order) that failed, if any."""
+    for future in futures:
+        if future.done() and not future.cancelled() and (error := future.exception()):
+            return error
+    return None
 
 
 def _expire(item: PendingItem, now: float) -> None:

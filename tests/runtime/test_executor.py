@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -207,6 +209,101 @@ def test_oom_while_collating_splits_the_batch() -> None:
     assert outcome.error_id is None
     assert outcome.oom_splits >= 1
     assert not any(isinstance(r, Exception) for r in outcome.results)
+
+
+class Gated(SyntheticHandler):
+    """Synthetic model whose `hold`-th forward pass waits for `gate`; records each batch."""
+
+    def __init__(self, hold: int) -> None:
+        super().__init__("g", "v1", params=SyntheticParams(latency_ms=0, per_item_ms=0))
+        self.hold = hold
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.seen: list[list[int]] = []
+        """The digests of each forward pass's items, in order."""
+
+    def forward(self, batch: Any) -> Any:
+        """Record the batch; wait at the gate if it is the held one."""
+        seeds, _ = batch
+        self.seen.append(seeds.tolist())
+        if len(self.seen) == self.hold:
+            self.entered.set()
+            assert self.gate.wait(10)
+        return super().forward(batch)
+
+
+@contextmanager
+def executor_for(expected: int) -> Iterator[tuple[Executor, Collector]]:
+    """An executor whose outcomes a collector waits for; closed on exit."""
+    collector = Collector()
+    collector.expected = expected
+    pool = BufferPool(max_bytes=1 << 20)
+    executor = Executor(device=torch.device("cpu"), pool=pool, on_done=collector, **DEFAULTS)
+    try:
+        yield executor, collector
+        assert collector.done.wait(10)
+    finally:
+        executor.close()
+    assert pool.stats.leased_bytes == 0, "every buffer returns to the pool"
+
+
+def digests(each: BatchJob, *indices: int) -> list[int]:
+    return [each.batch.items[i].payload.data for i in indices]
+
+
+def test_a_withdrawn_request_is_never_computed() -> None:
+    """A request withdrawn while its batch waits is left out; the rest of the batch runs."""
+    handler = Gated(hold=1)
+    first, second = job(handler, [5]), job(handler, [6, 7])
+    with executor_for(2) as (executor, collector):
+        executor.submit(first)
+        assert handler.entered.wait(10)
+        executor.submit(second)
+        assert executor.withdraw(second, 0)
+        assert not executor.withdraw(first, 0), "a computing batch keeps its requests"
+        handler.gate.set()
+    waited = collector.outcomes[1]
+    assert waited.withdrawn == {0}
+    assert isinstance(waited.results[1], np.ndarray)
+    assert handler.seen == [digests(first, 0), digests(second, 1)]
+
+
+def test_a_batch_whose_requests_were_all_withdrawn_is_skipped() -> None:
+    """Nothing runs for a batch left empty, and the executor takes work again."""
+    handler = Gated(hold=1)
+    first, second = job(handler, [5]), job(handler, [6, 7])
+    with executor_for(2) as (executor, collector):
+        executor.submit(first)
+        assert handler.entered.wait(10)
+        executor.submit(second)
+        assert executor.withdraw(second, 0)
+        assert executor.withdraw(second, 1)
+        handler.gate.set()
+    assert collector.outcomes[1].withdrawn == {0, 1}
+    assert handler.seen == [digests(first, 0)]
+    assert executor.has_capacity
+
+
+def test_the_running_batch_carries_its_expected_time_once_a_pace_is_measured() -> None:
+    """Liveness judges the running batch against the measured pace; before any, there is none."""
+    unmeasured, measured = Gated(hold=1), Gated(hold=2)
+    with executor_for(1) as (executor, _):
+        executor.submit(job(unmeasured, [5]))
+        assert unmeasured.entered.wait(10)
+        running = executor.running()
+        unmeasured.gate.set()
+    assert running is not None
+    assert running.expected_s is None
+    with executor_for(2) as (executor, _):
+        executor.submit(job(measured, [5]))
+        executor.submit(job(measured, [5, 5]))
+        assert measured.entered.wait(10)
+        running = executor.running()
+        measured.gate.set()
+    assert running is not None
+    assert running.expected_s is not None
+    assert running.expected_s > 0
+    assert executor.running() is None
 
 
 def test_resolve_device() -> None:

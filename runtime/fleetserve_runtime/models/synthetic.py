@@ -1,9 +1,11 @@
 """A synthetic model whose latency, error rate and memory limit are set by URI parameters.
 
-`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&dim=8&seed=0&oom_above_tokens=0`
+`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&dim=8&seed=0&oom_above_tokens=0&stall_ms=0`
 
 The e2e tests use it to make a canary regress on purpose (errors, latency), and the unit
-tests use `oom_above_tokens` to drive the executor's split-on-OOM path with a real handler.
+tests use `oom_above_tokens` to drive the executor's split-on-OOM path with a real handler
+and `stall_ms` to wedge the executor on one batch (the one holding the text `stall`) while
+calibration and every other batch stay fast.
 Instances are non-empty strings; an instance costs one token per whitespace-separated word
 plus two (as a BERT tokenizer's [CLS]/[SEP] would).
 """
@@ -32,7 +34,10 @@ from fleetserve_runtime.models.base import (
     TensorSpec,
 )
 
-__all__ = ["SyntheticHandler", "SyntheticParams", "text_digest"]
+__all__ = ["STALL_TEXT", "SyntheticHandler", "SyntheticParams", "text_digest"]
+
+STALL_TEXT = "stall"
+"""The instance whose batch sleeps an extra `stall_ms`."""
 
 
 def text_digest(text: str) -> int:
@@ -57,6 +62,8 @@ class SyntheticParams(BaseModel):
     """Seed of the error draws, so a run is reproducible."""
     oom_above_tokens: int = Field(0, ge=0)
     """Raise OutOfMemory for batches over this many padded tokens; 0 never."""
+    stall_ms: float = Field(0.0, ge=0, le=600_000)
+    """Extra sleep of a batch holding the instance `stall`, in milliseconds."""
 
 
 class SyntheticHandler:
@@ -80,6 +87,7 @@ class SyntheticHandler:
             max_sequence_length=max_sequence_length,
         )
         self._rng = random.Random(self.params.seed)
+        self._stall_digest = text_digest(STALL_TEXT)
         self._rng_lock = threading.Lock()
 
     @property
@@ -135,7 +143,10 @@ class SyntheticHandler:
         if limit and padded > limit:
             msg = f"synthetic OOM: batch of {padded} padded tokens over {limit}"
             raise OutOfMemory(msg)
-        time.sleep((self.params.latency_ms + self.params.per_item_ms * count) / 1000)
+        sleep_ms = self.params.latency_ms + self.params.per_item_ms * count
+        if self.params.stall_ms and bool(seeds.eq(self._stall_digest).any()):
+            sleep_ms += self.params.stall_ms
+        time.sleep(sleep_ms / 1000)
         with self._rng_lock:
             failed = [self._rng.random() < self.params.error_rate for _ in range(count)]
         columns = torch.arange(self.params.dim, dtype=torch.float32, device=seeds.device)
