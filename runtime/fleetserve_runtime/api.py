@@ -1,33 +1,56 @@
-"""HTTP API: Open Inference Protocol v2 routes, KServe v1 predict, health, repository, metrics.
+"""HTTP API: Open Inference Protocol v2 routes, KServe v1 predict, health, metrics, model control.
 
 The only module that knows about HTTP. Routes parse and delegate to `Runtime`; every domain
 error becomes a JSON body `{"error": ..., "request_id": ...}` through `STATUS_OF`, the one
-error → status table. Bodies are read with a byte limit and parsed strictly (UTF-8, JSON,
-schema), so no bad input reaches the model or produces a 500.
+error → status table. Bodies must be `application/json`, are read with a byte limit and a
+deadline, and are decoded in time linear in their size (`schemas` checks declared shapes
+before touching data), so no bad input reaches the model, produces a 500 or stalls the
+event loop for longer than parsing `max_body_bytes` takes.
+
+Two ASGI apps share one `Runtime` (see `create_apps`):
+
+- the inference app: health, metadata, inference and metrics, behind an optional bearer
+  token (`auth_token_file`; probes and metrics exempt);
+- the admin app, only with `model_control: explicit`: the repository load/unload API, always
+  behind its own bearer token (`admin_token_file`) and the `allowed_model_uris` allowlist.
+
+`listener_app` sends each connection to one of them by the local port it arrived on; the CLI
+runs one uvicorn server with a socket per listener, so both live in one process, one event
+loop and one lifespan. Every request gets a request id (its `X-Request-ID`, or a new one)
+bound to its log records and returned in its response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime import __version__
+from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches, uri_refusal
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.errors import (
     BatchFailed,
     DeadlineExceeded,
     FleetserveError,
+    Forbidden,
     InputTooLong,
     InvalidInput,
     ItemFailed,
@@ -36,6 +59,18 @@ from fleetserve_runtime.errors import (
     OutOfMemory,
     PayloadTooLarge,
     QueueFull,
+    RequestTimeout,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from fleetserve_runtime.liveness import Liveness
+from fleetserve_runtime.logs import (
+    RequestContext,
+    bind_request,
+    current_request,
+    request_id_from,
+    traceparent_from,
+    unbind_request,
 )
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.request_queue import Priority
@@ -44,20 +79,26 @@ from fleetserve_runtime.schemas import (
     InferenceRequest,
     LoadRequest,
     RequestParameters,
+    TensorLimits,
     V1Request,
-    check_instance_count,
+    check_instances,
+    decode_body,
     tensor_instances,
 )
 
-__all__ = ["STATUS_OF", "create_app"]
+__all__ = ["STATUS_OF", "Apps", "create_app", "create_apps", "json_media_refusal", "listener_app"]
 
 log = logging.getLogger("fleetserve.api")
 
 STATUS_OF: dict[type[FleetserveError], int] = {
     InvalidInput: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
     ModelNotFound: 404,
+    RequestTimeout: 408,
     PayloadTooLarge: 413,
     InputTooLong: 413,
+    UnsupportedMediaType: 415,
     ItemFailed: 500,
     BatchFailed: 500,
     QueueFull: 503,
@@ -69,7 +110,13 @@ STATUS_OF: dict[type[FleetserveError], int] = {
 
 PRIORITY_HEADER = "x-fleetserve-priority"
 TIMEOUT_HEADER = "x-fleetserve-timeout-ms"
-Body = TypeVar("Body", bound=BaseModel)
+BINARY_TENSOR_HEADER = "inference-header-content-length"
+"""Marks a request in the OIP binary tensor data extension, which this server does not speak."""
+
+
+def _request_id() -> str:
+    context = current_request()
+    return context.request_id if context is not None else uuid.uuid4().hex
 
 
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -81,64 +128,86 @@ def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None
     )
 
 
-def _error(status: int, message: str, request_id: str, **extra: Any) -> Response:
-    headers = {"x-request-id": request_id}
-    if "retry_after" in extra:
-        headers["retry-after"] = str(extra.pop("retry_after"))
-    return _json({"error": message, "request_id": request_id, **extra}, status, headers)
+def _error(
+    status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    return _json({"error": message, "request_id": _request_id(), **extra}, status, headers)
 
 
-def _error_response(exc: FleetserveError, request_id: str) -> Response:
+def _error_response(exc: FleetserveError) -> Response:
     status = next(code for kind, code in STATUS_OF.items() if isinstance(exc, kind))
+    headers: dict[str, str] = {}
     extra: dict[str, Any] = {}
     if isinstance(exc, QueueFull):
-        extra["retry_after"] = max(1, round(exc.retry_after_s))
+        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, BatchFailed):
         extra["error_id"] = exc.error_id
-    return _error(status, exc.message, request_id, **extra)
+    if isinstance(exc, RequestTimeout):
+        # The rest of a trickled body must not keep the connection open.
+        headers["connection"] = "close"
+    return _error(status, exc.message, headers=headers, **extra)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+def _unexpected() -> Response:
+    """A 500 for a bug: an id to find the traceback in the log, never the traceback itself."""
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("unexpected error", extra={"error_id": error_id})
+    return _error(500, f"internal error (error id {error_id})")
+
+
+def json_media_refusal(content_type: str | None, *, binary_extension: bool) -> str | None:
+    """Why a body with this `Content-Type` is not accepted as JSON, or None when it is.
+
+    Only `application/json` (UTF-8) is: HTML forms cannot send it without a CORS preflight,
+    so a cross-site form post never reaches a model.
+    """
+    if binary_extension:
+        return (
+            "the binary tensor data extension (Inference-Header-Content-Length) is not "
+            "supported; send tensors as JSON with Content-Type: application/json"
+        )
+    media, _, parameters = (content_type or "").partition(";")
+    if media.strip().lower() != "application/json":
+        shown = media.strip()[:80] or "none"
+        return f"Content-Type must be application/json, got {shown!r}"
+    for parameter in parameters.split(";"):
+        key, _, value = parameter.partition("=")
+        if key.strip().lower() == "charset" and value.strip().strip('"').lower() != "utf-8":
+            return "JSON bodies must be UTF-8 (charset=utf-8)"
+    return None
+
+
+def _require_json(request: Request) -> None:
+    refusal = json_media_refusal(
+        request.headers.get("content-type"),
+        binary_extension=BINARY_TENSOR_HEADER in request.headers,
+    )
+    if refusal is not None:
+        raise UnsupportedMediaType(refusal)
+
+
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         msg = f"request body of {declared} bytes exceeds the limit of {limit} bytes"
         raise PayloadTooLarge(msg)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            msg = f"request body exceeds the limit of {limit} bytes"
-            raise PayloadTooLarge(msg)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    msg = f"request body exceeds the limit of {limit} bytes"
+                    raise PayloadTooLarge(msg)
+                chunks.append(chunk)
+    except TimeoutError:
+        msg = f"request body not received within {timeout_s:g} s (body_timeout_s)"
+        raise RequestTimeout(msg) from None
+    except ClientDisconnect:
+        msg = "the client disconnected before sending the whole body"
+        raise InvalidInput(msg) from None
     return b"".join(chunks)
-
-
-def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    return f"{where}: {first['msg']}"
-
-
-async def _parse(request: Request, model: type[Body], limit: int) -> Body:
-    raw = await _read_body(request, limit)
-    if not raw:
-        msg = "request body is empty"
-        raise InvalidInput(msg)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"request body is not valid UTF-8 (byte {exc.start})"
-        raise InvalidInput(msg) from None
-    try:
-        data = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        msg = f"request body is not valid JSON: {exc}"
-        raise InvalidInput(msg) from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInput(_describe(exc)) from None
 
 
 def _call(
@@ -163,17 +232,13 @@ def _call(
     )
 
 
-def _timing_headers(result: InferenceResult, total_s: float, request_id: str) -> dict[str, str]:
+def _timing_headers(result: InferenceResult, total_s: float) -> dict[str, str]:
     t = result.timings
     server_timing = (
         f"queue;dur={t.queue_s * 1000:.3f}, batch;dur={t.batch_s * 1000:.3f}, "
         f"compute;dur={t.compute_s * 1000:.3f}, total;dur={total_s * 1000:.3f}"
     )
-    return {
-        "x-request-id": request_id,
-        "server-timing": server_timing,
-        "x-fleetserve-batch-size": str(t.batch_size),
-    }
+    return {"server-timing": server_timing, "x-fleetserve-batch-size": str(t.batch_size)}
 
 
 def _stack(results: list[Any]) -> Any:
@@ -188,10 +253,15 @@ def _tensor_meta(spec: TensorSpec) -> dict[str, Any]:
 
 
 class _Routes:
-    """Route bodies; `app.state.runtime` is set by the lifespan."""
+    """Route bodies; `runtime` is set by the lifespan."""
 
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
+        self.limits = TensorLimits(
+            max_rank=config.max_tensor_rank,
+            max_elements=config.max_tensor_elements,
+            max_instances=config.max_instances,
+        )
         self.runtime: Runtime | None = None
 
     @property
@@ -201,27 +271,31 @@ class _Routes:
             raise ModelNotReady(msg)
         return self.runtime
 
-    def _check_name(self, name: str) -> None:
+    def check_name(self, name: str) -> None:
         if name != self.config.name:
             msg = f"model {name!r} is not served here (this server serves {self.config.name!r})"
             raise ModelNotFound(msg)
 
+    async def body(self, request: Request) -> bytes:
+        """The request's JSON body, unparsed: media type, size and deadline checked."""
+        _require_json(request)
+        return await _read_body(
+            request, self.config.max_body_bytes, self.config.http.body_timeout_s
+        )
+
     async def observed(
-        self, request: Request, version: str | None, run: Callable[[str], Awaitable[Response]]
+        self, version: str | None, run: Callable[[], Awaitable[Response]]
     ) -> Response:
-        """Run `run(request_id)`, map domain errors, and count the answer in the metrics."""
+        """Run `run()`, map domain errors, and count the answer in the metrics."""
         started = time.perf_counter()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         try:
-            response = await run(request_id)
+            response = await run()
         except FleetserveError as exc:
-            response = _error_response(exc, request_id)
+            response = _error_response(exc)
         except Exception:
             # Nothing should get here; if something does, it is answered (and counted, so a
             # canary's analysis sees it) like any other server error, with an id to find it.
-            error_id = uuid.uuid4().hex[:12]
-            log.exception("unexpected error", extra={"error_id": error_id})
-            response = _error(500, f"internal error (error id {error_id})", request_id)
+            response = _unexpected()
         if self.runtime is not None:
             self.runtime.metrics.observe_request(
                 self._version_label(version), response.status_code, time.perf_counter() - started
@@ -239,16 +313,17 @@ class _Routes:
         return registry.active.version if registry.is_ready else "none"
 
     async def infer_v2(self, request: Request, name: str, version: str | None) -> Response:
-        async def run(request_id: str) -> Response:
-            self._check_name(name)
-            body = await _parse(request, InferenceRequest, self.config.max_body_bytes)
+        async def run() -> Response:
+            self.check_name(name)
+            raw = await self.body(request)
             model = self.rt.registry.get(version)
             spec_in, spec_out = model.handler.metadata.inputs[0], model.handler.metadata.outputs[0]
+            body = decode_body(raw, InferenceRequest)
             instances = tensor_instances(
                 body.inputs[0],
                 expected_name=spec_in.name,
                 expected_datatype=spec_in.datatype,
-                max_instances=self.config.max_instances,
+                limits=self.limits,
             )
             started = time.perf_counter()
             result = await self.rt.infer(_call(request, instances, version, body.parameters))
@@ -256,7 +331,7 @@ class _Routes:
             payload = {
                 "model_name": name,
                 "model_version": result.model.version,
-                "id": body.id or request_id,
+                "id": body.id or _request_id(),
                 "outputs": [
                     {
                         "name": spec_out.name,
@@ -266,25 +341,26 @@ class _Routes:
                     }
                 ],
             }
-            headers = _timing_headers(result, time.perf_counter() - started, request_id)
+            headers = _timing_headers(result, time.perf_counter() - started)
             return _json(payload, headers=headers)
 
-        return await self.observed(request, version, run)
+        return await self.observed(version, run)
 
     async def predict_v1(self, request: Request, name: str) -> Response:
-        async def run(request_id: str) -> Response:
-            self._check_name(name)
-            body = await _parse(request, V1Request, self.config.max_body_bytes)
-            check_instance_count(len(body.instances), self.config.max_instances)
+        async def run() -> Response:
+            self.check_name(name)
+            raw = await self.body(request)
+            body = decode_body(raw, V1Request)
+            check_instances(body.instances, self.limits)
             started = time.perf_counter()
             result = await self.rt.infer(_call(request, body.instances, None, body.parameters))
-            headers = _timing_headers(result, time.perf_counter() - started, request_id)
+            headers = _timing_headers(result, time.perf_counter() - started)
             return _json({"predictions": result.results}, headers=headers)
 
-        return await self.observed(request, None, run)
+        return await self.observed(None, run)
 
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        self._check_name(name)
+        self.check_name(name)
         model = self.rt.registry.get(version)
         meta = model.handler.metadata
         return {
@@ -300,9 +376,102 @@ class _Routes:
             },
         }  # fmt: skip
 
+    def liveness(self) -> Liveness:
+        # A runtime still starting is alive: restarting it would only start it again.
+        return self.runtime.liveness() if self.runtime is not None else Liveness(ok=True)
 
-def create_app(config: RuntimeConfig) -> FastAPI:
-    """Build the FastAPI app; the runtime starts in its lifespan and loads the model."""
+
+# -- middleware ----------------------------------------------------------------------------
+
+
+class _RequestContextMiddleware:
+    """Binds each request's ids to its log records and returns them as `X-Request-ID`.
+
+    An exception that escaped the routes becomes a JSON 500 here; the traceback goes to the
+    log only.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        context = RequestContext(
+            request_id=request_id_from(headers.get("x-request-id")),
+            traceparent=traceparent_from(headers.get("traceparent")),
+        )
+        token = bind_request(context)
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)["x-request-id"] = context.request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            if status:
+                raise
+            await _unexpected()(scope, receive, send_with_id)
+        finally:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                    },
+                )
+            unbind_request(token)
+
+
+class _BearerAuthMiddleware:
+    """401 with `WWW-Authenticate: Bearer` unless the request carries the file's token."""
+
+    def __init__(self, app: ASGIApp, *, token: TokenFile, exempt: frozenset[str]) -> None:
+        self.app = app
+        self.token = token
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        presented = bearer_token(Headers(scope=scope).get("authorization"))
+        if token_matches(presented, self.token.current()):
+            await self.app(scope, receive, send)
+            return
+        if presented is None:
+            message, challenge = "a bearer token is required", 'Bearer realm="fleetserve"'
+        else:
+            message = "the bearer token is not valid"
+            challenge = 'Bearer realm="fleetserve", error="invalid_token"'
+        response = _error(401, message, headers={"www-authenticate": challenge})
+        await response(scope, receive, send)
+
+
+# -- apps ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Apps:
+    """The inference app and, with `model_control: explicit`, the admin app; one runtime."""
+
+    inference: FastAPI
+    admin: FastAPI | None
+
+
+def create_apps(config: RuntimeConfig) -> Apps:
+    """Build both apps; the runtime starts in the inference app's lifespan."""
     routes = _Routes(config)
 
     @asynccontextmanager
@@ -316,39 +485,108 @@ def create_app(config: RuntimeConfig) -> FastAPI:
         finally:
             await runtime.stop()
 
-    app = FastAPI(title="fleetserve-runtime", version=__version__, lifespan=lifespan)
-    _register_errors(app)
-    _register_health(app, routes)
-    _register_inference(app, routes)
-    _register_repository(app, routes)
-    return app
+    inference_auth = (
+        [
+            Middleware(
+                _BearerAuthMiddleware,
+                token=TokenFile(config.auth_token_file),
+                exempt=frozenset(config.auth_exempt_paths),
+            )
+        ]
+        if config.auth_token_file is not None
+        else []
+    )
+    docs = config.http.api_docs
+    inference = FastAPI(
+        title="fleetserve-runtime",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if docs else None,
+        middleware=[Middleware(_RequestContextMiddleware), *inference_auth],
+    )
+    _register_errors(inference)
+    _register_health(inference, routes)
+    _register_inference(inference, routes)
+    admin = None
+    if config.model_control == "explicit" and config.admin_token_file is not None:
+        admin = FastAPI(
+            title="fleetserve-runtime model control",
+            version=__version__,
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+            middleware=[
+                Middleware(_RequestContextMiddleware),
+                Middleware(
+                    _BearerAuthMiddleware,
+                    token=TokenFile(config.admin_token_file),
+                    exempt=frozenset(),
+                ),
+            ],
+        )
+        _register_errors(admin)
+        _register_repository(admin, routes)
+    return Apps(inference=inference, admin=admin)
+
+
+def create_app(config: RuntimeConfig) -> FastAPI:
+    """The inference app alone (health, metadata, inference, metrics); see `create_apps`."""
+    return create_apps(config).inference
+
+
+def listener_app(apps: Apps, *, admin_port: int | None) -> ASGIApp:
+    """One ASGI app for the server: connections to `admin_port` reach the admin app.
+
+    The local port a connection arrived on is set by the kernel, so no header can steer a
+    request from the inference listener to the admin app. Lifespan events go to the
+    inference app, which owns the runtime.
+    """
+    if apps.admin is None or admin_port is None:
+        return apps.inference
+    admin, inference = apps.admin, apps.inference
+
+    async def by_listener(scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == admin_port:
+            await admin(scope, receive, send)
+        else:
+            await inference(scope, receive, send)
+
+    return by_listener
 
 
 def _register_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        return _error(exc.status_code, str(exc.detail), rid)
+        return _error(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(part) for part in first["loc"]) or "request"
+        return _error(400, f"{where}: {first['msg']}")
 
     @app.exception_handler(FleetserveError)
     async def domain_error(request: Request, exc: FleetserveError) -> Response:
-        return _error_response(exc, request.headers.get("x-request-id") or uuid.uuid4().hex)
+        return _error_response(exc)
 
 
 def _register_health(app: FastAPI, routes: _Routes) -> None:
+    extensions = ["model_repository"] if routes.config.model_control == "explicit" else []
+
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return _json(
-            {
-                "name": "fleetserve-runtime",
-                "version": __version__,
-                "extensions": ["model_repository"],
-            }
-        )
+        body = {"name": "fleetserve-runtime", "version": __version__, "extensions": extensions}
+        return _json(body)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
-        return _json({"live": True})
+        verdict = routes.liveness()
+        if verdict.ok:
+            return _json({"live": True})
+        return _json({"live": False, "reason": verdict.reason}, 503)
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
@@ -377,13 +615,13 @@ def _register_inference(app: FastAPI, routes: _Routes) -> None:
 
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
-        routes._check_name(name)  # noqa: SLF001 - module-private helper
+        routes.check_name(name)
         ok = routes.rt.registry.is_ready
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def version_ready(name: str, version: str) -> Response:
-        routes._check_name(name)  # noqa: SLF001
+        routes.check_name(name)
         ok = version in routes.rt.registry.versions()
         return _json({"name": name, "version": version, "ready": ok}, 200 if ok else 503)
 
@@ -400,22 +638,42 @@ def _register_inference(app: FastAPI, routes: _Routes) -> None:
         return await routes.predict_v1(request, name)
 
 
+def _is_directory(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def _load_failure(uri: str, exc: Exception) -> InvalidInput:
+    """The caller's error for a load that raised; internals (paths, tracebacks) stay in the log."""
+    if isinstance(exc, ValueError | ModuleNotFoundError):
+        return InvalidInput(f"cannot load {uri!r}: {exc}")
+    error_id = uuid.uuid4().hex[:12]
+    log.error("model load failed", exc_info=exc, extra={"uri": uri, "error_id": error_id})
+    return InvalidInput(f"cannot load {uri!r}: {type(exc).__name__} (error id {error_id})")
+
+
 def _register_repository(app: FastAPI, routes: _Routes) -> None:
+    config = routes.config
+
     @app.post("/v2/repository/models/{name}/load")
     async def load(request: Request, name: str) -> Response:
-        routes._check_name(name)  # noqa: SLF001
-        body = await _parse(request, LoadRequest, routes.config.max_body_bytes)
-        uri = body.parameters.uri or routes.config.model
+        routes.check_name(name)
+        raw = await routes.body(request)
+        body = decode_body(raw, LoadRequest)
+        uri = body.parameters.uri or config.model
+        if uri != config.model:
+            refusal = uri_refusal(uri, config.allowed_model_uris, is_directory=_is_directory)
+            if refusal is not None:
+                raise Forbidden(refusal)
         try:
             loaded = await routes.rt.load_version(uri, body.parameters.version)
         except FleetserveError:
             raise
         except Exception as exc:  # noqa: BLE001 - user code: any failure means "cannot load"
-            raise InvalidInput(f"cannot load {uri!r}: {exc}") from None
+            raise _load_failure(uri, exc) from None
         return _json({"name": name, "active_version": loaded.version})
 
     @app.post("/v2/repository/models/{name}/unload")
     async def unload(name: str) -> Response:
-        routes._check_name(name)  # noqa: SLF001
+        routes.check_name(name)
         released = routes.rt.registry.release_previous()
         return _json({"name": name, "released_version": released})

@@ -4,13 +4,20 @@ Flags are derived from the config model, one per field, so the CLI, the `FLEETSE
 variables and the YAML file can never disagree: a top-level field `max_body_bytes` is
 `--max-body-bytes`, a section field `batching.max_batch_size` is `--max-batch-size`, and
 sections whose field names alone would be ambiguous prefix them (`--cache-max-entries`,
-`--memory-budget-bytes`). Booleans take `--flag/--no-flag`.
+`--memory-budget-bytes`). Booleans take `--flag/--no-flag`; lists are comma-separated.
+
+One uvicorn server runs with one socket per listener: `host:port` for inference and, with
+`model_control: explicit`, `admin_host:admin_port` for model control (`api.listener_app`
+tells them apart). Both sockets are bound before anything starts, so a taken port stops
+start-up with a message instead of leaving a half-started server.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -98,16 +105,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"fleetserve-runtime: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    from fleetserve_runtime.api import create_app
+    try:
+        sockets = _bind(config)
+    except OSError as exc:
+        print(f"fleetserve-runtime: {exc}", file=sys.stderr)
+        return 1
+    from fleetserve_runtime.api import create_apps, listener_app
     from fleetserve_runtime.logs import configure_logging
 
     listener = configure_logging(config.log_level, config.log_format)
-    server = _server(create_app(config), config, on_exit=listener.stop)
+    admin_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
+    app = listener_app(create_apps(config), admin_port=admin_port)
+    server = _server(app, config, on_exit=listener.stop)
+    for name, sock in zip(("inference", "model control"), sockets, strict=False):
+        host, port = sock.getsockname()[:2]
+        logging.getLogger("fleetserve.cli").info(
+            "listening", extra={"listener": name, "address": f"{host}:{port}"}
+        )
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         listener.stop()
     return 0
+
+
+def _bind(config: RuntimeConfig) -> list[socket.socket]:
+    """The inference socket and, with model control, the admin socket; bound, not listening."""
+    addresses = [(config.host, config.port)]
+    if config.model_control == "explicit":
+        addresses.append((config.admin_host, config.admin_port))
+    sockets: list[socket.socket] = []
+    for host, port in addresses:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            for bound in sockets:
+                bound.close()
+            msg = f"cannot listen on {host}:{port}: {exc.strerror}"
+            raise OSError(msg) from None
+        sockets.append(sock)
+    return sockets
 
 
 def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> Any:
@@ -118,6 +158,8 @@ def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> 
     itself) would be lost in the queue.
     """
     import uvicorn
+
+    from fleetserve_runtime.http_protocol import hardened_protocol
 
     class _FlushingServer(uvicorn.Server):
         @contextlib.contextmanager
@@ -130,10 +172,13 @@ def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> 
 
     settings = uvicorn.Config(
         app,
-        host=config.host,
-        port=config.port,
         loop="uvloop",
-        http="httptools",
+        http=hardened_protocol(
+            header_timeout_s=config.http.header_timeout_s,
+            max_header_bytes=config.http.max_header_bytes,
+        ),
+        ws="none",
+        server_header=False,
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=10,

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "BatchFailed",
     "DeadlineExceeded",
+    "Forbidden",
     "InputTooLong",
     "InvalidInput",
     "ItemFailed",
@@ -17,7 +18,10 @@ __all__ = [
     "OutOfMemory",
     "PayloadTooLarge",
     "QueueFull",
+    "RequestTimeout",
     "FleetserveError",
+    "Unauthorized",
+    "UnsupportedMediaType",
 ]
 
 
@@ -31,6 +35,22 @@ class FleetserveError(Exception):
 
 class InvalidInput(FleetserveError):
     """The request body or an instance in it is malformed."""
+
+
+class Unauthorized(FleetserveError):
+    """The request carries no valid bearer token."""
+
+
+class Forbidden(FleetserveError):
+    """The caller is authenticated but may not do this (e.g. load a URI not on the allowlist)."""
+
+
+class UnsupportedMediaType(FleetserveError):
+    """The body is not in a format this endpoint accepts (JSON only)."""
+
+
+class RequestTimeout(FleetserveError):
+    """The client did not send its request within the configured time."""
 
 
 class InputTooLong(FleetserveError):

@@ -1,22 +1,114 @@
-"""Structured logging that never writes on the serving threads.
+"""Structured logging that never writes on the serving threads, with each request's trace ids.
 
 Records are put on an in-memory queue by a `QueueHandler` (cheap, non-blocking) and formatted
 and written by a `QueueListener` thread, so a slow stderr never stalls the event loop or the
-executor. JSON lines by default; plain text for a terminal.
+executor. JSON lines by default; plain text for a terminal. Timestamps are UTC with
+milliseconds.
+
+`api` binds a `RequestContext` (the request's `X-Request-ID` and W3C `traceparent`) for the
+duration of each request; a filter on the queue handler copies it onto every record emitted
+while it is bound, on whatever thread the record was made (copied contexts included), so
+log lines and traces can be joined.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import logging.handlers
 import queue
+import re
 import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = [
+    "JsonFormatter",
+    "RequestContext",
+    "RequestContextFilter",
+    "TextFormatter",
+    "bind_request",
+    "configure_logging",
+    "current_request",
+    "request_id_from",
+    "traceparent_from",
+    "unbind_request",
+]
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's copy of the message with terminal colour codes
+}
+
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+"""Printable ASCII without spaces, bounded: anything else is replaced by a generated id, so
+a caller cannot smuggle line breaks or megabytes into every log line of its request."""
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """The ids that tie a request's log records to the caller's request and trace."""
+
+    request_id: str
+    traceparent: str | None = None
+
+
+_current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "fleetserve_request", default=None
+)
+
+
+def request_id_from(header: str | None) -> str:
+    """The caller's `X-Request-ID` when it is a sane token, else a fresh one."""
+    if header is not None and _REQUEST_ID.match(header):
+        return header
+    return uuid.uuid4().hex
+
+
+def traceparent_from(header: str | None) -> str | None:
+    """The W3C `traceparent` header when well-formed (version-traceid-parentid-flags)."""
+    if header is None:
+        return None
+    value = header.strip().lower()
+    return value if _TRACEPARENT.match(value) else None
+
+
+def bind_request(context: RequestContext) -> contextvars.Token[RequestContext | None]:
+    """Make `context` current until `unbind_request(token)`."""
+    return _current.set(context)
+
+
+def unbind_request(token: contextvars.Token[RequestContext | None]) -> None:
+    """Restore the context that was current before `bind_request`."""
+    _current.reset(token)
+
+
+def current_request() -> RequestContext | None:
+    """The request being served by this task or thread, if any."""
+    return _current.get()
+
+
+class RequestContextFilter(logging.Filter):
+    """Adds `request_id` (and `traceparent`) to records made while a request is bound."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Annotate `record`; never drops it."""
+        context = _current.get()
+        if context is not None:
+            record.request_id = context.request_id
+            if context.traceparent is not None:
+                record.traceparent = context.traceparent
+        return True
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,7 +117,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         """Render `record` as a JSON line."""
         entry: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": _timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -36,17 +128,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """`time level logger message`, then the request's ids when there are any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render `record` as one line of text (plus a traceback, if any)."""
+        line = f"{_timestamp(record)} {record.levelname} {record.name} {record.getMessage()}"
+        for key in ("request_id", "traceparent"):
+            value = record.__dict__.get(key)
+            if value is not None:
+                line += f" {key}={value}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def configure_logging(level: str, fmt: str) -> logging.handlers.QueueListener:
     """Route all logging through a queue to stderr; returns the started listener to stop at exit."""
     sink = logging.StreamHandler(sys.stderr)
-    sink.setFormatter(
-        JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-    )
+    sink.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    handler = logging.handlers.QueueHandler(records)
+    # A filter on the handler runs on the thread that logs, where the request is still bound;
+    # the listener thread that formats the record later could not see it.
+    handler.addFilter(RequestContextFilter())
     root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(records)]
+    root.handlers[:] = [handler]
     root.setLevel(level.upper())
     listener = logging.handlers.QueueListener(records, sink, respect_handler_level=False)
     listener.start()

@@ -1,15 +1,20 @@
 """Wire models of the Open Inference Protocol (KServe v2 / Triton) and the KServe v1 API.
 
-Only shapes live here; `api` validates bodies against them and turns tensors into instances
-with `tensor_instances`, the one place that knows how OIP lays tensors out.
+Shapes live here, and the decoding of bodies into them: `decode_body` (UTF-8, JSON, schema),
+`tensor_instances`, the one place that knows how OIP lays tensors out, and `check_instances`
+for v1. Decoding costs time linear in the body: shape rank, element count and nesting are
+checked against `TensorLimits` before any list is built from the data, so a small body that
+declares a huge tensor is refused at once instead of costing seconds of CPU.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
 
@@ -18,10 +23,15 @@ __all__ = [
     "LoadRequest",
     "RequestInput",
     "RequestParameters",
+    "TensorLimits",
     "V1Request",
-    "check_instance_count",
+    "check_instances",
+    "check_shape",
+    "decode_body",
     "tensor_instances",
 ]
+
+Body = TypeVar("Body", bound=BaseModel)
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -80,6 +90,74 @@ class LoadRequest(BaseModel):
     parameters: LoadParameters
 
 
+@dataclass(frozen=True, slots=True)
+class TensorLimits:
+    """What one request may declare; see the config fields of the same names."""
+
+    max_rank: int
+    """Most dimensions of a tensor shape; v1 data may nest as deep."""
+    max_elements: int
+    """Most values in one request."""
+    max_instances: int
+    """Most instances (first dimension) in one request."""
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return f"{where}: {first['msg']}"
+
+
+def decode_body(raw: bytes, model: type[Body]) -> Body:
+    """Parse a JSON body strictly (UTF-8, JSON, then `model`); `InvalidInput` says what is wrong."""
+    if not raw:
+        msg = "request body is empty"
+        raise InvalidInput(msg)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"request body is not valid UTF-8 (byte {exc.start})"
+        raise InvalidInput(msg) from None
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        msg = f"request body is not valid JSON: {exc}"
+        raise InvalidInput(msg) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(_describe(exc)) from None
+
+
+def check_shape(shape: Sequence[int], limits: TensorLimits) -> int:
+    """The number of values `shape` declares, after checking it against `limits`.
+
+    Runs in time linear in the rank, which is checked first: the product is never computed
+    beyond `max_elements`, so a shape of huge dimensions costs no big-number arithmetic.
+    """
+    if len(shape) > limits.max_rank:
+        msg = (
+            f"input shape has {len(shape)} dimensions, the limit is {limits.max_rank} "
+            "(max_tensor_rank)"
+        )
+        raise InvalidInput(msg)
+    if any(dim < 0 for dim in shape):
+        msg = f"input shape must not have negative dimensions, got {list(shape)}"
+        raise InvalidInput(msg)
+    if 0 in shape:
+        return 0
+    elements = 1
+    for dim in shape:
+        elements *= dim
+        if elements > limits.max_elements:
+            msg = (
+                f"input shape {list(shape)} declares more than {limits.max_elements} values "
+                "(max_tensor_elements)"
+            )
+            raise PayloadTooLarge(msg)
+    return elements
+
+
 def _flatten(data: list[Any], depth: int) -> list[Any]:
     """Flatten nested lists of at most `depth` levels (the tensor's rank), without recursion."""
     flat = data
@@ -93,21 +171,46 @@ def _flatten(data: list[Any], depth: int) -> list[Any]:
     return flat
 
 
-def check_instance_count(count: int, limit: int) -> None:
-    """Raise `PayloadTooLarge` when a request carries more than `limit` instances."""
+def _check_instance_count(count: int, limit: int) -> None:
     if count > limit:
         msg = f"request has {count} instances, the limit is {limit}"
         raise PayloadTooLarge(msg)
 
 
+def check_instances(instances: list[Any], limits: TensorLimits) -> None:
+    """Check v1 `instances` against `limits`: count, nesting depth and number of values.
+
+    Walks the data once without recursion, so its cost is linear in the body; the
+    instances list itself is the first of at most `max_rank` levels, as for a tensor.
+    """
+    _check_instance_count(len(instances), limits.max_instances)
+    values = 0
+    pending: list[tuple[Any, int]] = [(instances, 1)]
+    while pending:
+        node, depth = pending.pop()
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, list | dict):
+                if depth >= limits.max_rank:
+                    msg = f"instances nest deeper than {limits.max_rank} levels (max_tensor_rank)"
+                    raise InvalidInput(msg)
+                pending.append((child, depth + 1))
+            else:
+                values += 1
+        if values > limits.max_elements:
+            msg = f"request has more than {limits.max_elements} values (max_tensor_elements)"
+            raise PayloadTooLarge(msg)
+
+
 def tensor_instances(
-    tensor: RequestInput, *, expected_name: str, expected_datatype: str, max_instances: int
+    tensor: RequestInput, *, expected_name: str, expected_datatype: str, limits: TensorLimits
 ) -> list[object]:
     """Split an input tensor into per-instance values along its first dimension.
 
     BYTES tensors give one string per element of the first dimension; numeric tensors give
     one flat row per instance. Raises `InvalidInput` for a name, datatype or shape mismatch
-    and `PayloadTooLarge` for too many instances.
+    and `PayloadTooLarge` for too many instances or values. The shape is checked before
+    the data is touched.
     """
     if tensor.name != expected_name:
         msg = f"input name must be {expected_name!r}, got {tensor.name!r}"
@@ -115,22 +218,20 @@ def tensor_instances(
     if tensor.datatype != expected_datatype:
         msg = f"input {tensor.name!r} must have datatype {expected_datatype}, got {tensor.datatype}"
         raise InvalidInput(msg)
-    if any(dim < 0 for dim in tensor.shape):
-        msg = f"input shape must not have negative dimensions, got {tensor.shape}"
-        raise InvalidInput(msg)
-    flat = _flatten(tensor.data, len(tensor.shape))
+    elements = check_shape(tensor.shape, limits)
     count = tensor.shape[0]
-    if math.prod(tensor.shape) != len(flat):
-        msg = f"input shape {tensor.shape} needs {math.prod(tensor.shape)} values, got {len(flat)}"
-        raise InvalidInput(msg)
     if count == 0:
         msg = "input has no instances"
         raise InvalidInput(msg)
-    check_instance_count(count, max_instances)
+    _check_instance_count(count, limits.max_instances)
+    if expected_datatype == "BYTES" and elements != count:
+        msg = f"BYTES input must have one string per instance, got shape {tensor.shape}"
+        raise InvalidInput(msg)
+    flat = _flatten(tensor.data, len(tensor.shape))
+    if elements != len(flat):
+        msg = f"input shape {tensor.shape} needs {elements} values, got {len(flat)}"
+        raise InvalidInput(msg)
     if expected_datatype == "BYTES":
-        if math.prod(tensor.shape[1:]) != 1:
-            msg = f"BYTES input must have one string per instance, got shape {tensor.shape}"
-            raise InvalidInput(msg)
         return list(flat)
     width = len(flat) // count
     return [flat[i * width : (i + 1) * width] for i in range(count)]

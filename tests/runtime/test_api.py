@@ -1,11 +1,17 @@
-"""HTTP API in process (ASGI transport, real lifespan): protocol, errors, overload, swap, cache."""
+"""HTTP API in process (ASGI transport, real lifespan): protocol, errors, overload, swap, cache.
+
+Model control is exercised on the admin app the same way (its access control over real
+sockets is in test_http_security).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,11 +19,14 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app
+from fleetserve_runtime.api import create_app, create_apps, json_media_refusal
+from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
+JSON = {"content-type": "application/json"}
+ADMIN_TOKEN = "admin-secret"
 
 
 @asynccontextmanager
@@ -30,6 +39,35 @@ async def serve(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Runt
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
             yield client, runtime
+
+
+@asynccontextmanager
+async def serve_with_admin(
+    allowed: str = "builtin://synthetic", **overrides: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Runtime]]:
+    """Like `serve`, with model control on and a client for the admin app (token sent)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "admin-token"
+        token_file.write_text(ADMIN_TOKEN)
+        config = make_config(
+            model_control="explicit",
+            admin_token_file=token_file,
+            allowed_model_uris=allowed,
+            **overrides,
+        )
+        apps = create_apps(config)
+        assert apps.admin is not None
+        async with LifespanManager(apps.inference, startup_timeout=60) as manager:
+            runtime: Runtime = apps.inference.state.runtime
+            await runtime.wait_ready()
+            inference = httpx.ASGITransport(app=manager.app)
+            admin = httpx.ASGITransport(app=apps.admin)
+            headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with (
+                httpx.AsyncClient(transport=inference, base_url="http://rt") as client,
+                httpx.AsyncClient(transport=admin, base_url="http://admin", headers=headers) as ctl,
+            ):
+                yield client, ctl, runtime
 
 
 def v2(texts: list[Any], **parameters: Any) -> dict[str, Any]:
@@ -149,7 +187,7 @@ async def test_bad_input_gets_a_4xx_json_error(body: bytes, status: int, message
     async with serve(
         max_instances=4, max_body_bytes=4096, batching={"max_sequence_length": 32}
     ) as (client, _):
-        response = await client.post("/v2/models/test/infer", content=body)
+        response = await client.post("/v2/models/test/infer", content=body, headers=JSON)
     assert response.status_code == status, response.text
     assert message in response.json()["error"]
 
@@ -195,7 +233,7 @@ async def test_deeply_nested_data_is_a_400() -> None:
     nested = "[" * 900 + '"a"' + "]" * 900
     body = '{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":' + nested + "}]}"
     async with serve() as (client, _):
-        response = await client.post("/v2/models/test/infer", content=body.encode())
+        response = await client.post("/v2/models/test/infer", content=body.encode(), headers=JSON)
     assert response.status_code == 400
     assert "nested deeper" in response.json()["error"]
 
@@ -316,18 +354,18 @@ async def test_concurrent_requests_are_batched() -> None:
 
 async def test_hot_swap_and_instant_switch_back() -> None:
     """A new version loads and takes traffic; the old one stays callable and switches back."""
-    async with serve() as (client, runtime):
-        load = await client.post(
+    async with serve_with_admin() as (client, ctl, runtime):
+        load = await ctl.post(
             "/v2/repository/models/test/load",
             json={"parameters": {"version": "v2", "uri": SYNTH + "&dim=4"}},
         )
         new = await client.post("/v2/models/test/infer", json=v2(["x"]))
         old = await client.post("/v2/models/test/versions/v1/infer", json=v2(["x"]))
-        back = await client.post(
+        back = await ctl.post(
             "/v2/repository/models/test/load", json={"parameters": {"version": "v1"}}
         )
         after = await client.post("/v2/models/test/infer", json=v2(["x"]))
-        released = await client.post("/v2/repository/models/test/unload")
+        released = await ctl.post("/v2/repository/models/test/unload")
     assert load.json()["active_version"] == "v2"
     assert new.json()["model_version"] == "v2"
     assert new.json()["outputs"][0]["shape"] == [1, 4]
@@ -340,8 +378,8 @@ async def test_hot_swap_and_instant_switch_back() -> None:
 
 async def test_reusing_a_loaded_label_for_another_model_is_refused() -> None:
     """A loaded version label cannot silently point at a different URI."""
-    async with serve() as (client, _):
-        response = await client.post(
+    async with serve_with_admin() as (_, ctl, _):
+        response = await ctl.post(
             "/v2/repository/models/test/load",
             json={"parameters": {"version": "v1", "uri": SYNTH + "&dim=4"}},
         )
@@ -351,8 +389,8 @@ async def test_reusing_a_loaded_label_for_another_model_is_refused() -> None:
 
 async def test_loading_an_unimportable_factory_is_400() -> None:
     """A module:factory that cannot be imported is the caller's error, not a 500."""
-    async with serve() as (client, _):
-        response = await client.post(
+    async with serve_with_admin(allowed="no_such_module_here:factory") as (_, ctl, _):
+        response = await ctl.post(
             "/v2/repository/models/test/load",
             json={"parameters": {"version": "v2", "uri": "no_such_module_here:factory"}},
         )
@@ -362,8 +400,8 @@ async def test_loading_an_unimportable_factory_is_400() -> None:
 
 async def test_bad_load_request_is_400() -> None:
     """Loading an unknown model URI is refused and the active version keeps serving."""
-    async with serve() as (client, _):
-        response = await client.post(
+    async with serve_with_admin(allowed="builtin://") as (client, ctl, _):
+        response = await ctl.post(
             "/v2/repository/models/test/load",
             json={"parameters": {"version": "v2", "uri": "builtin://nope"}},
         )
@@ -375,10 +413,10 @@ async def test_bad_load_request_is_400() -> None:
 
 async def test_cache_hits_and_never_crosses_versions() -> None:
     """A repeated input is served from the cache; after a version switch it is recomputed."""
-    async with serve(cache={"max_entries": 100}) as (client, _):
+    async with serve_with_admin(cache={"max_entries": 100}) as (client, ctl, _):
         await client.post("/v2/models/test/infer", json=v2(["same"]))
         await client.post("/v2/models/test/infer", json=v2(["same"]))
-        await client.post(
+        await ctl.post(
             "/v2/repository/models/test/load",
             json={"parameters": {"version": "v2", "uri": SYNTH + "&dim=4"}},
         )
@@ -443,3 +481,110 @@ async def test_metrics_exposes_the_documented_names() -> None:
     assert (
         metric(text, "fleetserve_requests_total", model="test", version="v1", track="stable") == 1
     )
+
+
+async def test_liveness_failure_is_503_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the runtime says it is not alive, /v2/health/live says 503 and why."""
+    async with serve() as (client, runtime):
+        monkeypatch.setattr(runtime, "liveness", lambda: Liveness(False, "executor stuck"))
+        response = await client.get("/v2/health/live")
+    assert response.status_code == 503
+    assert response.json() == {"live": False, "reason": "executor stuck"}
+
+
+async def test_live_while_starting() -> None:
+    """Before the lifespan has created the runtime, the process counts as alive."""
+    transport = httpx.ASGITransport(app=create_app(make_config()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
+        response = await client.get("/v2/health/live")
+    assert (response.status_code, response.json()) == (200, {"live": True})
+
+
+async def test_unexpected_errors_are_json_500_without_details(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug outside inference answers a JSON 500 with an error id; the details stay in the log."""
+
+    def broken(model: object) -> dict[str, object]:
+        raise RuntimeError("secret detail in /srv/internal/module.py")
+
+    async with serve() as (client, runtime):
+        monkeypatch.setattr(runtime, "describe", broken)
+        response = await client.get("/v2/models/test", headers={"x-request-id": "r-500"})
+    assert response.status_code == 500
+    body = response.json()
+    assert body["request_id"] == "r-500"
+    assert "error id" in body["error"]
+    assert "secret" not in response.text
+    assert "/srv" not in response.text
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        pytest.param("req-7", True, id="kept"),
+        pytest.param("x" * 500, False, id="too-long"),
+        pytest.param("two words", False, id="space"),
+    ],
+)
+async def test_every_response_carries_its_request_id(sent: str, *, kept: bool) -> None:
+    """X-Request-ID comes back on every response; an unusable one is replaced by a fresh id."""
+    async with serve() as (client, _):
+        responses = [
+            await client.get("/v2/health/live", headers={"x-request-id": sent}),
+            await client.get("/v2/nowhere", headers={"x-request-id": sent}),
+        ]
+    for response in responses:
+        returned = response.headers["x-request-id"]
+        assert (returned == sent) is kept
+        assert returned
+    assert responses[1].json()["request_id"] == responses[1].headers["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        pytest.param({"instances": [[["a"]]]}, 400, "max_tensor_rank", id="v1-too-deep"),
+        pytest.param(
+            {"instances": [["a", "b", "c"]] * 2}, 413, "max_tensor_elements", id="v1-values"
+        ),
+    ],
+)
+async def test_v1_instances_are_bounded(body: dict[str, Any], status: int, message: str) -> None:
+    """KServe v1 instances obey the same nesting and value limits as tensors."""
+    async with serve(max_tensor_rank=2, max_tensor_elements=4, max_instances=4) as (client, _):
+        response = await client.post("/v1/models/test:predict", json=body)
+    assert response.status_code == status
+    assert message in response.json()["error"]
+
+
+async def test_repository_api_follows_model_control() -> None:
+    """`/v2` lists model_repository only with model control, which lives on the admin app."""
+    async with serve() as (client, _):
+        plain = (await client.get("/v2")).json()["extensions"]
+    async with serve_with_admin() as (client, ctl, _):
+        explicit = (await client.get("/v2")).json()["extensions"]
+        on_inference = await client.post("/v2/repository/models/test/unload")
+        on_admin = await ctl.post("/v2/repository/models/test/unload")
+    assert (plain, explicit) == ([], ["model_repository"])
+    assert on_inference.status_code == 404
+    assert on_admin.json() == {"name": "test", "released_version": None}
+
+
+@pytest.mark.parametrize(
+    ("content_type", "binary", "refused"),
+    [
+        pytest.param("application/json", False, None, id="json"),
+        pytest.param("Application/JSON; charset=UTF-8", False, None, id="json-utf8"),
+        pytest.param(None, False, "got 'none'", id="missing"),
+        pytest.param("application/x-www-form-urlencoded", False, "application/json", id="form"),
+        pytest.param("application/json; charset=utf-16", False, "UTF-8", id="utf16"),
+        pytest.param("application/json", True, "Inference-Header-Content-Length", id="binary"),
+    ],
+)
+def test_json_media_refusal(content_type: str | None, binary: bool, refused: str | None) -> None:
+    """Only UTF-8 application/json passes; the binary tensor extension is refused by name."""
+    reason = json_media_refusal(content_type, binary_extension=binary)
+    assert (reason is None) == (refused is None)
+    if refused is not None:
+        assert refused in str(reason)

@@ -92,3 +92,74 @@ def test_main_exits_2_on_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI prints the validation error and exits 2 without starting a server."""
     assert main(["serve", "--max-batch-size", "-1"]) == 2
     assert "max_batch_size" in capsys.readouterr().err
+
+
+def test_security_defaults() -> None:
+    """By default: no model control, no docs, no token, probes and metrics exempt."""
+    config = load_config({})
+    assert config.model_control == "none"
+    assert config.http.api_docs is False
+    assert config.auth_token_file is None
+    assert config.auth_exempt_paths == ["/v2/health/live", "/v2/health/ready", "/metrics"]
+    assert config.admin_host == "127.0.0.1"
+
+
+def test_lists_and_token_files_from_flags_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lists are comma-separated in flags and env; FLEETSERVE_AUTH_TOKEN_FILE sets the token."""
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    monkeypatch.setenv("FLEETSERVE_AUTH_TOKEN_FILE", str(token))
+    monkeypatch.setenv("FLEETSERVE_ALLOWED_MODEL_URIS", "builtin://synthetic, file:///models/")
+    config = parse_config(
+        [
+            "--model-control", "explicit", "--admin-token-file", str(token),
+            "--auth-exempt-paths", "/v2/health/live,/metrics", "--header-timeout-s", "2",
+        ]
+    )  # fmt: skip
+    assert config.auth_token_file == token
+    assert config.allowed_model_uris == ["builtin://synthetic", "file:///models/"]
+    assert config.auth_exempt_paths == ["/v2/health/live", "/metrics"]
+    assert config.http.header_timeout_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        pytest.param({"model_control": "explicit"}, "admin_token_file", id="explicit-no-token"),
+        pytest.param(
+            {"model_control": "explicit", "admin_token_file": "TOKEN"},
+            "allowed_model_uris",
+            id="explicit-no-allowlist",
+        ),
+        pytest.param(
+            {
+                "model_control": "explicit",
+                "admin_token_file": "TOKEN",
+                "allowed_model_uris": "builtin://",
+                "admin_port": 8080,
+            },
+            "admin_port",
+            id="admin-port-clash",
+        ),  # fmt: skip
+        pytest.param({"allowed_model_uris": "builtin://"}, "allowed_model_uris", id="stray"),
+        pytest.param({"auth_token_file": "EMPTY"}, "auth_token_file", id="empty-token"),
+        pytest.param({"auth_token_file": "MISSING"}, "auth_token_file", id="missing-token"),
+        pytest.param({"auth_exempt_paths": "metrics"}, "auth_exempt_paths", id="relative-path"),
+        pytest.param({"max_tensor_elements": 10}, "max_tensor_elements", id="elements-low"),
+    ],
+)
+def test_bad_security_config_is_refused(
+    tmp_path: Path, overrides: dict[str, object], field: str
+) -> None:
+    """Unprotected model control and unusable token files stop start-up, naming the field."""
+    files = {"TOKEN": "secret", "EMPTY": "\n"}
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    resolved = {
+        key: str(tmp_path / value) if value in (*files, "MISSING") else value
+        for key, value in overrides.items()
+    }
+    with pytest.raises(ValidationError, match=field):
+        load_config(resolved)
