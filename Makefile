@@ -17,13 +17,21 @@ DEMO_FLAGS ?=
 help:
 	@grep -hE '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
 
-## setup: create .venv and install both packages (editable) with pinned dependencies
+define INSTALL_LOCK
+@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+endef
+
+## setup: create .venv, install requirements.lock (hash-checked) and both packages (editable)
 setup: $(STAMP)
-$(STAMP): runtime/pyproject.toml operator/pyproject.toml requirements-dev.txt requirements.lock \
-          requirements-ship.txt e2e/requirements.txt bench/requirements.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c requirements.lock -r requirements-dev.txt -r requirements-ship.txt \
-	    -r e2e/requirements.txt -r bench/requirements.txt -e runtime -e operator
+# Two steps, as pip refuses editables under --require-hashes: every dependency from the lock,
+# hash-checked and without resolution (--no-deps: nothing unlisted comes in), then the two
+# packages, built by the lock's setuptools (--no-build-isolation: no unpinned backend is
+# fetched). `pip check` proves the lock holds everything they need.
+$(STAMP): requirements.lock runtime/pyproject.toml operator/pyproject.toml
+	$(INSTALL_LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e runtime -e operator
+	$(PY) -m pip check
 	@touch $(STAMP)
 
 CRD := crds/serving.fleetserve.io_inferenceservices.yaml
@@ -78,9 +86,30 @@ bench-runtime: setup
 bench-scheduler: setup
 	$(PY) -m bench.scheduler_bench
 
-## lock: re-pin every transitive dependency from the current venv
-lock: setup
-	$(PY) -m pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+# What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
+# the build backend. The images' locks hold only their package's closure, at the same pins.
+LOCK_INPUTS := requirements-dev.txt requirements-ship.txt requirements-build.txt \
+               e2e/requirements.txt bench/requirements.txt runtime/pyproject.toml operator/pyproject.toml
+# All of each version's files' hashes (every platform's wheels and the sdist); pip and
+# setuptools too (--allow-unsafe), and no index or find-links lines from the local pip config.
+LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-build-isolation \
+              --no-emit-index-url --no-emit-find-links --no-emit-trusted-host
+# Extra pip-compile flags, e.g. LOCK_ARGS=--upgrade-package=torch==2.16.0; without them the
+# existing pins are kept and only new requirements get resolved.
+LOCK_ARGS ?=
+PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) $(LOCK_ARGS)
+
+## lock: pin every transitive dependency with hashes (requirements.lock and the images' locks)
+##       on Linux x86_64 with CPython 3.11, the platform they are resolved for
+# Not through `setup`: its `pip check` fails while a package needs what the lock lacks yet.
+# Installing the current lock is enough to bring pip-compile.
+lock:
+	$(INSTALL_LOCK)
+	$(PIP_COMPILE) -o requirements.lock $(LOCK_INPUTS)
+	$(PIP_COMPILE) -c requirements.lock -o requirements-runtime.lock \
+	    runtime/pyproject.toml requirements-build.txt
+	$(PIP_COMPILE) -c requirements.lock -o requirements-operator.lock \
+	    operator/pyproject.toml requirements-build.txt
 
 ## clean: remove the venv and caches
 clean:

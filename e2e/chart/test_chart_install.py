@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.operator_process import child_path, condition, fsvc_path
 from fleetserve_e2e.paths import binary
 from fleetserve_e2e.testing import assert_operator_log_clean, list_pods, wait_for_deletion
@@ -33,6 +33,8 @@ ROLE = ROOT / "operator" / "rbac" / "role.yaml"
 EXAMPLE = ROOT / "examples" / "synthetic.yaml"
 CRD_NAME = "inferenceservices.serving.fleetserve.io"
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
+NETWORKING_API = "/apis/networking.k8s.io/v1"
+PROMETHEUS_URL_FIELD = "spec.rollout.analysis.prometheusUrl"
 
 # Install, a runtime pod that imports torch, deletion and uninstall: more than the default
 # per-test timeout on a loaded 2-core machine.
@@ -65,10 +67,14 @@ def release(
 ) -> Iterator[str]:
     """The chart installed as release `fs-<namespace's random suffix>`, values from the param.
 
-    `{namespace}` in a value stands for the test's namespace.
+    `{namespace}` in a value stands for the test's namespace, `{prometheus}` for the session's
+    Prometheus (started only for a release that names it).
     """
     name = f"fs-{namespace[-5:]}"
     values = [v.replace("{namespace}", namespace) for v in getattr(request, "param", [])]
+    if any("{prometheus}" in v for v in values):
+        prometheus: LocalPrometheus = request.getfixturevalue("local_prometheus")
+        values = [v.replace("{prometheus}", prometheus.url) for v in values]
     installed = helm(
         local_cluster, tmp_path, "install", name, str(CHART), "-n", namespace,
         "--wait", "--timeout", "150s", *values,
@@ -176,4 +182,90 @@ def test_chart_operator_reconciles_an_inference_service(
     assert [p.ready for p in local_cluster.pod_addresses() if p.namespace == namespace] == [True]
     kube.delete(fsvc_path(namespace, name))
     wait_for_deletion(kube, fsvc_path(namespace, name), timeout_s=60.0)
+    assert_operator_ran_cleanly(local_cluster, namespace, release)
+
+
+def example_service(name: str, prometheus_url: str) -> dict[str, object]:
+    """The synthetic example, one replica, with a memory budget checked against `prometheus_url`.
+
+    The budget makes every reconcile read the runtime's memory figures from that Prometheus,
+    so the operator's allowlist decides on each one.
+    """
+    service = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    service["metadata"]["name"] = name
+    service["spec"]["runtime"]["replicas"] = {"min": 1, "max": 1}
+    service["spec"]["memory"] = {"budget": "1Gi"}
+    service["spec"]["rollout"]["analysis"] = {"prometheusUrl": prometheus_url}
+    return service
+
+
+def selector_of(policy: dict[str, object]) -> str:
+    """A NetworkPolicy's podSelector (matchLabels only) as a label selector string."""
+    spec = policy["spec"]
+    assert isinstance(spec, dict)
+    match_labels: dict[str, str] = spec["podSelector"]["matchLabels"]
+    return ",".join(f"{key}={value}" for key, value in match_labels.items())
+
+
+@pytest.mark.parametrize(
+    "release",
+    [
+        pytest.param(
+            [
+                "--set", "watchNamespaces[0]={namespace}",
+                "--set", "networkPolicy.enabled=true",
+                "--set", "networkPolicy.gatewayNamespaces[0]=default",
+                "--set", "networkPolicy.apiServer.cidrs[0]=127.0.0.1/32",
+                "--set-json", 'operator.allowedPrometheusUrls=["{prometheus}"]',
+            ],
+            id="tenancy",
+        )
+    ],
+    indirect=True,
+)  # fmt: skip
+def test_tenancy_values_reach_the_cluster_and_the_operator(
+    local_cluster: LocalCluster,
+    local_prometheus: LocalPrometheus,
+    kube: KubeClient,
+    namespace: str,
+    release: str,
+) -> None:
+    """NetworkPolicies valid and aimed right; only the allowlisted Prometheus is queried.
+
+    The operator serves the service naming the allowlisted Prometheus and refuses the other,
+    naming the field. No CNI runs here, so nothing enforces the policies: tests/chart judges
+    what they let through. What only a cluster can tell is told here: the objects are valid,
+    and their selectors pick exactly the operator pod and the runtime pods it creates.
+    """
+    kube.create(fsvc_path(namespace), example_service("inside", local_prometheus.url))
+    kube.create(fsvc_path(namespace), example_service("outside", "http://127.0.0.1:9"))
+
+    def ready(name: str) -> bool:
+        status = kube.get(fsvc_path(namespace, name)).get("status", {})
+        return bool(condition(status, "Ready")["status"] == "True")
+
+    def refused() -> dict[str, object] | None:
+        status = kube.get(fsvc_path(namespace, "outside")).get("status", {})
+        found = condition(status, "Degraded")
+        return found if found["status"] == "True" else None
+
+    wait_until(lambda: ready("inside"), timeout_s=150.0, what=f"{namespace}/inside to be Ready")
+    reported = wait_until(refused, timeout_s=60.0, what=f"{namespace}/outside refused")
+    assert reported["reason"] == "InvalidSpec"
+    assert PROMETHEUS_URL_FIELD in str(reported["message"])
+
+    fullname = f"{release}-fleetserve"
+    policies = f"{NETWORKING_API}/namespaces/{namespace}/networkpolicies"
+    operator_policy = kube.get(f"{policies}/{fullname}-operator")
+    runtime_policy = kube.get(f"{policies}/{fullname}-runtime")
+    (operator_pod,) = list_pods(local_cluster.client, namespace, selector_of(operator_policy))
+    assert operator_pod["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+    runtime_pods = list_pods(local_cluster.client, namespace, selector_of(runtime_policy))
+    owners = {p["metadata"]["labels"]["app.kubernetes.io/instance"] for p in runtime_pods}
+    assert owners == {"inside"}
+
+    for name in ("inside", "outside"):
+        kube.delete(fsvc_path(namespace, name))
+    for name in ("inside", "outside"):
+        wait_for_deletion(kube, fsvc_path(namespace, name), timeout_s=60.0)
     assert_operator_ran_cleanly(local_cluster, namespace, release)

