@@ -194,7 +194,10 @@ class Story:
             namespace=NAMESPACE,
             log_path=cluster.work_dir / "logs" / "operator.log",
             marker=cluster.marker,
-            settings=OPERATOR_SETTINGS,
+            settings={
+                **OPERATOR_SETTINGS,
+                "FLEETSERVE_ALLOWED_PROMETHEUS_URLS": json.dumps([prometheus.url]),
+            },
         )
         self.stack.callback(operator.stop)
         self.console.print(

@@ -6,6 +6,8 @@ the documented names; that the API server's defaults cause no drift shows in tes
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,20 @@ from fleetserve_e2e.testing import wait_for_ready_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _prometheus_urls() -> list[str]:
+    """The Prometheus URLs the examples name: the operator must be allowed to query them."""
+    specs = [yaml.safe_load(path.read_text())["spec"] for path in EXAMPLES]
+    analyses = [spec.get("rollout", {}).get("analysis") or {} for spec in specs]
+    return sorted({a["prometheusUrl"] for a in analyses if "prometheusUrl" in a})
+
+
+@pytest.fixture
+def example_operator(start_operator: Callable[..., OperatorProcess]) -> OperatorProcess:
+    """An operator allowed to query the Prometheus URLs the examples name."""
+    allowed = json.dumps(_prometheus_urls())
+    return start_operator({"FLEETSERVE_ALLOWED_PROMETHEUS_URLS": allowed})
 
 
 def _tracks(spec: dict[str, Any]) -> dict[str, int]:
@@ -126,7 +142,7 @@ def test_example_runs(
     crd: LocalCluster,
     kube: KubeClient,
     namespace: str,
-    operator: OperatorProcess,
+    example_operator: OperatorProcess,
     path: Path,
 ) -> None:
     """Children with the exact fields, Ready runtime pods, status and printer columns."""
@@ -172,4 +188,4 @@ def test_example_runs(
         "Succeeded",
         body["status"]["ready"],
     ]
-    assert operator.total("fleetserve_operator_errors") == 0
+    assert example_operator.total("fleetserve_operator_errors") == 0

@@ -7,6 +7,7 @@ live in the harness (`fleetserve_e2e.loadgen`, `fleetserve_e2e.operator_process`
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator_e2e"))
 
 from opfixtures import crd, operator_kubeconfig, start_operator  # noqa: E402
 
+from fleetserve_e2e import LocalPrometheus  # noqa: E402
 from fleetserve_e2e.operator_process import OperatorProcess  # noqa: E402
 
 __all__ = ["crd", "operator_kubeconfig", "rollout_operator", "start_operator"]
@@ -31,7 +33,8 @@ ROLLOUT_SETTINGS = {
 
 @pytest.fixture
 def rollout_operator(
-    start_operator: Callable[..., OperatorProcess],
+    start_operator: Callable[..., OperatorProcess], local_prometheus: LocalPrometheus
 ) -> Callable[[], OperatorProcess]:
-    """Start (another) operator with the rollout timer at 0.5 s."""
-    return lambda: start_operator(ROLLOUT_SETTINGS)
+    """Start (another) operator with the rollout timer at 0.5 s, allowed to query Prometheus."""
+    allowed = {"FLEETSERVE_ALLOWED_PROMETHEUS_URLS": json.dumps([local_prometheus.url])}
+    return lambda: start_operator({**ROLLOUT_SETTINGS, **allowed})

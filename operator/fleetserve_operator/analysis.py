@@ -15,14 +15,14 @@ so a 1% step with little traffic never passes on noise.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from http import HTTPStatus
+from typing import Any, Protocol
 
 import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from urllib3.util.retry import Retry
+import urllib3
 
 from fleetserve_operator.contract import MemoryMetric
 from fleetserve_operator.errors import MetricsUnavailable
@@ -45,6 +45,7 @@ __all__ = [
     "REQUESTS",
     "REQUEST_SECONDS",
     "SERVER_ERRORS",
+    "MESSAGE_LIMIT",
     "AnalysisTarget",
     "MetricSource",
     "PlannedCheck",
@@ -80,31 +81,88 @@ class MetricSource(Protocol):
         ...
 
 
-class PrometheusSource:
-    """A `MetricSource` over Prometheus's HTTP API (prometheus-api-client)."""
+MESSAGE_LIMIT = 1024
+"""Longest message of a `MetricsUnavailable`: it reaches status and Events."""
 
-    def __init__(self, url: str, *, timeout_s: int = 5) -> None:
-        # No client-side retries: a failed query is an inconclusive check, and the next
-        # reconcile asks again; retrying here would only stall the reconcile.
-        self._prometheus = PrometheusConnect(url=url, timeout=timeout_s, retry=Retry(total=0))
-        self.url = url
+
+class PrometheusSource:
+    """A `MetricSource` over Prometheus's HTTP API (`GET /api/v1/query`).
+
+    Nothing Prometheus sends is repeated: a failure is reported as the HTTP status code and
+    its standard phrase, or a fixed reason, never the body or the server's own reason text,
+    so status and Events publish nothing fetched (they are readable by everyone who may read
+    the InferenceService). Redirects are not followed: an allowed URL must not lead to one
+    that is not. A body longer than `MAX_BODY_BYTES` is a failure, and no more of it is read.
+    """
+
+    MAX_BODY_BYTES = 4 * 2**20
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self._timeout_s = timeout_s
+
+    def _failure(self, reason: str) -> MetricsUnavailable:
+        return MetricsUnavailable(f"Prometheus {self.url}: {reason}"[:MESSAGE_LIMIT])
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """(status code, body) of one GET; raises `MetricsUnavailable` when none came."""
+        try:
+            # No retries: a failed query is an inconclusive check, and the next reconcile
+            # asks again; retrying here would only stall the reconcile.
+            with requests.get(
+                self.url + path,
+                params=params,
+                timeout=self._timeout_s,
+                allow_redirects=False,
+                stream=True,
+            ) as response:
+                body = response.raw.read(self.MAX_BODY_BYTES + 1, decode_content=True)
+                return response.status_code, body
+        except (requests.Timeout, urllib3.exceptions.TimeoutError):
+            raise self._failure(f"no answer within {self._timeout_s:g} s") from None
+        except requests.ConnectionError:
+            raise self._failure("could not connect") from None
+        # The body is read from urllib3 directly, whose errors are not requests'.
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._failure(f"request failed ({type(exc).__name__})") from None
 
     def query(self, promql: str) -> float | None:
         """The first series' value of `promql`; raises `MetricsUnavailable` on any failure."""
+        status, body = self._get("/api/v1/query", {"query": promql})
+        if status != HTTPStatus.OK:
+            raise self._failure(f"answered HTTP {_status_text(status)}")
+        if len(body) > self.MAX_BODY_BYTES:
+            raise self._failure(f"answered more than {self.MAX_BODY_BYTES} bytes")
         try:
-            result = self._prometheus.custom_query(promql)
-        except (PrometheusApiClientException, requests.RequestException) as exc:
-            raise MetricsUnavailable(f"{self.url}: {promql}: {exc}") from exc
-        if not result:
-            return None
-        return float(result[0]["value"][1])
+            return _instant_value(json.loads(body)["data"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise self._failure("answered HTTP 200 without an instant-query result") from None
 
     def is_online(self) -> bool:
-        """Whether Prometheus answers its health check."""
+        """Whether Prometheus answers at all (its `/` redirects to the UI: that counts)."""
         try:
-            return bool(self._prometheus.check_prometheus_connection())
-        except requests.RequestException:
+            status, _ = self._get("/")
+        except MetricsUnavailable:
             return False
+        return status < HTTPStatus.BAD_REQUEST
+
+
+def _status_text(code: int) -> str:
+    """`503 Service Unavailable`: the standard phrase, never the one the server sent."""
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
+
+
+def _instant_value(data: Any) -> float | None:
+    """The value of an instant query's `data`: a vector's first sample, or a scalar."""
+    result = data["result"]
+    if data["resultType"] == "scalar":
+        return float(result[1])
+    if not result:
+        return None
+    return float(result[0]["value"][1])
 
 
 def memory_query(metric: str, *, namespace: str, model: str, version: str) -> str:
@@ -351,7 +409,7 @@ def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -
     try:
         requests = _value(source, requests_query(target.canary, target.window))
     except MetricsUnavailable as exc:
-        return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc)[:1024])
+        return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc)[:MESSAGE_LIMIT])
     if requests is None or requests < spec.min_requests:
         seen = 0.0 if requests is None else requests
         message = f"{seen:.0f} canary requests in {target.window}, fewer than {spec.min_requests}"

@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetserve_operator.naming import Track
-from fleetserve_operator.spec import BatchingSpec, MemorySpec, ModelSpec
+from fleetserve_operator.spec import BatchingSpec, GpuTrackSpec, ModelSpec
 
 __all__ = [
+    "AUTH_MOUNT",
+    "AUTH_TOKEN_FILE",
+    "AUTH_TOKEN_KEY",
     "COMMAND",
     "HTTP_PORT",
     "KNOWN_BUILTINS",
@@ -35,6 +38,11 @@ READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
 METRICS_PATH = "/metrics"
 MODEL_MOUNT = "/models"
+AUTH_MOUNT = "/var/run/secrets/fleetserve/auth"
+"""Where `spec.runtime.authSecretRef`'s Secret is mounted: a directory, never a subPath,
+so that the kubelet swaps in a rotated token without restarting the pod."""
+AUTH_TOKEN_KEY = "token"
+AUTH_TOKEN_FILE = f"{AUTH_MOUNT}/{AUTH_TOKEN_KEY}"
 KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic"})
 """`builtin://` models the runtime image ships; anything else is an invalid spec."""
 # The runtime refuses max_instances > max_queue_size (a request larger than the queue could
@@ -90,9 +98,9 @@ def runtime_model_uri(model: ModelSpec) -> str:
     return uri
 
 
-def render_args(*, model: ModelSpec, memory: MemorySpec, config: TrackConfig) -> list[str]:
-    """`fleetserve-runtime serve` flags for one track (after COMMAND)."""
-    batching = config.batching
+def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
+    """`fleetserve-runtime serve` flags for one track (after COMMAND), from what its pods run."""
+    batching, model, memory = config.batching, pods.model, pods.memory
     flags: dict[str, object] = {
         "model": runtime_model_uri(model),
         "name": model.name,
@@ -115,6 +123,8 @@ def render_args(*, model: ModelSpec, memory: MemorySpec, config: TrackConfig) ->
         "memory-budget-bytes": memory.budget_bytes,
         "memory-reserve-fraction": memory.reserve_fraction,
     }
+    if pods.runtime.auth_secret_ref is not None:
+        flags["auth-token-file"] = AUTH_TOKEN_FILE
     args: list[str] = []
     for flag, value in flags.items():
         args += [f"--{flag}", str(value)]

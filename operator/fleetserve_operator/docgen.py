@@ -33,13 +33,24 @@ def _type_of(node: Schema) -> str:
     return kind
 
 
+_BOUNDS = (
+    ("minimum", "≥"),
+    ("maximum", "≤"),
+    ("minItems", "items ≥"),
+    ("maxItems", "items ≤"),
+    ("maxProperties", "keys ≤"),
+    ("maxLength", "length ≤"),
+)
+
+
 def _limits(node: Schema) -> str:
-    parts = []
-    for key, word in (("minimum", "≥"), ("maximum", "≤"), ("minItems", "items ≥")):
-        if key in node:
-            parts.append(f"{word} {node[key]}")
+    parts = [f"{word} {node[key]}" for key, word in _BOUNDS if key in node]
     if "pattern" in node:
         parts.append(f"pattern `{node['pattern']}`")
+    for key, word in (("items", "each"), ("additionalProperties", "values")):
+        inner = node.get(key)
+        if isinstance(inner, dict) and "maxLength" in inner:
+            parts.append(f"{word}: length ≤ {inner['maxLength']}")
     return ", ".join(parts)
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "GROUP",
     "KIND",
     "MANAGER",
+    "MAX_NAME_LENGTH",
     "PLURAL",
     "SHORT_NAME",
     "VERSION",
@@ -51,6 +52,12 @@ class Track(StrEnum):
     def pool(self) -> str:
         """`gpu` for the tracks that share the GPU pool, `cpu` for the fallback."""
         return "cpu" if self is Track.FALLBACK else "gpu"
+
+
+MAX_NAME_LENGTH = 63 - max(len(f"-{track.value}") for track in Track)
+"""Longest InferenceService name: `child_name` must stay a DNS-1035 label (a Service name) of
+at most 63 characters on every track. Longer names derived from a child's (ReplicaSets,
+pods, EndpointSlices) are DNS subdomains, or are truncated by the controllers that make them."""
 
 
 def child_name(service: str, track: Track | None = None) -> str:

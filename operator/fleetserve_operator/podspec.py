@@ -27,6 +27,9 @@ CONTAINER_NAME = "runtime"
 RUNTIME_UID = 65532
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
+AUTH_VOLUME = "auth"
+# Owner and group may read the token (the pod's fsGroup is the runtime's group); nobody writes.
+AUTH_FILE_MODE = 0o440
 # Loading and warming a model can take minutes; the startup probe gives it 10 minutes before
 # the liveness probe may restart the container.
 STARTUP_PROBE_FAILURES = 120
@@ -61,7 +64,7 @@ def _resources(plan: TrackPlan) -> Manifest:
 
 
 def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
-    """(volumes, mounts): a writable /tmp, and the model's PVC read-only at /models."""
+    """(volumes, mounts): a writable /tmp, and read-only the model's PVC and the auth Secret."""
     # The root filesystem is read-only; torch and tokenizers still want a scratch directory.
     volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
     mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]  # noqa: S108
@@ -74,6 +77,19 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
             }
         )
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
+    auth = spec.runtime.auth_secret_ref
+    if auth is not None:
+        volumes.append(
+            {
+                "name": AUTH_VOLUME,
+                "secret": {
+                    "secretName": auth.name,
+                    "items": [{"key": auth.key, "path": contract.AUTH_TOKEN_KEY}],
+                    "defaultMode": AUTH_FILE_MODE,
+                },
+            }
+        )
+        mounts.append({"name": AUTH_VOLUME, "mountPath": contract.AUTH_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -84,7 +100,7 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.COMMAND),
-        "args": contract.render_args(model=spec.model, memory=spec.memory, config=plan.config),
+        "args": contract.render_args(pods=spec, config=plan.config),
         "ports": [{"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}],
         "startupProbe": _probe(contract.LIVE_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
         "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),

@@ -6,15 +6,24 @@ naming the variable; nothing falls back) and `apply_kopf_settings` tunes kopf wi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import kopf
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetserve_operator import naming
+from fleetserve_operator.allowlist import PrometheusAllowlist, parse_base_url
 
 __all__ = ["OperatorConfig", "apply_kopf_settings"]
+
+
+def _base_url(url: str) -> str:
+    parse_base_url(url)  # raises ValueError saying what is wrong with it
+    return url
+
+
+PrometheusBaseUrl = Annotated[str, Field(max_length=512), AfterValidator(_base_url)]
 
 
 class OperatorConfig(BaseSettings):
@@ -36,9 +45,15 @@ class OperatorConfig(BaseSettings):
     """Port of the operator's own `/metrics` (reconciles, errors, durations); 0 disables it."""
     liveness_port: int = Field(8080, ge=0, le=65535)
     """Port of the `/healthz` liveness endpoint; 0 disables it."""
-    prometheus_url: str | None = Field(None, pattern=r"^https?://.+")
+    prometheus_url: PrometheusBaseUrl | None = None
     """Prometheus for the memory-budget check when a service names none in
-    `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked."""
+    `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked.
+    Services may always name this one."""
+    allowed_prometheus_urls: list[PrometheusBaseUrl] = Field(default_factory=list, max_length=64)
+    """Prometheus base URLs a service may name in `spec.rollout.analysis.prometheusUrl`
+    besides `prometheus_url` (JSON list, e.g. `["http://prometheus.monitoring:9090"]`). A URL
+    is allowed when scheme, host and port are an entry's and its path is the entry's or
+    below it; empty: only `prometheus_url`. Any other URL is an invalid spec."""
     resync_interval_s: float = Field(60.0, ge=1, le=3600)
     """How often every InferenceService is re-checked (memory budget, PVCs, missed events)."""
     rollout_tick_s: float = Field(5.0, ge=0.1, le=600)
@@ -58,6 +73,12 @@ class OperatorConfig(BaseSettings):
     def is_clusterwide(self) -> bool:
         """True when no namespace list restricts the watch."""
         return not self.namespaces
+
+    @property
+    def prometheus_allowlist(self) -> PrometheusAllowlist:
+        """`allowed_prometheus_urls` and `prometheus_url`, the URLs a service may name."""
+        own = [self.prometheus_url] if self.prometheus_url else []
+        return PrometheusAllowlist([*self.allowed_prometheus_urls, *own])
 
 
 def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ SPECS = {
         "runtime": {"device": "cuda", "threads": 8},
         "fallback": {"enabled": True, "threads": 2, "batching": {"maxBatchSize": 4}},
     },
-    "pvc": {"model": {"name": "enc", "version": "2024.1+b", "uri": "pvc://w/enc/v1"}},
+    "pvc": {"model": {"name": "enc", "version": "2024.1_b", "uri": "pvc://w/enc/v1"}},
+    "auth": {"runtime": {"authSecretRef": {"name": "tokens", "key": "current"}},
+             "fallback": {"enabled": True}},
 }  # fmt: skip
 
 
@@ -36,12 +39,24 @@ def _plans(sections: dict[str, Any]) -> list[tuple[Any, Any]]:
     return [(spec, plan) for plan in plan_tracks(spec, InferenceServiceStatus())]
 
 
+def _as_mounted(args: list[str], token_file: Path) -> list[str]:
+    """`args` with the Secret's file where the kubelet would mount it (here: `token_file`)."""
+    return [str(token_file) if arg == contract.AUTH_TOKEN_FILE else arg for arg in args]
+
+
 @pytest.mark.parametrize("name", SPECS)
-def test_rendered_args_round_trip(name: str) -> None:
-    """Every track's flags parse into a RuntimeConfig holding exactly the spec's values."""
+def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
+    """Every track's flags parse into a RuntimeConfig holding exactly the spec's values.
+
+    With `runtime.authSecretRef` every track's runtime reads its token from the file the
+    Secret is mounted as (the runtime refuses to start on an unreadable one); without it,
+    none does.
+    """
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
     for spec, plan in _plans(SPECS[name]):
-        args = contract.render_args(model=spec.model, memory=spec.memory, config=plan.config)
-        config = parse_config(args)
+        args = contract.render_args(pods=plan.pods, config=plan.config)
+        config = parse_config(_as_mounted(args, token_file))
         batching = plan.config.batching
         assert config.model == contract.runtime_model_uri(spec.model)
         assert (config.name, config.version) == (spec.model.name, spec.model.version)
@@ -59,14 +74,19 @@ def test_rendered_args_round_trip(name: str) -> None:
         assert config.memory.budget_bytes == spec.memory.budget_bytes
         assert config.memory.reserve_fraction == spec.memory.reserve_fraction
         assert config.port == contract.HTTP_PORT
+        auth = spec.runtime.auth_secret_ref
+        assert config.auth_token_file == (None if auth is None else token_file)
+        rendered = contract.AUTH_TOKEN_FILE if auth else None
+        assert dict(zip(args, args[1:], strict=False)).get("--auth-token-file") == rendered
 
 
-def test_every_rendered_flag_is_a_runtime_flag() -> None:
-    """No flag the operator renders is unknown to the runtime."""
+@pytest.mark.parametrize("name", SPECS)
+def test_every_rendered_flag_is_a_runtime_flag(name: str) -> None:
+    """No flag the operator renders is unknown to the runtime (`--auth-token-file` too)."""
     known = {flag.flag for flag in config_flags()}
-    spec, plan = _plans({})[0]
-    args = contract.render_args(model=spec.model, memory=spec.memory, config=plan.config)
-    assert {a for a in args if a.startswith("--")} <= known
+    for _, plan in _plans(SPECS[name]):
+        args = contract.render_args(pods=plan.pods, config=plan.config)
+        assert {a for a in args if a.startswith("--")} <= known
 
 
 def test_batching_defaults_agree() -> None:

@@ -118,3 +118,29 @@ def test_rendered_yaml_has_no_aliases() -> None:
     assert "&id" not in text
     assert "*id" not in text
     assert yaml.safe_load(text) == crdgen.build_crd()
+
+
+def test_every_string_list_and_map_is_bounded() -> None:
+    """Nothing in spec or status is unbounded: strings, lists, maps and their keys."""
+    for path, node in _walk(_schema()):
+        if path in (".apiVersion", ".kind"):  # the API server checks these itself
+            continue
+        kind = node.get("type")
+        if kind == "string" or node.get("x-kubernetes-int-or-string"):
+            assert "maxLength" in node or "enum" in node, path
+        if kind == "array":
+            assert "maxItems" in node, path
+        if kind == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+            assert any("size(k) <=" in rule for rule in _rules(path)), path
+
+
+def test_map_keys_become_a_cel_rule_naming_the_field() -> None:
+    """Constrained map keys (no `propertyNames` in a structural schema) are a CEL rule."""
+    node = dict(_walk(_schema()))[".spec.runtime.nodeSelector"]
+    assert "propertyNames" not in node
+    assert "patternProperties" not in node
+    (rule,) = node["x-kubernetes-validations"]
+    assert rule["rule"].startswith("self.all(k, size(k) <= 317 && k.matches(")
+    assert rule["message"].startswith("spec.runtime.nodeSelector keys must")
+    assert node["additionalProperties"]["maxLength"] == 63

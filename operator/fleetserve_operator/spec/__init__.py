@@ -14,6 +14,7 @@ from __future__ import annotations
 from fleetserve_operator.spec.base import (
     DEFAULT_IMAGE,
     GPU_RESOURCE,
+    MAX_QUANTITY,
     Wire,
     parse_duration_s,
     parse_quantity,
@@ -32,6 +33,7 @@ from fleetserve_operator.spec.serving import (
     EnvVar,
     FallbackSpec,
     GpuTrackSpec,
+    KeySelector,
     MemorySpec,
     ModelSpec,
     Replicas,
@@ -59,6 +61,7 @@ from fleetserve_operator.spec.status import (
 __all__ = [
     "DEFAULT_IMAGE",
     "GPU_RESOURCE",
+    "MAX_QUANTITY",
     "Acknowledgement",
     "AnalysisResult",
     "AnalysisSpec",
@@ -74,6 +77,7 @@ __all__ = [
     "InconclusiveReason",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
+    "KeySelector",
     "MemorySpec",
     "MetricCheck",
     "ModelSpec",

@@ -7,7 +7,7 @@ fields rejected, and each field's docstring becomes its description in the CRD.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
@@ -17,7 +17,12 @@ from pydantic.config import JsonDict
 __all__ = [
     "DEFAULT_IMAGE",
     "GPU_RESOURCE",
+    "MAX_QUANTITY",
+    "DnsLabel",
+    "DnsSubdomain",
     "Duration",
+    "LabelValue",
+    "QualifiedName",
     "Quantity",
     "Wire",
     "cel",
@@ -28,8 +33,15 @@ __all__ = [
 DEFAULT_IMAGE = "ghcr.io/fleetserve/fleetserve-runtime:0.1.0"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-_QUANTITY_RE = r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i|[kMGTPE]|m)?$"
-_DURATION_RE = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+QUANTITY_MAX_LENGTH = 64
+MAX_QUANTITY = 2**63 - 1
+"""The largest quantity Kubernetes represents; anything above it is refused, not capped."""
+# Two exponent digits already reach far past MAX_QUANTITY; more only let a short string stand
+# for a number too large to compute with.
+_QUANTITY_RE = r"^[0-9]+(\.[0-9]+)?([eE][0-9]{1,2}|[KMGTPE]i|[kMGTPE]|m)?$"
+# At most six digits before each unit: the longest duration 32 characters can then spell is
+# centuries, not a number that overflows a datetime.
+_DURATION_RE = r"^([0-9]{1,6}(\.[0-9]{1,9})?(ms|s|m|h))+$"
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL: dict[str, Decimal | int] = {
     "m": Decimal("0.001"),
@@ -41,9 +53,29 @@ _DECIMAL: dict[str, Decimal | int] = {
 }
 _DECIMAL |= {"P": 10**15, "E": 10**18}
 _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Exact for every string the grammar and QUANTITY_MAX_LENGTH allow: 64 digits times at most
+# 10**99 never rounds, so "rounded down" is the only rounding there is.
+_EXACT = Context(prec=200)
 
 Duration = Annotated[str, Field(pattern=_DURATION_RE, max_length=32)]
 """A Go-style duration: `30s`, `1m`, `1h30m`, `500ms`."""
+
+_DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# An optional DNS-subdomain prefix (its length bounded, its dots loosely) and a 63-character name.
+_QUALIFIED_NAME_RE = (
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+DnsLabel = Annotated[str, Field(pattern=_DNS_LABEL_RE, max_length=63)]
+"""A DNS-1123 label: a namespace, a Service, a listener's port name."""
+DnsSubdomain = Annotated[str, Field(pattern=_DNS_SUBDOMAIN_RE, max_length=253)]
+"""A DNS-1123 subdomain: the name of most Kubernetes objects."""
+LabelValue = Annotated[str, Field(pattern=_LABEL_VALUE_RE, max_length=63)]
+"""A Kubernetes label value (also what node selectors and taints compare)."""
+QualifiedName = Annotated[str, Field(pattern=_QUALIFIED_NAME_RE, max_length=317)]
+"""A label key or resource name: `[prefix/]name`, e.g. `nvidia.com/gpu`."""
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -57,18 +89,38 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
 def parse_quantity(value: int | str) -> int:
     """A Kubernetes quantity in base units, rounded down (`"1Gi"` → 1073741824).
 
+    Total: every input either parses or raises `ValueError`, whatever its size.
+
     Raises:
-        ValueError: `value` is not a quantity.
+        ValueError: `value` is not a quantity, or is above `MAX_QUANTITY`.
     """
-    text = str(value)
-    if re.fullmatch(_QUANTITY_RE, text) is None:
-        msg = f"{value!r} is not a Kubernetes quantity (for example 8Gi, 512Mi, 1000000)"
+    if isinstance(value, int):
+        return _bounded(value, value)
+    if len(value) > QUANTITY_MAX_LENGTH:
+        msg = f"a quantity has at most {QUANTITY_MAX_LENGTH} characters, got {len(value)}"
         raise ValueError(msg)
-    suffix = text.lstrip("0123456789.")
-    number = Decimal(text[: len(text) - len(suffix)])
-    if suffix[:1] in ("e", "E"):
-        return int(number * Decimal(10) ** int(suffix[1:]))
-    return int(number * _BINARY.get(suffix, _DECIMAL.get(suffix, 1)))
+    if re.fullmatch(_QUANTITY_RE, value) is None:
+        msg = (
+            f"{value!r} is not a Kubernetes quantity (for example 8Gi, 512Mi, 1e9; "
+            "an exponent has at most 2 digits)"
+        )
+        raise ValueError(msg)
+    suffix = value.lstrip("0123456789.")
+    number = Decimal(value[: len(value) - len(suffix)])
+    factor = _BINARY.get(suffix, _DECIMAL.get(suffix))
+    if factor is None:  # "e<digits>": "E" alone and "Ei" are units, matched above
+        scaled = number.scaleb(int(suffix[1:]), context=_EXACT)
+    else:
+        scaled = _EXACT.multiply(number, Decimal(factor))
+    return _bounded(int(scaled), value)
+
+
+def _bounded(number: int, value: int | str) -> int:
+    if not 0 <= number <= MAX_QUANTITY:
+        shown = repr(value) if isinstance(value, str) else "the integer"
+        msg = f"{shown} is outside 0..{MAX_QUANTITY} (2^63-1), the range of a quantity"
+        raise ValueError(msg)
+    return number
 
 
 def _valid_quantity(value: int | str) -> int | str:
@@ -77,7 +129,8 @@ def _valid_quantity(value: int | str) -> int | str:
 
 
 # A Kubernetes quantity ("8Gi", "500m", 1000000): the API server keeps ints and strings apart,
-# so the schema is the standard int-or-string one, with the quantity grammar on strings.
+# so the schema is the standard int-or-string one, with the quantity grammar and length on
+# strings and the sign on integers.
 Quantity = Annotated[
     int | str,
     AfterValidator(_valid_quantity),
@@ -86,6 +139,8 @@ Quantity = Annotated[
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "x-kubernetes-int-or-string": True,
             "pattern": _QUANTITY_RE,
+            "maxLength": QUANTITY_MAX_LENGTH,
+            "minimum": 0,
         }
     ),
 ]

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from fleetserve_operator.spec.base import Duration, Wire, cel
+from fleetserve_operator.spec.base import DnsLabel, DnsSubdomain, Duration, Wire, cel
 
 __all__ = [
     "COMMAND_PREFIX",
@@ -20,6 +20,9 @@ __all__ = [
 ]
 
 COMMAND_PREFIX = "serving.fleetserve.io/"
+# Gateway API's own Hostname type: a DNS name, optionally with one leading wildcard label.
+_HOSTNAME_RE = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+Hostname = Annotated[str, Field(pattern=_HOSTNAME_RE, max_length=253)]
 
 
 class RolloutCommand(StrEnum):
@@ -62,7 +65,7 @@ class MetricCheck(Wire):
         }
     )
 
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63)
     """Name shown in status and events."""
     query: str = Field(min_length=1, max_length=4096)
     """PromQL returning one number; `$namespace`, `$model`, `$version`, `$track`, `$window`
@@ -87,7 +90,9 @@ class AnalysisSpec(Wire):
     """How a canary step is judged from Prometheus (canary vs stable by the `track` label)."""
 
     prometheus_url: str = Field(pattern=r"^https?://.+", max_length=512)
-    """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`."""
+    """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`; it must be one the
+    operator's configuration allows (`allowed_prometheus_urls` or its own `prometheus_url`),
+    else the spec is invalid."""
     window: Duration | None = None
     """Range of each query; unset means the rollout interval."""
     max_error_rate: float = Field(0.01, ge=0, le=1)
@@ -157,11 +162,11 @@ class RolloutSpec(Wire):
 class ParentRef(Wire):
     """A Gateway the HTTPRoute attaches to (Gateway API ParentReference)."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: DnsSubdomain
     """Gateway name."""
-    namespace: str | None = Field(None, max_length=63)
+    namespace: DnsLabel | None = None
     """Gateway namespace; unset: the InferenceService's."""
-    section_name: str | None = Field(None, max_length=253)
+    section_name: DnsSubdomain | None = None
     """Listener name on the Gateway."""
     port: int | None = Field(None, ge=1, le=65535)
     """Listener port."""
@@ -187,7 +192,7 @@ class TrafficSpec(Wire):
     spreads requests over pods, so weights follow replica counts."""
     parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
     """Gateways the HTTPRoute attaches to (gateway-api)."""
-    hostnames: list[str] = Field(default_factory=list, max_length=16)
+    hostnames: list[Hostname] = Field(default_factory=list, max_length=16)
     """Hostnames the HTTPRoute matches (gateway-api)."""
     port: int = Field(80, ge=1, le=65535)
     """Port of the Services."""

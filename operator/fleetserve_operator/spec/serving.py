@@ -10,7 +10,10 @@ from pydantic import ConfigDict, Field, model_validator
 from fleetserve_operator.spec.base import (
     DEFAULT_IMAGE,
     GPU_RESOURCE,
+    DnsSubdomain,
     Duration,
+    LabelValue,
+    QualifiedName,
     Quantity,
     Wire,
     cel,
@@ -25,6 +28,7 @@ __all__ = [
     "FallbackSpec",
     "GpuTrackSpec",
     "KeyRef",
+    "KeySelector",
     "MemorySpec",
     "ModelSpec",
     "Replicas",
@@ -48,16 +52,20 @@ class ModelSpec(Wire):
         }
     )
 
-    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$", max_length=63)
     """Name the model is served under (`/v2/models/{name}`) and its `model` metric label."""
-    version: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
+    # The version is also a label value of the track's Deployment and pods, so it takes that
+    # grammar: no `+`, and a letter or digit at both ends.
+    version: str = Field(pattern=r"^[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?$", max_length=63)
     """Version label; changing it rolls the new version out."""
     uri: str | None = Field(
-        None, pattern=r"^(builtin://[a-z0-9-]+(\?.*)?|file:///.+|pvc://[a-z0-9][a-z0-9.-]*/.+)$"
+        None,
+        pattern=r"^(builtin://[a-z0-9-]+(\?.*)?|file:///.+|pvc://[a-z0-9][a-z0-9.-]{0,252}/.+)$",
+        max_length=2048,
     )
     """`builtin://minilm-l6`, `builtin://synthetic?latency_ms=5`, `file:///path` (in the image)
     or `pvc://<claim>/<path>` (the claim is mounted read-only at /models)."""
-    handler: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    handler: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)
     """Entry point `package.module:factory` building the model handler (instead of `uri`)."""
 
     @model_validator(mode="after")
@@ -98,9 +106,9 @@ class Replicas(Wire):
 class Resources(Wire):
     """Container resource requests and limits (Kubernetes quantities)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
     """Requested resources, e.g. `cpu: "2"`, `memory: 8Gi`."""
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
     """Resource limits, e.g. `nvidia.com/gpu: 1`."""
 
     @property
@@ -118,11 +126,11 @@ class Resources(Wire):
 class Toleration(Wire):
     """A pod toleration, as in the core API."""
 
-    key: str | None = Field(None, max_length=253)
+    key: QualifiedName | None = None
     """Taint key; empty with `Exists` matches every taint."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """How the value is compared."""
-    value: str | None = Field(None, max_length=63)
+    value: LabelValue | None = None
     """Taint value for `Equal`."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; empty tolerates all."""
@@ -130,13 +138,18 @@ class Toleration(Wire):
     """How long a `NoExecute` taint is tolerated, in seconds."""
 
 
-class KeyRef(Wire):
-    """A key of a Secret or ConfigMap."""
+class KeySelector(Wire):
+    """A key of a Secret or ConfigMap in the InferenceService's namespace."""
 
-    name: str = Field(max_length=253)
+    name: DnsSubdomain
     """Name of the Secret or ConfigMap."""
-    key: str = Field(max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
     """Key inside it."""
+
+
+class KeyRef(KeySelector):
+    """A key of a Secret or ConfigMap, for an environment variable."""
+
     optional: bool | None = None
     """Start even when it is missing."""
 
@@ -155,8 +168,8 @@ class EnvVar(Wire):
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
     """Variable name; `FLEETSERVE_*` names set runtime options the operator does not render."""
-    value: str | None = None
-    """Literal value."""
+    value: str | None = Field(None, max_length=4096)
+    """Literal value; a longer one belongs in a ConfigMap or Secret (`valueFrom`)."""
     value_from: EnvSource | None = None
     """Value from a Secret or ConfigMap key."""
 
@@ -176,14 +189,19 @@ class RuntimeSpec(Wire):
     """Where the model runs; `auto` picks CUDA when the pod has a GPU."""
     threads: int = Field(0, ge=0, le=1024)
     """Torch intra-op threads; 0 keeps torch's default."""
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=32)
     """Node labels the pods require."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the pods tolerate (GPU nodes are usually tainted)."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment variables (all tracks)."""
-    service_account_name: str | None = Field(None, max_length=253)
+    service_account_name: DnsSubdomain | None = None
     """Service account of the runtime pods; none means the namespace default."""
+    auth_secret_ref: KeySelector | None = None
+    """Secret key holding the token clients must present; the runtime reads it from a
+    read-only Secret volume (`--auth-token-file`), so a rotated Secret takes effect without
+    a restart. Unset: no authentication. Every track runs with the stable track's setting
+    except the canary, which runs the spec's: changing it is a rollout."""
 
 
 class BatchingSpec(Wire):
@@ -207,7 +225,9 @@ class BatchingSpec(Wire):
     """Longest the oldest queued request waits for a batch to fill, in milliseconds."""
     max_sequence_length: int = Field(256, ge=1, le=1_000_000)
     """Longest input in tokens; longer inputs get 413 unless the request asks to truncate."""
-    buckets: str = Field("auto", pattern=r"^(auto|none|[1-9][0-9]*(,[1-9][0-9]*)*)$")
+    buckets: str = Field(
+        "auto", pattern=r"^(auto|none|[1-9][0-9]*(,[1-9][0-9]*)*)$", max_length=1024
+    )
     """Length-bucket edges in tokens: `auto` (learned), `none`, or increasing `16,32,64`."""
     max_batch_tokens: int = Field(0, ge=0)
     """Most padded tokens in one batch; 0 derives the limit from the memory budget."""
@@ -255,7 +275,9 @@ class BatchingOverrides(Wire):
     """Longest wait for a batch to fill, in milliseconds."""
     max_sequence_length: int | None = Field(None, ge=1, le=1_000_000)
     """Longest input in tokens."""
-    buckets: str | None = Field(None, pattern=r"^(auto|none|[1-9][0-9]*(,[1-9][0-9]*)*)$")
+    buckets: str | None = Field(
+        None, pattern=r"^(auto|none|[1-9][0-9]*(,[1-9][0-9]*)*)$", max_length=1024
+    )
     """Length-bucket edges (`auto`, `none` or `16,32,64`)."""
     max_batch_tokens: int | None = Field(None, ge=0)
     """Most padded tokens in one batch."""
@@ -313,7 +335,7 @@ class FallbackSpec(Wire):
     """CPU and memory of a fallback replica; no GPUs."""
     threads: int = Field(0, ge=0, le=1024)
     """Torch intra-op threads; 0 keeps torch's default."""
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=32)
     """Node labels the fallback pods require."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the fallback pods tolerate."""

@@ -254,7 +254,7 @@ class TrackStatus(Wire):
 
     model_config = ConfigDict(extra="ignore")
 
-    version: str | None = None
+    version: str | None = Field(None, max_length=63)
     """Model version of the track's pod template."""
     replicas: int = Field(0, ge=0)
     """Desired replicas."""
@@ -288,9 +288,9 @@ class InferenceServiceStatus(Wire):
     """The `.metadata.generation` this status describes."""
     phase: RolloutPhase | None = None
     """Where the service stands; see `RolloutPhase`."""
-    stable_version: str | None = None
+    stable_version: str | None = Field(None, max_length=63)
     """Model version the stable track has fully rolled out."""
-    canary_version: str | None = None
+    canary_version: str | None = Field(None, max_length=63)
     """Model version under rollout, if any."""
     canary_weight: int = Field(0, ge=0, le=100)
     """Percentage of traffic the rollout's current step gives the canary."""
