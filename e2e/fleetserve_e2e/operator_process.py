@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,10 +165,12 @@ class OperatorProcess:
         log_path: Path,
         marker: str,
         settings: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
     ) -> OperatorProcess:
         """Start the operator watching `namespace`; returns once kopf answers /healthz.
 
         `settings` are extra `FLEETSERVE_*` variables (e.g. a faster rollout timer).
+        `command` replaces `fleetserve-operator run`, e.g. with a wrapper that injects a fault.
 
         Raises:
             ProcessExitedError: the operator exited while starting (the log tail says why).
@@ -190,9 +192,8 @@ class OperatorProcess:
             **{MARKER_ENV: marker},
         )
         env.update(settings or {})
-        process = start_process(
-            "fleetserve-operator", [str(OPERATOR), "run"], log_path=log_path, env=env
-        )
+        argv = list(command) if command is not None else [str(OPERATOR), "run"]
+        process = start_process("fleetserve-operator", argv, log_path=log_path, env=env)
         running = cls(process=process, metrics_port=metrics_port, liveness_port=liveness_port)
         try:
             wait_until(running.is_live, timeout_s=60.0, what="the operator's /healthz")

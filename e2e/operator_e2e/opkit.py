@@ -107,3 +107,55 @@ def flag(args: list[str], name: str) -> str:
     value = flag_value(args, f"--{name}")
     assert value is not None, f"--{name} is not in {args}"
     return value
+
+
+def wait_condition(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    kind: str,
+    *,
+    status: str = "True",
+    reason: str | None = None,
+    timeout_s: float = 60.0,
+) -> JsonObject:
+    """Wait until the InferenceService's condition `kind` has `status` (and `reason`)."""
+
+    def reached() -> JsonObject | None:
+        found = condition(kube.get(fsvc_path(namespace, name)).get("status", {}), kind)
+        wanted = found["status"] == status and reason in (None, found["reason"])
+        return found if wanted else None
+
+    return wait_until(
+        reached, timeout_s=timeout_s, what=f"{kind}={status} ({reason}) on {namespace}/{name}"
+    )
+
+
+def warning_events(kube: KubeClient, namespace: str, name: str) -> list[JsonObject]:
+    """The Warning Events posted on InferenceService `name`."""
+    items: list[JsonObject] = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [
+        event
+        for event in items
+        if event["involvedObject"].get("kind") == KIND
+        and event["involvedObject"]["name"] == name
+        and event["type"] == "Warning"
+    ]
+
+
+def route_forwards(route: JsonObject, path: str) -> bool:
+    """Whether a Gateway sends a request for `path` to the HTTPRoute's backends.
+
+    Gateway API path matching: `Exact` takes the path itself; `PathPrefix` matches whole path
+    elements (`/v2/models/demo` takes `/v2/models/demo/infer`, not `/v2/models/demo2`), so
+    `/` takes everything. A rule without matches has the API server's default, `/`.
+    """
+    for rule in route["spec"].get("rules", []):
+        for match in rule.get("matches", [{"path": {"type": "PathPrefix", "value": "/"}}]):
+            kind, value = match["path"]["type"], match["path"]["value"]
+            if kind == "Exact" and path == value:
+                return True
+            prefix = value.rstrip("/")
+            if kind == "PathPrefix" and (path == prefix or path.startswith(prefix + "/")):
+                return True
+    return False

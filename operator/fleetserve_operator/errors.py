@@ -1,13 +1,16 @@
 """Domain errors of the operator; `handlers` maps them to kopf's retry policy in one place.
 
-`InvalidSpec` is permanent (only a new spec helps); `DependencyMissing`, `ClusterUnavailable`
-and `MetricsUnavailable` are temporary (retried with back-off). The first two name the spec
-field at fault, and that name reaches the `Degraded` condition.
+`InvalidSpec` and `ChildRefused` are permanent (only a new spec helps); `DependencyMissing`,
+`ChildConflict`, `ClusterUnavailable` and `MetricsUnavailable` are temporary (retried with
+back-off). The `SpecError`s name the spec field at fault, and that name reaches the
+`Degraded` condition.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ChildConflict",
+    "ChildRefused",
     "ClusterUnavailable",
     "DependencyMissing",
     "FleetserveError",
@@ -42,6 +45,32 @@ class DependencyMissing(SpecError):
     """An object the spec relies on does not exist yet (a PVC, the HTTPRoute API)."""
 
     reason = "DependencyMissing"
+
+
+class ChildConflict(SpecError):
+    """A child's name is taken by an object this InferenceService does not control.
+
+    The operator leaves that object untouched; deleting or renaming it (or renaming the
+    InferenceService) lets the next reconcile go on.
+    """
+
+    reason = "ChildConflict"
+
+    def __init__(self, kind: str, namespace: str, name: str) -> None:
+        super().__init__(
+            "metadata.name",
+            f"{kind} {namespace}/{name} already exists and is not controlled by this "
+            "InferenceService; it was left untouched",
+        )
+
+
+class ChildRefused(InvalidSpec):
+    """The API server refused a child rendered from the spec (schema, admission, quota)."""
+
+    reason = "ChildRefused"
+
+    def __init__(self, field: str, kind: str, name: str, message: str) -> None:
+        super().__init__(field, f"{kind} {name} refused by the API server: {message}")
 
 
 class ClusterUnavailable(FleetserveError):

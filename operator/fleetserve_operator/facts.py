@@ -1,7 +1,10 @@
-"""Pure: what the rollout needs to know of a GPU track, from its Deployment and pods.
+"""Pure: what the cluster reports of the tracks, from their Deployments and pods.
 
 `sync` lists the children and the pods of an InferenceService through `kube` and calls
-`track_facts` for the stable and the canary track; `rollout.next_step` reads the result.
+`track_facts` for the stable and the canary track (`rollout.next_step` reads the result),
+and `workload_problem` for every track: what failed after the operator applied its
+children (pods that crash at start, images that cannot be pulled, a ReplicaSet that may not
+create pods, a rollout past its progress deadline), which `observe` reports as `Degraded`.
 A pod counts only when it runs the Deployment's current template (same spec-hash label), so
 restarts and OOM kills of pods being replaced by a rolling update are not held against the
 new template.
@@ -13,14 +16,33 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleetserve_operator import naming
-from fleetserve_operator.observe import is_rolled_out
+from fleetserve_operator.naming import Track
+from fleetserve_operator.observe import Problem, is_rolled_out
 from fleetserve_operator.rollout import TrackFacts
 
-__all__ = ["OOM_KILLED", "track_facts"]
+__all__ = ["CRASH_LOOP", "MAX_MESSAGE", "OOM_KILLED", "track_facts", "workload_problem"]
 
 Manifest = dict[str, Any]
 OOM_KILLED = "OOMKilled"
 """The container termination reason the kubelet reports for an out-of-memory kill."""
+CRASH_LOOP = "CrashLoopBackOff"
+"""The kubelet's waiting reason for a container that keeps exiting."""
+MAX_MESSAGE = 512
+"""Longest message taken from a pod or Deployment into status (they can carry logs)."""
+_FAILING_WAITS = frozenset({
+    CRASH_LOOP,
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "PreStartHookError",
+    "PostStartHookError",
+})  # fmt: skip
+"""Waiting reasons of a container that will not start without a change; other waiting
+reasons (`ContainerCreating`, `PodInitializing`) are a start in progress."""
 
 
 def _labels(obj: Manifest) -> Mapping[str, str]:
@@ -33,6 +55,18 @@ def _is_oom_killed(container: Manifest) -> bool:
     return any((state.get("terminated") or {}).get("reason") == OOM_KILLED for state in states)
 
 
+def _current_pods(deployment: Manifest, pods: Iterable[Manifest]) -> list[Manifest]:
+    """The pods of `deployment`'s track that run its current template."""
+    labels = _labels(deployment)
+    track, spec_hash = labels.get(naming.TRACK_LABEL), labels.get(naming.SPEC_HASH_LABEL)
+    return [
+        pod
+        for pod in pods
+        if _labels(pod).get(naming.TRACK_LABEL) == track
+        and _labels(pod).get(naming.SPEC_HASH_LABEL) == spec_hash
+    ]
+
+
 def track_facts(deployment: Manifest | None, pods: Iterable[Manifest]) -> TrackFacts | None:
     """The track's `TrackFacts`; None when it has no Deployment.
 
@@ -42,20 +76,91 @@ def track_facts(deployment: Manifest | None, pods: Iterable[Manifest]) -> TrackF
     """
     if deployment is None:
         return None
-    labels = _labels(deployment)
-    track, spec_hash = labels.get(naming.TRACK_LABEL), labels.get(naming.SPEC_HASH_LABEL)
     containers = [
         container
-        for pod in pods
-        if _labels(pod).get(naming.TRACK_LABEL) == track
-        and _labels(pod).get(naming.SPEC_HASH_LABEL) == spec_hash
+        for pod in _current_pods(deployment, pods)
         for container in (pod.get("status") or {}).get("containerStatuses") or []
     ]
     return TrackFacts(
-        spec_hash=spec_hash,
+        spec_hash=_labels(deployment).get(naming.SPEC_HASH_LABEL),
         available=(deployment.get("status") or {}).get("availableReplicas", 0),
         replicas=deployment["spec"].get("replicas", 0),
         rolled_out=is_rolled_out(deployment),
         restarts=sum(container.get("restartCount", 0) for container in containers),
         oom_killed=any(_is_oom_killed(container) for container in containers),
     )
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "\N{HORIZONTAL ELLIPSIS}"
+
+
+def _deployment_failure(deployment: Manifest) -> Problem | None:
+    """What the Deployment's own conditions say went wrong, if anything.
+
+    `ReplicaFailure` True: its ReplicaSet may not create pods (a missing ServiceAccount, an
+    exceeded quota, an admission webhook's refusal). `Progressing` False: the rollout
+    missed its progress deadline (`ProgressDeadlineExceeded`), e.g. pods that never become
+    ready and never crash.
+    """
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        kind, status = condition.get("type"), condition.get("status")
+        if (kind, status) in (("ReplicaFailure", "True"), ("Progressing", "False")):
+            name = deployment["metadata"]["name"]
+            message = f"Deployment {name}: {condition.get('message', '')}"
+            return Problem(condition.get("reason") or str(kind), _bounded(message))
+    return None
+
+
+def _container_failure(pod: Manifest, container: Manifest) -> Problem | None:
+    """A container that cannot start or keeps exiting, in the kubelet's own words.
+
+    A crashed container alternates between waiting (`CrashLoopBackOff`) and a new run that
+    is not ready yet; both read as `CrashLoopBackOff` (or `OOMKilled`, when that ended the
+    last run) with the last run's exit, so status does not flap with the back-off.
+    """
+    where = f"pod {pod['metadata']['name']} container {container.get('name', '')}"
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    reason = waiting.get("reason", "")
+    if reason in _FAILING_WAITS and reason != CRASH_LOOP:
+        return Problem(reason, _bounded(f"{where}: {waiting.get('message') or reason}"))
+    crashed = (
+        container.get("restartCount", 0) > 0
+        and not container.get("ready")
+        and last.get("exitCode", 0) != 0
+    )
+    if reason != CRASH_LOOP and not crashed:
+        return None
+    detail = f"{where} keeps exiting"
+    if last:
+        detail += f"; its last run exited with code {last.get('exitCode')}"
+        detail += f" ({last.get('reason', 'Error')})"
+        if last.get("message"):
+            detail += f": {last['message']}"
+    reason = OOM_KILLED if last.get("reason") == OOM_KILLED else CRASH_LOOP
+    return Problem(reason, _bounded(detail))
+
+
+def workload_problem(
+    deployments: Mapping[Track, Manifest], pods: Iterable[Manifest]
+) -> Problem | None:
+    """The first failure of the tracks after their children were applied, stable first.
+
+    The reason is the cluster's own (`FailedCreate`, `CrashLoopBackOff`, `ImagePullBackOff`,
+    ...) and the message names the Deployment or pod and quotes it, cut at `MAX_MESSAGE`.
+    """
+    listed = list(pods)
+    for track in Track:
+        deployment = deployments.get(track)
+        if deployment is None:
+            continue
+        failure = _deployment_failure(deployment)
+        if failure is not None:
+            return failure
+        for pod in _current_pods(deployment, listed):
+            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                failure = _container_failure(pod, container)
+                if failure is not None:
+                    return failure
+    return None

@@ -2,13 +2,13 @@
 
 Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
 InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
-fallback carries the traffic (steps fall due by the clock, issue 5); and on any event of a
-Deployment, Service or HTTPRoute the operator manages, so a deleted or edited child is
-restored and status follows pod readiness. A DELETED watch event only calls
-`Sync.forget`, to drop the service's gauges (Kubernetes deletes the children by their owner
-references). Handlers are synchronous (kopf runs them in worker threads; the `kubernetes`
-client blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`,
-and nowhere else.
+fallback carries the traffic (steps fall due by the clock); and on any event of a
+Deployment, Service, HTTPRoute or pod the operator manages, so a deleted or edited child is
+restored and status follows pod readiness and failures (a crash loop changes no
+Deployment). A DELETED watch event only calls `Sync.forget`, to drop the service's gauges
+(Kubernetes deletes the children by their owner references). Handlers are synchronous (kopf
+runs them in worker threads; the `kubernetes` client blocks). Domain errors are turned into
+kopf's retry policy here, in `_kopf_error`, and nowhere else.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Handlers:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
     def child_changed(self, body: kopf.Body, **_: Any) -> None:
-        """Any event of a managed Deployment or Service: re-converge its InferenceService."""
+        """Any event of a managed child or pod: re-converge its InferenceService."""
         meta = body.get("metadata", {})
         owner = meta.get("labels", {}).get(naming.INSTANCE_LABEL)
         if owner is None:
@@ -142,10 +142,13 @@ def register(
     # HTTPRoutes too: a weight edited by hand would otherwise send users to a canary, or
     # away from stable, until the next resync. Without the Gateway API CRDs kopf warns
     # ("Unresolved resources cannot be served") and starts watching once they appear.
+    # Pods: a container that crashes at start, or whose image cannot be pulled, changes
+    # neither its Deployment nor its ReplicaSet; only its pod says so.
     for group, plural in (
         ("apps", "deployments"),
         ("", "services"),
         ("gateway.networking.k8s.io", "httproutes"),
+        ("", "pods"),
     ):
         kopf.on.event(group, "v1", plural, labels=managed, registry=registry)(
             handlers.child_changed

@@ -5,7 +5,14 @@ official client's `ApiClient` by path, so every kind (Deployment, Service, HTTPR
 InferenceService itself) is handled the same way, without a discovery cache on disk (the
 operator's root filesystem is read-only). API errors are mapped to the domain errors in
 `errors` here, once: a 409 conflict is retried, 429/5xx and connection failures become
-`ClusterUnavailable`, a missing HTTPRoute API becomes `DependencyMissing`.
+`ClusterUnavailable`, a missing HTTPRoute API becomes `DependencyMissing`, a child the API
+server refuses (schema, admission, quota) becomes `ChildRefused`.
+
+Children are never written blind. `create` is create-only (a POST, refused when the name is
+taken, so an object that appeared since `sync` looked is never overwritten); `apply` names
+the uid of the object `sync` checked, so the API server refuses it if that object was
+replaced meanwhile. Either way the operator then owns exactly the fields it applies, as if
+server-side apply had created the object (see `_take_ownership`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,12 @@ import kubernetes
 import urllib3
 
 from fleetserve_operator import naming
-from fleetserve_operator.errors import ClusterUnavailable, DependencyMissing, InvalidSpec
+from fleetserve_operator.errors import (
+    ChildConflict,
+    ChildRefused,
+    ClusterUnavailable,
+    DependencyMissing,
+)
 from fleetserve_operator.observe import EventNote
 
 __all__ = ["Cluster", "KubeApi", "ObjectRef"]
@@ -44,6 +56,13 @@ _CHILD_KINDS = (
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 )
 _CONFLICT_RETRIES = 3
+# What the API server says when it refuses a write for its content (schema, admission,
+# quota), as opposed to failing: 400 BadRequest, 403 Forbidden, 422 Invalid.
+_REFUSALS = (400, 403, 422)
+_MAX_REFUSAL = 1024
+_DRY_RUN = [("dryRun", "All")]
+# The spec section a child is rendered from, for the field a refusal names.
+_SOURCE_FIELDS = {"HTTPRoute": "spec.traffic", "Service": "spec.traffic"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +77,28 @@ class ObjectRef:
 class Cluster(Protocol):
     """What `sync` needs from the API server; `KubeApi` and `testing.FakeKube` provide it."""
 
-    def apply(self, manifest: Manifest) -> Manifest:
-        """Server-side apply a child; returns the object as stored."""
+    def get_child(self, manifest: Manifest) -> Manifest | None:
+        """The object `manifest` names (kind, namespace, name), whoever owns it; or None."""
+        ...
+
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+        """Dry-run the write that `create` (`current` None) or `apply` would make.
+
+        Raises:
+            ChildRefused: the API server refused it (naming the child and its message).
+        """
+        ...
+
+    def create(self, manifest: Manifest) -> Manifest:
+        """Create a child that does not exist; returns it as stored.
+
+        Raises:
+            ChildConflict: an object of that name exists (it is left untouched).
+        """
+        ...
+
+    def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
+        """Server-side apply a child onto `current` (the object as checked); returns it."""
         ...
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
@@ -113,6 +152,16 @@ def _path(api_version: str, kind: str, namespace: str, name: str | None = None) 
 def _owned_by(owner: str) -> str:
     """Label selector of the objects this operator manages for InferenceService `owner`."""
     return f"{naming.INSTANCE_LABEL}={owner},{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
+
+
+def _entries(obj: Manifest) -> list[Manifest]:
+    entries: list[Manifest] = obj["metadata"].get("managedFields") or []
+    return entries
+
+
+def _is_operator(entry: Manifest, operation: str) -> bool:
+    """Whether a managedFields entry is the operator's, made by `operation`."""
+    return entry.get("manager") == naming.MANAGER and entry.get("operation") == operation
 
 
 def _now() -> str:
@@ -178,25 +227,89 @@ class KubeApi:
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def apply(self, manifest: Manifest) -> Manifest:
-        """Server-side apply `manifest` as field manager `fleetserve-operator` (forced)."""
+    def get_child(self, manifest: Manifest) -> Manifest | None:
+        """The object `manifest` names, or None (also when the HTTPRoute API is missing)."""
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
-        query = [("fieldManager", naming.MANAGER), ("force", "true")]
+        try:
+            return self._call("GET", path)
+        except _ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise ClusterUnavailable(f"get {manifest['kind']} {meta['name']}: {exc}") from exc
+
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+        """Dry-run (`dryRun=All`) the apply: the API server validates and runs admission."""
+        self._apply(manifest, None if current is None else current["metadata"]["uid"], _DRY_RUN)
+
+    def create(self, manifest: Manifest) -> Manifest:
+        """POST `manifest` (create-only), then take ownership of its fields as an applier."""
+        meta = manifest["metadata"]
+        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        try:
+            # Not `_call`: a 409 here is AlreadyExists, which no retry changes.
+            created = self._send(
+                "POST", path, body=manifest, query=[("fieldManager", naming.MANAGER)]
+            )
+        except _ApiError as exc:
+            if exc.status == 409:
+                raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"]) from exc
+            raise self._write_error(manifest, exc) from exc
+        return self._take_ownership(manifest, created)
+
+    def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
+        """Server-side apply as field manager `fleetserve-operator` (forced) onto `current`."""
+        if any(_is_operator(e, "Update") for e in _entries(current)):
+            current = self._take_ownership(manifest, current)  # created, never applied
+        return self._apply(manifest, current["metadata"]["uid"], [])
+
+    def _take_ownership(self, manifest: Manifest, current: Manifest) -> Manifest:
+        """Make the operator the `Apply` owner of exactly `manifest`'s fields in `current`.
+
+        A POST makes its field manager an `Update` owner of every field it set, defaults
+        included, and such an owner would keep a field the operator later stops applying
+        (an object without managedFields gets one as well, `before-first-apply`). So the
+        operator's entries are replaced by the one a dry-run apply computes, as server-side
+        apply would have recorded it; the uid test keeps the patch off a replaced object.
+        """
+        meta = current["metadata"]
+        planned = self._apply(manifest, meta["uid"], _DRY_RUN)
+        applied = [e for e in _entries(planned) if _is_operator(e, "Apply")]
+        others = [e for e in _entries(current) if e.get("manager") != naming.MANAGER]
+        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+            {"op": "replace", "path": "/metadata/managedFields", "value": applied + others},
+        ]
+        try:
+            return self._call("PATCH", path, body=patch, content_type="application/json-patch+json")
+        except _ApiError as exc:
+            raise self._write_error(manifest, exc) from exc
+
+    def _write_error(self, manifest: Manifest, exc: _ApiError) -> Exception:
+        """The domain error for a refused or failed write of a child."""
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if exc.status == 404 and kind == "HTTPRoute":
+            msg = "gateway-api needs the Gateway API CRDs (HTTPRoute v1) in the cluster"
+            return DependencyMissing("spec.traffic.provider", msg)
+        if exc.status in _REFUSALS:
+            field = _SOURCE_FIELDS.get(kind, "spec")
+            return ChildRefused(field, kind, name, exc.message[:_MAX_REFUSAL])
+        return ClusterUnavailable(f"write {kind} {name}: {exc}")
+
+    def _apply(self, manifest: Manifest, uid: str | None, query: list[tuple[str, str]]) -> Manifest:
+        meta = manifest["metadata"]
+        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        # With a uid the API server refuses the apply if that object was replaced or deleted.
+        body = manifest if uid is None else {**manifest, "metadata": {**meta, "uid": uid}}
+        query = [("fieldManager", naming.MANAGER), ("force", "true"), *query]
         try:
             return self._call(
-                "PATCH", path, body=manifest, query=query,
+                "PATCH", path, body=body, query=query,
                 content_type="application/apply-patch+yaml",
             )  # fmt: skip
         except _ApiError as exc:
-            if exc.status == 404 and manifest["kind"] == "HTTPRoute":
-                msg = "gateway-api needs the Gateway API CRDs (HTTPRoute v1) in the cluster"
-                raise DependencyMissing("spec.traffic.provider", msg) from exc
-            if exc.status == 422:
-                raise InvalidSpec(
-                    "spec", f"{manifest['kind']} {meta['name']}: {exc.message}"
-                ) from exc
-            raise ClusterUnavailable(f"apply {manifest['kind']} {meta['name']}: {exc}") from exc
+            raise self._write_error(manifest, exc) from exc
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
         """Server-side apply the InferenceService's status; fields left out are removed."""

@@ -5,6 +5,11 @@ status the rollout returned, and
 writes the result only when it differs from the object's current status (so a resync or an
 operator restart writes nothing). `transitions` turns a status change into Events. A
 condition's `lastTransitionTime` moves only when its status does, as metav1 prescribes.
+
+A `Problem` (a spec error, a child the operator may not or cannot write, pods that fail
+after the children were applied, a memory budget too small) makes `Degraded` True with its
+reason and message; while the stable track has no available replica it is also `Ready`'s
+reason, so whoever waits for Ready sees why it does not come.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Problem:
 
     reason: str
     message: str
+    permanent: bool = False
+    """Only a new spec can fix it: the phase is Failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +141,7 @@ def is_rolled_out(deployment: Manifest) -> bool:
 
 def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> RolloutPhase:
     """The rollout's phase (`rollout.next_step` set it), except Failed for an invalid spec."""
-    if problem is not None and problem.reason == "InvalidSpec":
+    if problem is not None and problem.permanent:
         return RolloutPhase.FAILED
     return previous.phase or RolloutPhase.PENDING
 
@@ -183,8 +190,13 @@ def _conditions(
         )
 
     counts = f"{stable.available_replicas}/{stable.replicas}" if stable else "0/0"
+    availability = f"stable track: {counts} replicas available"
+    if ready or problem is None:
+        readiness = make(ConditionType.READY, ready, phase.value, availability)
+    else:
+        readiness = make(ConditionType.READY, False, problem.reason, problem.message)
     wanted = [
-        make(ConditionType.READY, ready, phase.value, f"stable track: {counts} replicas available"),
+        readiness,
         _progressing(make, previous, phase, rolling),
         make(
             ConditionType.DEGRADED,
@@ -251,14 +263,24 @@ def compute_status(previous: InferenceServiceStatus, seen: Observation) -> Infer
 
 
 def transitions(old: InferenceServiceStatus, new: InferenceServiceStatus) -> list[EventNote]:
-    """Events for a phase change and for every condition whose status changed."""
+    """Events for a phase change and for every condition whose status changed.
+
+    A `Degraded` condition that stays True with a new reason (one failure followed by
+    another) gets an Event too.
+    """
     notes: list[EventNote] = []
     if old.phase != new.phase and new.phase is not None:
         before = old.phase.value if old.phase else "None"
         notes.append(EventNote("Normal", "PhaseChanged", f"{before} -> {new.phase.value}"))
     for condition in new.conditions:
         previous = next((c for c in old.conditions if c.type == condition.type), None)
-        if previous is not None and previous.status == condition.status:
+        new_problem = (
+            condition.type == ConditionType.DEGRADED
+            and condition.is_true
+            and previous is not None
+            and previous.reason != condition.reason
+        )
+        if previous is not None and previous.status == condition.status and not new_problem:
             continue
         if previous is None and not condition.is_true:
             continue  # a condition first reported False is no news

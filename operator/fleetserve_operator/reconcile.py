@@ -6,11 +6,14 @@ only the fields the operator owns (server-side apply leaves every other field to
 Everything that changes during a rollout (issue 5) is rendered from `status`, which
 `rollout.next_step` wrote: the stable track runs `status.rollout.stableSpec`, the canary
 exists only while a rollout is active, replica counts follow `rollout.plan_capacity` and
-HTTPRoute weights `rollout.traffic_split`.
+HTTPRoute weights `rollout.traffic_split`. The HTTPRoute exposes only the inference paths of
+`INFERENCE_PATHS`, never the runtime's admin endpoints.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +34,17 @@ from fleetserve_operator.spec import (
 )
 
 __all__ = [
+    "APPLIED_HASH_ANNOTATION",
     "HTTPROUTE_API_VERSION",
+    "INFERENCE_PATHS",
     "Owner",
     "TrackPlan",
     "check_semantics",
     "child_key",
     "desired_children",
+    "is_controlled_by",
     "is_drifted",
+    "needs_write",
     "plan_tracks",
     "stable_pods",
     "stale_children",
@@ -48,6 +55,20 @@ Manifest = dict[str, Any]
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _MAX_NAME = 63 - len("-fallback")
+APPLIED_HASH_ANNOTATION = f"{naming.GROUP}/applied-hash"
+"""A hash of everything the operator applies to a child, so that a field the spec no longer
+asks for (a hostname, a node selector entry) is a drift too: `is_drifted` alone only sees
+desired fields that are missing or different, never ones that should be gone."""
+INFERENCE_PATHS = (
+    "/v2/models/{model}",
+    "/v1/models/{model}:predict",
+)
+"""Path prefixes the HTTPRoute sends to the runtime; `{model}` is `spec.model.name`.
+
+Everything else the runtime serves (`/v2/repository/...` loads and unloads models,
+`/metrics`, `/docs`, the server-wide health and metadata) stays unreachable from the
+gateway. A new inference API (e.g. `/v1/chat/completions`) is one more entry here.
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,13 +272,16 @@ def traffic_weights(spec: InferenceServiceSpec, status: InferenceServiceStatus) 
 
 
 def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, int]) -> Manifest:
+    # Gateway API matches a PathPrefix element by element: `/v2/models/demo` takes
+    # `/v2/models/demo/infer` but not `/v2/models/demo2/infer`.
+    paths = [path.format(model=spec.model.name) for path in INFERENCE_PATHS]
     route: Manifest = {
         "parentRefs": [
             ref.model_dump(by_alias=True, exclude_none=True) for ref in spec.traffic.parent_refs
         ],
         "rules": [
             {
-                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "matches": [{"path": {"type": "PathPrefix", "value": path}} for path in paths],
                 "backendRefs": [
                     {
                         "name": naming.child_name(owner.name, track),
@@ -308,7 +332,13 @@ def desired_children(
     children.append(_service(owner, spec, owner.name, umbrella))
     if spec.traffic.provider == "gateway-api":
         children.append(_http_route(owner, spec, traffic_weights(spec, status)))
-    return children
+    return [_with_applied_hash(child) for child in children]
+
+
+def _with_applied_hash(child: Manifest) -> Manifest:
+    digest = hashlib.sha256(json.dumps(child, sort_keys=True).encode()).hexdigest()[:16]
+    child["metadata"]["annotations"] = {APPLIED_HASH_ANNOTATION: digest}
+    return child
 
 
 def child_key(manifest: Manifest) -> tuple[str, str]:
@@ -330,6 +360,31 @@ def is_drifted(desired: Any, observed: Any) -> bool:
     return str(desired) != str(observed)
 
 
+def is_controlled_by(owner: Owner, obj: Manifest) -> bool:
+    """True when `obj` carries `owner`'s controller reference (labels alone prove nothing)."""
+    return any(
+        ref.get("uid") == owner.uid and ref.get("controller") is True
+        for ref in obj["metadata"].get("ownerReferences") or []
+    )
+
+
+def _is_applied_by_operator(obj: Manifest) -> bool:
+    """True when the operator's field manager owns `obj`'s fields through server-side apply."""
+    return any(
+        entry.get("manager") == naming.MANAGER and entry.get("operation") == "Apply"
+        for entry in obj["metadata"].get("managedFields") or []
+    )
+
+
+def needs_write(desired: Manifest, observed: Manifest) -> bool:
+    """True when `observed` drifted from `desired`, or the operator does not own its fields yet.
+
+    The latter is a child created but not yet server-side applied (the operator stopped in
+    between): until it is applied, a field later dropped from `desired` would stay behind.
+    """
+    return is_drifted(desired, observed) or not _is_applied_by_operator(observed)
+
+
 def stale_children(
     owner: Owner, desired: list[Manifest], observed: list[Manifest]
 ) -> list[Manifest]:
@@ -338,6 +393,5 @@ def stale_children(
     return [
         child
         for child in observed
-        if child_key(child) not in wanted
-        and any(ref.get("uid") == owner.uid for ref in child["metadata"].get("ownerReferences", []))
+        if child_key(child) not in wanted and is_controlled_by(owner, child)
     ]

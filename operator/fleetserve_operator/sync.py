@@ -1,4 +1,4 @@
-"""One reconcile: parse → check → observe → step the rollout → render → apply → report.
+"""One reconcile: parse, observe, step the rollout, render, check, record, apply, report.
 
 `handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
 (`rollout`, `reconcile`, `observe`, `facts`); this module only sequences them with the I/O
@@ -7,11 +7,22 @@ of `kube` and `analysis`, so that the same steps run whatever the trigger:
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
    annotations, the stable track's error ratio, and the analysis when one is due;
 2. `rollout.next_step` decides the new status;
-3. the children are rendered from that status and applied where they drifted;
-4. the status is written and exported as gauges, then the transition's side effects
-   (Events, counters, clearing a command annotation) are applied. Weights, replica counts,
-   the canary and the stable track's spec are not applied as actions: they follow from the
-   status in step 3.
+3. the children are rendered from that status, and every one that must be written is
+   checked before any is: a name taken by an object this InferenceService does not control
+   stops the reconcile (`ChildConflict`, the object is left alone), and every write is
+   dry-run on the API server, so a refused child (`ChildRefused`) leaves nothing half built;
+4. write-ahead: when children are to be written, the new status is written first, so a
+   restarted operator renders them from the step they were written for and traffic never
+   runs ahead of status (weights only move forward, or to 0 on a rollback);
+5. the children are created or applied where they drifted, stale ones deleted;
+6. the status is written (with what failed after the children were applied: crashing
+   pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges,
+   then the transition's side effects (Events, counters, clearing a command annotation)
+   are applied. Weights, replica counts, the canary and the stable track's spec are not
+   applied as actions: they follow from the status in step 5.
+
+When the children cannot be written (step 3), the rollout does not move: status keeps the
+previous step, with the reason in `Degraded`.
 
 It writes nothing when nothing changed: a child is applied only when it drifted from the
 desired object, and status only when it differs from the current one (an operator restart
@@ -26,6 +37,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +45,13 @@ from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
-from fleetserve_operator.errors import DependencyMissing, InvalidSpec, MetricsUnavailable, SpecError
+from fleetserve_operator.errors import (
+    ChildConflict,
+    DependencyMissing,
+    InvalidSpec,
+    MetricsUnavailable,
+    SpecError,
+)
 from fleetserve_operator.kube import Cluster, ObjectRef
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import TRACK_LABEL, Track
@@ -55,6 +73,14 @@ def utc_now() -> datetime:
 def _stamp(now: datetime) -> str:
     """`now` as metav1 keeps timestamps: RFC 3339, UTC, second precision."""
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A child to write: created when `current` is None, else applied onto it."""
+
+    manifest: Manifest
+    current: Manifest | None
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
@@ -146,30 +172,46 @@ class Sync:
         problem: Problem | None = None
         # From the raw spec: a spec error (a PVC gone mid-rollout) must not change it.
         routes_by_weight = body["spec"].get("traffic", {}).get("provider") == "gateway-api"
-        observed = self._kube.list_children(ref.namespace, ref.name)
+        # Labels prove nothing: only children with this service's controller reference count.
+        observed = [
+            child
+            for child in self._kube.list_children(ref.namespace, ref.name)
+            if reconcile.is_controlled_by(owner, child)
+        ]
+
+        def observation(children: list[Manifest], found: Problem | None) -> Observation:
+            return Observation(
+                generation=meta.get("generation", 0),
+                deployments=_deployments_by_track(children),
+                problem=found,
+                now=_stamp(now),
+                routes_by_weight=routes_by_weight,
+            )
+
         try:
             spec = self._checked_spec(owner, body["spec"])
             deployments = _deployments_by_track(observed)
-            seen_facts = self._facts(ref, spec, previous, deployments, meta, now)
+            pods = self._kube.list_pods(ref.namespace, ref.name) if deployments else []
+            seen_facts = self._facts(ref, spec, previous, deployments, pods, meta, now)
             step = rollout.next_step(spec, previous, seen_facts, now)
-            status, actions = step.status, step.actions
             stable = seen_facts.stable
             desired = reconcile.desired_children(
-                owner, spec, status, observed_stable_replicas=stable.replicas if stable else 0
+                owner, spec, step.status, observed_stable_replicas=stable.replicas if stable else 0
             )
-            observed = self._converge(ref, owner, desired, observed)
-            problem = self._memory_problem(ref.namespace, spec)
+            writes = self._checked_writes(owner, desired, observed)
+            status, actions = step.status, step.actions
+            problem = facts.workload_problem(deployments, pods) or self._memory_problem(
+                ref.namespace, spec
+            )
+            if writes:
+                ahead = observe.compute_status(status, observation(observed, problem))
+                self._report(ref, previous, ahead)
+                previous = ahead
+            observed = self._converge(ref, owner, desired, writes, observed)
         except SpecError as exc:
             error = exc
-            problem = Problem(exc.reason, str(exc))
-        seen = Observation(
-            generation=body["metadata"].get("generation", 0),
-            deployments=_deployments_by_track(observed),
-            problem=problem,
-            now=_stamp(now),
-            routes_by_weight=routes_by_weight,
-        )
-        self._report(ref, previous, observe.compute_status(status, seen))
+            problem = Problem(exc.reason, str(exc), permanent=isinstance(exc, InvalidSpec))
+        self._report(ref, previous, observe.compute_status(status, observation(observed, problem)))
         self._apply_effects(ref, actions)
         return error
 
@@ -179,15 +221,14 @@ class Sync:
         spec: InferenceServiceSpec,
         previous: InferenceServiceStatus,
         deployments: Mapping[Track, Manifest],
+        pods: list[Manifest],
         meta: Mapping[str, Any],
         now: datetime,
     ) -> rollout.Facts:
         """What the rollout needs to know now (a due analysis queries Prometheus)."""
-        gpu = [deployments.get(Track.STABLE), deployments.get(Track.CANARY)]
-        pods = self._kube.list_pods(ref.namespace, ref.name) if any(gpu) else []
         return rollout.Facts(
-            stable=facts.track_facts(gpu[0], pods),
-            canary=facts.track_facts(gpu[1], pods),
+            stable=facts.track_facts(deployments.get(Track.STABLE), pods),
+            canary=facts.track_facts(deployments.get(Track.CANARY), pods),
             stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
             annotations=dict(meta.get("annotations") or {}),
             analysis=self._due_analysis(ref.namespace, spec, previous, now),
@@ -248,23 +289,57 @@ class Sync:
             raise DependencyMissing("spec.model.uri", msg)
         return spec
 
-    def _converge(
-        self, ref: ObjectRef, owner: Owner, desired: list[Manifest], observed: list[Manifest]
-    ) -> list[Manifest]:
-        """Apply what is missing or drifted, delete what is no longer wanted."""
+    def _checked_writes(
+        self, owner: Owner, desired: list[Manifest], observed: list[Manifest]
+    ) -> list[_Write]:
+        """The children to write, each checked before any is written.
+
+        A desired child not among `observed` is looked up by name first: an object there
+        that this service does not control is someone else's, and is never written. Every
+        write is then dry-run, in apply order, so the first refusal stops them all.
+
+        Raises:
+            ChildConflict: a name is taken by an object this service does not control.
+            ChildRefused: the API server refused a child.
+            DependencyMissing: the HTTPRoute API is missing.
+        """
         current = {reconcile.child_key(child): child for child in observed}
-        result: list[Manifest] = []
+        writes: list[_Write] = []
         for child in desired:
             seen = current.get(reconcile.child_key(child))
-            if seen is not None and not reconcile.is_drifted(child, seen):
-                result.append(seen)
-                continue
-            result.append(self._kube.apply(child))
-            action = "Created" if seen is None else "Updated"
-            self._write(ref, child, action)
+            if seen is None:
+                seen = self._kube.get_child(child)
+                if seen is not None and not reconcile.is_controlled_by(owner, seen):
+                    kind, name = reconcile.child_key(child)
+                    raise ChildConflict(kind, owner.namespace, name)
+            if seen is None or reconcile.needs_write(child, seen):
+                writes.append(_Write(child, seen))
+        for write in writes:
+            self._kube.validate(write.manifest, current=write.current)
+        return writes
+
+    def _converge(
+        self,
+        ref: ObjectRef,
+        owner: Owner,
+        desired: list[Manifest],
+        writes: list[_Write],
+        observed: list[Manifest],
+    ) -> list[Manifest]:
+        """Make the checked writes, delete what is no longer wanted; returns the children."""
+        written = {reconcile.child_key(write.manifest) for write in writes}
+        result = [child for child in observed if reconcile.child_key(child) not in written]
+        for write in writes:
+            if write.current is None:
+                result.append(self._kube.create(write.manifest))
+                self._write(ref, write.manifest, "Created")
+            else:
+                result.append(self._kube.apply(write.manifest, current=write.current))
+                self._write(ref, write.manifest, "Updated")
         for child in reconcile.stale_children(owner, desired, observed):
             self._kube.delete(child)
             self._write(ref, child, "Deleted")
+            result.remove(child)
         return result
 
     def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:

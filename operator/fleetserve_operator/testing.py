@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetserve_operator import naming
-from fleetserve_operator.errors import MetricsUnavailable
+from fleetserve_operator.errors import ChildConflict, ChildRefused, MetricsUnavailable
 from fleetserve_operator.kube import ObjectRef
 from fleetserve_operator.observe import EventNote
 from fleetserve_operator.spec import InferenceServiceSpec
@@ -54,33 +54,66 @@ class FakeKube:
     """An in-memory stand-in for `kube.KubeApi` that records every write.
 
     `objects` maps (kind, namespace, name) to the stored object; `writes` lists
-    (action, kind, name) for every apply, delete and status write, in order.
+    (action, kind, name) for every create, apply, delete and status write, in order.
+    `refusals` maps (kind, name) to the message the API server refuses that child with
+    (on its dry-run as on its write).
     """
 
     objects: dict[tuple[str, str, str], Manifest] = field(default_factory=dict)
     writes: list[tuple[str, str, str]] = field(default_factory=list)
     events: list[EventNote] = field(default_factory=list)
     claims: set[tuple[str, str]] = field(default_factory=set)
+    refusals: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add_service(self, body: Manifest) -> None:
         """Store an InferenceService."""
         meta = body["metadata"]
         self.objects[(naming.KIND, meta["namespace"], meta["name"])] = copy.deepcopy(body)
 
-    def apply(self, manifest: Manifest) -> Manifest:
-        """Store `manifest` (keeping the stored status), bumping generation on spec changes."""
+    def get_child(self, manifest: Manifest) -> Manifest | None:
+        """The stored object `manifest` names, or None."""
+        found = self.objects.get(_key(manifest))
+        return copy.deepcopy(found) if found else None
+
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+        """Refuse what `refusals` lists."""
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if (kind, name) in self.refusals:
+            raise ChildRefused("spec", kind, name, self.refusals[(kind, name)])
+
+    def create(self, manifest: Manifest) -> Manifest:
+        """Store a new object; refused like `validate`, and when its name is taken."""
+        self.validate(manifest, current=None)
+        if _key(manifest) in self.objects:
+            meta = manifest["metadata"]
+            raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"])
+        stored = self._store(manifest, None)
+        self.writes.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+        return stored
+
+    def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
+        """Store `manifest` over `current`, keeping its status (generation moves with spec)."""
+        self.validate(manifest, current=current)
+        old = self.objects[_key(manifest)]
+        assert old["metadata"]["uid"] == current["metadata"]["uid"], "applied to a replaced object"
+        stored = self._store(manifest, old)
+        self.writes.append(("apply", manifest["kind"], manifest["metadata"]["name"]))
+        return stored
+
+    def _store(self, manifest: Manifest, old: Manifest | None) -> Manifest:
         meta = manifest["metadata"]
-        key = (manifest["kind"], meta["namespace"], meta["name"])
         stored = copy.deepcopy(manifest)
-        old = self.objects.get(key)
         generation = 1 if old is None else old["metadata"]["generation"]
         if old is not None and old.get("spec") != manifest.get("spec"):
             generation += 1
         stored["metadata"]["generation"] = generation
+        stored["metadata"]["uid"] = (
+            f"uid-{meta['name']}-{len(self.writes)}" if old is None else old["metadata"]["uid"]
+        )
+        stored["metadata"]["managedFields"] = [{"manager": naming.MANAGER, "operation": "Apply"}]
         if old is not None and "status" in old:
             stored["status"] = old["status"]
-        self.objects[key] = stored
-        self.writes.append(("apply", manifest["kind"], meta["name"]))
+        self.objects[_key(manifest)] = stored
         return copy.deepcopy(stored)
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
@@ -90,9 +123,8 @@ class FakeKube:
 
     def delete(self, manifest: Manifest) -> None:
         """Remove a stored object."""
-        meta = manifest["metadata"]
-        self.objects.pop((manifest["kind"], meta["namespace"], meta["name"]), None)
-        self.writes.append(("delete", manifest["kind"], meta["name"]))
+        self.objects.pop(_key(manifest), None)
+        self.writes.append(("delete", manifest["kind"], manifest["metadata"]["name"]))
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
         """The stored InferenceService, or None."""
@@ -160,6 +192,11 @@ class FakeKube:
             "readyReplicas": replicas,
             "availableReplicas": replicas,
         }
+
+
+def _key(manifest: Manifest) -> tuple[str, str, str]:
+    meta = manifest["metadata"]
+    return manifest["kind"], meta["namespace"], meta["name"]
 
 
 @dataclass

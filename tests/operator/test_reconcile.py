@@ -8,10 +8,12 @@ import pytest
 
 from fleetserve_operator import naming
 from fleetserve_operator.reconcile import (
+    INFERENCE_PATHS,
     Owner,
     child_key,
     desired_children,
     is_drifted,
+    needs_write,
     stale_children,
     traffic_weights,
 )
@@ -213,6 +215,19 @@ def test_http_route_sends_everything_to_stable() -> None:
     assert [(r["name"], r["weight"]) for r in refs] == [("demo-stable", 100), ("demo-fallback", 0)]
 
 
+def test_http_route_exposes_only_the_models_inference_paths() -> None:
+    """The route matches `/v2/models/<name>` and `/v1/models/<name>:predict`, never `/`."""
+    children = _children(
+        model={"name": "enc", "version": "1", "uri": "builtin://synthetic"}, traffic=GATEWAY
+    )
+    (rule,) = children[("HTTPRoute", "demo")]["spec"]["rules"]
+    assert rule["matches"] == [
+        {"path": {"type": "PathPrefix", "value": "/v2/models/enc"}},
+        {"path": {"type": "PathPrefix", "value": "/v1/models/enc:predict"}},
+    ]
+    assert len(rule["matches"]) == len(INFERENCE_PATHS)
+
+
 def test_fallback_active_moves_traffic_and_replicas() -> None:
     """With FallbackActive true (set by the rollout issue) traffic and replicas move to CPU."""
     status = InferenceServiceStatus.model_validate({"conditions": [{
@@ -259,3 +274,22 @@ def test_stale_children_are_only_our_own() -> None:
     foreign = {"kind": "Deployment", "metadata": {"name": "other", "ownerReferences": []}}
     desired = desired_children(OWNER, make_spec(), InferenceServiceStatus())
     assert stale_children(OWNER, desired, [ours, foreign]) == [ours]
+
+
+@pytest.mark.parametrize(
+    ("managers", "written"),
+    [
+        pytest.param([("fleetserve-operator", "Apply")], False, id="applied"),
+        pytest.param([("fleetserve-operator", "Update")], True, id="created-not-yet-applied"),
+        pytest.param([("kubectl", "Apply")], True, id="applied-by-someone-else"),
+    ],
+)
+def test_a_child_is_written_until_the_operator_applied_it(
+    managers: list[tuple[str, str]], written: bool
+) -> None:
+    """No drift, yet a child whose fields the operator owns only through a create is applied."""
+    (child, *_) = desired_children(OWNER, make_spec(), InferenceServiceStatus())
+    observed = {**child, "metadata": {**child["metadata"], "managedFields": [
+        {"manager": manager, "operation": operation} for manager, operation in managers
+    ]}}  # fmt: skip
+    assert needs_write(child, observed) is written

@@ -46,18 +46,18 @@ def _conditions(kube: FakeKube) -> dict[str, tuple[str, str]]:
 
 
 def test_create_applies_children_and_reports_pending() -> None:
-    """First reconcile: Deployment and Services applied, phase Pending until pods are ready."""
+    """First reconcile: Deployment and Services created, phase Pending until pods are ready."""
     kube, sync = _setup()
     assert sync.run_by_name("ns", "demo", trigger="create") is None
-    applied = sorted((kind, name) for action, kind, name in kube.writes if action == "apply")
-    assert applied == [
+    created = sorted((kind, name) for action, kind, name in kube.writes if action == "create")
+    assert created == [
         ("Deployment", "demo-stable"),
         ("Service", "demo"),
         ("Service", "demo-stable"),
     ]
     assert _status(kube).phase == "Pending"
     assert _conditions(kube)["Ready"] == ("False", "Pending")
-    assert [e.reason for e in kube.events][:3] == ["Created", "Created", "Created"]
+    assert [e.reason for e in kube.events if e.reason == "Created"] == ["Created"] * 3
 
 
 def test_ready_pods_make_it_succeed_and_report_the_version() -> None:
@@ -99,7 +99,7 @@ def test_edited_child_is_restored_but_foreign_fields_kept() -> None:
     kube, sync = _setup()
     sync.run_by_name("ns", "demo", trigger="create")
     deployment = kube.objects[("Deployment", "ns", "demo-stable")]
-    deployment["metadata"]["annotations"] = {"someone/else": "x"}
+    deployment["metadata"]["annotations"]["someone/else"] = "x"
     writes = len(kube.writes)
     sync.run_by_name("ns", "demo", trigger="child")
     assert len(kube.writes) == writes
@@ -107,6 +107,19 @@ def test_edited_child_is_restored_but_foreign_fields_kept() -> None:
     sync.run_by_name("ns", "demo", trigger="child")
     restored = kube.objects[("Deployment", "ns", "demo-stable")]
     assert restored["spec"]["template"]["spec"]["containers"][0]["args"][1] == "builtin://synthetic"
+
+
+def test_a_field_dropped_from_the_spec_is_a_drift() -> None:
+    """No hostnames any more: the HTTPRoute is applied without them."""
+    gateway = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
+    spec = {"model": {"name": "m", "version": "1", "uri": "builtin://synthetic"},
+            "traffic": {**gateway, "hostnames": ["a.example.com"]}}  # fmt: skip
+    kube, sync = _setup(spec)
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.objects[("InferenceService", "ns", "demo")]["spec"]["traffic"] = gateway
+    sync.run_by_name("ns", "demo", trigger="update")
+    assert ("apply", "HTTPRoute", "demo") in kube.writes
+    assert "hostnames" not in kube.objects[("HTTPRoute", "ns", "demo")]["spec"]
 
 
 def test_disabling_the_fallback_deletes_it() -> None:
@@ -191,6 +204,36 @@ def test_transitions_of_an_unchanged_status_are_empty() -> None:
     """No change, no Event."""
     status = InferenceServiceStatus(phase="Succeeded")
     assert transitions(status, status) == []
+
+
+def _degraded(reason: str) -> InferenceServiceStatus:
+    condition = Condition(
+        type=ConditionType.DEGRADED,
+        status="True",
+        reason=reason,
+        last_transition_time="2025-01-01T00:00:00Z",
+        message=f"{reason}!",
+    )
+    return InferenceServiceStatus(phase="Pending", conditions=[condition])
+
+
+def test_a_new_failure_while_degraded_is_news() -> None:
+    """Degraded stays True but its reason changes (ImagePullBackOff, then CrashLoopBackOff)."""
+    notes = transitions(_degraded("ImagePullBackOff"), _degraded("CrashLoopBackOff"))
+    assert [(n.type, n.reason) for n in notes] == [("Warning", "CrashLoopBackOff")]
+    assert transitions(_degraded("CrashLoopBackOff"), _degraded("CrashLoopBackOff")) == []
+
+
+def test_a_serving_service_stays_ready_with_a_problem() -> None:
+    """Ready takes a problem's reason only while the stable track cannot serve."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    kube.add_pod("demo-stable", restarts=1, reason="Error")
+    sync.run_by_name("ns", "demo", trigger="child")
+    assert _conditions(kube)["Ready"] == ("True", "Succeeded")
+    assert _conditions(kube)["Degraded"] == ("True", "CrashLoopBackOff")
 
 
 def test_stale_body_does_not_repeat_the_last_report() -> None:
