@@ -1,4 +1,8 @@
-"""Shared pytest hooks for the fast tiers: GPU tests skip cleanly without CUDA."""
+"""Runtime-tier pytest hooks: tests marked `gpu` skip cleanly without CUDA.
+
+This lives here, not in tests/conftest.py, because it imports torch: the operator tier
+(`pytest tests/operator`) must run without it, as the operator image has no torch.
+"""
 
 from __future__ import annotations
 
