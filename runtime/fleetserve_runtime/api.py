@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -142,8 +143,11 @@ def _error_response(exc: FleetserveError) -> Response:
         headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, BatchFailed):
         extra["error_id"] = exc.error_id
-    if isinstance(exc, RequestTimeout):
-        # The rest of a trickled body must not keep the connection open.
+    if isinstance(exc, Unauthorized):
+        headers["www-authenticate"] = exc.challenge
+    if isinstance(exc, RequestTimeout | PayloadTooLarge | UnsupportedMediaType | Unauthorized):
+        # Answered before (or instead of) reading the body: the rest of it, which may
+        # trickle in for good, must not keep the connection open.
         headers["connection"] = "close"
     return _error(status, exc.message, headers=headers, **extra)
 
@@ -210,6 +214,17 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
+def _timeout_header(value: str) -> int:
+    """The `X-Fleetserve-Timeout-Ms` value: at most 18 decimal digits (no sign, `_`, spaces)."""
+    shown = value[:40]
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        msg = (
+            f"{TIMEOUT_HEADER} must be a whole number of milliseconds (digits only), got {shown!r}"
+        )
+        raise InvalidInput(msg)
+    return int(value)
+
+
 def _call(
     request: Request, instances: list[object], version: str | None, params: RequestParameters | None
 ) -> InferenceCall:
@@ -219,10 +234,10 @@ def _call(
     timeout_ms = params.timeout_ms
     try:
         priority = Priority.parse(priority_name)
-        if timeout_raw is not None:
-            timeout_ms = int(timeout_raw)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    if timeout_raw is not None:
+        timeout_ms = _timeout_header(timeout_raw)
     return InferenceCall(
         instances=instances,
         version=version,
@@ -451,12 +466,15 @@ class _BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         if presented is None:
-            message, challenge = "a bearer token is required", 'Bearer realm="fleetserve"'
+            refusal = Unauthorized(
+                "a bearer token is required", challenge='Bearer realm="fleetserve"'
+            )
         else:
-            message = "the bearer token is not valid"
-            challenge = 'Bearer realm="fleetserve", error="invalid_token"'
-        response = _error(401, message, headers={"www-authenticate": challenge})
-        await response(scope, receive, send)
+            refusal = Unauthorized(
+                "the bearer token is not valid",
+                challenge='Bearer realm="fleetserve", error="invalid_token"',
+            )
+        await _error_response(refusal)(scope, receive, send)
 
 
 # -- apps ----------------------------------------------------------------------------------
@@ -661,7 +679,12 @@ def _register_repository(app: FastAPI, routes: _Routes) -> None:
         body = decode_body(raw, LoadRequest)
         uri = body.parameters.uri or config.model
         if uri != config.model:
-            refusal = uri_refusal(uri, config.allowed_model_uris, is_directory=_is_directory)
+            refusal = uri_refusal(
+                uri,
+                config.allowed_model_uris,
+                is_directory=_is_directory,
+                real_path=os.path.realpath,
+            )
             if refusal is not None:
                 raise Forbidden(refusal)
         try:

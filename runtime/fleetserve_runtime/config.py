@@ -21,7 +21,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleetserve_runtime.auth import read_token
+from fleetserve_runtime.auth import allowlist_entry_problem, read_token
 
 __all__ = [
     "BatchingConfig",
@@ -171,7 +171,9 @@ class HttpConfig(_Section):
 
     header_timeout_s: float = Field(10.0, gt=0, le=300)
     """Longest a client may take to send a request's headers (from connecting, or from the
-    request's first byte on a kept-alive connection); then 408 and the connection is closed."""
+    request's first byte on a kept-alive connection), then 408 and the connection is closed;
+    also the longest a kept-alive connection may wait for its next request (blank lines do
+    not count)."""
     body_timeout_s: float = Field(30.0, gt=0, le=3600)
     """Longest a client may take to send a request's body once its headers arrived; then 408."""
     max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576)
@@ -232,8 +234,10 @@ class RuntimeConfig(BaseSettings):
     model_control: Literal["none", "explicit"] = "none"
     """`explicit` serves the repository load/unload API on the admin listener; `none` has none."""
     allowed_model_uris: StringList = []
-    """URIs model control may load, comma-separated: prefixes or `*` globs; `module:` and
-    `file://` handler directories only by an entry equal to the URI."""
+    """URIs model control may load, comma-separated: `scheme://host/path?query` entries whose
+    path admits the paths below it and whose query, if any, must equal the URI's (`*` globs
+    in each part), or `*` alone; `module:` and `file://` handler directories only by an entry
+    equal to the URI."""
     admin_host: str = "127.0.0.1"
     """Address of the admin listener (model control)."""
     admin_port: int = Field(8081, ge=0, le=65535)
@@ -260,6 +264,15 @@ class RuntimeConfig(BaseSettings):
             if not path.startswith("/"):
                 msg = f"auth_exempt_paths entries must start with '/', got {path!r}"
                 raise ValueError(msg)
+        return value
+
+    @field_validator("allowed_model_uris")
+    @classmethod
+    def _check_allowlist(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            problem = allowlist_entry_problem(entry)
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
     @field_validator("auth_token_file", "admin_token_file")

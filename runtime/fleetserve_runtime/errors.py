@@ -38,7 +38,11 @@ class InvalidInput(FleetserveError):
 
 
 class Unauthorized(FleetserveError):
-    """The request carries no valid bearer token."""
+    """The request carries no valid bearer token; `challenge` is its `WWW-Authenticate`."""
+
+    def __init__(self, message: str, *, challenge: str) -> None:
+        super().__init__(message)
+        self.challenge = challenge
 
 
 class Forbidden(FleetserveError):

@@ -34,6 +34,7 @@ from fleetserve_runtime.liveness import RunningBatch
 from fleetserve_runtime.memory import BufferLease, BufferPool, MemoryProfile, measure_bytes
 from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
+from fleetserve_runtime.request_queue import PendingItem
 
 __all__ = [
     "BatchJob",
@@ -149,6 +150,16 @@ def _refill(
     return [placeholder if n in withdrawn else next(computed) for n in range(size)]
 
 
+LOGGED_REQUEST_IDS = 32
+"""Most request ids one batch log record lists; the batch size is in the record too."""
+
+
+def _request_ids(items: Sequence[PendingItem]) -> list[str]:
+    """The distinct request ids of `items`, in batch order, at most `LOGGED_REQUEST_IDS`."""
+    ids = dict.fromkeys(item.request_id for item in items if item.request_id is not None)
+    return list(ids)[:LOGGED_REQUEST_IDS]
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, OutOfMemory | torch.cuda.OutOfMemoryError)
 
@@ -182,6 +193,8 @@ class Executor:
         self._pace = _Pace()
         self._running: RunningBatch | None = None
         """The batch computing now (start on the `perf_counter` clock)."""
+        self._preparing: RunningBatch | None = None
+        """The batch being collated now (start on the `perf_counter` clock)."""
         self._stream = (
             torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
             if device.type == "cuda"
@@ -211,8 +224,13 @@ class Executor:
         return max(0.0, ends - time.perf_counter())
 
     def running(self) -> RunningBatch | None:
-        """The batch computing now, its start on the `time.perf_counter` clock; None when idle."""
-        return self._running
+        """The older of the batches being prepared and computed now; None when both are idle.
+
+        Its start is on the `time.perf_counter` clock. A hung `collate` wedges the executor
+        as surely as a hung forward pass: liveness judges whichever has run longer.
+        """
+        busy = [batch for batch in (self._preparing, self._running) if batch is not None]
+        return min(busy, key=lambda batch: batch.started, default=None)
 
     def withdraw(self, job: BatchJob, index: int) -> bool:
         """Take item `index` out of `job` unless its compute began; True when it was taken.
@@ -240,6 +258,7 @@ class Executor:
     def _prepare_loop(self) -> None:
         while (job := self._prep_q.get()) is not None:
             started = time.perf_counter()
+            self._preparing = RunningBatch(started, self._pace.prep_s or None)
             try:
                 job.lease = self._pool.lease()
                 job.prepared, job.ready = self._collate(
@@ -247,6 +266,8 @@ class Executor:
                 )
             except Exception as exc:  # noqa: BLE001 - any collate error fails this batch only
                 job.prep_error = exc
+            finally:
+                self._preparing = None
             job.prep_s = time.perf_counter() - started
             self._compute_q.put(job)
         self._compute_q.put(None)
@@ -296,6 +317,7 @@ class Executor:
                         "prep_ms": round(job.prep_s * 1000, 3),
                         "compute_ms": round(outcome.compute_s * 1000, 3),
                         "oom_splits": outcome.oom_splits,
+                        "request_ids": _request_ids(job.batch.items),
                     },
                 )
             self._on_done(outcome)
@@ -324,7 +346,14 @@ class Executor:
             return BatchOutcome(job, results, started, compute_s, splits, withdrawn=withdrawn)
         except Exception:
             error_id = uuid.uuid4().hex[:12]
-            log.exception("batch failed", extra={"error_id": error_id, "size": len(items)})
+            log.exception(
+                "batch failed",
+                extra={
+                    "error_id": error_id,
+                    "size": len(items),
+                    "request_ids": _request_ids(items),
+                },
+            )
             failed = BatchFailed(f"inference failed (error id {error_id})", error_id=error_id)
             results_failed: list[ItemResult | FleetserveError] = [failed] * len(items)
             compute_s = time.perf_counter() - started

@@ -5,8 +5,10 @@ liveness fails then, so the kubelet restarts the pod. `judge` decides from two m
 
 * the executor is wedged when its running batch has run longer than
   max(`health.stuck_batch_floor_s`, `health.stuck_batch_factor` x its expected time). The
-  expected time is the executor's measured compute pace per token times the batch's tokens;
-  before the first batch has finished there is no pace, and the floor alone applies.
+  running batch is the older of the one being prepared (collated) and the one computing.
+  The expected time is the executor's measured pace (per token for compute, per batch for
+  prepare); before the first batch has finished there is no pace, and the floor alone
+  applies.
 * the event loop is stalled when it kept a callback waiting longer than
   `health.loop_stall_s`; `LoopHeartbeat` measures that from a thread. The probe itself is
   answered on the loop, so during a stall it gets no answer at all and the kubelet counts
@@ -48,7 +50,7 @@ class Liveness:
 
 @dataclass(frozen=True, slots=True)
 class RunningBatch:
-    """The batch the executor is computing: when it started and how long it should take."""
+    """A batch the executor is preparing or computing: when it started, how long it should take."""
 
     started: float
     expected_s: float | None

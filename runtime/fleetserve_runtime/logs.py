@@ -44,11 +44,15 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "color_message",  # uvicorn's copy of the message with terminal colour codes
 }
 
-_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 """Printable ASCII without spaces, bounded: anything else is replaced by a generated id, so
 a caller cannot smuggle line breaks or megabytes into every log line of its request."""
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+_PLAIN_VALUE = re.compile(r"[\x21-\x7e]+")
+"""Text-format values printed as they are; anything else (spaces, quotes, line breaks,
+non-ASCII) is printed as a JSON string, so one record stays one parseable line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +70,26 @@ _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar
 
 def request_id_from(header: str | None) -> str:
     """The caller's `X-Request-ID` when it is a sane token, else a fresh one."""
-    if header is not None and _REQUEST_ID.match(header):
+    if header is not None and _REQUEST_ID.fullmatch(header):
         return header
     return uuid.uuid4().hex
 
 
 def traceparent_from(header: str | None) -> str | None:
-    """The W3C `traceparent` header when well-formed (version-traceid-parentid-flags)."""
+    """The W3C `traceparent` header when valid (version-traceid-parentid-flags), else None.
+
+    W3C defines version `ff` and all-zero trace or parent ids as invalid.
+    """
     if header is None:
         return None
     value = header.strip().lower()
-    return value if _TRACEPARENT.match(value) else None
+    parts = _TRACEPARENT.fullmatch(value)
+    if parts is None:
+        return None
+    version, trace_id, parent_id = parts.groups()
+    if version == "ff" or not int(trace_id, 16) or not int(parent_id, 16):
+        return None
+    return value
 
 
 def bind_request(context: RequestContext) -> contextvars.Token[RequestContext | None]:
@@ -128,16 +141,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def _text_value(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if _PLAIN_VALUE.fullmatch(text) and '"' not in text:
+        return text
+    return json.dumps(text)
+
+
 class TextFormatter(logging.Formatter):
-    """`time level logger message`, then the request's ids when there are any."""
+    """`time level logger message`, then every `extra` field as `key=value`.
+
+    The fields are the same as in the JSON format (request ids, error ids, statuses, ...);
+    values with spaces, quotes or control characters are printed as JSON strings.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         """Render `record` as one line of text (plus a traceback, if any)."""
         line = f"{_timestamp(record)} {record.levelname} {record.name} {record.getMessage()}"
-        for key in ("request_id", "traceparent"):
-            value = record.__dict__.get(key)
-            if value is not None:
-                line += f" {key}={value}"
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD:
+                line += f" {key}={_text_value(value)}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -55,6 +55,8 @@ class PendingItem:
     payload: Any
     ticket: Any
     bucket: int = 0
+    request_id: str | None = None
+    """The id of the request the item belongs to, for the executor's log records."""
     seq: int = field(default_factory=lambda: next(_seq))
     live: bool = True
     """False once the item was taken into a batch or expired."""

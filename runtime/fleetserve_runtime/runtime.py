@@ -8,7 +8,8 @@ outcomes come back to the event loop in one hop per batch. Nothing here knows ab
 A request's deadline holds until its batch starts computing: at the deadline, items still
 queued, or formed into a batch that waits behind the running one, are withdrawn and answered
 504 (never computed); only items whose batch is computing get `RESULT_GRACE_S` more. Liveness
-(`liveness.judge`) watches the running batch and, through a heartbeat thread, the event loop.
+(`liveness.judge`) watches the executor's batches (prepare and compute) and, through a
+heartbeat thread, the event loop.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ from fleetserve_runtime.executor import (
     set_threads,
 )
 from fleetserve_runtime.liveness import Liveness, LoopHeartbeat, judge, judge_executor
+from fleetserve_runtime.logs import current_request
 from fleetserve_runtime.memory import BufferPool, MemoryProfile
 from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
-from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult, ModelHandler
+from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry, resolve_handler
 from fleetserve_runtime.request_queue import PendingItem, Priority, RequestQueue
 
@@ -167,6 +169,7 @@ class Runtime:
         self._heartbeat = LoopHeartbeat(self._loop, stall_s=config.health.loop_stall_s)
         self._scheduler: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[LoadedModel] | None = None
+        self._load_lock = asyncio.Lock()
         self._stopping = False
         self._generation = 0
 
@@ -231,40 +234,43 @@ class Runtime:
     # -- model versions ----------------------------------------------------------------
 
     async def load_version(self, uri: str, version: str) -> LoadedModel:
-        """Load, calibrate and warm `version` off the event loop, then make it active.
+        """Resolve, load, calibrate and warm `version` off the event loop, then make it active.
 
-        A version that is already loaded is activated at once (instant switch back).
+        A version that is already loaded is activated at once (instant switch back). Loads
+        run one at a time, so two loads of one label cannot both warm and activate.
         """
-        if version in self.registry.versions():
-            loaded = self.registry.get(version)
-            if uri != loaded.uri:
-                msg = (
-                    f"version {version!r} is already loaded from {loaded.uri!r}; "
-                    "unload it before loading another model under that label"
-                )
-                raise InvalidInput(msg)
+        async with self._load_lock:
+            if version in self.registry.versions():
+                loaded = self.registry.get(version)
+                if uri != loaded.uri:
+                    msg = (
+                        f"version {version!r} is already loaded from {loaded.uri!r}; "
+                        "unload it before loading another model under that label"
+                    )
+                    raise InvalidInput(msg)
+                self.registry.activate(loaded)
+                return loaded
+            # Resolving imports and runs user code (module:factory, handler.py): like loading
+            # and warming, it may take long and must not stall the event loop.
+            loaded = await asyncio.to_thread(self._load_and_warm, uri, version)
+            self._generation += 1
+            loaded = replace(loaded, uri=uri, generation=self._generation)
             self.registry.activate(loaded)
-            return loaded
-        batching = self.config.batching
-        handler = resolve_handler(
-            uri,
-            name=self.config.name,
-            version=version,
-            max_sequence_length=batching.max_sequence_length,
-        )
-        loaded = await asyncio.to_thread(self._load_and_warm, handler)
-        self._generation += 1
-        loaded = replace(loaded, uri=uri, generation=self._generation)
-        self.registry.activate(loaded)
         log.info(
             "model ready",
             extra={"version": version, "load_seconds": round(loaded.load_seconds, 3)},
         )
         return loaded
 
-    def _load_and_warm(self, handler: ModelHandler) -> LoadedModel:
+    def _load_and_warm(self, uri: str, version: str) -> LoadedModel:
         started = time.perf_counter()
         batching, memory = self.config.batching, self.config.memory
+        handler = resolve_handler(
+            uri,
+            name=self.config.name,
+            version=version,
+            max_sequence_length=batching.max_sequence_length,
+        )
         weights = self._executor.load(handler)
         samples = self._executor.run_shapes(
             handler,
@@ -306,6 +312,8 @@ class Runtime:
         tickets: list[tuple[int, _Ticket]] = []
         items: list[PendingItem] = []
         max_chars = self.config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
+        context = current_request()
+        request_id = context.request_id if context is not None else None
         for index, raw in enumerate(call.instances):
             instance = _bounded(raw, max_chars, truncate=call.truncate)
             prepared = model.handler.preprocess(instance, truncate=call.truncate)
@@ -327,6 +335,7 @@ class Runtime:
                     payload=prepared,
                     ticket=ticket,
                     bucket=self.buckets.bucket_of(prepared.length),
+                    request_id=request_id,
                 )
             )
         timings = StageTimings()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ from fleetserve_runtime.testing import make_config
 
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
 JSON = {"content-type": "application/json"}
-ADMIN_TOKEN = "admin-secret"
+ADMIN_TOKEN = "admin-secret-0123456789"
 
 
 @asynccontextmanager
@@ -277,25 +276,30 @@ async def test_full_queue_answers_503_with_retry_after() -> None:
     assert after.status_code == 200
 
 
-async def test_deadline_in_queue_answers_504_on_time_and_never_computes() -> None:
-    """A request whose deadline passes while queued gets 504 at its deadline, not later."""
+async def test_deadline_in_queue_answers_504_before_the_batch_ahead_ends() -> None:
+    """A request whose deadline passes while queued gets 504 without waiting for a batch.
+
+    Both executor slots hold a 400 ms batch; the 504 for a 60 ms deadline comes while the
+    first is still computing (no batch finished yet), and the request is never computed.
+    """
     slow = "builtin://synthetic?latency_ms=400&per_item_ms=0"
     async with serve(model=slow, batching={"max_batch_size": 1}) as (client, runtime):
         blockers = [
             asyncio.create_task(client.post("/v2/models/test/infer", json=v2([f"b{i}"])))
             for i in range(2)
         ]
-        await asyncio.sleep(0.05)
-        started = time.monotonic()
+        async with asyncio.timeout(10):
+            while runtime.snapshot().inflight_requests < len(blockers) or len(runtime.queue):
+                await asyncio.sleep(0.005)
         late = await client.post(
             "/v2/models/test/infer", json=v2(["late"]), headers={"x-fleetserve-timeout-ms": "60"}
         )
-        waited = time.monotonic() - started
+        at_the_504 = (await client.get("/metrics")).text
         await asyncio.gather(*blockers)
         metrics = (await client.get("/metrics")).text
     assert late.status_code == 504
     assert "deadline" in late.json()["error"]
-    assert waited < 0.35
+    assert metric(at_the_504, "fleetserve_batch_size_count") == 0
     assert metric(metrics, "fleetserve_batch_size_count") == 2
     assert metric(metrics, "fleetserve_requests_total", code="504") == 1
 
@@ -409,6 +413,58 @@ async def test_bad_load_request_is_400() -> None:
     assert response.status_code == 400
     assert "unknown builtin model" in response.json()["error"]
     assert still.json()["model_version"] == "v1"
+
+
+async def test_a_malformed_uri_is_refused_with_a_reason() -> None:
+    """A URI that does not parse is 403 naming the problem, never a 500."""
+    async with serve_with_admin() as (_, ctl, runtime):
+        response = await ctl.post(
+            "/v2/repository/models/test/load",
+            json={"parameters": {"version": "v2", "uri": "builtin://[oops"}},
+        )
+    assert response.status_code == 403
+    assert "not a valid URI (Invalid IPv6 URL)" in response.json()["error"]
+    assert runtime.registry.versions() == ["v1"]
+
+
+COUNTING_HANDLER = """
+from pathlib import Path
+from fleetserve_runtime.models.synthetic import SyntheticHandler
+
+def create_handler(name, version, max_sequence_length):
+    with (Path(__file__).parent / "created").open("a") as created:
+        created.write(version + "\\n")
+    return SyntheticHandler(name, version, max_sequence_length=max_sequence_length)
+"""
+
+
+async def test_concurrent_loads_of_one_version_load_it_once(tmp_path: Path) -> None:
+    """Two loads of one label at once: the second waits and finds it loaded; one handler."""
+    (tmp_path / "handler.py").write_text(COUNTING_HANDLER)
+    uri = f"file://{tmp_path}"
+    async with serve_with_admin(allowed=uri) as (client, ctl, runtime):
+        load = {"parameters": {"version": "v2", "uri": uri}}
+        answers = await asyncio.gather(
+            *(ctl.post("/v2/repository/models/test/load", json=load) for _ in range(2))
+        )
+        served = await client.post("/v2/models/test/infer", json=v2(["x"]))
+        generation = runtime.registry.get("v2").generation
+    assert [answer.json() for answer in answers] == [{"name": "test", "active_version": "v2"}] * 2
+    assert (tmp_path / "created").read_text().split() == ["v2"]
+    assert (served.json()["model_version"], generation) == ("v2", 2)
+
+
+@pytest.mark.parametrize("value", [b"abc", b"1_000", b"+5", b"5 ", b"1e3", b"\xb3", b"9" * 40])
+async def test_a_bad_timeout_header_is_a_400_naming_it(value: bytes) -> None:
+    """X-Fleetserve-Timeout-Ms takes decimal digits only; the error names the header."""
+    async with serve() as (client, _):
+        response = await client.post(
+            "/v2/models/test/infer", json=v2(["x"]), headers={"x-fleetserve-timeout-ms": value}
+        )
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(
+        "x-fleetserve-timeout-ms must be a whole number of milliseconds"
+    )
 
 
 async def test_cache_hits_and_never_crosses_versions() -> None:

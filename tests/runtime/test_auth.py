@@ -1,18 +1,22 @@
-"""Access-control decisions: bearer parsing, token comparison, token files, URI allowlist."""
+"""Access-control decisions: bearer parsing, token comparison, token files.
+
+The model URI allowlist has its own file, test_allowlist.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from fleetserve_runtime.auth import (
+    MIN_TOKEN_BYTES,
     TokenFile,
     bearer_token,
     read_token,
     token_matches,
-    uri_refusal,
 )
 
 
@@ -41,84 +45,63 @@ def test_token_matches_only_equal_tokens() -> None:
     assert not token_matches(b"s3cret", None)
 
 
-def test_read_token_strips_and_refuses_empty(tmp_path: Path) -> None:
-    """A trailing newline is not part of the token; an empty file is an error."""
+ONE, TWO, THREE = "token-one-0123456789", "token-two-0123456789", "token-three-0123456789"
+
+
+def test_read_token_strips_and_refuses_empty_or_short(tmp_path: Path) -> None:
+    """A trailing newline is not part of the token; an empty or short file is an error."""
     path = tmp_path / "token"
-    path.write_text("abc\n")
-    assert read_token(path) == b"abc"
+    path.write_text(ONE + "\n")
+    assert read_token(path) == ONE.encode()
     path.write_text(" \n")
     with pytest.raises(ValueError, match="empty"):
         read_token(path)
+    path.write_text("x" * (MIN_TOKEN_BYTES - 1) + "\n")
+    with pytest.raises(
+        ValueError, match=f"15-byte token; tokens must be at least {MIN_TOKEN_BYTES}"
+    ):
+        read_token(path)
+    path.write_text("x" * MIN_TOKEN_BYTES)
+    assert read_token(path) == b"x" * MIN_TOKEN_BYTES
 
 
 def test_token_file_follows_replacement_and_fails_closed(tmp_path: Path) -> None:
-    """A replaced file's new token is used at once; a missing or empty file matches nothing."""
+    """A replaced file's token is used at once; a missing, empty or short one matches nothing."""
     path = tmp_path / "token"
-    path.write_text("one")
+    path.write_text(ONE)
     token = TokenFile(path)
-    assert token.current() == b"one"
+    assert token.current() == ONE.encode()
     replacement = tmp_path / "token.new"
-    replacement.write_text("two")
+    replacement.write_text(TWO)
     os.replace(replacement, path)
-    assert token.current() == b"two"
+    assert token.current() == TWO.encode()
     path.unlink()
     assert token.current() is None
     path.write_text("")
     assert token.current() is None
-    path.write_text("three")
-    assert token.current() == b"three"
+    path.write_text(THREE)
+    assert token.current() == THREE.encode()
+    path.write_text("short")
+    assert token.current() is None
 
 
-def _never_directory(path: str) -> bool:
-    return False
-
-
-ALLOWED = [
-    "builtin://synthetic",
-    "file:///models/enc/",
-    "file:///models/*.pt2?input_width=*",
-    "pkg.handlers:create",
-    "file:///models/custom",
-]
-
-
-@pytest.mark.parametrize(
-    ("uri", "refused"),
-    [
-        pytest.param("builtin://synthetic", None, id="exact"),
-        pytest.param("builtin://synthetic?dim=4", None, id="prefix-query"),
-        pytest.param("builtin://synthetic-evil", "does not match", id="prefix-not-a-boundary"),
-        pytest.param("builtin://minilm-l6", "does not match", id="unlisted"),
-        pytest.param("file:///models/enc/v2.pt2?input_width=4", None, id="prefix-dir"),
-        pytest.param("file:///models/a.pt2?input_width=4", None, id="glob"),
-        pytest.param("file:///models/a.pt?input_width=4", "does not match", id="glob-mismatch"),
-        pytest.param("file:///models/a.bin?input_width=4", "runs code", id="not-weights"),
-        pytest.param("file:///models/enc/sub", "runs code", id="directory-by-prefix"),
-        pytest.param("file:///models/custom", None, id="directory-exact"),
-        pytest.param("file:///models/enc/../../etc/x.pt2", "segments", id="dot-segments"),
-        pytest.param("file://host/models/enc/x.pt2", "absolute path", id="remote-host"),
-        pytest.param("pkg.handlers:create", None, id="module-exact"),
-        pytest.param("pkg.handlers:other", "runs code", id="module-unlisted"),
-        pytest.param("builtins:print", "runs code", id="builtins"),
-    ],
-)
-def test_uri_refusal(uri: str, refused: str | None) -> None:
-    """Prefixes end at separators, `*` globs; code-running URIs need an exact entry."""
-    reason = uri_refusal(uri, ALLOWED, is_directory=_never_directory)
-    assert (reason is None) == (refused is None), reason
-    if refused is not None:
-        assert refused in str(reason)
-
-
-def test_catch_all_patterns_never_admit_code() -> None:
-    """`*` allows every weights file, but no module factory or handler directory."""
-    assert uri_refusal("file:///x/y.pt2", ["*"], is_directory=_never_directory) is None
-    assert uri_refusal("my.mod:factory", ["*"], is_directory=_never_directory) is not None
-    assert uri_refusal("file:///x/dir", ["*"], is_directory=_never_directory) is not None
-
-
-def test_a_directory_named_like_weights_is_refused() -> None:
-    """A `.pt2` path that is a directory would run its handler.py: only an exact entry allows it."""
-    reason = uri_refusal("file:///models/enc/x.pt2", ALLOWED, is_directory=lambda path: True)
-    assert reason is not None
-    assert "directory" in reason
+def test_token_file_notices_a_change_that_keeps_size_and_mtime(tmp_path: Path) -> None:
+    """Rewritten in place with the same size and modification time: the change time tells."""
+    path = tmp_path / "token"
+    path.write_text(ONE)
+    token = TokenFile(path)
+    assert token.current() == ONE.encode()
+    before = os.stat(path)
+    time.sleep(0.05)  # past the file system's timestamp granularity, so the change time moves
+    rewritten = "token-ONE-0123456789"
+    assert len(rewritten) == len(ONE)
+    path.write_text(rewritten)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert after.st_ctime_ns != before.st_ctime_ns
+    assert token.current() == rewritten.encode()

@@ -109,7 +109,7 @@ def test_lists_and_token_files_from_flags_and_env(
 ) -> None:
     """Lists are comma-separated in flags and env; FLEETSERVE_AUTH_TOKEN_FILE sets the token."""
     token = tmp_path / "token"
-    token.write_text("t0ken\n")
+    token.write_text("t0ken-0123456789\n")
     monkeypatch.setenv("FLEETSERVE_AUTH_TOKEN_FILE", str(token))
     monkeypatch.setenv("FLEETSERVE_ALLOWED_MODEL_URIS", "builtin://synthetic, file:///models/")
     config = parse_config(
@@ -145,6 +145,11 @@ def test_lists_and_token_files_from_flags_and_env(
         ),  # fmt: skip
         pytest.param({"allowed_model_uris": "builtin://"}, "allowed_model_uris", id="stray"),
         pytest.param({"auth_token_file": "EMPTY"}, "auth_token_file", id="empty-token"),
+        pytest.param(
+            {"admin_token_file": "SHORT"},
+            r"admin_token_file[\s\S]*6-byte token; tokens must be at least 16 bytes",
+            id="short-token",
+        ),
         pytest.param({"auth_token_file": "MISSING"}, "auth_token_file", id="missing-token"),
         pytest.param({"auth_exempt_paths": "metrics"}, "auth_exempt_paths", id="relative-path"),
         pytest.param({"max_tensor_elements": 10}, "max_tensor_elements", id="elements-low"),
@@ -154,7 +159,7 @@ def test_bad_security_config_is_refused(
     tmp_path: Path, overrides: dict[str, object], field: str
 ) -> None:
     """Unprotected model control and unusable token files stop start-up, naming the field."""
-    files = {"TOKEN": "secret", "EMPTY": "\n"}
+    files = {"TOKEN": "secret-0123456789", "EMPTY": "\n", "SHORT": "s3cret\n"}
     for name, content in files.items():
         (tmp_path / name).write_text(content)
     resolved = {

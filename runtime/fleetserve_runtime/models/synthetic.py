@@ -1,11 +1,11 @@
 """A synthetic model whose latency, error rate and memory limit are set by URI parameters.
 
-`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&dim=8&seed=0&oom_above_tokens=0&stall_ms=0`
+`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&dim=8&seed=0&oom_above_tokens=0&stall_ms=0&collate_stall_ms=0`
 
 The e2e tests use it to make a canary regress on purpose (errors, latency), and the unit
 tests use `oom_above_tokens` to drive the executor's split-on-OOM path with a real handler
-and `stall_ms` to wedge the executor on one batch (the one holding the text `stall`) while
-calibration and every other batch stay fast.
+and `stall_ms` (`collate_stall_ms`) to wedge the executor's compute (prepare) thread on one
+batch (the one holding the text `stall`) while calibration and every other batch stay fast.
 Instances are non-empty strings; an instance costs one token per whitespace-separated word
 plus two (as a BERT tokenizer's [CLS]/[SEP] would).
 """
@@ -64,6 +64,8 @@ class SyntheticParams(BaseModel):
     """Raise OutOfMemory for batches over this many padded tokens; 0 never."""
     stall_ms: float = Field(0.0, ge=0, le=600_000)
     """Extra sleep of a batch holding the instance `stall`, in milliseconds."""
+    collate_stall_ms: float = Field(0.0, ge=0, le=600_000)
+    """Sleep while collating a batch holding the instance `stall`, in milliseconds."""
 
 
 class SyntheticHandler:
@@ -129,6 +131,8 @@ class SyntheticHandler:
         device: torch.device,
     ) -> Any:
         """Pack the per-item digests and the padded token count."""
+        if self.params.collate_stall_ms and any(i.data == self._stall_digest for i in items):
+            time.sleep(self.params.collate_stall_ms / 1000)
         seeds = alloc.empty((len(items),), torch.int64)
         for row, item in enumerate(items):
             seeds[row] = item.data
