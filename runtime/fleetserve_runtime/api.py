@@ -488,8 +488,24 @@ class Apps:
     admin: FastAPI | None
 
 
-def create_apps(config: RuntimeConfig) -> Apps:
-    """Build both apps; the runtime starts in the inference app's lifespan."""
+async def _report_load_failure(
+    runtime: Runtime, on_load_failure: Callable[[BaseException], None]
+) -> None:
+    try:
+        await runtime.wait_ready()
+    except Exception as exc:  # any failure of the first load is fatal to the process
+        on_load_failure(exc)
+
+
+def create_apps(
+    config: RuntimeConfig, *, on_load_failure: Callable[[BaseException], None] | None = None
+) -> Apps:
+    """Build both apps; the runtime starts in the inference app's lifespan.
+
+    `on_load_failure` is called once if the first model load fails; the CLI stops the
+    server then, so a pod whose model cannot load crashes (and says why) instead of
+    staying unready until a deadline notices.
+    """
     routes = _Routes(config)
 
     @asynccontextmanager
@@ -498,9 +514,16 @@ def create_apps(config: RuntimeConfig) -> Apps:
         routes.runtime = runtime
         app.state.runtime = runtime
         await runtime.start()
+        watcher = (
+            asyncio.create_task(_report_load_failure(runtime, on_load_failure))
+            if on_load_failure is not None
+            else None
+        )
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
             await runtime.stop()
 
     inference_auth = (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import socket
 import sys
@@ -28,7 +29,10 @@ from pydantic import BaseModel, ValidationError
 
 from fleetserve_runtime.config import RuntimeConfig, load_config
 
-__all__ = ["ConfigFlag", "build_parser", "config_flags", "main", "parse_config"]
+EXIT_LOAD_FAILED = 3
+"""Exit status when the first model load fails (2 is a bad configuration)."""
+
+__all__ = ["EXIT_LOAD_FAILED", "ConfigFlag", "build_parser", "config_flags", "main", "parse_config"]
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     listener = configure_logging(config.log_level, config.log_format)
     admin_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
-    app = listener_app(create_apps(config), admin_port=admin_port)
-    server = _server(app, config, on_exit=listener.stop)
+    load_failures: list[BaseException] = []
+
+    def stop_serving(exc: BaseException) -> None:
+        load_failures.append(exc)
+        server.should_exit = True
+
+    apps = create_apps(config, on_load_failure=stop_serving)
+    # The server's exit path stops logging too, and QueueListener.stop fails a second time.
+    stop_logging = functools.cache(listener.stop)
+    server = _server(listener_app(apps, admin_port=admin_port), config, on_exit=stop_logging)
     for name, sock in zip(("inference", "model control"), sockets, strict=False):
         host, port = sock.getsockname()[:2]
         logging.getLogger("fleetserve.cli").info(
@@ -125,7 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server.run(sockets=sockets)
     finally:
-        listener.stop()
+        stop_logging()
+    if load_failures:
+        print(f"fleetserve-runtime: model load failed: {load_failures[0]}", file=sys.stderr)
+        return EXIT_LOAD_FAILED
     return 0
 
 

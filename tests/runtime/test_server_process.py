@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetserve_runtime.cli import EXIT_LOAD_FAILED
+
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 SYNTH = "builtin://synthetic?latency_ms=20&per_item_ms=0"
 
@@ -836,3 +838,26 @@ def test_a_slow_handler_import_does_not_stall_live(tmp_path: Path) -> None:
         assert loading.result().json() == {"name": "proc", "active_version": "v2"}
     assert set(probes) == {200}, probes
     assert len(probes) > 10, "the load ended before it could be watched"
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("builtin://synthetic?dim=not-a-number", id="bad-parameter"),
+        pytest.param("builtin://no-such-model", id="unknown-builtin"),
+    ],
+)
+def test_a_model_that_cannot_load_stops_the_process(model: str) -> None:
+    """The first load failing exits with EXIT_LOAD_FAILED and the reason on stderr.
+
+    A replica that stayed up unready would only be noticed by a progress deadline; exiting
+    makes the kubelet report a crash loop with the reason, at once.
+    """
+    done = subprocess.run(
+        [str(CLI), "serve", "--port", str(free_port()), "--model", model, "--log-format", "text"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_LOAD_FAILED
+    assert "model load failed" in done.stderr.decode()
