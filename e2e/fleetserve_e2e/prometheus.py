@@ -2,8 +2,12 @@
 
 It is started on a free loopback port with a generated config whose only scrape job reads the
 harness's file_sd file, so Prometheus discovers pod processes as they come and go, much as
-Kubernetes pod discovery would.  ``honor_labels`` keeps the runtime's own ``model``/``version``/
-``track`` labels when a target label has the same name.
+Kubernetes pod discovery would.  ``honor_labels`` is false, as in the chart's PodMonitor: a
+discovered target label (``namespace``, ``pod``, ``track``) wins over a label of that name in
+the scraped series, which Prometheus keeps as ``exported_<name>``, so the rollout analysis
+selects by the namespace Prometheus discovered, never one a pod claims. The runtime's
+``track`` label equals its pod's, and its ``model``/``version`` labels have no target label
+of that name, so they are stored as the runtime exports them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def prometheus_config(file_sd_path: Path, scrape_interval_s: float) -> dict[str,
         "scrape_configs": [
             {
                 "job_name": JOB,
-                "honor_labels": True,
+                "honor_labels": False,
                 # Short timeouts fit the interval and a loopback target.
                 "scrape_timeout": interval,
                 "file_sd_configs": [{"files": [str(file_sd_path)], "refresh_interval": "1s"}],

@@ -1,8 +1,10 @@
 """The operator queries only the Prometheus URLs its configuration allows.
 
 Two loopback HTTP servers stand in for Prometheus: one the operator's allowlist names, one it
-does not. An InferenceService naming the second is reported invalid, naming the field, and that
-server never sees a request; one naming the first is queried (its memory-budget check).
+does not. An InferenceService naming the second is reported invalid when its spec is parsed,
+naming the field, though nothing would query it yet (no memory budget, no rollout): no child
+is created and that server never sees a request. One naming the first is queried (its
+memory-budget check).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from opkit import synthetic_service
+from opkit import children, synthetic_service
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, condition, fsvc_path
@@ -72,11 +74,9 @@ def forbidden() -> Iterator[_Prometheus]:
         yield server
 
 
-def _service(name: str, url: str) -> dict[str, Any]:
-    """A service whose memory budget makes every reconcile query its Prometheus."""
-    return synthetic_service(
-        name, memory={"budget": "1Gi"}, rollout={"analysis": {"prometheusUrl": url}}
-    )
+def _service(name: str, url: str, **sections: Any) -> dict[str, Any]:
+    """A service naming `url` for its analysis."""
+    return synthetic_service(name, rollout={"analysis": {"prometheusUrl": url}}, **sections)
 
 
 def test_only_allowlisted_prometheus_urls_are_queried(
@@ -86,12 +86,15 @@ def test_only_allowlisted_prometheus_urls_are_queried(
     allowed: _Prometheus,
     forbidden: _Prometheus,
 ) -> None:
-    """Outside the list: InvalidSpec naming the field, no request. Inside: queried."""
+    """Outside the list: InvalidSpec at once, naming the field, no child, no request.
+
+    Inside: queried, as its memory budget makes every reconcile do.
+    """
     operator: OperatorProcess = start_operator(
         {"FLEETSERVE_ALLOWED_PROMETHEUS_URLS": json.dumps([allowed.url])}
     )
     kube.create(fsvc_path(namespace), _service("outside", forbidden.url))
-    kube.create(fsvc_path(namespace), _service("inside", allowed.url))
+    kube.create(fsvc_path(namespace), _service("inside", allowed.url, memory={"budget": "1Gi"}))
 
     def degraded() -> dict[str, Any] | None:
         found = condition(kube.get(fsvc_path(namespace, "outside")).get("status", {}), "Degraded")
@@ -100,6 +103,7 @@ def test_only_allowlisted_prometheus_urls_are_queried(
     reported = wait_until(degraded, timeout_s=60.0, what="outside reported Degraded")
     assert reported["reason"] == "InvalidSpec"
     assert FIELD in reported["message"]
+    assert children(kube, namespace, "outside") == {}
     wait_until(lambda: allowed.paths, timeout_s=60.0, what="the allowed Prometheus queried")
     assert all(path.startswith("/api/v1/query?") for path in allowed.paths)
     assert forbidden.paths == []

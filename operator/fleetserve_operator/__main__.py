@@ -33,11 +33,13 @@ def _run(config: OperatorConfig) -> None:
             config.metrics_port, addr=config.listen_address, registry=metrics.registry
         )
     kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
+    allowlist = config.prometheus_allowlist
     sync = Sync(
         kube,
         metrics=metrics,
         default_prometheus_url=config.prometheus_url,
-        metric_source=config.prometheus_allowlist.source,
+        prometheus_allowlist=allowlist,
+        metric_source=allowlist.source,
     )
     registry = kopf.OperatorRegistry()
     handlers.register(

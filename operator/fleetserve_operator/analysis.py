@@ -27,7 +27,7 @@ import urllib3
 from fleetserve_operator.contract import MemoryMetric
 from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.naming import Track
-from fleetserve_operator.observe import MemoryFigures
+from fleetserve_operator.records import MemoryFigures
 from fleetserve_operator.spec import (
     AnalysisResult,
     AnalysisSpec,
@@ -37,6 +37,7 @@ from fleetserve_operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
     Verdict,
+    parse_duration_s,
 )
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
     "REQUESTS",
     "REQUEST_SECONDS",
     "SERVER_ERRORS",
-    "MESSAGE_LIMIT",
     "AnalysisTarget",
     "MetricSource",
     "PlannedCheck",
@@ -56,6 +56,7 @@ __all__ = [
     "memory_query",
     "p99_ms_query",
     "plan_checks",
+    "promql_duration",
     "read_memory_figures",
     "read_stable_error_ratio",
     "requests_query",
@@ -81,10 +82,6 @@ class MetricSource(Protocol):
         ...
 
 
-MESSAGE_LIMIT = 1024
-"""Longest message of a `MetricsUnavailable`: it reaches status and Events."""
-
-
 class PrometheusSource:
     """A `MetricSource` over Prometheus's HTTP API (`GET /api/v1/query`).
 
@@ -102,7 +99,7 @@ class PrometheusSource:
         self._timeout_s = timeout_s
 
     def _failure(self, reason: str) -> MetricsUnavailable:
-        return MetricsUnavailable(f"Prometheus {self.url}: {reason}"[:MESSAGE_LIMIT])
+        return MetricsUnavailable(f"Prometheus {self.url}: {reason}")
 
     def _get(self, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
         """(status code, body) of one GET; raises `MetricsUnavailable` when none came."""
@@ -210,8 +207,19 @@ class TrackScope:
         return f"{labels},{extra}" if extra else labels
 
     def range(self, window: str) -> str:
-        """`[window]`, with the offset modifier when one is set."""
-        return f"[{window}] offset {self.offset}" if self.offset else f"[{window}]"
+        """`[window]`, with the offset modifier when one is set (both as PromQL spells them)."""
+        selected = f"[{promql_duration(window)}]"
+        return f"{selected} offset {promql_duration(self.offset)}" if self.offset else selected
+
+
+def promql_duration(duration: str) -> str:
+    """A spec duration as PromQL takes it: whole seconds (`1.5m` → `90s`), else milliseconds.
+
+    PromQL refuses a fraction (`[1.5m]` is a parse error, so every query would fail and no
+    analysis would ever be conclusive) and a zero range; the shortest range is `1ms`.
+    """
+    ms = max(1, round(parse_duration_s(duration) * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +229,8 @@ class AnalysisTarget:
     canary: TrackScope
     stable: TrackScope
     window: str
-    """PromQL range, e.g. `1m` (`analysis.window`, else the rollout interval)."""
+    """The spec's duration, e.g. `1m` (`analysis.window`, else the rollout interval);
+    queries spell it with `promql_duration`."""
     queue_wait_floor_ms: float = 0.0
     """Queue waits up to this are by design (the batcher's `maxQueueDelayMs`), so the
     queue-wait ratio check never fails below it."""
@@ -293,7 +302,7 @@ def _custom_query(template: str, scope: TrackScope, window: str) -> str:
         "$model": scope.model,
         "$version": scope.version,
         "$track": scope.track.value,
-        "$window": window,
+        "$window": promql_duration(window),
     }
     for placeholder, value in values.items():
         template = template.replace(placeholder, value)
@@ -409,7 +418,7 @@ def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -
     try:
         requests = _value(source, requests_query(target.canary, target.window))
     except MetricsUnavailable as exc:
-        return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc)[:MESSAGE_LIMIT])
+        return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
     if requests is None or requests < spec.min_requests:
         seen = 0.0 if requests is None else requests
         message = f"{seen:.0f} canary requests in {target.window}, fewer than {spec.min_requests}"

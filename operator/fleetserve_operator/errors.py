@@ -4,11 +4,16 @@
 `ChildConflict`, `ClusterUnavailable` and `MetricsUnavailable` are temporary (retried with
 back-off). The `SpecError`s name the spec field at fault, and that name reaches the
 `Degraded` condition.
+
+Every error's text is cut at `MESSAGE_LIMIT`: it reaches status, Events and kopf's progress
+annotations, and what it quotes (an API server's refusal, a key of the object) can be
+megabytes long.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "MESSAGE_LIMIT",
     "ChildConflict",
     "ChildRefused",
     "ClusterUnavailable",
@@ -17,11 +22,23 @@ __all__ = [
     "InvalidSpec",
     "MetricsUnavailable",
     "SpecError",
+    "bounded",
 ]
+
+MESSAGE_LIMIT = 1024
+"""Longest text the operator writes into status or an Event, or raises as an error."""
+
+
+def bounded(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` when it has at most `limit` characters, else its start and an ellipsis (`limit`)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
 
 
 class FleetserveError(Exception):
-    """Base of the operator's domain errors."""
+    """Base of the operator's domain errors; its text is `bounded`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(bounded(message))
 
 
 class SpecError(FleetserveError):
@@ -32,7 +49,7 @@ class SpecError(FleetserveError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
-        self.message = message
+        self.message = bounded(message)
 
 
 class InvalidSpec(SpecError):

@@ -13,16 +13,16 @@ new template.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from fleetserve_operator import naming
+from fleetserve_operator.errors import bounded
 from fleetserve_operator.naming import Track
-from fleetserve_operator.observe import Problem, is_rolled_out
+from fleetserve_operator.observe import is_rolled_out
+from fleetserve_operator.records import Manifest, Problem
 from fleetserve_operator.rollout import TrackFacts
 
 __all__ = ["CRASH_LOOP", "MAX_MESSAGE", "OOM_KILLED", "track_facts", "workload_problem"]
 
-Manifest = dict[str, Any]
 OOM_KILLED = "OOMKilled"
 """The container termination reason the kubelet reports for an out-of-memory kill."""
 CRASH_LOOP = "CrashLoopBackOff"
@@ -91,10 +91,6 @@ def track_facts(deployment: Manifest | None, pods: Iterable[Manifest]) -> TrackF
     )
 
 
-def _bounded(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "\N{HORIZONTAL ELLIPSIS}"
-
-
 def _deployment_failure(deployment: Manifest) -> Problem | None:
     """What the Deployment's own conditions say went wrong, if anything.
 
@@ -108,7 +104,7 @@ def _deployment_failure(deployment: Manifest) -> Problem | None:
         if (kind, status) in (("ReplicaFailure", "True"), ("Progressing", "False")):
             name = deployment["metadata"]["name"]
             message = f"Deployment {name}: {condition.get('message', '')}"
-            return Problem(condition.get("reason") or str(kind), _bounded(message))
+            return Problem(condition.get("reason") or str(kind), bounded(message, MAX_MESSAGE))
     return None
 
 
@@ -124,7 +120,7 @@ def _container_failure(pod: Manifest, container: Manifest) -> Problem | None:
     last = (container.get("lastState") or {}).get("terminated") or {}
     reason = waiting.get("reason", "")
     if reason in _FAILING_WAITS and reason != CRASH_LOOP:
-        return Problem(reason, _bounded(f"{where}: {waiting.get('message') or reason}"))
+        return Problem(reason, bounded(f"{where}: {waiting.get('message') or reason}", MAX_MESSAGE))
     crashed = (
         container.get("restartCount", 0) > 0
         and not container.get("ready")
@@ -139,7 +135,7 @@ def _container_failure(pod: Manifest, container: Manifest) -> Problem | None:
         if last.get("message"):
             detail += f": {last['message']}"
     reason = OOM_KILLED if last.get("reason") == OOM_KILLED else CRASH_LOOP
-    return Problem(reason, _bounded(detail))
+    return Problem(reason, bounded(detail, MAX_MESSAGE))
 
 
 def workload_problem(

@@ -41,7 +41,7 @@ def _is_ticking(status: kopf.Status, **_: Any) -> bool:
     """Whether the rollout timer runs: a rollout is active or the fallback serves."""
     current = InferenceServiceStatus.model_validate(dict(status))
     fallback = current.condition(ConditionType.FALLBACK_ACTIVE)
-    active = current.phase is not None and current.phase.is_rollout_active
+    active = current.current_phase.is_rollout_active
     return active or (fallback is not None and fallback.is_true)
 
 

@@ -6,7 +6,9 @@ InferenceService itself) is handled the same way, without a discovery cache on d
 operator's root filesystem is read-only). API errors are mapped to the domain errors in
 `errors` here, once: a 409 conflict is retried, 429/5xx and connection failures become
 `ClusterUnavailable`, a missing HTTPRoute API becomes `DependencyMissing`, a child the API
-server refuses (schema, admission, quota) becomes `ChildRefused`.
+server refuses (schema, admission, quota) becomes `ChildRefused`. What the API server says is
+cut at `errors.MESSAGE_LIMIT` as it arrives: it reaches status, Events and logs, and a
+refusal may quote the whole object.
 
 Children are never written blind. `create` is create-only (a POST, refused when the name is
 taken, so an object that appeared since `sync` looked is never overwritten); `apply` names
@@ -33,12 +35,12 @@ from fleetserve_operator.errors import (
     ChildRefused,
     ClusterUnavailable,
     DependencyMissing,
+    bounded,
 )
-from fleetserve_operator.observe import EventNote
+from fleetserve_operator.records import EventNote, Manifest
 
 __all__ = ["Cluster", "KubeApi", "ObjectRef"]
 
-Manifest = dict[str, Any]
 logger = logging.getLogger(__name__)
 
 _PLURALS = {
@@ -59,7 +61,6 @@ _CONFLICT_RETRIES = 3
 # What the API server says when it refuses a write for its content (schema, admission,
 # quota), as opposed to failing: 400 BadRequest, 403 Forbidden, 422 Invalid.
 _REFUSALS = (400, 403, 422)
-_MAX_REFUSAL = 1024
 _DRY_RUN = [("dryRun", "All")]
 # The spec section a child is rendered from, for the field a refusal names.
 _SOURCE_FIELDS = {"HTTPRoute": "spec.traffic", "Service": "spec.traffic"}
@@ -138,9 +139,9 @@ class _ApiError(Exception):
     """An HTTP error answer of the API server (internal; mapped before it leaves)."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
         self.status = status
-        self.message = message
+        self.message = bounded(message)
+        super().__init__(f"{status}: {self.message}")
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -294,7 +295,7 @@ class KubeApi:
             return DependencyMissing("spec.traffic.provider", msg)
         if exc.status in _REFUSALS:
             field = _SOURCE_FIELDS.get(kind, "spec")
-            return ChildRefused(field, kind, name, exc.message[:_MAX_REFUSAL])
+            return ChildRefused(field, kind, name, exc.message)
         return ClusterUnavailable(f"write {kind} {name}: {exc}")
 
     def _apply(self, manifest: Manifest, uid: str | None, query: list[tuple[str, str]]) -> Manifest:
@@ -406,7 +407,7 @@ class KubeApi:
             },
             "type": note.type,
             "reason": note.reason,
-            "message": note.message[:1024],
+            "message": bounded(note.message),
             "source": {"component": naming.MANAGER},
             "reportingComponent": naming.MANAGER,
             "firstTimestamp": now,

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from fleetserve_operator import naming
 from fleetserve_operator.naming import Track
+from fleetserve_operator.records import EventNote, Manifest, MemoryFigures, Problem
 from fleetserve_operator.rollout.traffic import fallback_active, traffic_split
 from fleetserve_operator.spec import (
     Condition,
@@ -33,10 +33,7 @@ from fleetserve_operator.spec import (
 )
 
 __all__ = [
-    "EventNote",
-    "MemoryFigures",
     "Observation",
-    "Problem",
     "compute_status",
     "is_rolled_out",
     "memory_problem",
@@ -44,27 +41,7 @@ __all__ = [
     "transitions",
 ]
 
-Manifest = dict[str, Any]
 GIB = 2**30
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Why the service is Degraded: the condition's reason and a message naming the field."""
-
-    reason: str
-    message: str
-    permanent: bool = False
-    """Only a new spec can fix it: the phase is Failed."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryFigures:
-    """What the runtime measured when it loaded the model (its `fleetserve_model_*` gauges)."""
-
-    weights_bytes: float
-    fixed_bytes: float
-    bytes_per_token: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +55,6 @@ class Observation:
     """RFC 3339 UTC timestamp of this observation."""
     routes_by_weight: bool = False
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
-
-
-@dataclass(frozen=True, slots=True)
-class EventNote:
-    """An Event to post on the InferenceService."""
-
-    type: str
-    """`Normal` or `Warning`."""
-    reason: str
-    message: str
 
 
 def memory_problem(spec: InferenceServiceSpec, figures: MemoryFigures) -> Problem | None:
@@ -143,7 +110,7 @@ def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> Rollout
     """The rollout's phase (`rollout.next_step` set it), except Failed for an invalid spec."""
     if problem is not None and problem.permanent:
         return RolloutPhase.FAILED
-    return previous.phase or RolloutPhase.PENDING
+    return previous.current_phase
 
 
 def _progressing(

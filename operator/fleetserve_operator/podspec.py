@@ -1,27 +1,25 @@
 """Pure: the runtime pod template of one track (container, probes, security, volumes).
 
-Called by `reconcile` for every track's Deployment. The container runs
-`fleetserve-runtime serve` with flags from `contract`; the pod is hardened as the restricted
-Pod Security Standard asks (non-root, read-only root filesystem, no privilege escalation, all
-capabilities dropped, RuntimeDefault seccomp), so the chart can label namespaces `restricted`.
+`reconcile` plans every track as a `TrackPlan` (defined here, where it is read, so this module
+needs nothing of `reconcile`) and calls `pod_template` for the track's Deployment. The
+container runs `fleetserve-runtime serve` with flags from `contract`; the pod is hardened as
+the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
+escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label
+namespaces `restricted`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
 from fleetserve_operator import contract
+from fleetserve_operator.records import Manifest
+from fleetserve_operator.spec import GpuTrackSpec, Resources, Toleration
 
-if TYPE_CHECKING:
-    from fleetserve_operator.reconcile import TrackPlan
-    from fleetserve_operator.spec import GpuTrackSpec
-
-__all__ = ["CONTAINER_NAME", "DRAIN_SECONDS", "RUNTIME_UID", "pod_template"]
+__all__ = ["CONTAINER_NAME", "DRAIN_SECONDS", "RUNTIME_UID", "TrackPlan", "pod_template"]
 
 DRAIN_SECONDS = 5
 """How long a terminating runtime pod keeps serving before it is sent SIGTERM."""
-
-Manifest = dict[str, Any]
 CONTAINER_NAME = "runtime"
 # The runtime image's non-root user (distroless convention); Dockerfile.runtime creates it.
 RUNTIME_UID = 65532
@@ -33,6 +31,21 @@ AUTH_FILE_MODE = 0o440
 # Loading and warming a model can take minutes; the startup probe gives it 10 minutes before
 # the liveness probe may restart the container.
 STARTUP_PROBE_FAILURES = 120
+
+
+@dataclass(frozen=True, slots=True)
+class TrackPlan:
+    """What one track's Deployment runs; `replicas` None leaves the count to an autoscaler."""
+
+    config: contract.TrackConfig
+    replicas: int | None
+    resources: Resources
+    node_selector: dict[str, str]
+    tolerations: list[Toleration]
+    pods: GpuTrackSpec
+    """The model, runtime and memory sections the pods are rendered from."""
+    spec_hash: str | None = None
+    """`pods.digest` on the GPU tracks (their spec-hash label); None on the fallback."""
 
 
 def _probe(path: str, *, period_s: int, failures: int) -> Manifest:

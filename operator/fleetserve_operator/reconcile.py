@@ -21,16 +21,14 @@ from typing import Any
 from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import pod_template
+from fleetserve_operator.podspec import TrackPlan, pod_template
+from fleetserve_operator.records import Manifest
 from fleetserve_operator.rollout import fallback_active, plan_capacity, traffic_split
 from fleetserve_operator.spec import (
     BatchingSpec,
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
-    Resources,
-    RolloutPhase,
-    Toleration,
 )
 
 __all__ = [
@@ -38,7 +36,6 @@ __all__ = [
     "HTTPROUTE_API_VERSION",
     "INFERENCE_PATHS",
     "Owner",
-    "TrackPlan",
     "check_semantics",
     "child_key",
     "desired_children",
@@ -51,10 +48,8 @@ __all__ = [
     "traffic_weights",
 ]
 
-Manifest = dict[str, Any]
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MAX_NAME = 63 - len("-fallback")
 APPLIED_HASH_ANNOTATION = f"{naming.GROUP}/applied-hash"
 """A hash of everything the operator applies to a child, so that a field the spec no longer
 asks for (a hostname, a node selector entry) is a drift too: `is_drifted` alone only sees
@@ -100,29 +95,15 @@ class Owner:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class TrackPlan:
-    """What one track's Deployment runs; `replicas` None leaves the count to an autoscaler."""
-
-    config: contract.TrackConfig
-    replicas: int | None
-    resources: Resources
-    node_selector: dict[str, str]
-    tolerations: list[Toleration]
-    pods: GpuTrackSpec
-    """The model, runtime and memory sections the pods are rendered from."""
-    spec_hash: str | None = None
-    """`pods.digest` on the GPU tracks (their spec-hash label); None on the fallback."""
-
-
 def check_semantics(owner: Owner, spec: InferenceServiceSpec) -> None:
     """Reject what the schema lets through but no cluster can run.
 
     Raises:
         InvalidSpec: naming the field at fault.
     """
-    if len(owner.name) > _MAX_NAME or _DNS_1035.match(owner.name) is None:
-        msg = f"must be a DNS-1035 label of at most {_MAX_NAME} characters, got {owner.name!r}"
+    longest = naming.MAX_NAME_LENGTH
+    if len(owner.name) > longest or _DNS_1035.match(owner.name) is None:
+        msg = f"must be a DNS-1035 label of at most {longest} characters, got {owner.name!r}"
         raise InvalidSpec("metadata.name", msg)
     uri = spec.model.uri or ""
     if uri.startswith("builtin://"):
@@ -183,7 +164,7 @@ def plan_tracks(
     capacity = plan_capacity(spec, status, stable_replicas=observed_stable_replicas)
     stable = stable_pods(spec, status)
     plans = [_gpu_plan(stable, Track.STABLE, capacity.stable)]
-    phase = status.phase or RolloutPhase.PENDING
+    phase = status.current_phase
     if phase.is_rollout_active:
         plans.append(_gpu_plan(spec.gpu_track, Track.CANARY, capacity.canary))
     if not spec.fallback.enabled:
@@ -264,7 +245,7 @@ def traffic_weights(spec: InferenceServiceSpec, status: InferenceServiceStatus) 
     """
     split = traffic_split(status)
     weights = {Track.STABLE: split.stable}
-    if status.phase is not None and status.phase.is_rollout_active:
+    if status.current_phase.is_rollout_active:
         weights[Track.CANARY] = split.canary
     if spec.fallback.enabled:
         weights[Track.FALLBACK] = split.fallback

@@ -2,7 +2,10 @@
 
 `handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
 (`rollout`, `reconcile`, `observe`, `facts`); this module only sequences them with the I/O
-of `kube` and `analysis`, so that the same steps run whatever the trigger:
+of `kube` and `analysis`, so that the same steps run whatever the trigger. The spec is parsed
+first, with what the schema cannot check (`reconcile.check_semantics`, the Prometheus URL
+against the operator's allowlist, the model's PVC); a spec that fails is reported in
+status and nothing else is done. Then:
 
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
    annotations, the stable track's error ratio, and the analysis when one is due;
@@ -44,6 +47,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
+from fleetserve_operator.allowlist import PrometheusAllowlist
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
 from fleetserve_operator.errors import (
     ChildConflict,
@@ -51,18 +55,22 @@ from fleetserve_operator.errors import (
     InvalidSpec,
     MetricsUnavailable,
     SpecError,
+    bounded,
 )
 from fleetserve_operator.kube import Cluster, ObjectRef
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import TRACK_LABEL, Track
-from fleetserve_operator.observe import EventNote, Observation, Problem
+from fleetserve_operator.observe import Observation
 from fleetserve_operator.reconcile import Owner
+from fleetserve_operator.records import EventNote, Manifest, Problem
 from fleetserve_operator.spec import AnalysisResult, InferenceServiceSpec, InferenceServiceStatus
 
 __all__ = ["Sync", "utc_now"]
 
-Manifest = dict[str, Any]
 logger = logging.getLogger(__name__)
+_MAX_FIELD_PART = 64
+"""Longest part of a field path in an error: far longer than any field's name, so only a
+map key (a label key, a resource name) is ever cut."""
 
 
 def utc_now() -> datetime:
@@ -84,13 +92,24 @@ class _Write:
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
+    """The first schema error, naming its field; the whole text is bounded by `InvalidSpec`.
+
+    A map key the schema refuses is part of the error's location, and an object stored
+    under an older CRD may carry one of any length: every part is cut at `_MAX_FIELD_PART`.
+    """
     first = exc.errors()[0]
-    field = ".".join(["spec", *(str(part) for part in first["loc"])])
-    return InvalidSpec(field, first["msg"])
+    parts = (bounded(str(part), _MAX_FIELD_PART) for part in first["loc"])
+    return InvalidSpec(".".join(["spec", *parts]), first["msg"])
 
 
 class Sync:
-    """Reconciles InferenceServices through `kube`; shared by every handler."""
+    """Reconciles InferenceServices through `kube`; shared by every handler.
+
+    `prometheus_allowlist` judges a spec's `rollout.analysis.prometheusUrl` when the spec is
+    parsed, so a URL outside it is an invalid spec at once, not when an analysis first falls
+    due; None accepts every URL there (tests). `metric_source` makes the source a URL is
+    queried through (the operator's refuses a URL outside the allowlist again).
+    """
 
     def __init__(
         self,
@@ -98,12 +117,14 @@ class Sync:
         *,
         metrics: OperatorMetrics,
         default_prometheus_url: str | None = None,
+        prometheus_allowlist: PrometheusAllowlist | None = None,
         metric_source: Callable[[str], MetricSource] = PrometheusSource,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._kube = kube
         self._metrics = metrics
         self._default_prometheus_url = default_prometheus_url
+        self._prometheus_allowlist = prometheus_allowlist
         self._metric_source = metric_source
         self._clock = clock
         # Weak values: a service's lock lives only while a reconcile holds or awaits it, so
@@ -283,6 +304,9 @@ class Sync:
         except ValidationError as exc:
             raise _spec_error(exc) from None
         reconcile.check_semantics(owner, spec)
+        checks = spec.rollout.analysis
+        if checks is not None and self._prometheus_allowlist is not None:
+            self._prometheus_allowlist.check(checks.prometheus_url)
         source = contract.pvc_source(spec.model)
         if source is not None and not self._kube.pvc_exists(owner.namespace, source.claim):
             msg = f"PersistentVolumeClaim {source.claim!r} does not exist in {owner.namespace}"

@@ -15,7 +15,7 @@ from typing import Any
 from fleetserve_operator import naming
 from fleetserve_operator.errors import ChildConflict, ChildRefused, MetricsUnavailable
 from fleetserve_operator.kube import ObjectRef
-from fleetserve_operator.observe import EventNote
+from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.spec import InferenceServiceSpec
 
 __all__ = [
@@ -26,8 +26,6 @@ __all__ = [
     "make_service",
     "make_spec",
 ]
-
-Manifest = dict[str, Any]
 
 
 def make_spec(**sections: Any) -> InferenceServiceSpec:

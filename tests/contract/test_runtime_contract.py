@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
     none does.
     """
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    # As `openssl rand -hex 32` makes one: the runtime refuses short, guessable tokens.
+    token_file.write_text(secrets.token_hex(32) + "\n")
     for spec, plan in _plans(SPECS[name]):
         args = contract.render_args(pods=plan.pods, config=plan.config)
         config = parse_config(_as_mounted(args, token_file))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ def test_selector_and_requests_query() -> None:
     """Series are picked by the scrape's namespace and the runtime's model/version/track."""
     assert requests_query(CANARY, "1m") == (
         'sum(increase(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
-        'track="canary"}[1m]))'
+        'track="canary"}[60s]))'
     )
 
 
@@ -70,9 +71,9 @@ def test_error_ratio_query_counts_no_errors_as_zero() -> None:
     """5xx / all, with `or vector(0)` so that a clean canary is 0, not "no data"."""
     assert code_ratio_query(CANARY, "2m", SERVER_ERRORS) == (
         '(sum(rate(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
-        'track="canary",code=~"5.."}[2m])) or vector(0)) / '
+        'track="canary",code=~"5.."}[120s])) or vector(0)) / '
         'sum(rate(fleetserve_requests_total{namespace="ns",model="demo",version="2",'
-        'track="canary"}[2m]))'
+        'track="canary"}[120s]))'
     )
 
 
@@ -81,8 +82,50 @@ def test_p99_query_in_milliseconds_with_offset() -> None:
     scope = TrackScope("ns", "demo", "1", Track.STABLE, offset="1m")
     assert p99_ms_query(REQUEST_SECONDS, scope, "1m") == (
         "1000 * histogram_quantile(0.99, sum by (le) (rate(fleetserve_request_duration_seconds"
-        '_bucket{namespace="ns",model="demo",version="1",track="stable"}[1m] offset 1m)))'
+        '_bucket{namespace="ns",model="demo",version="1",track="stable"}[60s] offset 60s)))'
     )
+
+
+@pytest.mark.parametrize(
+    ("duration", "rendered"),
+    [
+        ("1m", "60s"),
+        ("1.5m", "90s"),
+        ("1h0.5m", "3630s"),
+        ("2.5s", "2500ms"),
+        ("0.25s", "250ms"),
+        ("0.1ms", "1ms"),
+        ("0s", "1ms"),
+    ],
+)
+def test_durations_are_spelled_as_promql_takes_them(duration: str, rendered: str) -> None:
+    """No fraction (PromQL refuses `1.5m`) and no zero range (PromQL refuses `0s`)."""
+    assert analysis.promql_duration(duration) == rendered
+
+
+@pytest.mark.parametrize(
+    "rollout",
+    [
+        pytest.param({"interval": "1m", "analysis": {"window": "1.5m"}}, id="window"),
+        pytest.param({"interval": "1.5m", "analysis": {}}, id="interval-as-window"),
+    ],
+)
+def test_a_fractional_window_renders_whole_ranges(rollout: dict[str, Any]) -> None:
+    """Every range and offset of every query (custom checks too) is a whole 90s."""
+    custom = {"name": "c", "query": "sum(rate(x[$window]))", "max": 1}
+    checks = {"prometheusUrl": "http://p:9090", "checks": [custom], **rollout["analysis"]}
+    spec = make_spec(rollout={**rollout, "analysis": checks})
+    assert spec.rollout.analysis is not None
+    status = InferenceServiceStatus(stable_version="1", canary_version="2", canary_weight=100)
+    target = target_for(spec, status, namespace="ns")
+    planned = analysis.plan_checks(spec.rollout.analysis, target)
+    queries = [requests_query(target.canary, target.window)]
+    queries += [q for check in planned for q in (check.query, check.baseline) if q is not None]
+    ranges = [r for query in queries for r in re.findall(r"\[([^\]]*)\]", query)]
+    offsets = [o for query in queries for o in re.findall(r"offset (\S+?)\)", query)]
+    assert len(ranges) > len(planned)
+    assert offsets
+    assert set(ranges) | set(offsets) == {"90s"}
 
 
 @pytest.mark.parametrize(
@@ -104,7 +147,7 @@ def test_custom_check_placeholders_are_substituted() -> None:
     check = {"name": "oom", "query": 'sum(x{ns="$namespace",v="$version"}[$window])', "max": 0}
     spec = AnalysisSpec.model_validate({"prometheusUrl": "http://p:9090", "checks": [check]})
     custom = analysis.plan_checks(spec, TARGET)[-1]
-    assert (custom.name, custom.query, custom.max) == ("oom", 'sum(x{ns="ns",v="2"}[1m])', 0)
+    assert (custom.name, custom.query, custom.max) == ("oom", 'sum(x{ns="ns",v="2"}[60s])', 0)
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ from typing import Any
 
 from fleetserve_operator import naming
 from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.records import Manifest
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
-Manifest = dict[str, Any]
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
 MODEL = {"name": "demo", "version": "1", "uri": "builtin://synthetic"}
 

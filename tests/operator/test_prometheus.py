@@ -19,16 +19,25 @@ from pydantic import ValidationError
 
 from fleetserve_operator.allowlist import PROMETHEUS_URL_FIELD, PrometheusAllowlist
 from fleetserve_operator.analysis import (
-    MESSAGE_LIMIT,
     AnalysisTarget,
+    MetricSource,
     PrometheusSource,
     TrackScope,
     evaluate,
 )
-from fleetserve_operator.errors import InvalidSpec, MetricsUnavailable
+from fleetserve_operator.errors import MESSAGE_LIMIT, InvalidSpec, MetricsUnavailable
+from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
 from fleetserve_operator.settings import OperatorConfig
-from fleetserve_operator.spec import AnalysisSpec, InconclusiveReason
+from fleetserve_operator.spec import (
+    AnalysisSpec,
+    ConditionType,
+    InconclusiveReason,
+    InferenceServiceStatus,
+    RolloutPhase,
+)
+from fleetserve_operator.sync import Sync
+from fleetserve_operator.testing import FakeKube, make_service
 
 SECRET = "do-not-publish-this-body"
 TARGET = AnalysisTarget(
@@ -269,3 +278,53 @@ def test_a_bad_allowlist_entry_stops_start_up(monkeypatch: pytest.MonkeyPatch, e
     monkeypatch.setenv("FLEETSERVE_ALLOWED_PROMETHEUS_URLS", json.dumps([entry]))
     with pytest.raises(ValidationError, match="allowed_prometheus_urls"):
         OperatorConfig()
+
+
+def _analysed_service(url: str) -> dict[str, Any]:
+    model = {"name": "demo", "version": "1", "uri": "builtin://synthetic"}
+    return make_service({"model": model, "rollout": {"analysis": {"prometheusUrl": url}}})
+
+
+def _never_queried(url: str) -> MetricSource:
+    raise AssertionError(f"{url} was to be queried")
+
+
+def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> None:
+    """First reconcile, no rollout, no memory check due: InvalidSpec naming the field at once.
+
+    Nothing is created and no metric source is made for the URL.
+    """
+    kube = FakeKube()
+    kube.add_service(_analysed_service("http://metadata.internal/"))
+    sync = Sync(
+        kube,
+        metrics=OperatorMetrics(),
+        prometheus_allowlist=PrometheusAllowlist(ALLOWED),
+        metric_source=_never_queried,
+    )
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert isinstance(error, InvalidSpec)
+    assert error.field == PROMETHEUS_URL_FIELD
+    assert [action for action, _, _ in kube.writes] == ["status"]
+    body = kube.get_inference_service("ns", "demo")
+    assert body is not None
+    status = InferenceServiceStatus.model_validate(body["status"])
+    degraded = status.condition(ConditionType.DEGRADED)
+    assert degraded is not None
+    assert (degraded.status, degraded.reason) == ("True", "InvalidSpec")
+    assert PROMETHEUS_URL_FIELD in degraded.message
+    assert status.phase is RolloutPhase.FAILED
+
+
+def test_an_allowlisted_url_passes_the_parse() -> None:
+    """The same service naming an allowed URL deploys (and is not queried before it is due)."""
+    kube = FakeKube()
+    kube.add_service(_analysed_service("http://prometheus.monitoring:9090/"))
+    sync = Sync(
+        kube,
+        metrics=OperatorMetrics(),
+        prometheus_allowlist=PrometheusAllowlist(ALLOWED),
+        metric_source=_never_queried,
+    )
+    assert sync.run_by_name("ns", "demo", trigger="create") is None
+    assert ("create", "Deployment", "demo-stable") in kube.writes

@@ -10,12 +10,12 @@ import pytest
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import (
-    MemoryFigures,
     Observation,
     effective_canary_weight,
     memory_problem,
     transitions,
 )
+from fleetserve_operator.records import MemoryFigures
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,

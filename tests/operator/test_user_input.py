@@ -57,6 +57,12 @@ HOSTILE = [
                  _spec(runtime={"nodeSelector": {"pool": "x" * MIB}}), id="label-value-1MiB"),
     pytest.param("spec.batching.buckets", _spec(batching={"buckets": "1" + "0" * 5000}),
                  id="bucket-edge-digits"),
+    pytest.param("spec.runtime.nodeSelector.",
+                 _spec(runtime={"nodeSelector": {"k" * MIB: "v"}}), id="label-key-1MiB"),
+    pytest.param("spec.runtime.resources.limits.",
+                 _spec(runtime={"resources": {"limits": {"k" * MIB: "1"}}}),
+                 id="resource-name-1MiB"),
+    pytest.param("spec.model.", _spec(model={**MODEL, "k" * MIB: "1"}), id="unknown-field-1MiB"),
 ]  # fmt: skip
 
 
@@ -70,7 +76,8 @@ def test_hostile_value_is_reported_naming_the_field(field: str, spec: dict[str, 
     error = sync.run_by_name("ns", "demo", trigger="create")
 
     assert isinstance(error, InvalidSpec)
-    assert error.field.startswith(field), error.field
+    assert error.field.startswith(field), error.field[:100]
+    assert len(error.field) <= 256
     assert [action for action, _, _ in kube.writes] == ["status"], kube.writes
     body = kube.get_inference_service("ns", "demo")
     assert body is not None
@@ -80,6 +87,14 @@ def test_hostile_value_is_reported_naming_the_field(field: str, spec: dict[str, 
     assert status.last_error is not None
     assert field in status.last_error
     assert len(status.last_error) <= 1024
+    assert all(len(event.message) <= 1024 for event in kube.events)
+
+
+def test_an_error_message_is_bounded_whatever_it_quotes() -> None:
+    """A field and message of any length make an error of at most 1024 characters."""
+    error = InvalidSpec("spec.model.uri", "x" * MIB)
+    assert str(error).startswith("spec.model.uri: xxx")
+    assert len(str(error)) == 1024
 
 
 @pytest.mark.parametrize(

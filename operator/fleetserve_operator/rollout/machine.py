@@ -166,7 +166,7 @@ def _run(t: Tick, trigger: Trigger) -> Step:
     if command is None:
         return step
     value = _command_value(t, command) or ""
-    before, after = t.phase.value, (step.status.phase or P.PENDING).value
+    before, after = t.phase.value, step.status.current_phase.value
     applied = handler is not ignored
     result = f"{before} -> {after}" if applied else f"ignored in phase {before}"
     ack = Acknowledgement(annotation=command.annotation, value=value, time=t.stamp, result=result)
@@ -240,7 +240,7 @@ def _forget_gone_commands(t: Tick) -> Tick:
 def _finalise(before: Tick, status: InferenceServiceStatus) -> Step:
     """Stamp the phase change, set `Promoted`, and derive weight, scale and cleanup actions."""
     now = before.stamp
-    phase = status.phase or P.PENDING
+    phase = status.current_phase
     changed = phase is not before.status.phase
     promoted = Condition(
         type=ConditionType.PROMOTED.value,

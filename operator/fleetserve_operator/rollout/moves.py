@@ -51,7 +51,7 @@ class Tick:
     @property
     def phase(self) -> RolloutPhase:
         """The current phase; a fresh object counts as Pending."""
-        return self.status.phase or P.PENDING
+        return self.status.current_phase
 
     @property
     def stamp(self) -> str:
@@ -76,7 +76,7 @@ def is_analysis_due(
     spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime
 ) -> bool:
     """True when the canary holds a step, failover is off, and an interval has passed."""
-    phase = status.phase or P.PENDING
+    phase = status.current_phase
     if not phase.is_analysing or fallback_active(status):
         return False
     elapsed = elapsed_s(status.rollout.interval_started_at, now)

@@ -31,7 +31,7 @@ def traffic_split(status: InferenceServiceStatus) -> SetWeights:
     """The percentages each track should get in `status`."""
     if fallback_active(status):
         return SetWeights(stable=0, canary=0, fallback=100)
-    phase = status.phase or P.PENDING
+    phase = status.current_phase
     canary = status.canary_weight if phase.is_rollout_active else 0
     return SetWeights(stable=100 - canary, canary=canary, fallback=0)
 
@@ -52,7 +52,7 @@ def plan_capacity(
     """
     autoscaled = spec.runtime.replicas.is_autoscaled
     total = stable_replicas if autoscaled else spec.runtime.replicas.min
-    phase = status.phase or P.PENDING
+    phase = status.current_phase
     if not phase.is_rollout_active:
         return Capacity(stable=None if autoscaled else total, canary=0)
     weight = 100 if phase is P.PROMOTING else status.canary_weight

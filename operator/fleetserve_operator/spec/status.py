@@ -314,6 +314,11 @@ class InferenceServiceStatus(Wire):
     )
     """`Ready`, `Progressing`, `Degraded`, `FallbackActive`, `Promoted`."""
 
+    @property
+    def current_phase(self) -> RolloutPhase:
+        """`phase`, where a fresh object (no phase reported yet) counts as Pending."""
+        return self.phase or RolloutPhase.PENDING
+
     def condition(self, kind: ConditionType) -> Condition | None:
         """The condition of type `kind`, if reported."""
         return next((c for c in self.conditions if c.type == kind.value), None)

@@ -1,0 +1,170 @@
+"""`KubeApi` over real HTTP against a loopback stand-in for the API server: bounded refusals.
+
+The stand-in (`http.server` on 127.0.0.1) answers every request with one scripted status and
+a `Status` body whose message is a mebibyte long, as an admission webhook quoting the whole
+object could make it. Whatever the operator turns that into (the `ChildRefused` that reaches
+status, the `ClusterUnavailable` kopf keeps in its progress annotation) stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kubernetes
+import pytest
+
+from fleetserve_operator.errors import (
+    MESSAGE_LIMIT,
+    ChildRefused,
+    ClusterUnavailable,
+    FleetserveError,
+)
+from fleetserve_operator.kube import KubeApi, ObjectRef
+from fleetserve_operator.reconcile import Owner, desired_children
+from fleetserve_operator.records import EventNote
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.testing import make_spec
+
+MIB = 2**20
+OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
+REF = ObjectRef(namespace="ns", name="demo", uid="uid-demo")
+
+
+@dataclass
+class FakeApiServer:
+    """Answers every request with `status` and a long `message`; records (method, path, body)."""
+
+    status: int = 422
+    message: str = "spec.template: Invalid value: " + "x" * MIB
+    requests: list[tuple[str, str, Any]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    fake = FakeApiServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            fake.requests.append((self.command, self.path, json.loads(body) if body else None))
+            status = {"kind": "Status", "status": "Failure", "message": fake.message}
+            payload = json.dumps({**status, "code": fake.status}).encode()
+            self.send_response(fake.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815  # http.server's naming
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+def _kube(server: FakeApiServer) -> KubeApi:
+    configuration = kubernetes.client.Configuration(host=server.url)
+    return KubeApi(kubernetes.client.ApiClient(configuration), timeout_s=5.0)
+
+
+def _deployment() -> dict[str, Any]:
+    children = desired_children(OWNER, make_spec(), InferenceServiceStatus())
+    return next(child for child in children if child["kind"] == "Deployment")
+
+
+def _created(kube: KubeApi) -> None:
+    kube.create(_deployment())
+
+
+def _validated(kube: KubeApi) -> None:
+    kube.validate(_deployment(), current=None)
+
+
+def _applied(kube: KubeApi) -> None:
+    current = {**_deployment(), "metadata": {**_deployment()["metadata"], "uid": "u1"}}
+    kube.apply(_deployment(), current=current)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(_validated, id="dry-run"),
+        pytest.param(_created, id="create"),
+        pytest.param(_applied, id="apply"),
+    ],
+)
+def test_a_refused_child_quotes_at_most_the_limit(
+    api_server: FakeApiServer, write: Callable[[KubeApi], None]
+) -> None:
+    """422 on any write: ChildRefused names the child and quotes the start of the refusal."""
+    with pytest.raises(ChildRefused) as refused:
+        write(_kube(api_server))
+    assert "Deployment demo-stable refused by the API server: spec.template: Invalid" in str(
+        refused.value
+    )
+    assert len(str(refused.value)) <= MESSAGE_LIMIT
+    assert api_server.requests, "the refusal came from the server"
+
+
+@pytest.mark.parametrize("status", [403, 422, 500])
+def test_a_failed_status_write_is_bounded(api_server: FakeApiServer, status: int) -> None:
+    """The status subresource refused or failing: ClusterUnavailable, bounded like any error."""
+    api_server.status = status
+    with pytest.raises(ClusterUnavailable) as failed:
+        _kube(api_server).apply_status(REF, {"phase": "Pending"})
+    assert f"{status}: spec.template: Invalid" in str(failed.value)
+    assert len(str(failed.value)) <= MESSAGE_LIMIT
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda kube: kube.get_inference_service("ns", "demo"), id="get"),
+        pytest.param(lambda kube: kube.list_children("ns", "demo"), id="list"),
+        pytest.param(lambda kube: kube.remove_annotation(REF, "a/b"), id="annotation"),
+    ],
+)
+def test_a_failed_request_is_bounded(
+    api_server: FakeApiServer, read: Callable[[KubeApi], object]
+) -> None:
+    """Other answers the operator cannot act on are temporary errors of bounded length."""
+    api_server.status = 503
+    with pytest.raises(FleetserveError) as failed:
+        read(_kube(api_server))
+    assert len(str(failed.value)) <= MESSAGE_LIMIT
+
+
+def test_a_refused_event_is_logged_bounded(
+    api_server: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Posting an Event fails only into the log, and the log line quotes a bounded refusal."""
+    with caplog.at_level(logging.WARNING, logger="fleetserve_operator.kube"):
+        _kube(api_server).post_event(REF, EventNote("Normal", "Created", "Created Deployment"))
+    (record,) = caplog.records
+    assert "422: spec.template: Invalid" in record.getMessage()
+    assert len(record.getMessage()) <= 2 * MESSAGE_LIMIT
+
+
+def test_a_long_event_message_is_posted_bounded(api_server: FakeApiServer) -> None:
+    """An Event carries at most MESSAGE_LIMIT characters of its note."""
+    api_server.status = 201
+    _kube(api_server).post_event(REF, EventNote("Warning", "ChildRefused", "y" * MIB))
+    ((method, path, event),) = api_server.requests
+    assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
+    assert event["message"].startswith("yyy")
+    assert len(event["message"]) <= MESSAGE_LIMIT
