@@ -53,12 +53,13 @@ docs: setup
 crds-check: setup
 	$(PY) -m fleetserve_operator.crdgen --check $(CRD) $(CHART_CRD)
 
-## lint: ruff (lint + format check), mypy --strict on our packages, CRDs up to date
+## lint: ruff (lint + format check), mypy --strict, import contracts (.importlinter), CRDs up to date
 lint: setup crds-check
 	$(VENV)/bin/ruff check $(LINTED) e2e
 	$(VENV)/bin/ruff format --check $(LINTED) e2e
 	$(VENV)/bin/mypy --strict $(PACKAGES) bench
 	cd e2e && ../$(VENV)/bin/mypy --strict fleetserve_e2e fleetserve_demo
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: lint
 

@@ -28,8 +28,10 @@ TMP_VOLUME = "tmp"
 AUTH_VOLUME = "auth"
 # Owner and group may read the token (the pod's fsGroup is the runtime's group); nobody writes.
 AUTH_FILE_MODE = 0o440
-# Loading and warming a model can take minutes; the startup probe gives it 10 minutes before
-# the liveness probe may restart the container.
+# Loading and warming a model can take minutes; the startup probe waits up to 10 minutes for
+# readiness before the liveness probe takes over. It asks readiness, not liveness: a replica is
+# live while it loads, so a load that hangs would otherwise never be restarted. (A load that
+# fails ends the process, which the kubelet reports at once.)
 STARTUP_PROBE_FAILURES = 120
 
 
@@ -115,10 +117,14 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "command": list(contract.COMMAND),
         "args": contract.render_args(pods=spec, config=plan.config),
         "ports": [{"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}],
-        "startupProbe": _probe(contract.LIVE_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
+        "startupProbe": _probe(contract.READY_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
         "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),
         "livenessProbe": _probe(contract.LIVE_PATH, period_s=10, failures=3),
         "securityContext": _security_context(),
+        # The runtime writes why it stopped (a model that cannot load) to stderr; the kubelet
+        # puts the log's tail into the container's termination message, which the operator
+        # reports in status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
         # Keep serving for a moment after deletion starts: endpoints and gateways stop routing
         # to a terminating pod only after a propagation delay, and without this the requests

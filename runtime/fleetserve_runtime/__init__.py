@@ -1,6 +1,13 @@
 """Fleetserve runtime: a dynamic-batching inference server (Open Inference Protocol over HTTP).
 
 Public surface: `create_app`, `RuntimeConfig`, `ModelHandler`. Everything else is internal.
+
+Layers, each importing only those below it (`make lint` checks this with import-linter):
+`cli → api → http_protocol → runtime → executor → batcher | models → request_queue |
+memory | cache | metrics → liveness → config → auth | logs | schemas → errors`. Only the
+HTTP edge (`api`, `schemas`, `http_protocol`, `cli`) uses FastAPI, Starlette or uvicorn;
+only `executor`, `memory` and `models` use torch; `batcher` and `request_queue` are pure
+(no asyncio, no threads).
 """
 
 from __future__ import annotations
