@@ -7,9 +7,13 @@ needed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fleetserve_operator import naming
@@ -25,7 +29,21 @@ __all__ = [
     "ScriptedMetricSource",
     "make_service",
     "make_spec",
+    "serve_http",
 ]
+
+
+@contextlib.contextmanager
+def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve `handler` on a free loopback port in a thread; yields the base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def make_spec(**sections: Any) -> InferenceServiceSpec:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import kubernetes
@@ -29,7 +28,7 @@ from fleetserve_operator.kube import KubeApi, ObjectRef
 from fleetserve_operator.reconcile import Owner, desired_children
 from fleetserve_operator.records import EventNote
 from fleetserve_operator.spec import InferenceServiceStatus
-from fleetserve_operator.testing import make_spec
+from fleetserve_operator.testing import make_spec, serve_http
 
 MIB = 2**20
 OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
@@ -68,13 +67,9 @@ def api_server() -> Iterator[FakeApiServer]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serve_http(Handler) as url:
+        fake.url = url
+        yield fake
 
 
 def _kube(server: FakeApiServer) -> KubeApi:

@@ -7,10 +7,9 @@ so the tests see what the operator really sends and what of the answer reaches i
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,7 +36,7 @@ from fleetserve_operator.spec import (
     RolloutPhase,
 )
 from fleetserve_operator.sync import Sync
-from fleetserve_operator.testing import FakeKube, make_service
+from fleetserve_operator.testing import FakeKube, make_service, serve_http
 
 SECRET = "do-not-publish-this-body"
 TARGET = AnalysisTarget(
@@ -88,13 +87,9 @@ def prometheus() -> Iterator[FakePrometheus]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serve_http(Handler) as url:
+        fake.url = url
+        yield fake
 
 
 def test_a_value_is_read_from_a_real_answer(prometheus: FakePrometheus) -> None:
