@@ -52,7 +52,7 @@ def helm(
         "HELM_CACHE_HOME": str(home / "cache"),
         "HELM_DATA_HOME": str(home / "data"),
     }
-    return subprocess.run(  # noqa: S603  # the built helm, our own arguments
+    return subprocess.run(  # the built helm, our own arguments
         [str(binary("helm")), *args],
         env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
     )  # fmt: skip

@@ -66,7 +66,7 @@ class LoadDriver:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _pods: list[PodAddress] = field(default_factory=list)
-    _random: random.Random = field(default_factory=lambda: random.Random(5))  # noqa: S311
+    _random: random.Random = field(default_factory=lambda: random.Random(5))
 
     def __enter__(self) -> LoadDriver:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)

@@ -159,7 +159,7 @@ class PodRunner:
         for pod in pods:
             try:
                 self._sync_pod(pod)
-            except Exception as error:  # noqa: BLE001 - one bad pod must not stall the others
+            except Exception as error:  # one bad pod must not stall the others
                 self._record_error(
                     f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", error
                 )

@@ -36,7 +36,7 @@ def wait_until(
             result = condition()
         except GiveUpError:
             raise
-        except Exception as error:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as error:  # any failure means "not ready yet"
             last_error = error
         else:
             if result is not None and result is not False:

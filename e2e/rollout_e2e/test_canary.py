@@ -222,7 +222,7 @@ def test_b_an_erroring_version_is_rolled_back(
         s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
     )
     # On a line of its own: `make e2e-rollout` greps it and prints it last.
-    print(f"\ntime_to_rollback_s={withdrawn - first_bad:.2f}")  # noqa: T201
+    print(f"\ntime_to_rollback_s={withdrawn - first_bad:.2f}")
 
 
 def test_c_a_slow_version_is_rolled_back(

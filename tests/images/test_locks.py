@@ -225,7 +225,7 @@ def run_install_step(tmp_path: Path, **build_args: str) -> tuple[int, str, list[
         **runtime_arg_defaults(),
         **build_args,
     }
-    proc = subprocess.run(  # noqa: S603  # the Dockerfile's own step, with a recording pip
+    proc = subprocess.run(  # the Dockerfile's own step, with a recording pip
         ["/bin/sh", "-c", runtime_install_step()],
         cwd=src, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
