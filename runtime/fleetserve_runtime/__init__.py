@@ -3,11 +3,14 @@
 Public surface: `create_app`, `RuntimeConfig`, `ModelHandler`. Everything else is internal.
 
 Layers, each importing only those below it (`make lint` checks this with import-linter):
-`cli → api → http_protocol → runtime → executor → batcher | models → request_queue |
-memory | cache | metrics → liveness → config → auth | logs | schemas → errors`. Only the
-HTTP edge (`api`, `schemas`, `http_protocol`, `cli`) uses FastAPI, Starlette or uvicorn;
-only `executor`, `memory` and `models` use torch; `batcher` and `request_queue` are pure
-(no asyncio, no threads).
+`cli → api → http_protocol → runtime → facade → versions | encoder_engine → executor →
+batcher | models → request_queue | memory | cache | metrics → liveness → config → auth |
+logs | schemas → errors`. Only the HTTP edge (`api`, `schemas`, `http_protocol`, `cli`) uses
+FastAPI, Starlette or uvicorn; only `executor`, `memory` and `models` use torch; `batcher`
+and `request_queue` are pure (no asyncio, no threads). `api` reaches the runtime only
+through `facade.ServingFacade`. The engine-agnostic core (`request_queue`, `metrics`,
+`memory`, `cache`, the model registry) is shared; `encoder_engine` is one engine on it, and
+another (e.g. generative) would sit beside it in the same layer.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """HTTP API: Open Inference Protocol v2 routes, KServe v1 predict, health, metrics, model control.
 
-The only module that knows about HTTP. Routes parse and delegate to `Runtime`; every domain
+The only module that knows about HTTP. Routes parse and delegate to the runtime through
+`facade.ServingFacade` (never to its registry, queue or engine); every domain
 error becomes a JSON body `{"error": ..., "request_id": ...}` through `STATUS_OF`, the one
 error → status table. Bodies must be `application/json`, are read with a byte limit and a
 deadline, and are decoded in time linear in their size (`schemas` checks declared shapes
@@ -47,6 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetserve_runtime import __version__
 from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches, uri_refusal
 from fleetserve_runtime.config import RuntimeConfig
+from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.errors import (
     BatchFailed,
     DeadlineExceeded,
@@ -64,6 +66,7 @@ from fleetserve_runtime.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from fleetserve_runtime.facade import ServingFacade
 from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.logs import (
     RequestContext,
@@ -75,7 +78,7 @@ from fleetserve_runtime.logs import (
 )
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.request_queue import Priority
-from fleetserve_runtime.runtime import InferenceCall, InferenceResult, Runtime
+from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.schemas import (
     InferenceRequest,
     LoadRequest,
@@ -268,7 +271,7 @@ def _tensor_meta(spec: TensorSpec) -> dict[str, Any]:
 
 
 class _Routes:
-    """Route bodies; `runtime` is set by the lifespan."""
+    """Route bodies; `runtime` is set by the lifespan and used only as a `ServingFacade`."""
 
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
@@ -277,10 +280,10 @@ class _Routes:
             max_elements=config.max_tensor_elements,
             max_instances=config.max_instances,
         )
-        self.runtime: Runtime | None = None
+        self.runtime: ServingFacade | None = None
 
     @property
-    def rt(self) -> Runtime:
+    def rt(self) -> ServingFacade:
         if self.runtime is None:
             msg = "server is starting"
             raise ModelNotReady(msg)
@@ -322,16 +325,15 @@ class _Routes:
 
         Versions that are not loaded share one label, so callers cannot mint series.
         """
-        registry = self.rt.registry
         if version is not None:
-            return version if version in registry.versions() else "unknown"
-        return registry.active.version if registry.is_ready else "none"
+            return version if version in self.rt.versions() else "unknown"
+        return self.rt.active_version or "none"
 
     async def infer_v2(self, request: Request, name: str, version: str | None) -> Response:
         async def run() -> Response:
             self.check_name(name)
             raw = await self.body(request)
-            model = self.rt.registry.get(version)
+            model = self.rt.model(version)
             spec_in, spec_out = model.handler.metadata.inputs[0], model.handler.metadata.outputs[0]
             body = decode_body(raw, InferenceRequest)
             instances = tensor_instances(
@@ -376,16 +378,16 @@ class _Routes:
 
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         self.check_name(name)
-        model = self.rt.registry.get(version)
+        model = self.rt.model(version)
         meta = model.handler.metadata
         return {
             "name": meta.name,
-            "versions": self.rt.registry.versions(),
+            "versions": self.rt.versions(),
             "platform": meta.platform,
             "inputs": [_tensor_meta(t) for t in meta.inputs],
             "outputs": [_tensor_meta(t) for t in meta.outputs],
             "parameters": {
-                "active_version": self.rt.registry.active.version,
+                "active_version": self.rt.active_version,
                 "max_sequence_length": meta.max_sequence_length,
                 **self.rt.describe(model),
             },
@@ -657,13 +659,13 @@ def _register_inference(app: FastAPI, routes: _Routes) -> None:
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
         routes.check_name(name)
-        ok = routes.rt.registry.is_ready
+        ok = routes.rt.active_version is not None
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def version_ready(name: str, version: str) -> Response:
         routes.check_name(name)
-        ok = version in routes.rt.registry.versions()
+        ok = version in routes.rt.versions()
         return _json({"name": name, "version": version, "ready": ok}, 200 if ok else 503)
 
     @app.post("/v2/models/{name}/infer")
@@ -721,5 +723,5 @@ def _register_repository(app: FastAPI, routes: _Routes) -> None:
     @app.post("/v2/repository/models/{name}/unload")
     async def unload(name: str) -> Response:
         routes.check_name(name)
-        released = routes.rt.registry.release_previous()
+        released = routes.rt.release_previous()
         return _json({"name": name, "released_version": released})

@@ -1,8 +1,9 @@
 """Batching policy: given the queue and the time, form the next batch or say when to look again.
 
-Pure decision code: no asyncio, no torch, the clock is an argument. The runtime calls
-`plan_batch` whenever the executor can take another batch and the queue changed or a wake-up
-time passed. Rules (issue 2):
+Pure decision code: no asyncio, no torch, the clock is an argument. The encoder engine
+(`encoder_engine`) calls `plan_batch` whenever the executor can take another batch and the
+queue changed or a wake-up time passed. It is generic in the queue's group type: the batch
+it forms carries the group its items were queued under. Rules:
 
 * expired items are removed first and returned, so they never cost compute;
 * a batch is dispatched when `max_batch_size` items wait, or when the oldest has waited
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic
 
-from fleetserve_runtime.request_queue import Cell, PendingItem, Priority, RequestQueue
+from fleetserve_runtime.request_queue import Cell, G, PendingItem, Priority, RequestQueue
 
 __all__ = [
     "Batch",
@@ -135,11 +137,11 @@ class BatchLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(Generic[G]):
     """Items that run together; filled by `plan_batch`, consumed by the executor."""
 
-    items: tuple[PendingItem, ...]
-    group: Hashable
+    items: tuple[PendingItem[G], ...]
+    group: G
     pad_to: int
     """Longest member, in tokens: every row is padded to it."""
     real_tokens: int
@@ -152,18 +154,18 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(Generic[G]):
     """What `plan_batch` decided: a batch (or none), expired items, and when to look again."""
 
-    batch: Batch | None
-    expired: tuple[PendingItem, ...]
+    batch: Batch[G] | None
+    expired: tuple[PendingItem[G], ...]
     wake_at: float | None
     """When the decision may change without new arrivals (delay or deadline); None: never."""
 
 
 def plan_batch(
-    queue: RequestQueue, now: float, limits: BatchLimits, *, not_before: float | None = None
-) -> Plan:
+    queue: RequestQueue[G], now: float, limits: BatchLimits, *, not_before: float | None = None
+) -> Plan[G]:
     """Decide the next batch; takes the chosen items out of `queue`.
 
     `not_before` is when the executor expects to need the next batch (its running batch is
@@ -178,7 +180,7 @@ def plan_batch(
     busy = not_before is not None and now < not_before
     if not busy and len(queue) < limits.max_batch_size and now < due:
         return Plan(None, expired, _earliest(due, queue.next_deadline()))
-    by_bucket: dict[tuple[Hashable, int], list[Cell]] = {}
+    by_bucket: dict[tuple[G, int], list[Cell[G]]] = {}
     for cell in queue.cells():
         by_bucket.setdefault((cell.group, cell.bucket), []).append(cell)
     # An idle executor takes the most urgent bucket once the delay passed or a full batch's
@@ -196,17 +198,17 @@ def _earliest(due: float, deadline: float | None) -> float:
     return due if deadline is None else min(due, deadline)
 
 
-def _effective(item: PendingItem, now: float, aging_s: float) -> tuple[float, int]:
+def _effective(item: PendingItem[G], now: float, aging_s: float) -> tuple[float, int]:
     return (item.priority - (now - item.enqueued_at) / aging_s, item.seq)
 
 
 def _choose_bucket(
-    by_bucket: dict[tuple[Hashable, int], list[Cell]],
+    by_bucket: dict[tuple[G, int], list[Cell[G]]],
     now: float,
     limits: BatchLimits,
     *,
     any_bucket: bool,
-) -> tuple[Hashable, int] | None:
+) -> tuple[G, int] | None:
     """The (group, bucket) the next batch starts from, or None to wait.
 
     Buckets are ranked by the effective priority of their most urgent item, a full bucket
@@ -215,7 +217,7 @@ def _choose_bucket(
     ages, an item in a partial bucket eventually outranks buckets that never stop being
     full, so nothing starves behind them.
     """
-    best: tuple[tuple[float, int], bool, tuple[Hashable, int]] | None = None
+    best: tuple[tuple[float, int], bool, tuple[G, int]] | None = None
     for key, cells in by_bucket.items():
         full = sum(cell.live for cell in cells) >= limits.max_batch_size
         heads = [head for cell in cells if (head := cell.head()) is not None]
@@ -228,9 +230,7 @@ def _choose_bucket(
     return best[2]
 
 
-def _neighbours(
-    by_bucket: dict[tuple[Hashable, int], list[Cell]], key: tuple[Hashable, int]
-) -> list[Cell]:
+def _neighbours(by_bucket: dict[tuple[G, int], list[Cell[G]]], key: tuple[G, int]) -> list[Cell[G]]:
     """Cells of the same group in other buckets, nearest bucket first, then by priority."""
     group, bucket = key
     others = [k for k in by_bucket if k[0] == group and k != key]
@@ -238,15 +238,15 @@ def _neighbours(
     return [cell for k in others for cell in sorted(by_bucket[k], key=lambda c: c.priority)]
 
 
-class _Filler:
+class _Filler(Generic[G]):
     """Accumulates one batch within the size and padded-token limits."""
 
-    def __init__(self, cells: list[Cell], now: float, limits: BatchLimits) -> None:
+    def __init__(self, cells: list[Cell[G]], now: float, limits: BatchLimits) -> None:
         self.limits = limits
         self.now = now
         self.iters = {cell.priority: cell.iter_live() for cell in cells}
         self.pending = {p: next(it, None) for p, it in self.iters.items()}
-        self.chosen: list[PendingItem] = []
+        self.chosen: list[PendingItem[G]] = []
         self.longest = 0
         self.real = 0
 
@@ -255,7 +255,7 @@ class _Filler:
         """True once the batch holds `max_batch_size` items."""
         return len(self.chosen) >= self.limits.max_batch_size
 
-    def _fits(self, item: PendingItem, *, floor: float) -> bool:
+    def _fits(self, item: PendingItem[G], *, floor: float) -> bool:
         count = len(self.chosen) + 1
         longest = max(self.longest, item.length)
         budget = self.limits.max_batch_tokens
@@ -263,7 +263,7 @@ class _Filler:
             return False
         return self.real + item.length >= floor * count * longest
 
-    def _add(self, item: PendingItem) -> None:
+    def _add(self, item: PendingItem[G]) -> None:
         self.chosen.append(item)
         self.longest = max(self.longest, item.length)
         self.real += item.length
@@ -294,7 +294,7 @@ class _Filler:
                 if not self.admit(priority):
                     break
 
-    def top_up(self, items: Iterator[PendingItem]) -> None:
+    def top_up(self, items: Iterator[PendingItem[G]]) -> None:
         """Add neighbouring buckets' items while the batch stays efficient enough."""
         floor = self.limits.min_padding_efficiency
         for item in items:
@@ -312,19 +312,19 @@ class _Filler:
 
 
 def _fill(
-    queue: RequestQueue,
-    by_bucket: dict[tuple[Hashable, int], list[Cell]],
-    key: tuple[Hashable, int],
+    queue: RequestQueue[G],
+    by_bucket: dict[tuple[G, int], list[Cell[G]]],
+    key: tuple[G, int],
     now: float,
     limits: BatchLimits,
-) -> Batch:
+) -> Batch[G]:
     """Take one batch from the chosen bucket, topped up from its neighbours.
 
     Lower-class shares go first, then the bucket's items by effective priority, then items
     of the nearest buckets while the padding efficiency floor holds.
     """
     cells = sorted(by_bucket[key], key=lambda cell: cell.priority)
-    filler = _Filler(cells, now, limits)
+    filler = _Filler[G](cells, now, limits)
     # The most urgent item goes first, whatever its class: shares must not crowd it out.
     if (first := filler.best_waiting()) is not None:
         filler.admit(first)

@@ -5,8 +5,8 @@ its own stream, with an event the compute stream waits on); the compute thread r
 and postprocess. A batch that runs out of memory (a CUDA OOM, or the budget check on CPU) is
 split in half and retried, down to single requests; only those that still do not fit get
 `OutOfMemory`. Any other exception fails that batch alone, with an error id in the log and in
-each response. Outcomes go to `on_done`, called on the compute thread: the runtime hops them
-to the event loop.
+each response. Outcomes go to `on_done`, called on the compute thread: the encoder engine
+(`encoder_engine`), which builds the executor, hops them to the event loop.
 
 Until a batch starts computing, its requests can be withdrawn (deadline passed, caller gone):
 while it waits behind a running batch, it holds its requests out of the queue, and they must
@@ -74,7 +74,7 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
 class BatchJob:
     """A batch on its way through the executor; the prepare thread fills the later fields."""
 
-    batch: Batch
+    batch: Batch[LoadedModel]
     model: LoadedModel
     layout: BatchLayout
     lease: BufferLease | None = None
@@ -154,7 +154,7 @@ LOGGED_REQUEST_IDS = 32
 """Most request ids one batch log record lists; the batch size is in the record too."""
 
 
-def _request_ids(items: Sequence[PendingItem]) -> list[str]:
+def _request_ids(items: Sequence[PendingItem[LoadedModel]]) -> list[str]:
     """The distinct request ids of `items`, in batch order, at most `LOGGED_REQUEST_IDS`."""
     ids = dict.fromkeys(item.request_id for item in items if item.request_id is not None)
     return list(ids)[:LOGGED_REQUEST_IDS]

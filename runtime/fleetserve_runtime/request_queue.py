@@ -1,10 +1,12 @@
 """Bounded request queue with priority classes, length buckets and per-item deadlines.
 
 The queue only stores and indexes; the batcher decides what to take. Items sit in one FIFO
-per (group, bucket, priority) cell, where `group` is the model version that preprocessed them
-(a batch never mixes versions) and `bucket` their length bucket. Expired and taken items are
-removed lazily: they are marked and skipped, so every operation stays O(1) amortised. Not
-thread-safe: the runtime touches it from the event loop only.
+per (group, bucket, priority) cell, where `group` is what a batch must not mix (for the
+encoder engine, the model version that preprocessed them) and `bucket` their length bucket.
+The queue is generic in the group's type, so whoever reads `Batch.group` back gets the type
+it pushed; it knows nothing of any engine, so another engine can sit on the same queue.
+Expired and taken items are removed lazily: they are marked and skipped, so every operation
+stays O(1) amortised. Not thread-safe: its engine touches it from the event loop only.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from fleetserve_runtime.errors import QueueFull
 
-__all__ = ["Cell", "PendingItem", "Priority", "RequestQueue"]
+__all__ = ["Cell", "G", "PendingItem", "Priority", "RequestQueue"]
+
+G = TypeVar("G", bound=Hashable, default=Hashable)
+"""The type of an item's group: items of different groups never share a batch. Defaults to
+any hashable, for queues built without naming it (tests, benchmarks)."""
 
 
 class Priority(IntEnum):
@@ -44,14 +52,14 @@ _seq = itertools.count()
 
 
 @dataclass(slots=True, eq=False)
-class PendingItem:
-    """One instance waiting for a batch; `ticket` is the runtime's opaque completion handle."""
+class PendingItem(Generic[G]):
+    """One instance waiting for a batch; `ticket` is the engine's opaque completion handle."""
 
     length: int
     priority: Priority
     enqueued_at: float
     deadline: float
-    group: Hashable
+    group: G
     payload: Any
     ticket: Any
     bucket: int = 0
@@ -63,35 +71,35 @@ class PendingItem:
 
 
 @dataclass(slots=True)
-class Cell:
+class Cell(Generic[G]):
     """FIFO of items of one group, bucket and priority class."""
 
-    group: Hashable
+    group: G
     bucket: int
     priority: Priority
-    items: deque[PendingItem] = field(default_factory=deque)
+    items: deque[PendingItem[G]] = field(default_factory=deque)
     live: int = 0
 
-    def head(self) -> PendingItem | None:
+    def head(self) -> PendingItem[G] | None:
         """Oldest live item, dropping dead ones from the front."""
         items = self.items
         while items and not items[0].live:
             items.popleft()
         return items[0] if items else None
 
-    def iter_live(self) -> Iterator[PendingItem]:
+    def iter_live(self) -> Iterator[PendingItem[G]]:
         """Live items, oldest first."""
         return (item for item in self.items if item.live)
 
 
-class RequestQueue:
+class RequestQueue(Generic[G]):
     """Bounded multi-cell queue; see the module docstring."""
 
     def __init__(self, *, max_size: int, retry_after_s: float) -> None:
         self._max_size = max_size
         self._retry_after_s = retry_after_s
-        self._cells: dict[tuple[Hashable, int, Priority], Cell] = {}
-        self._deadlines: list[tuple[float, int, PendingItem]] = []
+        self._cells: dict[tuple[G, int, Priority], Cell[G]] = {}
+        self._deadlines: list[tuple[float, int, PendingItem[G]]] = []
         self._size = 0
         self._passes = 0
 
@@ -104,7 +112,7 @@ class RequestQueue:
         """The bound on live items."""
         return self._max_size
 
-    def push(self, items: Sequence[PendingItem]) -> None:
+    def push(self, items: Sequence[PendingItem[G]]) -> None:
         """Queue all `items` of one request, or none: raise `QueueFull` when they do not fit."""
         if self._size + len(items) > self._max_size:
             msg = (
@@ -122,22 +130,22 @@ class RequestQueue:
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
         self._size += len(items)
 
-    def cells(self) -> Iterator[Cell]:
+    def cells(self) -> Iterator[Cell[G]]:
         """Cells that have live items."""
         return (cell for cell in self._cells.values() if cell.live)
 
-    def cell(self, group: Hashable, bucket: int, priority: Priority) -> Cell | None:
+    def cell(self, group: G, bucket: int, priority: Priority) -> Cell[G] | None:
         """The cell for that key, if it has live items."""
         cell = self._cells.get((group, bucket, priority))
         return cell if cell is not None and cell.live else None
 
-    def take(self, item: PendingItem) -> None:
+    def take(self, item: PendingItem[G]) -> None:
         """Remove a live item (it joins a batch)."""
         self._kill(item)
 
-    def pop_expired(self, now: float) -> list[PendingItem]:
+    def pop_expired(self, now: float) -> list[PendingItem[G]]:
         """Remove and return every live item whose deadline is at or before `now`."""
-        expired: list[PendingItem] = []
+        expired: list[PendingItem[G]] = []
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             item = heapq.heappop(heap)[2]
@@ -159,7 +167,7 @@ class RequestQueue:
         heads = (cell.head() for cell in self.cells())
         return min((head.enqueued_at for head in heads if head is not None), default=None)
 
-    def _kill(self, item: PendingItem) -> None:
+    def _kill(self, item: PendingItem[G]) -> None:
         item.live = False
         self._cells[(item.group, item.bucket, item.priority)].live -= 1
         self._size -= 1

@@ -56,7 +56,7 @@ def make_items(
     timeout_s: float = 5.0,
     group: Hashable = "v1",
     bucket_of: Any = None,
-) -> list[PendingItem]:
+) -> list[PendingItem[Hashable]]:
     """Queue items of the given lengths, enqueued at `now`; `bucket_of` maps length → bucket."""
     return [
         PendingItem(

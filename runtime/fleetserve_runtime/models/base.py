@@ -1,10 +1,11 @@
 """The model handler protocol: what the executor calls, and what a plug-in model implements.
 
-The runtime calls a handler in two places. `preprocess` runs at the door (in the API path,
-before queueing) so the request's length is known to the batcher and over-long inputs are
-refused before they cost anything. `collate`, `forward` and `postprocess` run on the
-executor's worker thread, one batch at a time; `collate` may run while the previous batch's
-`forward` is still in flight, so it must not touch state that `forward` mutates.
+The encoder engine calls a handler in two places. `preprocess` runs at the door
+(`EncoderEngine.infer`, on the API path, before queueing) so the request's length is known
+to the batcher and over-long inputs are refused before they cost anything. `collate`,
+`forward` and `postprocess` run on the executor's worker thread, one batch at a time;
+`collate` may run while the previous batch's `forward` is still in flight, so it must not
+touch state that `forward` mutates.
 """
 
 from __future__ import annotations

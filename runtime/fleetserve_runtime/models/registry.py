@@ -6,8 +6,9 @@ directory with `handler.py` defining `create_handler(name, version, max_sequence
 and `module:factory` (an importable factory with the same signature).
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
-warmed off the event loop, then made active in one assignment; batches already formed hold
-their own handler reference, so they finish on the version they were preprocessed for.
+warmed off the event loop (`versions.VersionLoader`), then made active in one assignment;
+batches already formed hold their own handler reference, so they finish on the version they
+were preprocessed for.
 """
 
 from __future__ import annotations
