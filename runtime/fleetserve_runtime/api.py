@@ -716,7 +716,7 @@ def _register_repository(app: FastAPI, routes: _Routes) -> None:
             loaded = await routes.rt.load_version(uri, body.parameters.version)
         except FleetserveError:
             raise
-        except Exception as exc:  # noqa: BLE001 - user code: any failure means "cannot load"
+        except Exception as exc:  # user code: any failure means "cannot load"
             raise _load_failure(uri, exc) from None
         return _json({"name": name, "active_version": loaded.version})
 

@@ -264,7 +264,7 @@ class Executor:
                 job.prepared, job.ready = self._collate(
                     job.model.handler, [i.payload for i in job.batch.items], job.layout, job.lease
                 )
-            except Exception as exc:  # noqa: BLE001 - any collate error fails this batch only
+            except Exception as exc:  # any collate error fails this batch only
                 job.prep_error = exc
             finally:
                 self._preparing = None

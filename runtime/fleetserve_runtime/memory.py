@@ -173,7 +173,7 @@ class BufferLease:
         for dim in shape:
             numel *= dim
         itemsize = dtype.itemsize
-        buf = self._pool._acquire(numel * itemsize)  # noqa: SLF001 - lease and pool are one unit
+        buf = self._pool._acquire(numel * itemsize)  # lease and pool are one unit
         self._buffers.append(buf)
         return buf[: numel * itemsize].view(dtype).view(shape)
 
@@ -181,5 +181,5 @@ class BufferLease:
         """Return every buffer to the pool; call once the batch is completely done."""
         if not self._released:
             self._released = True
-            self._pool._release(self._buffers)  # noqa: SLF001
+            self._pool._release(self._buffers)
             self._buffers = []

@@ -45,7 +45,7 @@ NO_TORCH = textwrap.dedent(
 
 def test_the_operator_tier_never_imports_torch() -> None:
     """`pytest tests/operator` collects and runs with torch impossible to import."""
-    result = subprocess.run(  # noqa: S603  # this interpreter, fixed arguments
+    result = subprocess.run(  # this interpreter, fixed arguments
         [sys.executable, "-c", NO_TORCH, "tests/operator", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
         capture_output=True,
