@@ -11,7 +11,7 @@ LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime
+        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime mutate
 
 ## help: list the targets
 help:
@@ -67,6 +67,24 @@ typecheck: lint
 unit: setup
 	$(PY) -m pytest tests
 
+# mutmut names a mutant after its file's path under the directory it runs in, and a mutant is
+# only found when that name is the module the tests import: so it runs in $(MUTMUT_DIR), where
+# links put the two packages at the top, next to the root's pyproject.toml ([tool.mutmut]) and
+# tests/. Each run starts from scratch, so no result is kept from code or tests since changed.
+MUTMUT_DIR := .mutmut
+MUTATE ?=
+
+## mutate: mutation testing (mutmut) of the pure decision modules against their fast tests,
+##         then the surviving mutants; MUTATE=batcher (request_queue, machine, moves, traffic,
+##         rollout, reconcile, analysis) for one; slow, so not part of `test`
+mutate: setup
+	rm -rf $(MUTMUT_DIR) && mkdir $(MUTMUT_DIR)
+	ln -s ../runtime/fleetserve_runtime ../operator/fleetserve_operator ../tests ../pyproject.toml \
+	    $(MUTMUT_DIR)/
+	cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut run 'fleetserve_*$(if $(MUTATE),.$(MUTATE).)*'
+	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
+	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
+
 ## test: lint, then every test tier (the README's test command; CI runs it)
 test: lint unit e2e
 
@@ -114,7 +132,7 @@ lock:
 
 ## clean: remove the venv and caches
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .mutmut
 
 include e2e/cluster.mk
 

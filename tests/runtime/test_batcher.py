@@ -278,12 +278,13 @@ def test_learned_buckets_follow_observed_quantiles() -> None:
 @pytest.mark.parametrize(
     ("setting", "edges"),
     [
+        pytest.param("auto", [8, 16, 32, 64, 128], id="auto"),
         pytest.param("none", [128], id="none"),
         pytest.param([16, 32], [16, 32, 128], id="explicit"),
     ],
 )
 def test_bucket_policy_factory(setting: str | list[int], edges: list[int]) -> None:
-    """`none` is one bucket; explicit edges gain max_sequence_length as the last edge."""
+    """`auto` starts at powers of two from 8; `none` is one bucket; explicit edges end at max."""
     assert make_bucket_policy(setting, 128).edges == edges
 
 
@@ -296,3 +297,201 @@ def test_bucket_policy_factory_rejects_unknown() -> None:
 def test_quantile_edges_are_sorted_and_capped() -> None:
     """Edges are unique, ascending, and end at the maximum length."""
     assert quantile_edges([1, 2, 3, 4, 500], (0.5, 0.99), 256) == [3, 256]
+
+
+def test_learned_buckets_relearn_at_doubling_counts_then_every_refresh() -> None:
+    """Edges are learned after 64 inputs, at doubling counts up to a gap of 512, then every 512."""
+    policy = LearnedBuckets(4096)
+    relearned = []
+    for length in range(1, 2100):
+        before = policy.edges
+        policy.observe(length)
+        if policy.edges != before:
+            relearned.append(length)
+    assert relearned == [64, 128, 256, 512, 1024, 1536, 2048]
+
+
+def test_learned_buckets_learn_from_the_latest_window_of_lengths() -> None:
+    """Past `window` (4096) inputs, edges come from the latest 4096 lengths only."""
+    policy = LearnedBuckets(8192)
+    lengths = list(range(1, 4609))  # 4608 is a re-learning count (every 512 after 1536)
+    for length in lengths:
+        policy.observe(length)
+    assert policy.edges == quantile_edges(lengths[-4096:], LearnedBuckets.QUANTILES, 8192)
+
+
+def test_learned_buckets_window_replaces_the_oldest_length_first() -> None:
+    """A full window drops its oldest length for each new one, as a ring."""
+    policy = LearnedBuckets(1000, window=4, refresh=1, first=1)
+    lengths = [400, 1, 2, 3, 5, 6, 7, 8, 900]
+    for seen, length in enumerate(lengths, start=1):
+        policy.observe(length)
+        latest = lengths[max(0, seen - 4) : seen]
+        assert policy.edges == quantile_edges(latest, LearnedBuckets.QUANTILES, 1000), seen
+
+
+def test_a_queue_emptied_by_expiry_plans_nothing_and_needs_no_wake_up() -> None:
+    """When every item expired, they all come back and nothing is left to wake up for."""
+    clock, queue = FakeClock(), new_queue()
+    items = make_items([5, 6], now=clock(), timeout_s=0.005)
+    queue.push(items)
+    plan = plan_batch(queue, clock.advance(0.01), limits())
+    assert plan.batch is None
+    assert plan.expired == tuple(items)
+    assert plan.wake_at is None
+
+
+def test_expired_items_come_back_while_the_rest_waits() -> None:
+    """Expiry is reported even when no batch is formed yet."""
+    clock, queue = FakeClock(), new_queue()
+    stale = make_items([5], now=clock(), timeout_s=0.005)
+    queue.push(stale)
+    clock.advance(0.006)
+    queue.push(make_items([6], now=clock()))
+    plan = plan_batch(queue, clock(), limits())
+    assert plan.batch is None
+    assert plan.expired == tuple(stale)
+    assert plan.wake_at == pytest.approx(clock() + 0.010)
+
+
+def test_a_busy_hold_reports_expiry_and_wakes_for_an_earlier_deadline() -> None:
+    """While the device is busy, a waiting item's deadline before `not_before` sets the wake-up."""
+    clock, queue = FakeClock(), new_queue()
+    stale = make_items([5], now=clock(), timeout_s=0.005)
+    waiting = make_items([6], now=clock(), timeout_s=0.5)
+    queue.push(stale + waiting)
+    clock.advance(0.02)
+    plan = plan_batch(queue, clock(), limits(), not_before=clock() + 1)
+    assert plan.batch is None
+    assert plan.expired == tuple(stale)
+    assert plan.wake_at == pytest.approx(waiting[0].deadline)
+
+
+def test_busy_executor_holds_a_fresh_partial_batch_past_the_delay() -> None:
+    """Busy until after the delay ends: a fresh partial batch waits for `not_before`."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 6], now=clock()))
+    busy_until = clock() + 0.1
+    held = plan_batch(queue, clock(), limits(), not_before=busy_until)
+    assert held.batch is None
+    assert held.wake_at == pytest.approx(busy_until)
+
+
+def test_a_partial_batch_goes_exactly_at_the_delay() -> None:
+    """The oldest item having waited exactly max_queue_delay is enough."""
+    queue = new_queue()
+    items = make_items([5, 6], now=FakeClock()())
+    queue.push(items)
+    lim = limits()
+    batch = plan_batch(queue, items[0].enqueued_at + lim.max_queue_delay_s, lim).batch
+    assert batch is not None
+    assert batch.items == tuple(items)
+
+
+def test_a_full_bucket_counts_one_class_better_not_more() -> None:
+    """A full low bucket ranks as normal: a normal item aged half a class goes first."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 64])
+    queue.push(make_items([50], now=clock(), bucket_of=policy.bucket_of))
+    clock.advance(0.1)  # half a class at aging_s=0.2
+    queue.push(make_items([5] * 4, now=clock(), priority=Priority.LOW, bucket_of=policy.bucket_of))
+    batch = plan_batch(queue, clock(), limits()).batch
+    assert batch is not None
+    assert [i.length for i in batch.items] == [50]
+
+
+def test_top_up_takes_the_nearest_bucket_first() -> None:
+    """With room for one more, the adjacent bucket's item joins, not a farther one's."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([4, 8, 12, 16])
+    queue.push(make_items([12], now=clock(), priority=Priority.HIGH, bucket_of=policy.bucket_of))
+    queue.push(make_items([4], now=clock(), bucket_of=policy.bucket_of))
+    queue.push(make_items([8], now=clock(), bucket_of=policy.bucket_of))
+    clock.advance(0.011)
+    loose = limits(max_batch_size=2, min_padding_efficiency=0.5)
+    batch = plan_batch(queue, clock(), loose).batch
+    assert batch is not None
+    assert [i.length for i in batch.items] == [12, 8]
+
+
+def test_top_up_takes_a_neighbouring_bucket_by_priority() -> None:
+    """Within a neighbouring bucket, the better class joins first, whichever queued first."""
+    clock, queue = FakeClock(), new_queue()
+    policy = FixedBuckets([8, 16])
+    chosen = make_items([16, 16], now=clock(), priority=Priority.HIGH, bucket_of=policy.bucket_of)
+    queue.push(chosen)
+    clock.advance(0.011)
+    queue.push(make_items([8], now=clock(), priority=Priority.LOW, bucket_of=policy.bucket_of))
+    queue.push(make_items([7], now=clock(), priority=Priority.HIGH, bucket_of=policy.bucket_of))
+    loose = limits(max_batch_size=3, min_padding_efficiency=0.5)
+    batch = plan_batch(queue, clock(), loose).batch
+    assert batch is not None
+    assert [i.length for i in batch.items] == [16, 16, 7]
+
+
+def test_a_batch_exactly_at_the_token_budget_is_allowed() -> None:
+    """max_batch_tokens is inclusive: four rows of five tokens fit a budget of 20."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 4, now=clock()))
+    batch = plan_batch(queue, clock(), limits(max_batch_tokens=20)).batch
+    assert batch is not None
+    assert len(batch.items) == 4
+    assert batch.padded_tokens == 20
+
+
+def test_shares_never_overfill_a_batch() -> None:
+    """When the most urgent item and the shares exceed max_batch_size, the batch stays full."""
+    clock, queue = FakeClock(), new_queue()
+    for priority in (Priority.HIGH, Priority.NORMAL, Priority.LOW):
+        queue.push(make_items([5], now=clock(), priority=priority))
+    clock.advance(0.011)
+    batch = plan_batch(queue, clock(), limits(max_batch_size=2, lower_class_share=0.5)).batch
+    assert batch is not None
+    assert [i.priority for i in batch.items] == [Priority.HIGH, Priority.NORMAL]
+
+
+def test_a_share_below_one_item_still_guarantees_exactly_one() -> None:
+    """A share rounding down to zero items is one item, and only one."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 4, now=clock(), priority=Priority.HIGH))
+    queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
+    batch = plan_batch(queue, clock(), limits(lower_class_share=0.1)).batch
+    assert batch is not None
+    assert [i.priority for i in batch.items].count(Priority.LOW) == 1
+
+
+def test_a_class_short_of_its_share_leaves_the_next_class_its_share() -> None:
+    """A lower class with fewer items than its share does not cost the next class its share."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5] * 8, now=clock(), priority=Priority.HIGH))
+    queue.push(make_items([5], now=clock(), priority=Priority.NORMAL))
+    queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
+    batch = plan_batch(queue, clock(), limits(max_batch_size=8, lower_class_share=0.25)).batch
+    assert batch is not None
+    priorities = [i.priority for i in batch.items]
+    assert priorities.count(Priority.NORMAL) == 1
+    assert priorities.count(Priority.LOW) == 2
+    assert priorities.count(Priority.HIGH) == 5
+
+
+def test_efficiency_floor_of_one_excludes_an_equal_length_neighbour() -> None:
+    """An item of the same length in another bucket (edges re-learned since) does not join."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([7], now=clock()))
+    queue.push(make_items([7], now=clock(), bucket_of=lambda _: 1))
+    clock.advance(0.011)
+    batch = plan_batch(queue, clock(), limits(min_padding_efficiency=1.0)).batch
+    assert batch is not None
+    assert len(batch.items) == 1
+
+
+def test_batch_carries_its_version_and_formation_time() -> None:
+    """`group` is the version its items were queued under; `formed_at` the planning time."""
+    clock, queue = FakeClock(), new_queue()
+    queue.push(make_items([5, 5], now=clock(), group="v1"))
+    queue.push(make_items([5, 5], now=clock(), group="v2"))
+    batch = plan_batch(queue, clock.advance(0.011), limits()).batch
+    assert batch is not None
+    assert {i.group for i in batch.items} == {batch.group}
+    assert batch.group in {"v1", "v2"}
+    assert batch.formed_at == clock()
