@@ -24,7 +24,12 @@ from typing import Any, Protocol
 import requests
 import urllib3
 
-from fleetserve_operator.contract import MemoryMetric
+from fleetserve_operator.contract import (
+    QUEUE_WAIT_METRIC,
+    REQUEST_DURATION_METRIC,
+    REQUESTS_METRIC,
+    MemoryMetric,
+)
 from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import MemoryFigures
@@ -41,10 +46,7 @@ from fleetserve_operator.spec import (
 )
 
 __all__ = [
-    "QUEUE_WAIT_SECONDS",
     "REJECTIONS",
-    "REQUESTS",
-    "REQUEST_SECONDS",
     "SERVER_ERRORS",
     "AnalysisTarget",
     "MetricSource",
@@ -63,9 +65,6 @@ __all__ = [
     "target_for",
 ]
 
-REQUESTS = "fleetserve_requests_total"
-REQUEST_SECONDS = "fleetserve_request_duration_seconds"
-QUEUE_WAIT_SECONDS = "fleetserve_queue_wait_seconds"
 SERVER_ERRORS = "5.."
 REJECTIONS = "503|504"  # the runtime's QueueFull (503) and DeadlineExceeded (504)
 
@@ -275,7 +274,7 @@ def target_for(
 
 def requests_query(scope: TrackScope, window: str) -> str:
     """Requests the track answered in the window."""
-    return f"sum(increase({REQUESTS}{{{scope.selector()}}}{scope.range(window)}))"
+    return f"sum(increase({REQUESTS_METRIC}{{{scope.selector()}}}{scope.range(window)}))"
 
 
 def code_ratio_query(scope: TrackScope, window: str, codes: str) -> str:
@@ -285,8 +284,8 @@ def code_ratio_query(scope: TrackScope, window: str, codes: str) -> str:
     would make a healthy track look like "no data".
     """
     code = f'code=~"{codes}"'
-    matching = f"{REQUESTS}{{{scope.selector(code)}}}{scope.range(window)}"
-    every = f"{REQUESTS}{{{scope.selector()}}}{scope.range(window)}"
+    matching = f"{REQUESTS_METRIC}{{{scope.selector(code)}}}{scope.range(window)}"
+    every = f"{REQUESTS_METRIC}{{{scope.selector()}}}{scope.range(window)}"
     return f"(sum(rate({matching})) or vector(0)) / sum(rate({every}))"
 
 
@@ -320,14 +319,14 @@ def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck
         ),
         PlannedCheck(
             "p99-latency-vs-stable",
-            p99_ms_query(REQUEST_SECONDS, canary, window),
-            baseline=p99_ms_query(REQUEST_SECONDS, stable, window),
+            p99_ms_query(REQUEST_DURATION_METRIC, canary, window),
+            baseline=p99_ms_query(REQUEST_DURATION_METRIC, stable, window),
             factor=spec.max_latency_ratio_vs_stable,
         ),
         PlannedCheck(
             "queue-wait-p99-vs-stable",
-            p99_ms_query(QUEUE_WAIT_SECONDS, canary, window),
-            baseline=p99_ms_query(QUEUE_WAIT_SECONDS, stable, window),
+            p99_ms_query(QUEUE_WAIT_METRIC, canary, window),
+            baseline=p99_ms_query(QUEUE_WAIT_METRIC, stable, window),
             factor=spec.max_queue_wait_ratio_vs_stable,
             floor=target.queue_wait_floor_ms,
         ),
@@ -342,7 +341,7 @@ def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck
         ),
     ]
     if spec.max_p99_latency_ms is not None:
-        latency = p99_ms_query(REQUEST_SECONDS, canary, window)
+        latency = p99_ms_query(REQUEST_DURATION_METRIC, canary, window)
         planned.insert(1, PlannedCheck("p99-latency", latency, max=spec.max_p99_latency_ms))
     for check in spec.checks:
         query = _custom_query(check.query, canary, window)

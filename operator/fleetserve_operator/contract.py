@@ -2,13 +2,16 @@
 
 The runtime (`fleetserve_runtime.cli`) derives one flag per `RuntimeConfig` field; this module
 renders those flags from an InferenceService spec, and names the runtime metrics the operator
-queries. tests/contract/ parses the rendered flags with the runtime's own parser and checks the
-metric names against `fleetserve_runtime.metrics`, so the two programs cannot drift apart.
+queries: the only place they are spelled, since the operator may not import the runtime.
+`analysis` builds every PromQL query from these names. tests/contract/ parses the rendered
+flags with the runtime's own parser, and checks every metric and label the rendered queries
+select against the runtime's real registry, so the two programs cannot drift apart.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import BatchingSpec, GpuTrackSpec, ModelSpec
@@ -23,7 +26,10 @@ __all__ = [
     "LIVE_PATH",
     "METRICS_PATH",
     "MODEL_MOUNT",
+    "QUEUE_WAIT_METRIC",
     "READY_PATH",
+    "REQUESTS_METRIC",
+    "REQUEST_DURATION_METRIC",
     "MemoryMetric",
     "PvcSource",
     "TrackConfig",
@@ -49,11 +55,14 @@ KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic"})
 # never be admitted), so a small queue also caps the per-request instances (runtime default 256).
 RUNTIME_MAX_INSTANCES = 256
 REQUESTS_METRIC = "fleetserve_requests_total"
+"""Requests answered, a counter labelled model/version/track and `code` (the HTTP status)."""
 REQUEST_DURATION_METRIC = "fleetserve_request_duration_seconds"
+"""Arrival to answer, a histogram in seconds labelled model/version/track."""
 QUEUE_WAIT_METRIC = "fleetserve_queue_wait_seconds"
+"""Arrival to batch formation, a histogram in seconds labelled model/version/track."""
 
 
-class MemoryMetric:
+class MemoryMetric(StrEnum):
     """Gauges in which the runtime reports what its model measured at load time (bytes)."""
 
     WEIGHTS = "fleetserve_model_weights_bytes"

@@ -37,7 +37,7 @@ from fleetserve_operator.errors import (
     DependencyMissing,
     bounded,
 )
-from fleetserve_operator.records import EventNote, Manifest
+from fleetserve_operator.records import EventNote, Manifest, rfc3339
 
 __all__ = ["Cluster", "KubeApi", "ObjectRef"]
 
@@ -163,10 +163,6 @@ def _entries(obj: Manifest) -> list[Manifest]:
 def _is_operator(entry: Manifest, operation: str) -> bool:
     """Whether a managedFields entry is the operator's, made by `operation`."""
     return entry.get("manager") == naming.MANAGER and entry.get("operation") == operation
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeApi:
@@ -395,7 +391,7 @@ class KubeApi:
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Post an Event on the InferenceService; failing to is logged, never raised."""
-        now = _now()
+        now = rfc3339(datetime.now(UTC))
         event = {
             "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
             "involvedObject": {

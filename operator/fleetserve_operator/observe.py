@@ -106,13 +106,6 @@ def is_rolled_out(deployment: Manifest) -> bool:
     )
 
 
-def _phase(previous: InferenceServiceStatus, problem: Problem | None) -> RolloutPhase:
-    """The rollout's phase (`rollout.next_step` set it), except Failed for an invalid spec."""
-    if problem is not None and problem.permanent:
-        return RolloutPhase.FAILED
-    return previous.current_phase
-
-
 def _progressing(
     make: Callable[[ConditionType, bool, str, str], Condition],
     previous: InferenceServiceStatus,
@@ -205,12 +198,12 @@ def effective_canary_weight(
 def compute_status(previous: InferenceServiceStatus, seen: Observation) -> InferenceServiceStatus:
     """The status to report after observing `seen`.
 
-    `previous` is the status `rollout.next_step` returned (or the object's, when the spec
-    is invalid): phase, stable version, weights and rollout state are carried over.
+    `previous` is the status `rollout.next_step` returned (a refused spec's too): phase,
+    stable version, weights and rollout state are carried over.
     """
     tracks = {track: track_status(dep) for track, dep in seen.deployments.items()}
     stable = tracks.get(Track.STABLE)
-    phase = _phase(previous, seen.problem)
+    phase = previous.current_phase
     return previous.model_copy(
         update={
             "observed_generation": seen.generation,

@@ -29,6 +29,7 @@ from fleetserve_operator.spec import (
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    TrafficProvider,
 )
 
 __all__ = [
@@ -311,7 +312,7 @@ def desired_children(
         naming.POOL_LABEL: pool,
     }
     children.append(_service(owner, spec, owner.name, umbrella))
-    if spec.traffic.provider == "gateway-api":
+    if spec.traffic.provider is TrafficProvider.GATEWAY_API:
         children.append(_http_route(owner, spec, traffic_weights(spec, status)))
     return [_with_applied_hash(child) for child in children]
 

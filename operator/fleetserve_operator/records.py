@@ -1,17 +1,19 @@
-"""Plain records the layers hand each other: manifests, problems, Events, memory figures.
+"""Plain records the layers hand each other: manifests, problems, Events, memory figures, time.
 
 They sit below every other module so that the adapters (`kube`, `analysis`) and the pure
 decisions (`facts`, `observe`) can share them without importing one another: `analysis`
-returns `MemoryFigures` that `observe` judges, `observe` returns `EventNote`s that `kube`
-posts, and `facts` and `observe` report `Problem`s that `sync` turns into status.
+returns `MemoryFigures` that `observe` judges, `observe` and `rollout` return `EventNote`s that
+`kube` posts, and `facts` and `observe` report `Problem`s that `sync` turns into status.
+`rfc3339` is the one spelling of a timestamp the operator writes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 
-__all__ = ["EventNote", "Manifest", "MemoryFigures", "Problem"]
+__all__ = ["EventNote", "Manifest", "MemoryFigures", "Problem", "rfc3339"]
 
 Manifest = dict[str, Any]
 """A Kubernetes object (or part of one) in the API's own JSON shape."""
@@ -23,8 +25,6 @@ class Problem:
 
     reason: str
     message: str
-    permanent: bool = False
-    """Only a new spec can fix it: the phase is Failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,11 @@ class MemoryFigures:
 class EventNote:
     """An Event to post on the InferenceService."""
 
-    type: str
-    """`Normal` or `Warning`."""
+    type: Literal["Normal", "Warning"]
     reason: str
     message: str
+
+
+def rfc3339(moment: datetime) -> str:
+    """`moment` as metav1 writes timestamps: RFC 3339, UTC, whole seconds (`...T10:00:00Z`)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -5,7 +5,8 @@
 of `kube` and `analysis`, so that the same steps run whatever the trigger. The spec is parsed
 first, with what the schema cannot check (`reconcile.check_semantics`, the Prometheus URL
 against the operator's allowlist, the model's PVC); a spec that fails is reported in
-status and nothing else is done. Then:
+status and nothing else is done, but for an invalid one the rollout's table decides the
+phase (`Failed`, from `rollout.next_step` without a spec). Then:
 
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
    annotations, the stable track's error ratio, and the analysis when one is due;
@@ -22,7 +23,7 @@ status and nothing else is done. Then:
    pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges,
    then the transition's side effects (Events, counters, clearing a command annotation)
    are applied. Weights, replica counts, the canary and the stable track's spec are not
-   applied as actions: they follow from the status in step 5.
+   actions at all: they follow from the status in step 5.
 
 When the children cannot be written (step 3), the rollout does not move: status keeps the
 previous step, with the reason in `Degraded`.
@@ -62,8 +63,13 @@ from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
 from fleetserve_operator.reconcile import Owner
-from fleetserve_operator.records import EventNote, Manifest, Problem
-from fleetserve_operator.spec import AnalysisResult, InferenceServiceSpec, InferenceServiceStatus
+from fleetserve_operator.records import EventNote, Manifest, Problem, rfc3339
+from fleetserve_operator.spec import (
+    AnalysisResult,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    TrafficProvider,
+)
 
 __all__ = ["Sync", "utc_now"]
 
@@ -76,11 +82,6 @@ map key (a label key, a resource name) is ever cut."""
 def utc_now() -> datetime:
     """The current time, timezone-aware (UTC)."""
     return datetime.now(UTC)
-
-
-def _stamp(now: datetime) -> str:
-    """`now` as metav1 keeps timestamps: RFC 3339, UTC, second precision."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,8 @@ class Sync:
         error: SpecError | None = None
         problem: Problem | None = None
         # From the raw spec: a spec error (a PVC gone mid-rollout) must not change it.
-        routes_by_weight = body["spec"].get("traffic", {}).get("provider") == "gateway-api"
+        provider = body["spec"].get("traffic", {}).get("provider")
+        routes_by_weight = provider == TrafficProvider.GATEWAY_API
         # Labels prove nothing: only children with this service's controller reference count.
         observed = [
             child
@@ -205,7 +207,7 @@ class Sync:
                 generation=meta.get("generation", 0),
                 deployments=_deployments_by_track(children),
                 problem=found,
-                now=_stamp(now),
+                now=rfc3339(now),
                 routes_by_weight=routes_by_weight,
             )
 
@@ -231,7 +233,13 @@ class Sync:
             observed = self._converge(ref, owner, desired, writes, observed)
         except SpecError as exc:
             error = exc
-            problem = Problem(exc.reason, str(exc), permanent=isinstance(exc, InvalidSpec))
+            problem = Problem(exc.reason, str(exc))
+            if isinstance(exc, InvalidSpec):
+                annotations = dict(meta.get("annotations") or {})
+                refused = rollout.next_step(
+                    None, status, rollout.Facts(annotations=annotations), now
+                )
+                status, actions = refused.status, refused.actions
         self._report(ref, previous, observe.compute_status(status, observation(observed, problem)))
         self._apply_effects(ref, actions)
         return error
@@ -290,8 +298,8 @@ class Sync:
         """Events, counters and command annotations; the rest was rendered from status."""
         for action in actions:
             match action:
-                case rollout.EmitEvent(type=kind, reason=reason, message=message):
-                    self._kube.post_event(ref, EventNote(kind, reason, message))
+                case EventNote():
+                    self._kube.post_event(ref, action)
                 case rollout.IncrementCounter(counter=counter, reason=reason):
                     self._metrics.rollout_counter(counter).labels(reason).inc()
                 case rollout.ClearAnnotation(annotation=annotation):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_operator import contract
+from fleetserve_operator import analysis, contract
 from fleetserve_operator.naming import Track
 from fleetserve_operator.reconcile import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
-from fleetserve_operator.testing import make_spec
+from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
 from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
@@ -117,22 +118,56 @@ def _exposed_metrics() -> dict[str, set[str]]:
     return exposed
 
 
-@pytest.mark.parametrize(
-    "metric",
-    [
-        contract.MemoryMetric.WEIGHTS,
-        contract.MemoryMetric.FIXED,
-        contract.MemoryMetric.PER_TOKEN,
+def _rendered_queries() -> list[str]:
+    """Every PromQL query the operator sends: analysis, memory check and fallback trigger."""
+    source = FakeMetricSource({"": 1000.0})  # every query answers, so every check runs
+    spec = make_spec(rollout={"analysis": {"prometheusUrl": "http://p:9090",
+                                           "maxP99LatencyMs": 100}})  # fmt: skip
+    status = InferenceServiceStatus(stable_version="1", canary_version="2")
+    target = analysis.target_for(spec, status, namespace="ns")
+    assert spec.rollout.analysis is not None
+    analysis.evaluate(source, spec.rollout.analysis, target)
+    analysis.read_memory_figures(source, namespace="ns", model="m", version="1")
+    analysis.read_stable_error_ratio(source, target.stable, "1m")
+    return source.queries
+
+
+def _selected_series(promql: str) -> dict[str, set[str]]:
+    """Metric name → the labels the query's selectors match on."""
+    selected: dict[str, set[str]] = {}
+    for name, matchers in SELECTOR.findall(promql):
+        selected.setdefault(name, set()).update(LABEL_MATCHER.findall(matchers))
+    return selected
+
+
+SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}")
+LABEL_MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+SCRAPE_LABELS = {"namespace"}
+"""Added by the scrape (Kubernetes service discovery), not by the runtime."""
+
+
+def test_queried_metrics_exist_with_their_labels() -> None:
+    """Every series a rendered query selects is in the runtime's registry, with its labels.
+
+    Labels: every one the query matches on, the scrape's `namespace` aside.
+    """
+    exposed = _exposed_metrics()
+    queries = _rendered_queries()
+    selected: dict[str, set[str]] = {}
+    for promql in queries:
+        for name, labels in _selected_series(promql).items():
+            selected.setdefault(name, set()).update(labels)
+    assert set(selected) == {
         contract.REQUESTS_METRIC,
         contract.REQUEST_DURATION_METRIC + "_bucket",
         contract.QUEUE_WAIT_METRIC + "_bucket",
-    ],
-)
-def test_queried_metrics_exist_with_their_labels(metric: str) -> None:
-    """The metrics the operator queries exist, labelled model/version/track."""
-    exposed = _exposed_metrics()
-    assert metric in exposed
-    assert {"model", "version", "track"} <= exposed[metric]
+        *contract.MemoryMetric,
+    }
+    assert {"model", "version", "track", "code"} <= selected[contract.REQUESTS_METRIC]
+    for name, labels in selected.items():
+        assert name in exposed, f"{name} is queried but the runtime does not export it"
+        missing = labels - SCRAPE_LABELS - exposed[name]
+        assert not missing, f"{name} is queried by {sorted(missing)}, labels it does not carry"
 
 
 @pytest.mark.parametrize("kind", sorted(contract.KNOWN_BUILTINS))

@@ -9,9 +9,7 @@ import pytest
 
 from fleetserve_operator import analysis
 from fleetserve_operator.analysis import (
-    QUEUE_WAIT_SECONDS,
     REJECTIONS,
-    REQUEST_SECONDS,
     SERVER_ERRORS,
     AnalysisTarget,
     TrackScope,
@@ -21,6 +19,7 @@ from fleetserve_operator.analysis import (
     requests_query,
     target_for,
 )
+from fleetserve_operator.contract import QUEUE_WAIT_METRIC, REQUEST_DURATION_METRIC
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import AnalysisSpec, InferenceServiceStatus
 from fleetserve_operator.testing import ScriptedMetricSource, make_spec
@@ -49,10 +48,10 @@ def scripted(**overrides: float | None) -> ScriptedMetricSource:
         values={
             requests_query(CANARY, w): figures["requests"],
             code_ratio_query(CANARY, w, SERVER_ERRORS): figures["errors"],
-            p99_ms_query(REQUEST_SECONDS, CANARY, w): figures["p99"],
-            p99_ms_query(REQUEST_SECONDS, STABLE, w): figures["stable_p99"],
-            p99_ms_query(QUEUE_WAIT_SECONDS, CANARY, w): figures["queue"],
-            p99_ms_query(QUEUE_WAIT_SECONDS, STABLE, w): figures["stable_queue"],
+            p99_ms_query(REQUEST_DURATION_METRIC, CANARY, w): figures["p99"],
+            p99_ms_query(REQUEST_DURATION_METRIC, STABLE, w): figures["stable_p99"],
+            p99_ms_query(QUEUE_WAIT_METRIC, CANARY, w): figures["queue"],
+            p99_ms_query(QUEUE_WAIT_METRIC, STABLE, w): figures["stable_queue"],
             code_ratio_query(CANARY, w, REJECTIONS): figures["rejections"],
             code_ratio_query(STABLE, w, REJECTIONS): figures["stable_rejections"],
         }
@@ -80,7 +79,7 @@ def test_error_ratio_query_counts_no_errors_as_zero() -> None:
 def test_p99_query_in_milliseconds_with_offset() -> None:
     """p99 from the histogram's buckets, in ms; the offset reads an earlier window."""
     scope = TrackScope("ns", "demo", "1", Track.STABLE, offset="1m")
-    assert p99_ms_query(REQUEST_SECONDS, scope, "1m") == (
+    assert p99_ms_query(REQUEST_DURATION_METRIC, scope, "1m") == (
         "1000 * histogram_quantile(0.99, sum by (le) (rate(fleetserve_request_duration_seconds"
         '_bucket{namespace="ns",model="demo",version="1",track="stable"}[60s] offset 60s)))'
     )

@@ -1,4 +1,9 @@
-"""The rollout state machine, stepped with a FakeClock, scripted metrics and simulated tracks."""
+"""The rollout state machine, stepped with a FakeClock, scripted metrics and simulated tracks.
+
+The world renders the children from every status `next_step` returns, as `sync` does
+(`reconcile.desired_children`), and plays the Deployment controller on what it rendered;
+the tests assert on the status and on those rendered children.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,20 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator import analysis, rollout
+from fleetserve_operator import analysis, naming, reconcile, rollout
 from fleetserve_operator.analysis import (
-    QUEUE_WAIT_SECONDS,
     REJECTIONS,
-    REQUEST_SECONDS,
     SERVER_ERRORS,
 )
+from fleetserve_operator.contract import QUEUE_WAIT_METRIC, REQUEST_DURATION_METRIC
+from fleetserve_operator.naming import Track
+from fleetserve_operator.reconcile import Owner
+from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.rollout import (
     ClearAnnotation,
-    CreateCanary,
-    DeleteCanary,
     Facts,
     IncrementCounter,
     OperatorCounter,
-    PromoteStable,
-    ScaleTracks,
-    SetWeights,
     TrackFacts,
     Transition,
 )
@@ -32,10 +34,14 @@ from fleetserve_operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
     RolloutCommand,
+    RolloutPhase,
 )
 from fleetserve_operator.testing import FakeClock, ScriptedMetricSource, make_spec
 
 ANALYSIS = {"prometheusUrl": "http://prometheus:9090", "minRequests": 20}
+# An HTTPRoute carries the exact weights, so the rendered children show every split.
+TRAFFIC = {"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]}
+OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
 HEALTHY: dict[str, float | None] = {"requests": 500, "errors": 0.0, "p99": 50, "queue": 5}
 
 
@@ -47,12 +53,28 @@ def make_rollout_spec(version: str = "1", **rollout_knobs: Any) -> InferenceServ
         runtime={"replicas": {"min": 2, "max": 2}},
         rollout=knobs,
         fallback={"enabled": True, "maxErrorRate": 0.5},
+        traffic=TRAFFIC,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A GPU track's Deployment rendered with a new pod template (a rolling update)."""
+
+    track: Track
+    version: str
+    spec_hash: str
 
 
 @dataclass
 class World:
-    """The cluster as the caller would see it, applying every action the machine returns."""
+    """The cluster as `sync` would leave it: children rendered from each status, actions applied.
+
+    `stable`/`canary` are the observed tracks: a newly rendered template rolls out at once
+    (the canary's only when `canary_becomes_ready`); a test may change what is observed,
+    and that holds until the track's template changes. `routes` (HTTPRoute weights),
+    `scales` (stable and canary replicas) and `templates` record every rendered change.
+    """
 
     spec: InferenceServiceSpec
     knobs: dict[str, Any] = field(default_factory=dict)
@@ -65,6 +87,9 @@ class World:
     prometheus_online: bool = True
     annotations: dict[str, str] = field(default_factory=dict)
     actions: list[rollout.Action] = field(default_factory=list)
+    routes: list[dict[Track, int]] = field(default_factory=list)
+    scales: list[tuple[int | None, int]] = field(default_factory=list)
+    templates: list[Template] = field(default_factory=list)
 
     def source(self) -> ScriptedMetricSource:
         """Scripted Prometheus answers for the current canary and stable series."""
@@ -74,10 +99,10 @@ class World:
             values={
                 analysis.requests_query(c, w): m["requests"],
                 analysis.code_ratio_query(c, w, SERVER_ERRORS): m["errors"],
-                analysis.p99_ms_query(REQUEST_SECONDS, c, w): m["p99"],
-                analysis.p99_ms_query(REQUEST_SECONDS, s, w): HEALTHY["p99"],
-                analysis.p99_ms_query(QUEUE_WAIT_SECONDS, c, w): m["queue"],
-                analysis.p99_ms_query(QUEUE_WAIT_SECONDS, s, w): HEALTHY["queue"],
+                analysis.p99_ms_query(REQUEST_DURATION_METRIC, c, w): m["p99"],
+                analysis.p99_ms_query(REQUEST_DURATION_METRIC, s, w): HEALTHY["p99"],
+                analysis.p99_ms_query(QUEUE_WAIT_METRIC, c, w): m["queue"],
+                analysis.p99_ms_query(QUEUE_WAIT_METRIC, s, w): HEALTHY["queue"],
                 analysis.code_ratio_query(c, w, REJECTIONS): 0.0,
                 analysis.code_ratio_query(s, w, REJECTIONS): 0.0,
             },
@@ -102,30 +127,84 @@ class World:
         return analysis.target_for(self.spec, self.status, namespace="ns")
 
     def tick(self, seconds: float = 0) -> Transition:
-        """Advance the clock, run `next_step`, write its status and apply its actions."""
+        """Advance the clock, run `next_step`, render its status and apply its actions."""
         self.clock.advance(seconds)
         transition = rollout.next_step(self.spec, self.status, self.facts(), self.clock.now)
         self.status = transition.status
+        self.render()
         for action in transition.actions:
-            self.apply(action)
+            self.actions.append(action)
+            if isinstance(action, ClearAnnotation):
+                self.annotations.pop(action.annotation, None)
         return transition
 
-    def apply(self, action: rollout.Action) -> None:
-        """Play the Deployment controller and the API server for one action."""
-        self.actions.append(action)
-        if isinstance(action, CreateCanary):
-            ready = self.canary_becomes_ready
-            self.canary = TrackFacts(action.spec_hash, available=int(ready), rolled_out=ready)
-        elif isinstance(action, DeleteCanary):
-            self.canary = None
-        elif isinstance(action, PromoteStable):
-            self.stable = TrackFacts(action.spec_hash, available=2, replicas=2, rolled_out=True)
-        elif isinstance(action, ClearAnnotation):
-            self.annotations.pop(action.annotation, None)
+    def children(self, status: InferenceServiceStatus) -> list[Manifest]:
+        """The children `sync` renders for `status`."""
+        observed = self.stable.replicas if self.stable else 0
+        return reconcile.desired_children(
+            OWNER, self.spec, status, observed_stable_replicas=observed
+        )
+
+    def render(self) -> None:
+        """Render the children of the current status and play the Deployment controller."""
+        children = self.children(self.status)
+        route = route_weights(children)
+        if not self.routes or self.routes[-1] != route:
+            self.routes.append(route)
+        deployments = {
+            child["metadata"]["labels"][naming.TRACK_LABEL]: child
+            for child in children
+            if child["kind"] == "Deployment"
+        }
+        self.stable = self.observe(deployments.get(Track.STABLE), self.stable, ready=True)
+        self.canary = self.observe(
+            deployments.get(Track.CANARY), self.canary, ready=self.canary_becomes_ready
+        )
+        scale = (
+            self.stable.replicas if self.stable else None,
+            self.canary.replicas if self.canary else 0,
+        )
+        if not self.scales or self.scales[-1] != scale:
+            self.scales.append(scale)
+
+    def observe(
+        self, deployment: Manifest | None, seen: TrackFacts | None, *, ready: bool
+    ) -> TrackFacts | None:
+        """What the Deployment controller makes of a rendered track Deployment."""
+        if deployment is None:
+            return None
+        labels = deployment["metadata"]["labels"]
+        spec_hash = labels[naming.SPEC_HASH_LABEL]
+        replicas = deployment["spec"]["replicas"]
+        if seen is not None and seen.spec_hash == spec_hash:
+            return replace(seen, replicas=replicas)
+        track = Track(labels[naming.TRACK_LABEL])
+        self.templates.append(Template(track, labels[naming.MODEL_VERSION_LABEL], spec_hash))
+        available = replicas if ready else 0
+        return TrackFacts(spec_hash, available=available, replicas=replicas, rolled_out=ready)
 
     def of(self, kind: type[Any]) -> list[Any]:
         """The actions of one kind applied so far."""
         return [a for a in self.actions if isinstance(a, kind)]
+
+    def rolled(self, track: Track) -> list[Template]:
+        """The templates rendered for `track` so far."""
+        return [template for template in self.templates if template.track is track]
+
+    def clear(self) -> None:
+        """Forget what was applied and rendered so far, keeping the current state as the base."""
+        self.actions.clear()
+        self.templates.clear()
+        del self.routes[:-1]
+        del self.scales[:-1]
+
+
+def route_weights(children: list[Manifest]) -> dict[Track, int]:
+    """The HTTPRoute's weight per track, as rendered."""
+    (route,) = [child for child in children if child["kind"] == "HTTPRoute"]
+    backends = route["spec"]["rules"][0]["backendRefs"]
+    by_name = {naming.child_name(OWNER.name, track): track for track in Track}
+    return {by_name[backend["name"]]: backend["weight"] for backend in backends}
 
 
 def stable_world(**rollout_knobs: Any) -> World:
@@ -134,7 +213,7 @@ def stable_world(**rollout_knobs: Any) -> World:
     world.tick()
     world.tick()
     assert (world.status.phase, world.status.stable_version) == ("Succeeded", "1")
-    world.actions.clear()
+    world.clear()
     return world
 
 
@@ -153,8 +232,8 @@ def changed(track: TrackFacts | None, **changes: Any) -> TrackFacts:
 
 
 def weights(world: World) -> list[int]:
-    """The canary weights set so far, in order."""
-    return [a.canary for a in world.of(SetWeights)]
+    """The canary weights the HTTPRoute was rendered with since the base, in order."""
+    return [route.get(Track.CANARY, 0) for route in world.routes[1:]]
 
 
 def test_first_deploy_is_adopted_without_a_canary() -> None:
@@ -163,10 +242,12 @@ def test_first_deploy_is_adopted_without_a_canary() -> None:
     first = world.tick()
     assert first.trigger == "Adopt"
     assert world.status.phase == "Pending"
-    assert world.of(PromoteStable) == [PromoteStable("1", world.spec.gpu_track.digest)]
+    digest = world.spec.gpu_track.digest
+    assert world.rolled(Track.STABLE) == [Template(Track.STABLE, "1", digest)]
     assert world.tick().trigger == "StableAvailable"
     assert world.status.phase == "Succeeded"
-    assert world.of(CreateCanary) == []
+    assert world.rolled(Track.CANARY) == []
+    assert world.canary is None
 
 
 def test_healthy_canary_is_promoted_through_every_step() -> None:
@@ -177,10 +258,11 @@ def test_healthy_canary_is_promoted_through_every_step() -> None:
     for _ in range(5):
         world.tick(60)
     assert world.status.phase == "Promoting"
-    assert world.of(PromoteStable)[-1].version == "2"
+    assert world.rolled(Track.STABLE) == [Template(Track.STABLE, "2", world.spec.gpu_track.digest)]
     world.tick()
     assert (world.status.phase, world.status.stable_version) == ("Succeeded", "2")
-    assert weights(world) == [1, 5, 20, 50, 100, 0]
+    # Starting lists the canary at 0 until it is Ready; afterwards the route has no canary.
+    assert weights(world) == [0, 1, 5, 20, 50, 100, 0]
     assert world.canary is None
     assert world.of(IncrementCounter) == [IncrementCounter(OperatorCounter.PROMOTIONS, "Promoted")]
     assert [a.verdict for a in world.status.rollout.analyses] == ["Passed"] * 5
@@ -242,7 +324,7 @@ def test_no_data_holds_and_never_promotes(outage: dict[str, Any]) -> None:
     assert (world.status.phase, world.status.canary_weight) == ("Holding", 1)
     assert "never promoting without data" in world.status.rollout.message
     assert {a.verdict for a in world.status.rollout.analyses} == {"Inconclusive"}
-    assert world.of(PromoteStable) == []
+    assert world.rolled(Track.STABLE) == []
     world.metrics = dict(HEALTHY)
     world.prometheus_online = True
     world.tick(60)
@@ -270,7 +352,10 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.annotation, ack.value) == (command.annotation, value)
     assert ClearAnnotation(command.annotation) in world.actions
-    assert any(getattr(a, "reason", "") == "CommandAcknowledged" for a in world.actions)
+    assert any(
+        isinstance(a, EventNote) and a.reason == "CommandAcknowledged" for a in world.actions
+    )
+    assert weights(world)[-1] == weight
     world.tick()
     assert world.status.rollout.acknowledged == []
 
@@ -330,17 +415,19 @@ def test_restart_mid_step_resumes_the_same_step() -> None:
 
 
 def test_restart_while_promoting_never_promotes_twice() -> None:
-    """Promoting with the stable not yet rolled out: repeated calls emit no second promotion."""
+    """Promoting with the stable not yet rolled out: repeated calls render no second promotion."""
     world = stable_world()
     start_v2(world)
     world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
     world.tick()
     world.stable = changed(world.stable, rolled_out=False)
-    before = len(world.of(PromoteStable))
+    promoted = world.rolled(Track.STABLE)
+    assert [template.version for template in promoted] == ["2"]
     for _ in range(3):
         world.tick(30)
     assert world.status.phase == "Promoting"
-    assert len(world.of(PromoteStable)) == before
+    assert world.rolled(Track.STABLE) == promoted
+    assert not world.of(IncrementCounter)
 
 
 def test_fallback_on_and_off_and_no_advance_while_active() -> None:
@@ -350,14 +437,14 @@ def test_fallback_on_and_off_and_no_advance_while_active() -> None:
     world.stable = changed(world.stable, available=0)
     world.canary = changed(world.canary, available=0)
     world.tick()
-    assert world.of(SetWeights)[-1] == SetWeights(stable=0, canary=0, fallback=100)
+    assert world.routes[-1] == {Track.STABLE: 0, Track.CANARY: 0, Track.FALLBACK: 100}
     assert not rollout.is_analysis_due(world.spec, world.status, world.clock.advance(600))
     world.tick()
     assert world.status.canary_weight == 1
     world.stable = changed(world.stable, available=2)
     world.canary = changed(world.canary, available=1)
     world.tick()
-    assert world.of(SetWeights)[-1] == SetWeights(stable=99, canary=1, fallback=0)
+    assert world.routes[-1] == {Track.STABLE: 99, Track.CANARY: 1, Track.FALLBACK: 0}
     world.tick(30)
     assert world.status.canary_weight == 1  # a fresh interval after the failover
     world.tick(30)
@@ -369,7 +456,8 @@ def test_fallback_on_stable_error_ratio() -> None:
     world = stable_world()
     facts = Facts(stable=world.stable, stable_error_ratio=0.9)
     transition = rollout.next_step(world.spec, world.status, facts, world.clock.now)
-    assert SetWeights(stable=0, canary=0, fallback=100) in transition.actions
+    routed = route_weights(world.children(transition.status))
+    assert routed == {Track.STABLE: 0, Track.FALLBACK: 100}
     condition = transition.status.conditions[0]
     assert (condition.type, condition.status, condition.reason) == (
         "FallbackActive",
@@ -391,7 +479,7 @@ def test_new_spec_during_a_rollout_restarts_with_the_newest_version() -> None:
         "3",
         0,
     )
-    assert world.of(CreateCanary)[-1].version == "3"
+    assert world.rolled(Track.CANARY)[-1].version == "3"
     world.tick()
     assert world.status.canary_weight == 1
 
@@ -472,12 +560,36 @@ def test_gpu_aware_capacity(
     assert (plan.stable, plan.canary) == expected
 
 
-def test_scale_actions_follow_the_weight() -> None:
+def test_rendered_replicas_follow_the_weight() -> None:
     """The canary starts with one replica and grows to the stable size at 100%; then goes."""
     world = stable_world()
     start_v2(world)
     for _ in range(5):
         world.tick(60)
-    assert [(a.stable, a.canary) for a in world.of(ScaleTracks)] == [(2, 1), (2, 2)]
+    assert world.scales[1:] == [(2, 1), (2, 2)]
     world.tick()
-    assert world.of(ScaleTracks)[-1] == ScaleTracks(stable=2, canary=0)
+    assert world.scales[-1] == (2, 0)
+
+
+@pytest.mark.parametrize("phase", list(RolloutPhase))
+def test_a_refused_spec_fails_the_rollout_in_every_phase(phase: RolloutPhase) -> None:
+    """The table decides `Failed` for an invalid spec; rollout state and traffic are kept.
+
+    A fallback that is active stays active although the tracks look healthy: a refused
+    spec says nothing about them.
+    """
+    world = stable_world()
+    start_v2(world)
+    world.tick(60)
+    world.stable = changed(world.stable, available=0)
+    world.canary = changed(world.canary, available=0)
+    world.tick()
+    assert rollout.fallback_active(world.status)
+    world.stable = changed(world.stable, available=2)
+    world.canary = changed(world.canary, available=1)
+    status = world.status.model_copy(update={"phase": phase})
+    transition = rollout.next_step(None, status, world.facts(), world.clock.advance(600))
+    assert (transition.trigger, transition.status.phase) == ("SpecInvalid", "Failed")
+    kept = ("rollout", "canary_version", "canary_weight", "stable_version")
+    assert transition.status.model_dump(include=set(kept)) == status.model_dump(include=set(kept))
+    assert rollout.fallback_active(transition.status)

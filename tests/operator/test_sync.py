@@ -308,3 +308,35 @@ def test_effective_canary_weight(
         Track.STABLE: TrackStatus(ready_replicas=stable),
     }
     assert effective_canary_weight(status, seen, tracks) == expected
+
+
+@pytest.mark.parametrize(
+    ("edit", "phase"),
+    [
+        ({"model": {"name": "demo", "version": "2", "uri": "builtin://synthetic"}}, "Starting"),
+        ({"model": {"name": "demo", "version": "2", "uri": "builtin://gpt9"}}, "Failed"),
+    ],
+    ids=["valid", "invalid"],
+)
+def test_status_reports_the_generation_it_observed(edit: dict[str, Any], phase: str) -> None:
+    """Every reconcile writes the generation it acted on, valid spec or not.
+
+    `kubectl wait --for=jsonpath` and the e2e harness trust `observedGeneration` to tell a
+    status about the current spec from one about the previous spec.
+    """
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    assert _status(kube).observed_generation == 1
+    body = kube.get_inference_service("ns", "demo")
+    assert body is not None
+    body["spec"] = edit
+    body["metadata"]["generation"] = 2  # as the API server bumps it on a spec change
+    kube.add_service(body)
+    sync.run_by_name("ns", "demo", trigger="update")
+    status = _status(kube)
+    assert (status.phase, status.observed_generation) == (phase, 2)
+    assert {c.type: c.observed_generation for c in status.conditions} == {
+        c.type: 2 for c in status.conditions
+    }

@@ -2,9 +2,11 @@
 
 `sync` calls `next_step` on every reconcile of an InferenceService (spec change, child event,
 the resync timer). When `is_analysis_due` says so, it first runs `analysis.evaluate` and puts
-the result in `Facts`. `next_step` returns the new status and the `Action`s to apply; it does
-no I/O, so a restarted operator that feeds in the same status gets the same step back and
-never restarts or double-promotes a rollout.
+the result in `Facts`. `next_step` returns the new status, from which `reconcile` renders the
+children (canary, stable spec, weights, replicas), and the side effects to apply (`Action`:
+Events, counters, clearing a command annotation). It does no I/O, so a restarted operator
+that feeds in the same status gets the same step back and never restarts or double-promotes
+a rollout.
 
 - `data`: what goes in (`Facts`) and out (`Transition`, the `Action` kinds), and `Trigger`.
 - `traffic`: the traffic split and GPU-aware track sizes that follow from a status.
@@ -23,16 +25,11 @@ from fleetserve_operator.rollout.data import (
     Action,
     Capacity,
     ClearAnnotation,
-    CreateCanary,
-    DeleteCanary,
-    EmitEvent,
     Facts,
     IncrementCounter,
     OperatorCounter,
-    PromoteStable,
-    ScaleTracks,
-    SetWeights,
     TrackFacts,
+    TrafficSplit,
     Transition,
     Trigger,
 )
@@ -45,16 +42,11 @@ __all__ = [
     "Action",
     "Capacity",
     "ClearAnnotation",
-    "CreateCanary",
-    "DeleteCanary",
-    "EmitEvent",
     "Facts",
     "IncrementCounter",
     "OperatorCounter",
-    "PromoteStable",
-    "ScaleTracks",
-    "SetWeights",
     "TrackFacts",
+    "TrafficSplit",
     "Transition",
     "Trigger",
     "fallback_active",

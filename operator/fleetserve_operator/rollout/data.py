@@ -2,7 +2,8 @@
 
 All frozen dataclasses (STYLE rule 5); `Facts()` is the empty observation. The caller
 (`sync`) fills `Facts` from the child Deployments, their pods, the annotations and the due
-analysis, and applies each `Action` of a `Transition` in order after writing its status.
+analysis, renders the children from the `Transition`'s status, writes it, then applies each
+of its `Action`s (Events, counters, command annotations) in order.
 """
 
 from __future__ import annotations
@@ -10,25 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
 
+from fleetserve_operator.records import EventNote
 from fleetserve_operator.spec import AnalysisResult, InferenceServiceStatus, RolloutCommand
 
 __all__ = [
     "Action",
     "Capacity",
     "ClearAnnotation",
-    "CreateCanary",
-    "DeleteCanary",
-    "EmitEvent",
     "Facts",
     "IncrementCounter",
     "OperatorCounter",
-    "PromoteStable",
-    "ScaleTracks",
-    "SetWeights",
     "TrackFacts",
     "Transition",
+    "TrafficSplit",
     "Trigger",
 ]
 
@@ -36,6 +32,7 @@ __all__ = [
 class Trigger(StrEnum):
     """What moves a rollout, in priority order (the first detected one with a row wins)."""
 
+    SPEC_INVALID = "SpecInvalid"  # the spec was refused (InvalidSpec): nothing else is read
     ADOPT = "Adopt"  # no stable spec recorded yet (first deploy): the spec becomes stable
     NEW_SPEC = "NewSpec"  # the GPU-track spec differs from stable's and from the one tried
     SPEC_REVERTED = "SpecReverted"  # the spec is stable's again
@@ -105,50 +102,12 @@ class OperatorCounter(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class SetWeights:
-    """Route these percentages to the tracks (HTTPRoute weights, or replica ratio)."""
+class TrafficSplit:
+    """The percentages of requests the tracks get (HTTPRoute weights, or replica ratio)."""
 
     stable: int
     canary: int
     fallback: int
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleTracks:
-    """Set replicas; `stable` None leaves the stable count to its autoscaler."""
-
-    stable: int | None
-    canary: int
-
-
-@dataclass(frozen=True, slots=True)
-class CreateCanary:
-    """Create (or re-template) `<name>-canary` from the current spec."""
-
-    version: str
-    spec_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteCanary:
-    """Remove `<name>-canary`."""
-
-
-@dataclass(frozen=True, slots=True)
-class PromoteStable:
-    """Render `<name>-stable` from `status.rollout.stableSpec` (a rolling update)."""
-
-    version: str
-    spec_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class EmitEvent:
-    """Post an Event on the InferenceService."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +125,9 @@ class ClearAnnotation:
     annotation: str
 
 
-Action = (
-    SetWeights
-    | ScaleTracks
-    | CreateCanary
-    | DeleteCanary
-    | PromoteStable
-    | EmitEvent
-    | IncrementCounter
-    | ClearAnnotation
-)
+Action = EventNote | IncrementCounter | ClearAnnotation
+"""A side effect of a transition, applied after its status is written. What the children
+look like (canary, stable spec, weights, replicas) is not one: it follows from the status."""
 
 
 @dataclass(frozen=True, slots=True)

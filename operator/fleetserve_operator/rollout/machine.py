@@ -1,4 +1,4 @@
-"""The transition table and the driver: detect one trigger, run its row, derive actions.
+"""The transition table and the driver: detect one trigger, run its row, finish the status.
 
 `next_step` is the entry point (re-exported by `fleetserve_operator.rollout`).
 """
@@ -14,7 +14,6 @@ from fleetserve_operator.rollout.data import (
     Action,
     ClearAnnotation,
     Facts,
-    ScaleTracks,
     TrackFacts,
     Transition,
     Trigger,
@@ -38,13 +37,14 @@ from fleetserve_operator.rollout.moves import (
     pause,
     promote_command,
     record_only,
+    refuse,
     resume,
     settle,
     start,
     verdict,
     with_rollout,
 )
-from fleetserve_operator.rollout.traffic import fallback_active, plan_capacity, traffic_split
+from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     Acknowledgement,
     Condition,
@@ -76,6 +76,7 @@ def _rows(
 
 
 TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
+    **_rows(tuple(RolloutPhase), Trigger.SPEC_INVALID, refuse),
     **_rows((*_SETTLED, *_ENDED), Trigger.ADOPT, adopt),
     **_rows((*_SETTLED, *_ENDED, *_CANARY), Trigger.NEW_SPEC, start),
     **_rows(_CANARY, Trigger.SPEC_REVERTED, cancel),
@@ -124,6 +125,7 @@ def _adoptable(t: Tick) -> bool:
 
 
 _DETECT: dict[Trigger, Callable[[Tick], bool]] = {
+    Trigger.SPEC_INVALID: lambda t: t.given is None,
     Trigger.ADOPT: _adoptable,
     Trigger.NEW_SPEC: lambda t: (
         t.spec_hash not in (t.status.rollout.stable_hash, t.status.rollout.spec_hash)
@@ -205,8 +207,11 @@ def _fail_over(t: Tick) -> tuple[Tick, tuple[Action, ...]]:
     """Switch traffic to the CPU fallback and back; the interval restarts on the way back.
 
     Right after a failover the stable's error window still holds the errors that caused
-    it, so the way back waits about one `errorWindow`: a built-in hysteresis.
+    it, so the way back waits about one `errorWindow`: a built-in hysteresis. A refused
+    spec says nothing about the tracks: the traffic stays where it is.
     """
+    if t.given is None:
+        return t, ()
     down = _gpu_down(t) if t.spec.fallback.enabled else None
     if (down is not None) == fallback_active(t.status):
         return t, ()
@@ -238,7 +243,7 @@ def _forget_gone_commands(t: Tick) -> Tick:
 
 
 def _finalise(before: Tick, status: InferenceServiceStatus) -> Step:
-    """Stamp the phase change, set `Promoted`, and derive weight, scale and cleanup actions."""
+    """Stamp the phase change, set `Promoted`, and clear the command annotations acted on."""
     now = before.stamp
     phase = status.current_phase
     changed = phase is not before.status.phase
@@ -256,42 +261,37 @@ def _finalise(before: Tick, status: InferenceServiceStatus) -> Step:
             "conditions": set_condition(status.conditions, promoted, now=now),
         }
     )
-    actions: list[Action] = []
-    if traffic_split(status) != traffic_split(before.status):
-        actions.append(traffic_split(status))
-    observed = before.facts.stable.replicas if before.facts.stable else 0
-    old = plan_capacity(before.spec, before.status, stable_replicas=observed)
-    new = plan_capacity(before.spec, status, stable_replicas=observed)
-    if new != old:
-        actions.append(ScaleTracks(stable=new.stable, canary=new.canary))
     present = before.facts.annotations
-    actions += [
+    cleared = tuple(
         ClearAnnotation(a.annotation)
         for a in status.rollout.acknowledged
         if present.get(a.annotation) == a.value
-    ]
-    return Step(status, tuple(actions))
+    )
+    return Step(status, cleared)
 
 
 def next_step(
-    spec: InferenceServiceSpec,
+    spec: InferenceServiceSpec | None,
     status: InferenceServiceStatus,
     facts: Facts,
     now: datetime,
 ) -> Transition:
-    """Decide the rollout's next move; the caller writes `status`, then applies `actions`.
+    """Decide the rollout's next move; the caller renders `status`, then applies `actions`.
+
+    The children (canary, stable spec, weights, replicas) follow from the status alone.
 
     Args:
-        spec: The parsed spec (never rewritten).
+        spec: The parsed spec (never rewritten); None when it was refused as invalid,
+            which fails the rollout (the `SpecInvalid` row) and moves nothing else.
         status: The object's current status; all rollout state comes from here.
         facts: What was observed now (tracks, annotations, the due analysis).
         now: The clock (timezone-aware).
 
     Returns:
-        The new status and the actions, in order; no trigger means at most the derived
-        weight/scale/cleanup actions of a failover.
+        The new status and the side effects, in order; with no trigger, at most a
+        failover's Event and the clearing of command annotations already acted on.
     """
-    before = Tick(spec, status, facts, now, spec.gpu_track.digest)
+    before = Tick(spec, status, facts, now, None if spec is None else spec.gpu_track.digest)
     t, fallback_actions = _fail_over(before)
     t = _forget_gone_commands(t)
     trigger = _detect(t)

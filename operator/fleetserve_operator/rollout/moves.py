@@ -1,26 +1,23 @@
 """The moves of the rollout: one handler per row of `machine.TRANSITIONS`.
 
 Each handler takes the `Tick` (spec, status, facts, clock) and returns a `Step`: the new
-status and the actions only it knows about (create or delete the canary, promote, events,
-counters). Weight and scale actions are derived afterwards from the status change.
+status and its side effects (Events, counters). The canary, the stable track's spec, the
+weights and the replica counts are not actions: `reconcile` renders them from the status.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
+from fleetserve_operator.records import EventNote, rfc3339
 from fleetserve_operator.rollout.data import (
     Action,
-    CreateCanary,
-    DeleteCanary,
-    EmitEvent,
     Facts,
     IncrementCounter,
     OperatorCounter,
-    PromoteStable,
     TrackFacts,
 )
 from fleetserve_operator.rollout.traffic import fallback_active
@@ -40,13 +37,23 @@ P = RolloutPhase
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """One call of `next_step`: its inputs, and the spec's digest computed once."""
+    """One call of `next_step`: its inputs, and the spec's digest computed once.
 
-    spec: InferenceServiceSpec
+    `given` is None when the object's spec was refused as invalid: then only the
+    `SpecInvalid` row runs, and it reads no spec.
+    """
+
+    given: InferenceServiceSpec | None
     status: InferenceServiceStatus
     facts: Facts
     now: datetime
-    spec_hash: str
+    spec_hash: str | None
+
+    @property
+    def spec(self) -> InferenceServiceSpec:
+        """The parsed spec, which every row but `SpecInvalid`'s has."""
+        assert self.given is not None, "only the SpecInvalid row runs without a spec"
+        return self.given
 
     @property
     def phase(self) -> RolloutPhase:
@@ -56,7 +63,7 @@ class Tick:
     @property
     def stamp(self) -> str:
         """`now` as metav1 writes timestamps (RFC 3339, UTC, seconds)."""
-        return self.now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return rfc3339(self.now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +101,17 @@ def settled_phase(t: Tick, stable_hash: str | None) -> RolloutPhase:
     return P.SUCCEEDED if stable is not None and stable.serves(stable_hash) else P.PENDING
 
 
-def new_event(kind: Literal["Normal", "Warning"], reason: str, message: str) -> EmitEvent:
-    """An `EmitEvent` action."""
-    return EmitEvent(type=kind, reason=reason, message=message)
+def new_event(kind: Literal["Normal", "Warning"], reason: str, message: str) -> EventNote:
+    """An Event to post on the InferenceService."""
+    return EventNote(type=kind, reason=reason, message=message)
 
 
 # Handlers: one per row of TRANSITIONS; each returns the new status and its own actions.
+
+
+def refuse(t: Tick) -> Step:
+    """The spec was refused as invalid: Failed until a new spec; the rollout state is kept."""
+    return Step(t.status.model_copy(update={"phase": P.FAILED}))
 
 
 def adopt(t: Tick) -> Step:
@@ -111,7 +123,7 @@ def adopt(t: Tick) -> Step:
             t.status, stable_spec=gpu, stable_hash=gpu.digest, spec_hash=None, message=""
         )
     )
-    return Step(status, (PromoteStable(gpu.model.version, gpu.digest),))
+    return Step(status)
 
 
 def settle(t: Tick) -> Step:
@@ -143,14 +155,14 @@ def start(t: Tick) -> Step:
             message=f"waiting for the canary to become Ready: {message}",
         )
     )
-    return Step(status, (CreateCanary(version, digest), new_event("Normal", reason, message)))
+    return Step(status, (new_event("Normal", reason, message),))
 
 
 def withdraw(t: Tick, phase: RolloutPhase, message: str, **changes: Any) -> Step:
     """End the rollout in `phase`: the canary goes and its weight is 0."""
     update: dict[str, Any] = {"phase": phase, "canary_version": None, "canary_weight": 0}
     status = t.status.model_copy(update=update | with_rollout(t.status, message=message, **changes))
-    return Step(status, (DeleteCanary(),))
+    return Step(status)
 
 
 def cancel(t: Tick) -> Step:
@@ -221,11 +233,7 @@ def promote(t: Tick) -> Step:
         update={"phase": P.PROMOTING, "canary_weight": 100}
         | with_rollout(t.status, stable_spec=gpu, stable_hash=gpu.digest, message=message)
     )
-    actions = (
-        PromoteStable(gpu.model.version, gpu.digest),
-        new_event("Normal", "Promoting", message),
-    )
-    return Step(status, actions)
+    return Step(status, (new_event("Normal", "Promoting", message),))
 
 
 def advance(t: Tick, reason: str = "StepAdvanced") -> Step:

@@ -1,14 +1,14 @@
 """What follows from a status alone: the traffic split and the GPU-aware track sizes.
 
-`reconcile` can render HTTPRoute weights and replica counts from these, and `machine`
-derives `SetWeights`/`ScaleTracks` actions from their change.
+`reconcile` renders HTTPRoute weights and replica counts from these, and `observe` reports
+the canary's effective weight from the split.
 """
 
 from __future__ import annotations
 
 import math
 
-from fleetserve_operator.rollout.data import Capacity, SetWeights
+from fleetserve_operator.rollout.data import Capacity, TrafficSplit
 from fleetserve_operator.spec import (
     ConditionType,
     InferenceServiceSpec,
@@ -27,13 +27,13 @@ def fallback_active(status: InferenceServiceStatus) -> bool:
     return condition is not None and condition.is_true
 
 
-def traffic_split(status: InferenceServiceStatus) -> SetWeights:
+def traffic_split(status: InferenceServiceStatus) -> TrafficSplit:
     """The percentages each track should get in `status`."""
     if fallback_active(status):
-        return SetWeights(stable=0, canary=0, fallback=100)
+        return TrafficSplit(stable=0, canary=0, fallback=100)
     phase = status.current_phase
     canary = status.canary_weight if phase.is_rollout_active else 0
-    return SetWeights(stable=100 - canary, canary=canary, fallback=0)
+    return TrafficSplit(stable=100 - canary, canary=canary, fallback=0)
 
 
 def plan_capacity(

@@ -25,6 +25,7 @@ from fleetserve_operator.spec.delivery import (
     ParentRef,
     RolloutCommand,
     RolloutSpec,
+    TrafficProvider,
     TrafficSpec,
 )
 from fleetserve_operator.spec.serving import (
@@ -91,6 +92,7 @@ __all__ = [
     "RuntimeSpec",
     "Toleration",
     "TrackStatus",
+    "TrafficProvider",
     "TrafficSpec",
     "TracksStatus",
     "Verdict",

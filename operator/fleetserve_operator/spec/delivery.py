@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -16,6 +16,7 @@ __all__ = [
     "ParentRef",
     "RolloutCommand",
     "RolloutSpec",
+    "TrafficProvider",
     "TrafficSpec",
 ]
 
@@ -172,6 +173,16 @@ class ParentRef(Wire):
     """Listener port."""
 
 
+_PARENTS_NEEDED = "traffic.parentRefs must name a Gateway when provider is gateway-api"
+
+
+class TrafficProvider(StrEnum):
+    """What splits traffic between the tracks (`spec.traffic.provider`)."""
+
+    GATEWAY_API = "gateway-api"
+    REPLICAS = "replicas"
+
+
 class TrafficSpec(Wire):
     """How traffic is split between tracks."""
 
@@ -179,15 +190,16 @@ class TrafficSpec(Wire):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.provider != 'gateway-api' || size(self.parentRefs) > 0",
-                    "traffic.parentRefs must name a Gateway when provider is gateway-api",
+                    f"self.provider != '{TrafficProvider.GATEWAY_API}'"
+                    " || size(self.parentRefs) > 0",
+                    _PARENTS_NEEDED,
                     ".parentRefs",
                 )
             ]
         }
     )
 
-    provider: Literal["gateway-api", "replicas"] = "replicas"
+    provider: TrafficProvider = TrafficProvider.REPLICAS
     """`gateway-api`: an HTTPRoute with exact weights; `replicas`: the umbrella Service
     spreads requests over pods, so weights follow replica counts."""
     parent_refs: list[ParentRef] = Field(default_factory=list, max_length=32)
@@ -199,7 +211,6 @@ class TrafficSpec(Wire):
 
     @model_validator(mode="after")
     def _parents(self) -> TrafficSpec:
-        if self.provider == "gateway-api" and not self.parent_refs:
-            msg = "traffic.parentRefs must name a Gateway when provider is gateway-api"
-            raise ValueError(msg)
+        if self.provider is TrafficProvider.GATEWAY_API and not self.parent_refs:
+            raise ValueError(_PARENTS_NEEDED)
         return self
