@@ -18,8 +18,8 @@ import pytest
 # --import-mode=importlib does not put test roots on sys.path; the harness package lives here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster, LocalPrometheus  # noqa: E402
-from fleetserve_e2e.cluster import standin_commands, venv_commands  # noqa: E402
+from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.cluster import standin_commands, venv_commands
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -25,7 +25,7 @@ _METRICS = (
 class _Handler(BaseHTTPRequestHandler):
     """Serves the health and metrics endpoints; 404 for everything else."""
 
-    def do_GET(self) -> None:  # noqa: N802 - name fixed by BaseHTTPRequestHandler
+    def do_GET(self) -> None:
         """Answer health probes and Prometheus scrapes."""
         if self.path in ("/v2/health/ready", "/v2/health/live"):
             self._send(200, "application/json", '{"ready": true}' if "ready" in self.path else "{}")

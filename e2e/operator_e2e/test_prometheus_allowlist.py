@@ -34,7 +34,7 @@ class _Prometheus:
         recorded = self.paths
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802  # http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 recorded.append(self.path)
                 body = EMPTY_VECTOR.encode()
                 self.send_response(200)

@@ -18,10 +18,10 @@ import pytest
 # opfixtures).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator_e2e"))
 
-from opfixtures import crd, operator_kubeconfig, start_operator  # noqa: E402
+from opfixtures import crd, operator_kubeconfig, start_operator
 
-from fleetserve_e2e import LocalPrometheus  # noqa: E402
-from fleetserve_e2e.operator_process import OperatorProcess  # noqa: E402
+from fleetserve_e2e import LocalPrometheus
+from fleetserve_e2e.operator_process import OperatorProcess
 
 __all__ = ["crd", "operator_kubeconfig", "rollout_operator", "start_operator"]
 

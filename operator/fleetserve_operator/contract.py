@@ -115,7 +115,7 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
         "name": model.name,
         "version": config.version,
         "track": config.track.value,
-        "host": "0.0.0.0",  # noqa: S104  # a pod must listen on its own IP
+        "host": "0.0.0.0",  # a pod must listen on its own IP
         "port": HTTP_PORT,
         "device": config.device,
         "threads": config.threads,

@@ -93,7 +93,7 @@ class Handlers:
                 "re-converging %s/%s after a child event failed: %s", meta["namespace"], owner, exc
             )
 
-    def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002
+    def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         """On DELETED, forget the InferenceService's gauges; its children go by owner refs.
 
         `type` is kopf's name for the watch event type; None on the initial listing.

@@ -82,7 +82,7 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
     """(volumes, mounts): a writable /tmp, and read-only the model's PVC and the auth Secret."""
     # The root filesystem is read-only; torch and tokenizers still want a scratch directory.
     volumes: list[Manifest] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}]
-    mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]  # noqa: S108
+    mounts: list[Manifest] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
     source = contract.pvc_source(spec.model)
     if source is not None:
         volumes.append(

@@ -39,7 +39,7 @@ class OperatorConfig(BaseSettings):
     """kopf's log format: `json` for log collectors, `plain`/`full` for a terminal."""
     verbose: bool = False
     """Debug logging."""
-    listen_address: str = Field("0.0.0.0", min_length=1)  # noqa: S104  # a pod's own IP
+    listen_address: str = Field("0.0.0.0", min_length=1)  # a pod's own IP
     """Address the metrics and liveness endpoints listen on; `127.0.0.1` outside a pod."""
     metrics_port: int = Field(8081, ge=0, le=65535)
     """Port of the operator's own `/metrics` (reconciles, errors, durations); 0 disables it."""

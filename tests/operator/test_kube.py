@@ -64,7 +64,7 @@ def api_server() -> Iterator[FakeApiServer]:
 
         do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815  # http.server's naming
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     with serve_http(Handler) as url:

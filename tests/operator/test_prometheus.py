@@ -74,7 +74,7 @@ def prometheus() -> Iterator[FakePrometheus]:
     fake = FakePrometheus()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802  # http.server's naming
+        def do_GET(self) -> None:  # http.server's naming
             fake.requests.append(self.path)
             answer = fake.answer
             self.send_response(answer.status, answer.reason)
@@ -84,7 +84,7 @@ def prometheus() -> Iterator[FakePrometheus]:
             self.end_headers()
             self.wfile.write(answer.body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     with serve_http(Handler) as url:

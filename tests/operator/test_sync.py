@@ -192,7 +192,7 @@ def test_condition_transition_time_kept_when_unchanged() -> None:
     kube, sync = _setup()
     sync.run_by_name("ns", "demo", trigger="create")
     first = {c.type: c.last_transition_time for c in _status(kube).conditions}
-    sync._clock = lambda: datetime(2025, 1, 1, 0, 5, tzinfo=UTC)  # noqa: SLF001  # later
+    sync._clock = lambda: datetime(2025, 1, 1, 0, 5, tzinfo=UTC)  # later
     kube.set_ready("demo-stable")
     sync.run_by_name("ns", "demo", trigger="child")
     later = {c.type: c.last_transition_time for c in _status(kube).conditions}

@@ -230,7 +230,7 @@ class Condition(Wire):
     type: str = Field(
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
         max_length=316,
-    )  # noqa: E501  # metav1's own pattern
+    )  # metav1's own pattern
     """Condition type, e.g. `Ready`."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
