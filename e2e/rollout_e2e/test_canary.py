@@ -140,6 +140,13 @@ def _rolled_back(
         what="the canary Deployment to go",
     )
     assert _route_weights(kube, namespace) == {"stable": 100}
+    # Status is written before the route (write-ahead), and the driver polls the route: wait
+    # until it has seen the canary withdrawn, or its samples may end before that change.
+    wait_until(
+        lambda: not load.weights.get("canary"),
+        timeout_s=30.0,
+        what="the load driver to see the canary withdrawn",
+    )
     # Counted as the transition's side effect, just after the status write.
     wait_until(
         lambda: operator.total("fleetserve_operator_rollbacks") == 1,
@@ -174,6 +181,12 @@ def test_a_healthy_version_is_promoted(
     with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
         _roll_out(kube, namespace, _model("2"))
         status = wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
+        # Status leads the route (write-ahead): let the driver see the promoted route too.
+        wait_until(
+            lambda: not load.weights.get("canary"),
+            timeout_s=30.0,
+            what="the load driver to see the promoted route",
+        )
     canary_weights = [sample.weights.get("canary") for sample in load.routes]
     assert [w for w in canary_weights if w] == STEPS, load.routes
     assert _route_weights(kube, namespace) == {"stable": 100}
