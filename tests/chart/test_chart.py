@@ -489,3 +489,33 @@ def test_runtime_namespaces_override_the_watched_ones() -> None:
     )  # fmt: skip
     runtime = [m for m in manifests if m["metadata"]["name"] == "fs-fleetserve-runtime"]
     assert [m["metadata"]["namespace"] for m in runtime] == ["ml"]
+
+
+def spelled_series(text: str) -> set[str]:
+    """The fleetserve_* series names a chart file spells, outside its YAML and Go comments."""
+    text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", text, flags=re.DOTALL)
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return set(re.findall(r"\bfleetserve_[a-z0-9_]+", code))
+
+
+def test_every_metric_name_in_the_chart_sources_is_exported() -> None:
+    """The rule template and every dashboard file, unrendered, spell only exported series.
+
+    Reading the sources covers every template branch and dashboard file, so renaming a runtime
+    or operator metric breaks the chart here, not on a pager.
+    """
+    from fleetserve_operator.metrics import OperatorMetrics
+    from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+
+    snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {})
+    runtime = RuntimeMetrics(model="m", track="stable", snapshot=lambda: snapshot)
+    known = exposed_names(runtime.registry) | exposed_names(OperatorMetrics().registry)
+    sources = [
+        CHART / "templates" / "prometheusrule.yaml",
+        *sorted(CHART.glob("dashboards/*.json")),
+    ]
+    assert len(sources) > 1, "no dashboard found"
+    for source in sources:
+        used = spelled_series(source.read_text())
+        assert used, f"no fleetserve_* series in {source.name}"
+        assert used <= known, f"{source.name} spells unexported series: {sorted(used - known)}"

@@ -234,3 +234,140 @@ def test_stable_error_ratio_for_fallback() -> None:
     assert analysis.read_stable_error_ratio(ScriptedMetricSource({query: 0.4}), STABLE, "1m") == 0.4
     failing = ScriptedMetricSource(failing={query})
     assert analysis.read_stable_error_ratio(failing, STABLE, "1m") is None
+
+
+BOUNDED = {"name": "c", "query": 'c{m="$model",t="$track"}', "min": 1, "max": 2}
+BOUNDED_QUERY = 'c{m="demo",t="canary"}'
+
+
+def bounded_spec(**knobs: Any) -> AnalysisSpec:
+    """SPEC with one custom check held between 1 and 2."""
+    return AnalysisSpec.model_validate(
+        {"prometheusUrl": "http://p:9090", "maxP99LatencyMs": 500, "checks": [BOUNDED]} | knobs
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "outcome"),
+    [
+        pytest.param(1.0, "Passed", id="at-min"),
+        pytest.param(2.0, "Passed", id="at-max"),
+        pytest.param(0.5, "Failed", id="below"),
+        pytest.param(2.5, "Failed", id="above"),
+    ],
+)
+def test_bounds_are_inclusive(value: float, outcome: str) -> None:
+    """A value on a bound passes; `$model` and `$track` name the canary's series."""
+    source = scripted()
+    source.values[BOUNDED_QUERY] = value
+    result = evaluate(source, bounded_spec(), TARGET)
+    check = next(c for c in result.checks if c.name == "c")
+    assert (check.value, check.min, check.max, check.outcome) == (value, 1, 2, outcome)
+    assert result.requests == 500
+
+
+def test_failure_message_names_every_failed_check_and_both_bounds() -> None:
+    """The message lists each failed check with its value and bounds, joined by '; '."""
+    source = scripted(errors=0.2)
+    source.values[BOUNDED_QUERY] = 3.0
+    spec = bounded_spec(maxErrorRate=0.05)
+    result = evaluate(source, spec, TARGET)
+    assert result.verdict == "Failed"
+    assert result.message == "error-rate 0.2 (wanted <= 0.05); c 3 (wanted >= 1 and <= 2)"
+
+
+@pytest.mark.parametrize(
+    ("failing", "outcome"),
+    [
+        pytest.param(True, "QueryError", id="query-error"),
+        pytest.param(False, "NoData", id="no-data"),
+    ],
+)
+def test_a_check_without_a_value_keeps_its_bounds(failing: bool, outcome: str) -> None:
+    """A check with no value still records the bounds it would have been held to."""
+    source = scripted()
+    if failing:
+        source.failing.add(BOUNDED_QUERY)
+    result = evaluate(source, bounded_spec(), TARGET)
+    check = next(c for c in result.checks if c.name == "c")
+    assert (check.value, check.min, check.max, check.outcome) == (None, 1, 2, outcome)
+
+
+@pytest.mark.parametrize(
+    ("requests", "verdict", "message"),
+    [
+        pytest.param(20.0, "Passed", "", id="exactly-min-requests"),
+        pytest.param(19.0, "Inconclusive", "19 canary requests in 1m, fewer than 20", id="fewer"),
+        pytest.param(None, "Inconclusive", "0 canary requests in 1m, fewer than 20", id="none"),
+    ],
+)
+def test_min_requests_is_enough_and_the_count_is_recorded(
+    requests: float | None, verdict: str, message: str
+) -> None:
+    """`minRequests` requests give a verdict; fewer say how many there were."""
+    result = evaluate(scripted(requests=requests), SPEC, TARGET)
+    assert (result.verdict, result.requests) == (verdict, requests)
+    if message:
+        assert result.message == message
+
+
+def test_target_compares_the_two_tracks_of_one_service() -> None:
+    """Both scopes read this service's series; before any stable version, the stable's is ''."""
+    spec = make_spec(model={"name": "enc", "version": "2", "uri": "builtin://synthetic"})
+    target = target_for(spec, InferenceServiceStatus(canary_weight=5), namespace="team")
+    assert target.canary == TrackScope("team", "enc", "2", Track.CANARY)
+    assert target.stable == TrackScope("team", "enc", "", Track.STABLE)
+
+
+@pytest.mark.parametrize(
+    ("knob", "overrides", "check", "bound"),
+    [
+        pytest.param(
+            "maxQueueWaitRatioVsStable",
+            {"queue": 40.0, "stable_queue": 10.0},
+            "queue-wait-p99-vs-stable",
+            40.0,
+            id="queue-wait",
+        ),
+        pytest.param(
+            "maxRejectionRatioVsStable",
+            {"rejections": 0.4, "stable_rejections": 0.1},
+            "rejection-ratio-vs-stable",
+            0.4,
+            id="rejections",
+        ),
+    ],
+)
+def test_ratio_knobs_set_the_bound_against_stable(
+    knob: str, overrides: dict[str, float], check: str, bound: float
+) -> None:
+    """A canary 4x stable fails the default ratio (2) and passes when the knob allows 4."""
+    source = scripted(**overrides)
+    assert evaluate(source, SPEC, TARGET).verdict == "Failed"
+    relaxed = AnalysisSpec.model_validate(
+        {"prometheusUrl": "http://p:9090", "maxP99LatencyMs": 500, knob: 4}
+    )
+    result = evaluate(scripted(**overrides), relaxed, TARGET)
+    outcome = next(c for c in result.checks if c.name == check)
+    assert result.verdict == "Passed"
+    assert outcome.max == pytest.approx(bound)
+
+
+def test_a_lower_bound_alone_is_described_alone() -> None:
+    """A check with only `min` says so, without an empty upper bound."""
+    check = {"name": "warm", "query": "w", "min": 1}
+    spec = AnalysisSpec.model_validate({"prometheusUrl": "http://p:9090", "checks": [check]})
+    source = scripted()
+    source.values["w"] = 0.0
+    assert evaluate(source, spec, TARGET).message == "warm 0 (wanted >= 1)"
+
+
+def test_inconclusive_results_say_why() -> None:
+    """Prometheus down and a failed query each leave a readable message."""
+    down = scripted()
+    down.online = False
+    assert evaluate(down, SPEC, TARGET).message == "Prometheus did not answer"
+    broken = scripted()
+    broken.failing.add(requests_query(CANARY, "1m"))
+    message = evaluate(broken, SPEC, TARGET).message
+    assert message == f"scripted failure: {requests_query(CANARY, '1m')}"

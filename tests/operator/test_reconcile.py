@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from fleetserve_operator import naming
 from fleetserve_operator.reconcile import (
+    APPLIED_HASH_ANNOTATION,
     INFERENCE_PATHS,
     Owner,
     child_key,
     desired_children,
+    is_controlled_by,
     is_drifted,
     needs_write,
     stale_children,
@@ -296,3 +299,128 @@ def test_a_child_is_written_until_the_operator_applied_it(
         {"manager": manager, "operation": operation} for manager, operation in managers
     ]}}  # fmt: skip
     assert needs_write(child, observed) is written
+
+
+def test_every_child_is_owned_for_garbage_collection_and_has_its_api_shape() -> None:
+    """Each child names its API and carries the controller owner reference.
+
+    The garbage collector and `is_controlled_by` read that reference; Deployments roll
+    without dropping a request.
+    """
+    children = _children(traffic=GATEWAY, fallback={"enabled": True})
+    reference = {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "name": "demo",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    api = {"Deployment": "apps/v1", "Service": "v1", "HTTPRoute": "gateway.networking.k8s.io/v1"}
+    for (kind, _), child in children.items():
+        assert child["apiVersion"] == api[kind]
+        assert child["metadata"]["ownerReferences"] == [reference]
+    for track in ("stable", "fallback"):
+        deployment = children[("Deployment", f"demo-{track}")]["spec"]
+        assert deployment["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        assert deployment["revisionHistoryLimit"] == 3
+        assert deployment["selector"]["matchLabels"] == naming.selector("demo", naming.Track(track))
+
+
+def test_track_services_carry_their_track_labels() -> None:
+    """A track's Service is labelled with its track and pool; the umbrella Service with none."""
+    children = _children(traffic=GATEWAY, fallback={"enabled": True})
+    for track in (naming.Track.STABLE, naming.Track.FALLBACK):
+        labels = children[("Service", f"demo-{track.value}")]["metadata"]["labels"]
+        assert labels == naming.labels("demo", track)
+    assert children[("Service", "demo")]["metadata"]["labels"] == naming.labels("demo")
+
+
+def test_stable_keeps_its_spec_but_takes_replica_bounds_from_the_current_one() -> None:
+    """Mid-rollout the stable track runs status.rollout.stableSpec, sized by today's spec."""
+    old = make_spec(runtime={"replicas": {"min": 1, "max": 1}}, fallback={"enabled": True})
+    new = make_spec(
+        model={"name": "demo", "version": "2", "uri": "builtin://synthetic"},
+        runtime={"replicas": {"min": 3, "max": 3}},
+        fallback={"enabled": True},
+    )
+    status = InferenceServiceStatus.model_validate(
+        {"phase": "Succeeded", "rollout": {"stableSpec": old.gpu_track.model_dump(by_alias=True)}}
+    )
+    children = {child_key(c): c for c in desired_children(OWNER, new, status)}
+    stable = children[("Deployment", "demo-stable")]
+    assert stable["spec"]["replicas"] == 3
+    version = stable["metadata"]["labels"][naming.MODEL_VERSION_LABEL]
+    assert version == old.model.version
+    fallback = children[("Deployment", "demo-fallback")]
+    assert fallback["metadata"]["labels"][naming.MODEL_VERSION_LABEL] == old.model.version
+
+
+def test_track_services_and_route_reach_the_pods_named_http_port() -> None:
+    """Each track Service selects its track's pods on their `http` port.
+
+    The HTTPRoute sends to those Services on the spec's port.
+    """
+    port = 8080
+    children = _children(traffic=GATEWAY | {"port": port}, fallback={"enabled": True})
+    for track in (naming.Track.STABLE, naming.Track.FALLBACK):
+        service = children[("Service", f"demo-{track.value}")]["spec"]
+        assert service == {
+            "type": "ClusterIP",
+            "selector": naming.selector("demo", track),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        }
+    route = children[("HTTPRoute", "demo")]
+    assert route["metadata"]["labels"] == naming.labels("demo")
+    ports = {ref["port"] for ref in route["spec"]["rules"][0]["backendRefs"]}
+    assert ports == {port}
+
+
+def test_every_child_records_what_the_operator_applied() -> None:
+    """The applied-hash annotation is stable for the same spec and moves with any change."""
+    first = _children(traffic=GATEWAY)
+    again = _children(traffic=GATEWAY)
+    changed = _children(traffic=GATEWAY, runtime={"threads": 3})
+    hashes = {
+        key: child["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
+        for key, child in first.items()
+    }
+    assert all(re.fullmatch(r"[0-9a-f]{16}", digest) for digest in hashes.values())
+    assert hashes == {
+        key: child["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
+        for key, child in again.items()
+    }
+    stable = changed[("Deployment", "demo-stable")]["metadata"]["annotations"]
+    assert stable[APPLIED_HASH_ANNOTATION] != hashes[("Deployment", "demo-stable")]
+
+
+def test_a_controller_reference_to_another_object_is_not_ours() -> None:
+    """Only a controller reference with our uid makes a child ours."""
+    theirs = {"uid": "uid-other", "controller": True}
+    ours_not_controller = {"uid": OWNER.uid, "controller": False}
+    for ref in (theirs, ours_not_controller):
+        assert not is_controlled_by(OWNER, {"metadata": {"ownerReferences": [ref]}})
+    mine = {"metadata": {"ownerReferences": [{"uid": OWNER.uid, "controller": True}]}}
+    assert is_controlled_by(OWNER, mine)
+
+
+def test_an_autoscaled_canary_is_sized_from_the_observed_stable() -> None:
+    """With an autoscaler the stable count is left alone and the canary follows what runs."""
+    spec = make_spec(runtime={"replicas": {"min": 2, "max": 10}})
+    status = InferenceServiceStatus(phase="Progressing", canary_weight=50)
+    children = {
+        child_key(c): c for c in desired_children(OWNER, spec, status, observed_stable_replicas=6)
+    }
+    assert "replicas" not in children[("Deployment", "demo-stable")]["spec"]
+    assert children[("Deployment", "demo-canary")]["spec"]["replicas"] == 3
+
+
+def test_fallback_pods_take_the_fallback_tolerations() -> None:
+    """The CPU pool's tolerations are the fallback's own, not the GPU tracks'."""
+    toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+    children = _children(fallback={"enabled": True, "tolerations": [toleration]})
+    pod = children[("Deployment", "demo-fallback")]["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [toleration]
