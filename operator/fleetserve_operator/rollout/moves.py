@@ -117,13 +117,14 @@ def refuse(t: Tick) -> Step:
 def adopt(t: Tick) -> Step:
     """First deploy (or first sight): the spec becomes stable's, with no canary."""
     gpu = t.spec.gpu_track
-    status = t.status.model_copy(
-        update={"phase": settled_phase(t, gpu.digest)}
-        | with_rollout(
-            t.status, stable_spec=gpu, stable_hash=gpu.digest, spec_hash=None, message=""
-        )
+    phase = settled_phase(t, gpu.digest)
+    update: dict[str, Any] = {"phase": phase} | with_rollout(
+        t.status, stable_spec=gpu, stable_hash=gpu.digest, spec_hash=None, message=""
     )
-    return Step(status)
+    # As `settle` does: the next rollout's analysis finds stable's series by this version.
+    if phase is P.SUCCEEDED:
+        update["stable_version"] = gpu.model.version
+    return Step(t.status.model_copy(update=update))
 
 
 def settle(t: Tick) -> Step:
