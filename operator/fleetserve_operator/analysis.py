@@ -1,16 +1,16 @@
 """Metric reads from Prometheus behind a small `MetricSource` protocol, and canary analysis.
 
 `sync` reads the runtime's measured memory figures here for the memory-budget check. For a
-rollout (issue 5) it asks `rollout.analysis_target` whether an analysis is due and, if so,
-calls `evaluate`, which compares the canary with the stable track by the `track` label over
-one window and returns an `AnalysisResult` for `rollout.next_step`. Tests feed numbers through
-`testing.FakeMetricSource`/`ScriptedMetricSource` instead of a Prometheus.
+rollout it asks `rollout.is_analysis_due` whether an analysis is due and, if so, builds the
+`target_for` the canary and calls `evaluate`, which compares the canary with the stable track by
+the `track` label over one window and returns an `AnalysisResult` for `rollout.next_step`. Tests
+feed numbers through `testing.FakeMetricSource`/`ScriptedMetricSource` instead of a Prometheus.
 
-"No data" is its own outcome everywhere, never a failure (flagger counts "no values found"
-as a failed check; Argo errors on an empty result): a query with no series, or NaN, is
-`NoData`; an unreachable Prometheus or a failed query is `QueryError`/`PrometheusDown`; both
-make the analysis inconclusive. Fewer than `minRequests` canary requests is inconclusive too,
-so a 1% step with little traffic never passes on noise.
+"No data" is its own outcome everywhere, never a failure (flagger counts "no values found" as a
+failed check; Argo errors on an empty result): a query with no series, or NaN, is `NoData`; an
+unreachable Prometheus or a failed query is `QueryError`/`PrometheusDown`; both make the
+analysis inconclusive. Fewer than `minRequests` canary requests is inconclusive too, so a 1%
+step with little traffic never passes on noise.
 """
 
 from __future__ import annotations

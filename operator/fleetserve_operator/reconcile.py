@@ -1,13 +1,13 @@
 """Pure reconciliation: an InferenceService's spec and status → the child objects it needs.
 
-`handlers` calls `desired_children` and hands the result to `kube` for server-side apply;
-nothing here talks to the cluster. Children are plain dicts in the API's own shape, carrying
-only the fields the operator owns (server-side apply leaves every other field to its owner).
-Everything that changes during a rollout (issue 5) is rendered from `status`, which
-`rollout.next_step` wrote: the stable track runs `status.rollout.stableSpec`, the canary
-exists only while a rollout is active, replica counts follow `rollout.plan_capacity` and
-HTTPRoute weights `rollout.traffic_split`. The HTTPRoute exposes only the inference paths of
-`INFERENCE_PATHS`, never the runtime's admin endpoints.
+`sync` calls `desired_children` and writes the result through `kube` (create-only for new
+children, server-side apply for the operator's own); nothing here talks to the cluster. Children
+are plain dicts in the API's own shape, carrying only the fields the operator owns (server-side
+apply leaves every other field to its owner). Everything that changes during a rollout is
+rendered from `status`, which `rollout.next_step` wrote: the stable track runs
+`status.rollout.stableSpec`, the canary exists only while a rollout is active, replica counts
+follow `rollout.plan_capacity` and HTTPRoute weights `rollout.traffic_split`. The HTTPRoute
+exposes only the inference paths of `INFERENCE_PATHS`, never the runtime's admin endpoints.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure rollout state machine (issue 5): spec, status, observed facts and clock → transition.
+"""Pure rollout state machine: spec, status, observed facts and clock → transition.
 
 `sync` calls `next_step` on every reconcile of an InferenceService (spec change, child event,
 the resync timer). When `is_analysis_due` says so, it first runs `analysis.evaluate` and puts

@@ -1,4 +1,4 @@
-"""How versions reach users: rollout steps, metric analysis (issue 5) and traffic routing."""
+"""How versions reach users: rollout steps, metric analysis and traffic routing."""
 
 from __future__ import annotations
 
