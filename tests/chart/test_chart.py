@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
 from fleetserve_operator.spec import ConditionType, RolloutPhase
 
@@ -280,34 +279,11 @@ def test_schema_rejects_bad_values(values: list[str], message: str) -> None:
         assert message in proc.stderr + proc.stdout
 
 
-def exposed_names(registry: CollectorRegistry) -> set[str]:
-    """Every series name a registry exposes, with the suffixes of its metric types."""
-    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
-    return {
-        family.name + suffix
-        for family in registry.collect()
-        for suffix in suffixes.get(family.type, [""])
-    }
-
-
 def queries() -> str:
     """The PromQL of the PrometheusRule and the dashboard, as text."""
     manifests = render(*ALL_FEATURES)
     dashboard = only(manifests, "ConfigMap", "fs-fleetserve-dashboard")["data"]
     return json.dumps(only(manifests, "PrometheusRule")["spec"]) + str(dashboard["fleetserve.json"])
-
-
-def test_alerts_and_dashboard_use_real_metric_names() -> None:
-    """Each fleetserve_* series queried is exported by the runtime or the operator."""
-    from fleetserve_operator.metrics import OperatorMetrics
-    from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
-
-    snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {})
-    runtime = RuntimeMetrics(model="m", track="stable", snapshot=lambda: snapshot)
-    known = exposed_names(runtime.registry) | exposed_names(OperatorMetrics().registry)
-    used = set(re.findall(r"\bfleetserve_[a-z_]+", queries()))
-    assert used, "no fleetserve_* series found"
-    assert used <= known, f"not exported: {sorted(used - known)}"
 
 
 def test_alerts_and_dashboard_match_real_phases_and_conditions() -> None:
@@ -489,33 +465,3 @@ def test_runtime_namespaces_override_the_watched_ones() -> None:
     )  # fmt: skip
     runtime = [m for m in manifests if m["metadata"]["name"] == "fs-fleetserve-runtime"]
     assert [m["metadata"]["namespace"] for m in runtime] == ["ml"]
-
-
-def spelled_series(text: str) -> set[str]:
-    """The fleetserve_* series names a chart file spells, outside its YAML and Go comments."""
-    text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", text, flags=re.DOTALL)
-    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    return set(re.findall(r"\bfleetserve_[a-z0-9_]+", code))
-
-
-def test_every_metric_name_in_the_chart_sources_is_exported() -> None:
-    """The rule template and every dashboard file, unrendered, spell only exported series.
-
-    Reading the sources covers every template branch and dashboard file, so renaming a runtime
-    or operator metric breaks the chart here, not on a pager.
-    """
-    from fleetserve_operator.metrics import OperatorMetrics
-    from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
-
-    snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {})
-    runtime = RuntimeMetrics(model="m", track="stable", snapshot=lambda: snapshot)
-    known = exposed_names(runtime.registry) | exposed_names(OperatorMetrics().registry)
-    sources = [
-        CHART / "templates" / "prometheusrule.yaml",
-        *sorted(CHART.glob("dashboards/*.json")),
-    ]
-    assert len(sources) > 1, "no dashboard found"
-    for source in sources:
-        used = spelled_series(source.read_text())
-        assert used, f"no fleetserve_* series in {source.name}"
-        assert used <= known, f"{source.name} spells unexported series: {sorted(used - known)}"
