@@ -284,19 +284,25 @@ def _never_queried(url: str) -> MetricSource:
     raise AssertionError(f"{url} was to be queried")
 
 
-def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> None:
-    """First reconcile, no rollout, no memory check due: InvalidSpec naming the field at once.
-
-    Nothing is created and no metric source is made for the URL.
-    """
+def _allowlisted_sync(prometheus_url: str) -> tuple[FakeKube, Sync]:
+    """A service analysed on `prometheus_url`, and a Sync holding the test allowlist."""
     kube = FakeKube()
-    kube.add_service(_analysed_service("http://metadata.internal/"))
+    kube.add_service(_analysed_service(prometheus_url))
     sync = Sync(
         kube,
         metrics=OperatorMetrics(),
         prometheus_allowlist=PrometheusAllowlist(ALLOWED),
         metric_source=_never_queried,
     )
+    return kube, sync
+
+
+def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> None:
+    """First reconcile, no rollout, no memory check due: InvalidSpec naming the field at once.
+
+    Nothing is created and no metric source is made for the URL.
+    """
+    kube, sync = _allowlisted_sync("http://metadata.internal/")
     error = sync.run_by_name("ns", "demo", trigger="create")
     assert isinstance(error, InvalidSpec)
     assert error.field == PROMETHEUS_URL_FIELD
@@ -313,13 +319,6 @@ def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> Non
 
 def test_an_allowlisted_url_passes_the_parse() -> None:
     """The same service naming an allowed URL deploys (and is not queried before it is due)."""
-    kube = FakeKube()
-    kube.add_service(_analysed_service("http://prometheus.monitoring:9090/"))
-    sync = Sync(
-        kube,
-        metrics=OperatorMetrics(),
-        prometheus_allowlist=PrometheusAllowlist(ALLOWED),
-        metric_source=_never_queried,
-    )
+    kube, sync = _allowlisted_sync("http://prometheus.monitoring:9090/")
     assert sync.run_by_name("ns", "demo", trigger="create") is None
     assert ("create", "Deployment", "demo-stable") in kube.writes
