@@ -3,6 +3,13 @@
 Counters and histograms are updated on the request path; gauges that mirror state (queue
 depth, in-flight, memory, buffer pool) are read at scrape time by `StateCollector`, so the hot
 path never pays for them. Each `Runtime` owns its own `CollectorRegistry`.
+
+Every series a canary analysis reads (`fleetserve_requests_total` for each status code the
+runtime answers, the request-duration and queue-wait histograms) exists at 0 for each loaded
+version before its first request: `declare_version`, run for every loaded version by the
+first collector of each scrape. Prometheus's `increase()` counts nothing before a series'
+first sample, so a `code="500"` series born at 1 on the first error would hide that error
+from every check (the instrumentation rule for label values known in advance).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["LATENCY_BUCKETS_S", "RuntimeMetrics", "StateSnapshot"]
+__all__ = ["ANSWERED_CODES", "LATENCY_BUCKETS_S", "RuntimeMetrics", "StateSnapshot"]
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -22,6 +29,8 @@ LATENCY_BUCKETS_S = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512)
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 LABELS = ("model", "version", "track")
+ANSWERED_CODES = (200, 400, 401, 403, 404, 408, 413, 415, 500, 503, 504)
+"""Every HTTP status the runtime answers with (`api.STATUS_OF` and success), declared at 0."""
 ALLOCATED_DOC = "Bytes allocated: the CUDA allocator's figure, or weights + leased buffers on CPU."
 RESERVED_DOC = "Bytes reserved: the CUDA caching allocator's, or allocated + pooled buffers on CPU."
 STALLED_DOC = "1 while the running batch is past its stuck limit and liveness fails, else 0."
@@ -111,6 +120,28 @@ class StateCollector(Collector):
             yield family
 
 
+class LoadedVersionsCollector(Collector):
+    """Declares the analysed series of every loaded version; yields no metric itself.
+
+    Registered before the counters and histograms, so the scrape that first lists a
+    version already carries its series, at 0.
+    """
+
+    def __init__(self, metrics: RuntimeMetrics, snapshot: Callable[[], StateSnapshot]) -> None:
+        self._metrics = metrics
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        """Nothing to describe: this collector only creates the other collectors' series."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Declare each loaded version's series (idempotent), then yield nothing."""
+        for version in self._snapshot().models:
+            self._metrics.declare_version(version)
+        return iter(())
+
+
 class RuntimeMetrics:
     """The runtime's metric objects and the few methods the request path calls."""
 
@@ -118,7 +149,9 @@ class RuntimeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._model = model
         self._track = track
+        self._declared: set[str] = set()
         reg = self.registry
+        reg.register(LoadedVersionsCollector(self, snapshot))
         self.requests = Counter(
             "fleetserve_requests", "Requests answered, by status code.",
             [*LABELS, "code"], registry=reg,
@@ -168,6 +201,21 @@ class RuntimeMetrics:
     def labels(self, version: str) -> tuple[str, str, str]:
         """The (model, version, track) label values for `version`."""
         return (self._model, version, self._track)
+
+    def declare_version(self, version: str) -> None:
+        """Create `version`'s analysed series at 0; existing ones keep their counts.
+
+        The series: a request count per answered status code, and the request-duration
+        and queue-wait histograms.
+        """
+        if version in self._declared:
+            return
+        labels = self.labels(version)
+        for code in ANSWERED_CODES:
+            self.requests.labels(*labels, str(code))
+        self.request_seconds.labels(*labels)
+        self.queue_wait_seconds.labels(*labels)
+        self._declared.add(version)
 
     def observe_request(self, version: str, code: int, seconds: float) -> None:
         """Count one answered request and its latency."""
