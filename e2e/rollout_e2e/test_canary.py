@@ -2,8 +2,10 @@
 
 Each test runs the operator under its RBAC role with a 0.5 s rollout timer, one synthetic
 runtime process per track, 4 s steps judged on a 4 s window, and `LoadDriver` playing the
-gateway by the HTTPRoute's weights. (b) prints `time_to_rollback_s=<seconds>`: from the
-first request the canary answered with a 5xx to the route's canary weight 0.
+gateway by the HTTPRoute's weights. (b) and (b2) print `time_to_rollback_s=<seconds>`: from
+the first request the canary answered with a 5xx to the route's canary weight 0, in
+threshold and in sequential mode; (b2) also prints `intervals=` (that time / the interval).
+Prometheus scrapes every second here, so sequential mode sees a new increment each second.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from opkit import synthetic_service
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,15 +35,19 @@ from fleetserve_e2e.waiting import wait_until
 NAME = "demo"
 BASE_LATENCY_MS = 20
 STEPS = [20, 50, 100]
+INTERVAL_S = 4.0
 ROLLOUT_S = 120.0
 # The operator's per-InferenceService gauges (README, "Operator metrics").
 PHASE = "fleetserve_operator_inferenceservice_phase"
 CANARY_WEIGHT = "fleetserve_operator_canary_weight_percent"
 
 
-def _service(prometheus: LocalPrometheus, **sections: Any) -> dict[str, Any]:
+def _service(
+    prometheus: LocalPrometheus, mode: str = "threshold", **sections: Any
+) -> dict[str, Any]:
     """One synthetic replica, gateway-api traffic, 4 s steps analysed on 4 s of metrics."""
     analysis = {
+        "mode": mode,
         "prometheusUrl": prometheus.url,
         "window": "4s",
         "minRequests": 5,
@@ -53,7 +60,12 @@ def _service(prometheus: LocalPrometheus, **sections: Any) -> dict[str, Any]:
         NAME,
         model=_model("1"),
         traffic={"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]},
-        rollout={"steps": STEPS, "interval": "4s", "progressDeadline": "2m", "analysis": analysis},
+        rollout={
+            "steps": STEPS,
+            "interval": f"{INTERVAL_S:g}s",
+            "progressDeadline": "2m",
+            "analysis": analysis,
+        },
         **sections,
     )
 
@@ -77,9 +89,13 @@ def _wait_phase(kube: KubeClient, namespace: str, phase: str, timeout_s: float) 
 
 
 def _deploy(
-    kube: KubeClient, namespace: str, prometheus: LocalPrometheus, **sections: Any
+    kube: KubeClient,
+    namespace: str,
+    prometheus: LocalPrometheus,
+    mode: str = "threshold",
+    **sections: Any,
 ) -> dict[str, Any]:
-    kube.create(fsvc_path(namespace), _service(prometheus, **sections))
+    kube.create(fsvc_path(namespace), _service(prometheus, mode, **sections))
     return wait_until(
         lambda: (
             (s := _status(kube, namespace)).get("stableVersion") == "1"
@@ -160,16 +176,21 @@ def _rolled_back(
     return status
 
 
+@pytest.mark.parametrize("mode", ["threshold", "sequential"])
 def test_a_healthy_version_is_promoted(
     kube: KubeClient,
     namespace: str,
     local_prometheus: LocalPrometheus,
     local_cluster: LocalCluster,
     rollout_operator: Callable[[], OperatorProcess],
+    mode: str,
 ) -> None:
-    """(a) Version 2 passes every step, is promoted to 100% and becomes stable."""
+    """(a) Version 2, as good as version 1, passes every step, is promoted and is stable.
+
+    In sequential mode every passed analysis shows each test's e-value under its 1/α.
+    """
     operator = rollout_operator()
-    _deploy(kube, namespace, local_prometheus)
+    _deploy(kube, namespace, local_prometheus, mode)
     gauged: set[float | None] = set()
 
     def promoted() -> dict[str, Any] | None:
@@ -201,6 +222,13 @@ def test_a_healthy_version_is_promoted(
     _wait_gauge(operator, PHASE, namespace, 1.0, phase="Succeeded")
     assert load.by_track("canary"), "no request reached the canary"
     assert all(r.status == 200 for r in load.records), "a request failed"
+    if mode == "sequential":
+        for result in passed:
+            tests = [c for c in result["checks"] if "eValue" in c]
+            assert {c["name"] for c in tests} == {"error-rate-vs-stable", "latency-vs-stable"}
+            assert all(c["eValue"] < c["threshold"] == 200 for c in tests), result
+        evidence = status["rollout"]["evidence"]
+        assert all(c["samples"] > 0 and not c.get("rejected") for c in evidence["checks"])
 
 
 def test_b_an_erroring_version_is_rolled_back(
@@ -234,24 +262,107 @@ def test_b_an_erroring_version_is_rolled_back(
     withdrawn = next(
         s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
     )
-    # On a line of its own: `make e2e-rollout` greps it and prints it last.
-    print(f"\ntime_to_rollback_s={withdrawn - first_bad:.2f}")
+    print(f"\nthreshold mode: time_to_rollback_s={withdrawn - first_bad:.2f}")
 
 
-def test_c_a_slow_version_is_rolled_back(
+def test_b2_sequential_mode_rolls_an_erroring_version_back_within_one_interval(
     kube: KubeClient,
     namespace: str,
     local_prometheus: LocalPrometheus,
     local_cluster: LocalCluster,
     rollout_operator: Callable[[], OperatorProcess],
 ) -> None:
-    """(c) 3x latency, no errors: the p99-vs-stable check rolls it back."""
+    """(b2) 20% errors, sequential mode: weight 0 within one interval of the first error.
+
+    The error test rejects at the look after its e-value crosses 1/α; the Event
+    `AnalysisRejected` and the evidence in status say so.
+    """
     operator = rollout_operator()
+    _deploy(kube, namespace, local_prometheus, "sequential")
+    # The test needs a few canary errors to reject: 100 requests/s make them come in ~1 s.
+    with LoadDriver(local_cluster, namespace, NAME, NAME, rate_rps=100.0) as load:
+        _roll_out(kube, namespace, _model("2", error_rate=0.2))
+        status = _rolled_back(kube, namespace, operator, load)
+    assert "error-rate-vs-stable e-value" in status["rollout"]["message"]
+    assert "AnalysisRejected" in _events(kube, namespace)
+    checks = {c["name"]: c for c in status["rollout"]["evidence"]["checks"]}
+    assert checks["error-rate-vs-stable"]["rejected"] is True
+    assert checks["error-rate-vs-stable"]["eValue"] >= checks["error-rate-vs-stable"]["threshold"]
+    bad = [r for r in load.records if r.is_server_error]
+    assert {r.track for r in bad} == {"canary"}
+    first_bad = min(r.time for r in bad)
+    withdrawn = next(
+        s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
+    )
+    elapsed = withdrawn - first_bad
+    # On lines of their own: `make e2e-rollout` greps the last time_to_rollback_s.
+    print(f"\ntime_to_rollback_s={elapsed:.2f}\nintervals={elapsed / INTERVAL_S:.2f}")
+    assert elapsed <= INTERVAL_S
+
+
+def test_b3_a_fresh_canarys_first_error_is_counted_by_increase(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """(b3) The canary's 5xx series exist at 0 before its first error, so increase() sees it.
+
+    A series born at 1 on the first error would read an increase of 0 in every window.
+    """
+    rollout_operator()
     _deploy(kube, namespace, local_prometheus)
+    _roll_out(kube, namespace, _model("2", error_rate=1.0))
+    pod = wait_until(
+        lambda: next(
+            (p for p in local_cluster.pod_addresses()
+             if p.namespace == namespace and p.labels.get(TRACK_LABEL) == "canary" and p.ready),
+            None,
+        ),
+        timeout_s=90.0,
+        what="a ready canary pod",
+    )  # fmt: skip
+    canary = f'namespace="{namespace}",track="canary",version="2"'
+    wait_until(
+        lambda: local_prometheus.query(f"fleetserve_model_load_seconds{{{canary}}}") or None,
+        timeout_s=30.0,
+        what="Prometheus to scrape the loaded canary",
+    )
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}
+    answer = httpx.post(f"{pod.url}/v2/models/{NAME}/infer", json=body, timeout=10.0,
+                        trust_env=False)  # fmt: skip
+    assert answer.status_code == 500
+    errors = f'sum(increase(fleetserve_requests_total{{{canary},code=~"5.."}}[1m]))'
+
+    def counted() -> float | None:
+        result = local_prometheus.query(errors)
+        value = float(result[0]["value"][1]) if result else 0.0
+        return value if value >= 1.0 else None
+
+    assert wait_until(counted, timeout_s=15.0, what="the first error in increase()") >= 1.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "check"),
+    [("threshold", "p99-latency-vs-stable"), ("sequential", "latency-vs-stable e-value")],
+)
+def test_c_a_slow_version_is_rolled_back(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+    mode: str,
+    check: str,
+) -> None:
+    """(c) 3x latency, no errors: the p99-vs-stable check, or the latency test, rolls it back."""
+    operator = rollout_operator()
+    _deploy(kube, namespace, local_prometheus, mode)
     with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
         _roll_out(kube, namespace, _model("2", latency_ms=3 * BASE_LATENCY_MS))
         status = _rolled_back(kube, namespace, operator, load)
-    assert "p99-latency-vs-stable" in status["rollout"]["message"]
+    assert check in status["rollout"]["message"]
     assert not [r for r in load.records if r.is_server_error]
 
 

@@ -10,7 +10,8 @@ share a layer (`|`) do not import one another (import-linter checks this order):
 Prometheus; `metrics`: the operator's own); `facts`, `observe`, `reconcile`, `podspec` and
 `rollout` decide, without I/O; `spec` is the API; `records` holds the plain data the layers
 hand each other. Outside the chain: `crdgen` and `docgen` (they generate the CRD and the
-README's reference from `spec`) and `testing` (test doubles).
+README's reference from `spec`), `sequential` (the anytime-valid tests `analysis` runs:
+pure arithmetic, importing nothing of the operator) and `testing` (test doubles).
 """
 
 __version__ = "0.1.0"

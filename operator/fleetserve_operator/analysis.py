@@ -1,10 +1,18 @@
 """Metric reads from Prometheus behind a small `MetricSource` protocol, and canary analysis.
 
 `sync` reads the runtime's measured memory figures here for the memory-budget check. For a
-rollout it asks `rollout.is_analysis_due` whether an analysis is due and, if so, builds the
-`target_for` the canary and calls `evaluate`, which compares the canary with the stable track by
-the `track` label over one window and returns an `AnalysisResult` for `rollout.next_step`. Tests
-feed numbers through `testing.FakeMetricSource`/`ScriptedMetricSource` instead of a Prometheus.
+rollout it builds the `target_for` the canary, which compares the canary with the stable
+track by the `track` label, and then, by `analysis.mode`:
+
+- `threshold`: when `rollout.is_analysis_due` says an interval has passed, `evaluate` judges
+  one window against fixed bounds and returns an `AnalysisResult` for `rollout.next_step`;
+- `sequential`: at every look (`rollout.is_watching`), `watch` reads both tracks' cumulative
+  counters (`read_counts`), feeds the increases since the last look into the anytime-valid
+  tests of `sequential` (`accumulate`, pure) and returns the new `Evidence`, with an
+  `AnalysisResult` when a test rejected (a Failed verdict at once) or the interval is over.
+
+Tests feed numbers through `testing.FakeMetricSource`/`ScriptedMetricSource` instead of a
+Prometheus.
 
 "No data" is its own outcome everywhere, never a failure (flagger counts "no values found" as a
 failed check; Argo errors on an empty result): a query with no series, or NaN, is `NoData`; an
@@ -25,6 +33,7 @@ import requests
 import urllib3
 
 from fleetserve_operator.contract import (
+    LATENCY_BOUNDS_S,
     QUEUE_WAIT_METRIC,
     REQUEST_DURATION_METRIC,
     REQUESTS_METRIC,
@@ -33,19 +42,25 @@ from fleetserve_operator.contract import (
 from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import MemoryFigures
+from fleetserve_operator.sequential import CountTest, Increment, exceedances
 from fleetserve_operator.spec import (
     AnalysisResult,
     AnalysisSpec,
+    CheckEvidence,
     CheckOutcome,
     CheckResult,
+    Evidence,
     InconclusiveReason,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    TrackCounts,
     Verdict,
     parse_duration_s,
 )
 
 __all__ = [
+    "ERROR_TEST",
+    "LATENCY_TEST",
     "REJECTIONS",
     "SERVER_ERRORS",
     "AnalysisTarget",
@@ -58,11 +73,15 @@ __all__ = [
     "memory_query",
     "p99_ms_query",
     "plan_checks",
+    "accumulate",
     "promql_duration",
+    "read_counts",
     "read_memory_figures",
     "read_stable_error_ratio",
     "requests_query",
+    "sequential_tests",
     "target_for",
+    "watch",
 ]
 
 SERVER_ERRORS = "5.."
@@ -74,6 +93,10 @@ class MetricSource(Protocol):
 
     def query(self, promql: str) -> float | None:
         """The single value of an instant query; None when it returns no series."""
+        ...
+
+    def query_by(self, promql: str, label: str) -> dict[str, float]:
+        """An instant query's series values by their `label` value; {} with no series."""
         ...
 
     def is_online(self) -> bool:
@@ -122,17 +145,35 @@ class PrometheusSource:
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._failure(f"request failed ({type(exc).__name__})") from None
 
-    def query(self, promql: str) -> float | None:
-        """The first series' value of `promql`; raises `MetricsUnavailable` on any failure."""
+    def _data(self, promql: str) -> Any:
+        """The `data` of an instant query's answer; raises `MetricsUnavailable` on failure."""
         status, body = self._get("/api/v1/query", {"query": promql})
         if status != HTTPStatus.OK:
             raise self._failure(f"answered HTTP {_status_text(status)}")
         if len(body) > self.MAX_BODY_BYTES:
             raise self._failure(f"answered more than {self.MAX_BODY_BYTES} bytes")
         try:
-            return _instant_value(json.loads(body)["data"])
+            return json.loads(body)["data"]
+        except (ValueError, KeyError, TypeError):
+            raise self._failure("answered HTTP 200 without an instant-query result") from None
+
+    def query(self, promql: str) -> float | None:
+        """The first series' value of `promql`; raises `MetricsUnavailable` on any failure."""
+        data = self._data(promql)
+        try:
+            return _instant_value(data)
         except (ValueError, KeyError, IndexError, TypeError):
             raise self._failure("answered HTTP 200 without an instant-query result") from None
+
+    def query_by(self, promql: str, label: str) -> dict[str, float]:
+        """Each series' value of `promql` by its `label`; raises `MetricsUnavailable`."""
+        data = self._data(promql)
+        try:
+            if data["resultType"] != "vector":
+                raise TypeError(data["resultType"])
+            return {str(s["metric"][label]): float(s["value"][1]) for s in data["result"]}
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise self._failure("answered HTTP 200 without an instant vector") from None
 
     def is_online(self) -> bool:
         """Whether Prometheus answers at all (its `/` redirects to the UI: that counts)."""
@@ -377,6 +418,12 @@ def _judge(source: MetricSource, planned: PlannedCheck) -> CheckResult:
 
 
 def _describe(check: CheckResult) -> str:
+    if check.e_value is not None and check.threshold is not None:
+        relation = ">=" if check.outcome is CheckOutcome.REJECTED else "<"
+        return (
+            f"{check.name} e-value {check.e_value:.4g} {relation} {check.threshold:.4g} "
+            f"after {check.samples or 0:.0f} canary requests"
+        )
     if check.value is None:
         return f"{check.name}: {check.outcome.value}"
     bounds = [f">= {check.min:.4g}" if check.min is not None else ""]
@@ -386,7 +433,7 @@ def _describe(check: CheckResult) -> str:
 
 def _verdict(checks: list[CheckResult], requests: float) -> AnalysisResult:
     """Failed on any definite violation; else inconclusive on any missing value; else passed."""
-    failed = [c for c in checks if c.outcome is CheckOutcome.FAILED]
+    failed = [c for c in checks if c.outcome in (CheckOutcome.FAILED, CheckOutcome.REJECTED)]
     missing = [c for c in checks if c.outcome in (CheckOutcome.NO_DATA, CheckOutcome.QUERY_ERROR)]
     if failed:
         verdict, reason, named = Verdict.FAILED, None, failed
@@ -435,3 +482,244 @@ def read_stable_error_ratio(source: MetricSource, scope: TrackScope, window: str
         return _value(source, code_ratio_query(scope, window, SERVER_ERRORS))
     except MetricsUnavailable:
         return None
+
+
+ERROR_TEST = "error-rate-vs-stable"
+LATENCY_TEST = "latency-vs-stable"
+
+
+def sequential_tests(spec: AnalysisSpec) -> dict[str, CountTest]:
+    """The built-in anytime-valid tests, each at level α / (number of tests).
+
+    Errors: 5xx answers, one event series. Latency: answers slower than each bucket bound
+    of the request-duration histogram, one series per bound.
+    """
+    alpha = spec.alpha / 2
+    return {
+        ERROR_TEST: CountTest(spec.error_tolerance, alpha),
+        LATENCY_TEST: CountTest(spec.latency_tolerance, alpha, series=len(LATENCY_BOUNDS_S)),
+    }
+
+
+def counts_queries(scope: TrackScope) -> tuple[str, str]:
+    """The track's cumulative requests by status code, and its latency buckets by `le`."""
+    selector = scope.selector()
+    return (
+        f"sum by (code) ({REQUESTS_METRIC}{{{selector}}})",
+        f"sum by (le) ({REQUEST_DURATION_METRIC}_bucket{{{selector}}})",
+    )
+
+
+def _ordered_buckets(by_le: dict[str, float]) -> list[float]:
+    """Cumulative counts at `LATENCY_BOUNDS_S`, `+Inf` last; [] unless every bound is there."""
+    by_bound: dict[float, float] = {}
+    for le, value in by_le.items():
+        try:
+            by_bound[float(le)] = value
+        except ValueError:
+            continue
+    wanted = [*LATENCY_BOUNDS_S, math.inf]
+    if not all(bound in by_bound for bound in wanted):
+        return []
+    return [by_bound[bound] for bound in wanted]
+
+
+def read_counts(source: MetricSource, scope: TrackScope) -> TrackCounts | None:
+    """The track's cumulative counters now (sums over its pods); None without a series.
+
+    Raises:
+        MetricsUnavailable: a query failed.
+    """
+    codes_query, buckets_query = counts_queries(scope)
+    by_code = source.query_by(codes_query, "code")
+    if not by_code:
+        return None
+    errors = sum(value for code, value in by_code.items() if code.startswith("5"))
+    buckets = _ordered_buckets(source.query_by(buckets_query, "le"))
+    return TrackCounts(requests=sum(by_code.values()), errors=errors, latency_buckets=buckets)
+
+
+def _went_back(before: TrackCounts, now: TrackCounts) -> bool:
+    """A counter sum decreased: a pod restarted or left, so this increment is unknown."""
+    pairs = [(before.requests, now.requests), (before.errors, now.errors)]
+    if len(before.latency_buckets) == len(now.latency_buckets):
+        pairs += list(zip(before.latency_buckets, now.latency_buckets, strict=True))
+    return any(after < prior for prior, after in pairs)
+
+
+def _latency_increment(
+    canary: tuple[TrackCounts, TrackCounts], stable: tuple[TrackCounts, TrackCounts]
+) -> Increment | None:
+    """Answers per track and answers slower than each bound, between two reads."""
+    deltas: list[list[float]] = []
+    for before, now in (canary, stable):
+        if not before.latency_buckets or len(before.latency_buckets) != len(now.latency_buckets):
+            return None
+        deltas.append(
+            [b - a for a, b in zip(before.latency_buckets, now.latency_buckets, strict=True)]
+        )
+    canary_delta, stable_delta = deltas
+    return Increment(
+        canary_requests=canary_delta[-1],
+        stable_requests=stable_delta[-1],
+        canary_events=exceedances(canary_delta),
+        stable_events=exceedances(stable_delta),
+    )
+
+
+def _start(spec: AnalysisSpec, canary: TrackCounts, stable: TrackCounts) -> Evidence:
+    """Evidence before any increment: stable's counters from now, the canary's from 0.
+
+    The canary's series exist at 0 from the moment its version loaded, so everything it
+    answered counts; stable's history before the rollout is not comparable.
+    """
+    zero = TrackCounts(latency_buckets=[0.0] * len(canary.latency_buckets))
+    checks = [
+        CheckEvidence(
+            name=name,
+            threshold=test.threshold,
+            log_likelihood_ratios=list(test.start()),
+        )
+        for name, test in sequential_tests(spec).items()
+    ]
+    return Evidence(canary=zero, stable=stable, checks=checks)
+
+
+def _advanced(check: CheckEvidence, test: CountTest, increment: Increment | None) -> CheckEvidence:
+    state = tuple(check.log_likelihood_ratios) or test.start()
+    if increment is not None:
+        state = test.update(state, increment)
+    kept = [round(value, 6) for value in state]
+    e_value = float(f"{test.e_value(kept):.6g}")
+    samples = check.samples + (increment.canary_requests if increment is not None else 0.0)
+    return check.model_copy(
+        update={
+            "log_likelihood_ratios": kept,
+            "e_value": e_value,
+            "samples": samples,
+            "rejected": check.rejected or e_value >= test.threshold,
+        }
+    )
+
+
+def accumulate(
+    spec: AnalysisSpec, evidence: Evidence | None, canary: TrackCounts, stable: TrackCounts
+) -> Evidence:
+    """The evidence after the counters `canary` and `stable` were read (pure).
+
+    The increment since the last read goes into every test when both tracks answered
+    requests in it. When only the canary did (the 100% step: stable serves nothing), its
+    requests count towards the step's samples and nothing is tested. When a sum went back
+    (a pod restarted or left), that track is read afresh and the increment is skipped.
+    Whether an increment is used depends on request counts only, never on the events, so
+    skipping keeps every test valid.
+    """
+    if evidence is None or evidence.canary is None or evidence.stable is None:
+        return _start(spec, canary, stable)
+    before_canary, before_stable = evidence.canary, evidence.stable
+    if _went_back(before_canary, canary) or _went_back(before_stable, stable):
+        fresh_canary = canary if _went_back(before_canary, canary) else before_canary
+        fresh_stable = stable if _went_back(before_stable, stable) else before_stable
+        return evidence.model_copy(update={"canary": fresh_canary, "stable": fresh_stable})
+    served = canary.requests - before_canary.requests
+    compared = stable.requests - before_stable.requests
+    if served <= 0:
+        return evidence
+    tests = sequential_tests(spec)
+    increments: dict[str, Increment | None] = {ERROR_TEST: None, LATENCY_TEST: None}
+    if compared > 0:
+        increments[ERROR_TEST] = Increment(
+            canary_requests=served,
+            stable_requests=compared,
+            canary_events=(canary.errors - before_canary.errors,),
+            stable_events=(stable.errors - before_stable.errors,),
+        )
+        increments[LATENCY_TEST] = _latency_increment(
+            (before_canary, canary), (before_stable, stable)
+        )
+    checks = [
+        _advanced(check, tests[check.name], increments.get(check.name))
+        for check in evidence.checks
+        if check.name in tests
+    ]
+    return evidence.model_copy(
+        update={
+            "canary": canary,
+            "stable": stable if compared > 0 else before_stable,
+            "step_samples": evidence.step_samples + served,
+            "checks": checks,
+        }
+    )
+
+
+def _evidence_checks(evidence: Evidence | None) -> list[CheckResult]:
+    """Each sequential test as a check: Rejected, Passed so far, or NoData before samples."""
+    results = []
+    for check in evidence.checks if evidence is not None else []:
+        if check.rejected:
+            outcome = CheckOutcome.REJECTED
+        else:
+            outcome = CheckOutcome.PASSED if check.samples > 0 else CheckOutcome.NO_DATA
+        results.append(
+            CheckResult(
+                name=check.name,
+                value=check.e_value,
+                max=check.threshold,
+                outcome=outcome,
+                e_value=check.e_value,
+                threshold=check.threshold,
+                samples=check.samples,
+            )
+        )
+    return results
+
+
+def _judged_at_interval_end(
+    source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget, evidence: Evidence | None
+) -> AnalysisResult:
+    """The step's verdict once its interval is over: samples, no rejection, user checks."""
+    samples = evidence.step_samples if evidence is not None else 0.0
+    if samples < spec.min_requests:
+        message = f"{samples:.0f} canary requests in this step, fewer than {spec.min_requests}"
+        return _inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, message, samples)
+    own = [
+        _judge(source, PlannedCheck(c.name, _custom_query(c.query, target.canary, target.window),
+                                    min=c.min, max=c.max))
+        for c in spec.checks
+    ]  # fmt: skip
+    return _verdict([*_evidence_checks(evidence), *own], samples)
+
+
+def watch(
+    source: MetricSource,
+    spec: AnalysisSpec,
+    target: AnalysisTarget,
+    evidence: Evidence | None,
+    *,
+    due: bool,
+) -> tuple[Evidence | None, AnalysisResult | None]:
+    """One look of sequential mode: the new evidence, and a result when there is one.
+
+    The result is Failed as soon as a test rejects, whether or not the interval is over;
+    at the end of the interval (`due`) it is the step's verdict; else None. A failed read
+    leaves the evidence as it was (the next look takes the whole increment).
+    """
+    try:
+        canary = read_counts(source, target.canary)
+        stable = read_counts(source, target.stable)
+    except MetricsUnavailable as exc:
+        if not due:
+            return evidence, None
+        if not source.is_online():
+            return evidence, _inconclusive(
+                InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer"
+            )
+        return evidence, _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
+    if canary is not None and stable is not None:
+        evidence = accumulate(spec, evidence, canary, stable)
+    samples = evidence.step_samples if evidence is not None else None
+    if evidence is not None and evidence.rejected:
+        return evidence, _verdict(_evidence_checks(evidence), samples or 0.0)
+    if not due:
+        return evidence, None
+    return evidence, _judged_at_interval_end(source, spec, target, evidence)

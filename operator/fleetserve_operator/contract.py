@@ -23,6 +23,7 @@ __all__ = [
     "COMMAND",
     "HTTP_PORT",
     "KNOWN_BUILTINS",
+    "LATENCY_BOUNDS_S",
     "LIVE_PATH",
     "METRICS_PATH",
     "MODEL_MOUNT",
@@ -60,6 +61,11 @@ REQUEST_DURATION_METRIC = "fleetserve_request_duration_seconds"
 """Arrival to answer, a histogram in seconds labelled model/version/track."""
 QUEUE_WAIT_METRIC = "fleetserve_queue_wait_seconds"
 """Arrival to batch formation, a histogram in seconds labelled model/version/track."""
+LATENCY_BOUNDS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+"""The `le` bounds of the runtime's latency histograms (its `LATENCY_BUCKETS_S`), `+Inf`
+aside: the sequential latency test has one event series per bound."""
 
 
 class MemoryMetric(StrEnum):

@@ -9,7 +9,8 @@ status and nothing else is done, but for an invalid one the rollout's table deci
 phase (`Failed`, from `rollout.next_step` without a spec). Then:
 
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
-   annotations, the stable track's error ratio, and the analysis when one is due;
+   annotations, the stable track's error ratio, and the analysis when one is due (in
+   sequential mode, the tests' evidence at every look, and a result on a rejection);
 2. `rollout.next_step` decides the new status;
 3. the children are rendered from that status, and every one that must be written is
    checked before any is: a name taken by an object this InferenceService does not control
@@ -65,7 +66,9 @@ from fleetserve_operator.observe import Observation
 from fleetserve_operator.reconcile import Owner
 from fleetserve_operator.records import EventNote, Manifest, Problem, rfc3339
 from fleetserve_operator.spec import (
+    AnalysisMode,
     AnalysisResult,
+    Evidence,
     InferenceServiceSpec,
     InferenceServiceStatus,
     TrafficProvider,
@@ -255,12 +258,14 @@ class Sync:
         now: datetime,
     ) -> rollout.Facts:
         """What the rollout needs to know now (a due analysis queries Prometheus)."""
+        evidence, result = self._analysis(ref.namespace, spec, previous, now)
         return rollout.Facts(
             stable=facts.track_facts(deployments.get(Track.STABLE), pods),
             canary=facts.track_facts(deployments.get(Track.CANARY), pods),
             stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
             annotations=dict(meta.get("annotations") or {}),
-            analysis=self._due_analysis(ref.namespace, spec, previous, now),
+            analysis=result,
+            evidence=evidence,
         )
 
     def _prometheus_url(self, spec: InferenceServiceSpec) -> str | None:
@@ -280,19 +285,28 @@ class Sync:
             self._metric_source(url), scope, fallback.error_window
         )
 
-    def _due_analysis(
+    def _analysis(
         self,
         namespace: str,
         spec: InferenceServiceSpec,
         previous: InferenceServiceStatus,
         now: datetime,
-    ) -> AnalysisResult | None:
-        """The canary's analysis, only when one is configured and due."""
+    ) -> tuple[Evidence | None, AnalysisResult | None]:
+        """The sequential tests' new evidence, and the canary's analysis when there is one.
+
+        Threshold mode queries only when an analysis is due; sequential mode at every look
+        while the canary holds a step (Prometheus changes once per scrape, and status is
+        written only when the evidence changed).
+        """
         checks = spec.rollout.analysis
-        if checks is None or not rollout.is_analysis_due(spec, previous, now):
-            return None
+        if checks is None or not rollout.is_watching(previous):
+            return None, None
+        due = rollout.is_analysis_due(spec, previous, now)
         target = analysis.target_for(spec, previous, namespace=namespace)
-        return analysis.evaluate(self._metric_source(checks.prometheus_url), checks, target)
+        source = self._metric_source(checks.prometheus_url)
+        if checks.mode is AnalysisMode.SEQUENTIAL:
+            return analysis.watch(source, checks, target, previous.rollout.evidence, due=due)
+        return None, analysis.evaluate(source, checks, target) if due else None
 
     def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
         """Events, counters and command annotations; the rest was rendered from status."""

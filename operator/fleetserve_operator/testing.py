@@ -217,16 +217,22 @@ def _key(manifest: Manifest) -> tuple[str, str, str]:
 
 @dataclass
 class FakeMetricSource:
-    """A `MetricSource` answering from a dict of PromQL substrings to values."""
+    """A `MetricSource` answering from dicts of PromQL substrings to values (or vectors)."""
 
     values: dict[str, float | None] = field(default_factory=dict)
     online: bool = True
     queries: list[str] = field(default_factory=list)
+    vectors: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def query(self, promql: str) -> float | None:
         """The value of the first key contained in `promql`, else None."""
         self.queries.append(promql)
         return next((v for k, v in self.values.items() if k in promql), None)
+
+    def query_by(self, promql: str, label: str) -> dict[str, float]:
+        """The vector of the first key of `vectors` contained in `promql`, else {}."""
+        self.queries.append(promql)
+        return dict(next((v for k, v in self.vectors.items() if k in promql), {}))
 
     def is_online(self) -> bool:
         """Whether the fake is up."""
@@ -256,6 +262,7 @@ class ScriptedMetricSource:
     failing: set[str] = field(default_factory=set)
     online: bool = True
     queries: list[str] = field(default_factory=list)
+    vectors: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def query(self, promql: str) -> float | None:
         """The scripted value of `promql`."""
@@ -263,6 +270,13 @@ class ScriptedMetricSource:
         if promql in self.failing:
             raise MetricsUnavailable(f"scripted failure: {promql}")
         return self.values.get(promql)
+
+    def query_by(self, promql: str, label: str) -> dict[str, float]:
+        """The scripted vector of `promql` (by `label`), {} when none is scripted."""
+        self.queries.append(promql)
+        if promql in self.failing:
+            raise MetricsUnavailable(f"scripted failure: {promql}")
+        return dict(self.vectors.get(promql, {}))
 
     def is_online(self) -> bool:
         """Whether the fake is up."""

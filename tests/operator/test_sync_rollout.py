@@ -225,7 +225,8 @@ def test_failing_analysis_rolls_back() -> None:
     """Due analyses query the canary's series; two failed ones withdraw the canary."""
     source = FakeMetricSource({"fleetserve_requests_total": 100.0})
     knobs = {"steps": [50, 100], "interval": "10s",
-             "analysis": {"prometheusUrl": "http://prom:9090", "failureThreshold": 2}}  # fmt: skip
+             "analysis": {"prometheusUrl": "http://prom:9090", "failureThreshold": 2,
+                          "mode": "threshold"}}  # fmt: skip
     cluster = _started(source, rollout=knobs)
     cluster.ready("demo-canary")
     status = cluster.reconcile(after_s=10)

@@ -34,7 +34,7 @@ from fleetserve_operator.rollout.data import (
     Trigger,
 )
 from fleetserve_operator.rollout.machine import TRANSITIONS, next_step
-from fleetserve_operator.rollout.moves import is_analysis_due
+from fleetserve_operator.rollout.moves import is_analysis_due, is_watching
 from fleetserve_operator.rollout.traffic import fallback_active, plan_capacity, traffic_split
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "Trigger",
     "fallback_active",
     "is_analysis_due",
+    "is_watching",
     "next_step",
     "plan_capacity",
     "traffic_split",

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fleetserve_operator.records import EventNote
-from fleetserve_operator.spec import AnalysisResult, InferenceServiceStatus, RolloutCommand
+from fleetserve_operator.spec import (
+    AnalysisResult,
+    Evidence,
+    InferenceServiceStatus,
+    RolloutCommand,
+)
 
 __all__ = [
     "Action",
@@ -91,7 +96,11 @@ class Facts:
     """Stable's 5xx ratio over `fallback.errorWindow`; None: no data."""
     annotations: Mapping[str, str] = field(default_factory=dict)
     analysis: AnalysisResult | None = None
-    """Set when `is_analysis_due` said so."""
+    """Set when `is_analysis_due` said so; in sequential mode also as soon as a test
+    rejected (a Failed result before the interval is over)."""
+    evidence: Evidence | None = None
+    """Sequential mode: the tests' evidence after this look (`is_watching`), to be kept in
+    `status.rollout.evidence`; None leaves it as it is."""
 
 
 class OperatorCounter(StrEnum):

@@ -233,6 +233,14 @@ def _fail_over(t: Tick) -> tuple[Tick, tuple[Action, ...]]:
     return replace(t, status=t.status.model_copy(update=update)), (event,)
 
 
+def _with_evidence(t: Tick) -> Tick:
+    """Keep the sequential tests' new evidence, whatever the step does with it."""
+    evidence = t.facts.evidence
+    if evidence is None or t.given is None:
+        return t
+    return replace(t, status=t.status.model_copy(update=with_rollout(t.status, evidence=evidence)))
+
+
 def _forget_gone_commands(t: Tick) -> Tick:
     """Drop acknowledgements of removed annotations, so the same value can be sent again."""
     acks = t.status.rollout.acknowledged
@@ -292,7 +300,7 @@ def next_step(
         failover's Event and the clearing of command annotations already acted on.
     """
     before = Tick(spec, status, facts, now, None if spec is None else spec.gpu_track.digest)
-    t, fallback_actions = _fail_over(before)
+    t, fallback_actions = _fail_over(_with_evidence(before))
     t = _forget_gone_commands(t)
     trigger = _detect(t)
     step = _run(t, trigger) if trigger is not None else Step(t.status)

@@ -23,6 +23,7 @@ from fleetserve_operator.rollout.data import (
 from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     AnalysisResult,
+    CheckOutcome,
     InconclusiveReason,
     InferenceServiceSpec,
     InferenceServiceStatus,
@@ -79,12 +80,16 @@ def elapsed_s(since: str | None, now: datetime) -> float:
     return -math.inf if since is None else (now - datetime.fromisoformat(since)).total_seconds()
 
 
+def is_watching(status: InferenceServiceStatus) -> bool:
+    """True while the canary holds a step and failover is off: sequential mode looks."""
+    return status.current_phase.is_analysing and not fallback_active(status)
+
+
 def is_analysis_due(
     spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime
 ) -> bool:
     """True when the canary holds a step, failover is off, and an interval has passed."""
-    phase = status.current_phase
-    if not phase.is_analysing or fallback_active(status):
+    if not is_watching(status):
         return False
     elapsed = elapsed_s(status.rollout.interval_started_at, now)
     return elapsed >= parse_duration_s(spec.rollout.interval)
@@ -153,6 +158,7 @@ def start(t: Tick) -> Step:
             failed_analyses=0,
             inconclusive_analyses=0,
             analyses=[],
+            evidence=None,
             message=f"waiting for the canary to become Ready: {message}",
         )
     )
@@ -207,6 +213,7 @@ def at_step(t: Tick, index: int, reason: str) -> Step:
     """Hold step `index` for a fresh interval."""
     weight = t.spec.rollout.steps[index]
     message = f"step {index + 1}/{len(t.spec.rollout.steps)}: {weight}% to the canary"
+    evidence = t.status.rollout.evidence
     status = t.status.model_copy(
         update={"phase": P.PROGRESSING, "canary_weight": weight}
         | with_rollout(
@@ -215,6 +222,8 @@ def at_step(t: Tick, index: int, reason: str) -> Step:
             interval_started_at=t.stamp,
             failed_analyses=0,
             inconclusive_analyses=0,
+            # The tests run on over the whole rollout; a step's sample size starts afresh.
+            evidence=evidence and evidence.model_copy(update={"step_samples": 0.0}),
             message=message,
         )
     )
@@ -291,8 +300,14 @@ def due_analysis(t: Tick) -> AnalysisResult:
 
 
 def verdict(t: Tick) -> Verdict | None:
-    """The due analysis's verdict; None when no analysis is due."""
-    return due_analysis(t).verdict if is_analysis_due(t.spec, t.status, t.now) else None
+    """The due analysis's verdict; None when no analysis is due.
+
+    A Failed result acts before the interval is over: a sequential test rejected.
+    """
+    if is_analysis_due(t.spec, t.status, t.now):
+        return due_analysis(t).verdict
+    early = t.facts.analysis
+    return Verdict.FAILED if early is not None and early.verdict is Verdict.FAILED else None
 
 
 def recorded(t: Tick, **changes: Any) -> Tick:
@@ -315,11 +330,18 @@ def record_only(t: Tick) -> Step:
 
 
 def failed(t: Tick) -> Step:
-    """Count a failed analysis; `failureThreshold` in a row rolls the canary back."""
+    """Count a failed analysis; `failureThreshold` in a row rolls the canary back.
+
+    A sequential test's rejection is conclusive at level α: it rolls back at once.
+    """
     result, analysis = due_analysis(t), t.spec.rollout.analysis
     failures = t.status.rollout.failed_analyses + 1
     threshold = analysis.failure_threshold if analysis else 1
     t = recorded(t, failed_analyses=failures, inconclusive_analyses=0)
+    if any(check.outcome is CheckOutcome.REJECTED for check in result.checks):
+        rejected = new_event("Warning", "AnalysisRejected", result.message)
+        step = roll_back(t, "AnalysisRejected", result.message)
+        return Step(step.status, (rejected, *step.actions))
     detail = f"{result.message} ({failures}/{threshold} consecutive failed analyses)"
     if failures >= threshold:
         return roll_back(t, "AnalysisFailed", detail)

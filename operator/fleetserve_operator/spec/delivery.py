@@ -11,6 +11,7 @@ from fleetserve_operator.spec.base import DnsLabel, DnsSubdomain, Duration, Wire
 
 __all__ = [
     "COMMAND_PREFIX",
+    "AnalysisMode",
     "AnalysisSpec",
     "MetricCheck",
     "ParentRef",
@@ -87,9 +88,34 @@ class MetricCheck(Wire):
         return self
 
 
+class AnalysisMode(StrEnum):
+    """How the built-in checks judge a canary (`spec.rollout.analysis.mode`)."""
+
+    SEQUENTIAL = "sequential"
+    """Anytime-valid tests of the canary against stable, fed at every look (every rollout
+    tick) with the counter increases since the last: errors and the latency histogram.
+    A rejection at level `alpha` rolls the canary back at once; a step passes after its
+    `interval` with `minRequests` canary requests and no rejection."""
+    THRESHOLD = "threshold"
+    """Once per `interval`, each metric of the window against a fixed bound;
+    `failureThreshold` failed analyses in a row roll the canary back."""
+
+
 class AnalysisSpec(Wire):
     """How a canary step is judged from Prometheus (canary vs stable by the `track` label)."""
 
+    mode: AnalysisMode = AnalysisMode.SEQUENTIAL
+    """`sequential` (anytime-valid tests, see docs/canary-analysis.md) or `threshold`
+    (fixed bounds per interval). The PromQL `checks` are bounds in both modes."""
+    alpha: float = Field(0.01, gt=0, le=0.5)
+    """Sequential mode: the most probability of ever rolling back a canary that is no worse
+    than stable (by the tolerances), split evenly between the built-in tests."""
+    error_tolerance: float = Field(0.0, ge=0, le=100)
+    """Sequential mode: the canary's odds of a 5xx answer may be this much above stable's
+    (0: not at all; 0.1: by 10%) before the error test counts it as worse."""
+    latency_tolerance: float = Field(0.5, ge=0, le=100)
+    """Sequential mode: at every latency bucket bound, the canary's odds of a slower answer
+    may be this much above stable's before the latency test counts it as slower."""
     prometheus_url: str = Field(pattern=r"^https?://.+", max_length=512)
     """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`; it must be one the
     operator's configuration allows (`allowed_prometheus_urls` or its own `prometheus_url`),
@@ -97,19 +123,22 @@ class AnalysisSpec(Wire):
     window: Duration | None = None
     """Range of each query; unset means the rollout interval."""
     max_error_rate: float = Field(0.01, ge=0, le=1)
-    """Highest passing ratio of 5xx answers to all answers."""
+    """Threshold mode: highest passing ratio of 5xx answers to all answers."""
     max_p99_latency_ms: float | None = Field(None, gt=0)
-    """Highest passing p99 request latency, in milliseconds; unset: no absolute bound."""
+    """Threshold mode: highest passing p99 request latency, in milliseconds; unset: no
+    absolute bound."""
     max_latency_ratio_vs_stable: float = Field(1.5, ge=1)
-    """Highest passing canary p99 / stable p99."""
+    """Threshold mode: highest passing canary p99 / stable p99."""
     max_queue_wait_ratio_vs_stable: float = Field(2.0, ge=1)
-    """Highest passing canary queue-wait p99 / stable queue-wait p99."""
+    """Threshold mode: highest passing canary queue-wait p99 / stable queue-wait p99."""
     max_rejection_ratio_vs_stable: float = Field(2.0, ge=1)
-    """Highest passing canary 503/504 ratio / stable's."""
+    """Threshold mode: highest passing canary 503/504 ratio / stable's."""
     min_requests: int = Field(20, ge=0)
-    """Fewest canary requests in the window for a verdict; fewer is inconclusive."""
+    """Fewest canary requests for a verdict (in the window; sequential mode: in the step);
+    fewer is inconclusive."""
     failure_threshold: int = Field(2, ge=1, le=100)
-    """Consecutive failed analyses that roll the canary back."""
+    """Consecutive failed analyses that roll the canary back (a sequential test's rejection
+    rolls it back at once)."""
     inconclusive_threshold: int = Field(3, ge=1, le=100)
     """Consecutive inconclusive analyses after which the rollout holds and says so."""
     history_limit: int = Field(10, ge=1, le=100)

@@ -18,13 +18,16 @@ __all__ = [
     "Acknowledgement",
     "AnalysisResult",
     "CheckOutcome",
+    "CheckEvidence",
     "CheckResult",
     "Condition",
     "ConditionType",
+    "Evidence",
     "InconclusiveReason",
     "InferenceServiceStatus",
     "RolloutPhase",
     "RolloutStatus",
+    "TrackCounts",
     "TrackStatus",
     "TracksStatus",
     "Verdict",
@@ -42,7 +45,8 @@ class RolloutPhase(StrEnum):
     - `Starting`: a canary runs the new spec at weight 0 until it is Ready (or the
       `progressDeadline` passes).
     - `Progressing`: the canary holds a step's weight; at the end of each interval the
-      analysis decides: advance, count a failure, or count an inconclusive result.
+      analysis decides: advance, count a failure, or count an inconclusive result (in
+      sequential mode a rejecting test rolls the canary back at once, at any look).
     - `Paused`: a person paused the rollout; the weight stays, but analysis still runs and
       a failing canary is still rolled back.
     - `Holding`: `inconclusiveThreshold` analyses in a row had no verdict (too little
@@ -86,7 +90,7 @@ class Verdict(StrEnum):
     PASSED = "Passed"
     """Every check had data and lay within its bounds."""
     FAILED = "Failed"
-    """At least one check had data outside its bounds (or the canary crashed)."""
+    """At least one check had data outside its bounds, or a sequential test rejected."""
     INCONCLUSIVE = "Inconclusive"
     """No verdict: too few requests, no data, or Prometheus unreachable. Never a pass."""
 
@@ -96,6 +100,8 @@ class CheckOutcome(StrEnum):
 
     PASSED = "Passed"
     FAILED = "Failed"
+    REJECTED = "Rejected"
+    """A sequential test's e-value reached its threshold 1/α: conclusive, rolled back at once."""
     NO_DATA = "NoData"
     QUERY_ERROR = "QueryError"
 
@@ -130,6 +136,12 @@ class CheckResult(Wire):
     """Highest passing value (for ratios vs stable: the bound computed from stable's value)."""
     outcome: CheckOutcome
     """Whether the value passed; `NoData`/`QueryError` make the analysis inconclusive."""
+    e_value: float | None = Field(None, ge=0)
+    """Sequential tests: the evidence against "the canary is no worse than stable"."""
+    threshold: float | None = Field(None, gt=0)
+    """Sequential tests: the e-value that rejects (1/α of the test)."""
+    samples: float | None = Field(None, ge=0)
+    """Sequential tests: canary requests the test has seen in this rollout."""
 
 
 class AnalysisResult(Wire):
@@ -151,6 +163,61 @@ class AnalysisResult(Wire):
     """When the rollout recorded it (set by the rollout, not the analysis)."""
     weight: int | None = Field(None, ge=0, le=100)
     """Canary weight while it was measured."""
+
+
+class TrackCounts(Wire):
+    """One track's cumulative counters as last read, from which increments are taken."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    requests: float = Field(0, ge=0)
+    """Requests answered (`fleetserve_requests_total`, all codes)."""
+    errors: float = Field(0, ge=0)
+    """Of those, 5xx answers."""
+    latency_buckets: list[Annotated[float, Field(ge=0)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """The request-duration histogram's cumulative bucket counts, in the order of the
+    operator's bucket bounds, `+Inf` last; empty before the histogram was read."""
+
+
+class CheckEvidence(Wire):
+    """The running state of one sequential test (see `fleetserve_operator.sequential`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+    """The test: `error-rate-vs-stable` or `latency-vs-stable`."""
+    e_value: float = Field(1.0, ge=0)
+    """Evidence against "the canary is no worse than stable"; 1 before any data."""
+    threshold: float = Field(gt=0)
+    """The e-value that rejects: 1/α of this test."""
+    samples: float = Field(0, ge=0)
+    """Canary requests the test has seen in this rollout."""
+    rejected: bool = False
+    """The e-value has reached the threshold: the canary is worse, at level α."""
+    log_likelihood_ratios: list[float] = Field(default_factory=list, max_length=512)
+    """One running sum per event series and alternative; the e-value is their mixture."""
+
+
+class Evidence(Wire):
+    """What the sequential tests have seen of the rollout so far; a restart resumes it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    canary: TrackCounts | None = None
+    """The canary's counters as last taken into the tests."""
+    stable: TrackCounts | None = None
+    """The stable track's counters as last taken into the tests."""
+    step_samples: float = Field(0, ge=0)
+    """Canary requests the tests have seen since the current step began."""
+    checks: list[CheckEvidence] = Field(default_factory=list, max_length=8)
+    """One entry per sequential test."""
+
+    @property
+    def rejected(self) -> list[CheckEvidence]:
+        """The tests that rejected."""
+        return [check for check in self.checks if check.rejected]
 
 
 class Acknowledgement(Wire):
@@ -192,6 +259,8 @@ class RolloutStatus(Wire):
     """Consecutive inconclusive analyses."""
     analyses: list[AnalysisResult] = Field(default_factory=list, max_length=100)
     """The last `analysis.historyLimit` analyses, newest last."""
+    evidence: Evidence | None = None
+    """Sequential mode: the tests' running evidence, updated at every look."""
     acknowledged: list[Acknowledgement] = Field(
         default_factory=list,
         max_length=8,
