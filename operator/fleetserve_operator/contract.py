@@ -50,7 +50,7 @@ AUTH_MOUNT = "/var/run/secrets/fleetserve/auth"
 so that the kubelet swaps in a rotated token without restarting the pod."""
 AUTH_TOKEN_KEY = "token"
 AUTH_TOKEN_FILE = f"{AUTH_MOUNT}/{AUTH_TOKEN_KEY}"
-KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic"})
+KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic", "smollm2-135m", "synthetic-generate"})
 """`builtin://` models the runtime image ships; anything else is an invalid spec."""
 # The runtime refuses max_instances > max_queue_size (a request larger than the queue could
 # never be admitted), so a small queue also caps the per-request instances (runtime default 256).

@@ -17,7 +17,7 @@ from fleetserve_operator.reconcile import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
 
 SPECS = {
@@ -127,6 +127,7 @@ def _rendered_queries() -> list[str]:
     target = analysis.target_for(spec, status, namespace="ns")
     assert spec.rollout.analysis is not None
     analysis.evaluate(source, spec.rollout.analysis, target)
+    analysis.watch(source, spec.rollout.analysis, target, None, due=True)
     analysis.read_memory_figures(source, namespace="ns", model="m", version="1")
     analysis.read_stable_error_ratio(source, target.stable, "1m")
     return source.queries
@@ -168,6 +169,11 @@ def test_queried_metrics_exist_with_their_labels() -> None:
         assert name in exposed, f"{name} is queried but the runtime does not export it"
         missing = labels - SCRAPE_LABELS - exposed[name]
         assert not missing, f"{name} is queried by {sorted(missing)}, labels it does not carry"
+
+
+def test_latency_bounds_are_the_runtimes_buckets() -> None:
+    """The sequential latency test counts answers slower than each bound the runtime exports."""
+    assert contract.LATENCY_BOUNDS_S == LATENCY_BUCKETS_S
 
 
 @pytest.mark.parametrize("kind", sorted(contract.KNOWN_BUILTINS))
