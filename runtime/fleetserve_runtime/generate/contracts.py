@@ -137,6 +137,15 @@ class KVLayout:
             2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes * block_size
         )
 
+    def gather_bytes(self, block_size: int, sequences: int, context: int) -> int:
+        """Peak bytes, outside the pool, of attending over pages.
+
+        One layer's keys and values of `sequences` rows with up to `context` positions each,
+        padded to whole blocks: the scratch the gather reuses from layer to layer.
+        """
+        blocks = sequences * -(-context // block_size)
+        return blocks * self.block_bytes(block_size) // self.num_layers
+
 
 @dataclass(frozen=True, slots=True)
 class SeqChunk:
