@@ -37,6 +37,7 @@ from fleetserve_runtime.errors import (
     ModelNotReady,
 )
 from fleetserve_runtime.executor import BatchJob, BatchOutcome, Executor
+from fleetserve_runtime.limits import MAX_CHARS_PER_TOKEN
 from fleetserve_runtime.logs import current_request
 from fleetserve_runtime.metrics import RuntimeMetrics
 from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult
@@ -44,7 +45,6 @@ from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
 from fleetserve_runtime.request_queue import PendingItem, Priority, RequestQueue
 
 __all__ = [
-    "MAX_CHARS_PER_TOKEN",
     "RESULT_GRACE_S",
     "EncoderEngine",
     "InferenceCall",
@@ -53,11 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("fleetserve.runtime")
-
-MAX_CHARS_PER_TOKEN = 64
-"""A text longer than this many characters per allowed token cannot fit, whatever the
-tokenizer: such inputs are refused (or cut, when truncation was asked) before tokenising,
-which runs on the event loop and would stall every other request for a huge input."""
 
 RESULT_GRACE_S = 30.0
 """How long past its deadline a request whose batch is computing may wait for the batch's
