@@ -3,14 +3,19 @@
 Public surface: `create_app`, `RuntimeConfig`, `ModelHandler`. Everything else is internal.
 
 Layers, each importing only those below it (`make lint` checks this with import-linter):
-`cli → api → http_protocol → runtime → facade → versions | encoder_engine → executor →
-batcher | models → request_queue | memory | cache | metrics → liveness → config → auth |
-logs | schemas → errors`. Only the HTTP edge (`api`, `schemas`, `http_protocol`, `cli`) uses
-FastAPI, Starlette or uvicorn; only `executor`, `memory` and `models` use torch; `batcher`
-and `request_queue` are pure (no asyncio, no threads). `api` reaches the runtime only
-through `facade.ServingFacade`. The engine-agnostic core (`request_queue`, `metrics`,
-`memory`, `cache`, the model registry) is shared; `encoder_engine` is one engine on it, and
-another (e.g. generative) would sit beside it in the same layer.
+`cli → api → generation_api → sse | generation_schemas → http_errors → http_protocol →
+runtime → facade → versions | encoder_engine → executor → batcher → models : generate →
+request_queue | memory | cache | metrics → liveness → config | limits → auth | logs |
+schemas → errors` (`models : generate`: the registry resolves generative URIs, a generative
+handler describes itself with the models' metadata types). Only the HTTP edge (`api`,
+`generation_api`, `sse`, `schemas`, `http_protocol`, `cli`) uses FastAPI, Starlette or
+uvicorn; torch stays in `executor`, `memory`, `models` and `generate`; `batcher`,
+`request_queue` and the generative engine's decisions (`generate.blocks`,
+`generate.scheduler`, `generate.stops`) are pure (no asyncio, no threads, no torch). `api`
+reaches the runtime only through `facade.ServingFacade`. The engine-agnostic core
+(`request_queue`, `metrics`, `memory`, `cache`, the model registry) is shared by two
+engines: `encoder_engine` (dynamic batching) and `generate.engine` (continuous batching over
+a paged KV cache).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from fleetserve_runtime.auth import allowlist_entry_problem, read_token
 __all__ = [
     "BatchingConfig",
     "CacheConfig",
+    "GenerationConfig",
     "HealthConfig",
     "HttpConfig",
     "MemoryConfig",
@@ -139,6 +140,63 @@ class MemoryConfig(_Section):
     """Most bytes the input buffer pool keeps for reuse."""
 
 
+class GenerationConfig(_Section):
+    """The generative engine: KV blocks, continuous batching, chunked prefill."""
+
+    flag_prefix: ClassVar[str] = "generation-"
+
+    block_size: int = Field(16, ge=1, le=1024)
+    """Token positions per KV-cache block, the unit of allocation and prefix sharing."""
+    kv_cache_fraction: float = Field(1.0, gt=0, le=1)
+    """Share of the budget left after the reserve, the weights and one step's measured
+    activations that the KV pool takes."""
+    unbounded_kv_bytes: int = Field(1024**3, ge=1)
+    """With memory.budget_bytes 0 (unbounded): the KV pool holds max_running_sequences full
+    contexts, but at most this many bytes."""
+    max_running_sequences: int = Field(32, ge=1, le=4096)
+    """Most sequences in the running batch; the rest wait in the queue."""
+    max_step_tokens: int = Field(512, ge=1, le=1_048_576)
+    """Most tokens one step computes (decode tokens plus prefill chunks): lower keeps
+    inter-token latency steady under long prompts, higher gets first tokens out sooner."""
+    max_context: int = Field(0, ge=0, le=1_048_576)
+    """Longest prompt plus output in tokens; 0 takes the model's own context length."""
+    prefix_caching: bool = True
+    """Share the KV blocks of identical prompt prefixes between requests."""
+    policy: Literal["continuous", "static"] = "continuous"
+    """`continuous` admits sequences at every step; `static` runs a batch to completion
+    before admitting more (the baseline continuous batching is measured against)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights and KV blocks: `auto` is bfloat16 on CUDA, float32 elsewhere; bfloat16 on a
+    CPU with bf16 matrix units runs about twice as fast, at outputs no longer identical to
+    float32's."""
+    default_timeout_ms: int = Field(120_000, ge=1)
+    """Deadline of a generation that names none (queue, prompt and every output token), in
+    milliseconds; a whole answer takes far longer than one encoder request."""
+    max_timeout_ms: int = Field(600_000, ge=1)
+    """Longest deadline a generation may ask for, in milliseconds."""
+
+    @model_validator(mode="after")
+    def _check_timeouts(self) -> GenerationConfig:
+        if self.max_timeout_ms < self.default_timeout_ms:
+            msg = (
+                f"generation.max_timeout_ms ({self.max_timeout_ms}) must be >= "
+                f"generation.default_timeout_ms ({self.default_timeout_ms})"
+            )
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
+    def _check_step(self) -> GenerationConfig:
+        if self.max_step_tokens < self.max_running_sequences:
+            msg = (
+                f"generation.max_step_tokens ({self.max_step_tokens}) must be >= "
+                f"generation.max_running_sequences ({self.max_running_sequences}): every "
+                "running sequence decodes one token per step"
+            )
+            raise ValueError(msg)
+        return self
+
+
 class CacheConfig(_Section):
     """Optional result cache (off when `max_entries` is 0)."""
 
@@ -156,8 +214,8 @@ class HealthConfig(_Section):
     flag_prefix: ClassVar[str] = "health-"
 
     stuck_batch_floor_s: float = Field(60.0, gt=0, le=86_400)
-    """A batch running longer than this, and longer than `stuck_batch_factor` times its
-    expected time, fails liveness, in seconds."""
+    """A batch (or a generation step) running longer than this, and longer than
+    `stuck_batch_factor` times its expected time, fails liveness, in seconds."""
     stuck_batch_factor: float = Field(10.0, ge=1, le=1_000)
     """Multiple of a batch's expected compute time (the measured pace per token times its
     tokens) after which it counts as stuck, once past `stuck_batch_floor_s`."""
@@ -196,7 +254,8 @@ class RuntimeConfig(BaseSettings):
     )
 
     model: str = "builtin://synthetic"
-    """Model URI: `builtin://minilm-l6`, `builtin://synthetic?...`, `file:///...`, `module:fn`."""
+    """Model URI: `builtin://minilm-l6`, `builtin://smollm2-135m`, `builtin://synthetic?...`,
+    `builtin://synthetic-generate?...`, `file:///...`, `module:fn`."""
     name: str = Field("model", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
     """Model name served under `/v2/models/{name}`."""
     version: str = Field("1", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
@@ -251,6 +310,7 @@ class RuntimeConfig(BaseSettings):
     cache: CacheConfig = CacheConfig()
     health: HealthConfig = HealthConfig()
     http: HttpConfig = HttpConfig()
+    generation: GenerationConfig = GenerationConfig()
 
     @field_validator("auth_exempt_paths", "allowed_model_uris", mode="before")
     @classmethod

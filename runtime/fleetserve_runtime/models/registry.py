@@ -1,9 +1,14 @@
 """Model URIs to handlers, and the versioned registry that swaps versions without a gap.
 
-URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt2`
+Encoder URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt2`
 (`torch.export`) or `.pt` (TorchScript), both with `?input_width=N`, `file:///path/pkg` (a
 directory with `handler.py` defining `create_handler(name, version, max_sequence_length)`),
 and `module:factory` (an importable factory with the same signature).
+
+Generative URIs (a `generate.handler.GenerativeHandler`): `builtin://smollm2-135m`,
+`builtin://synthetic-generate?<params>`, `file:///path/model.gguf`, and `file:///path/dir`
+for a directory with `config.json` (a Llama checkpoint with `*.safetensors` and
+`tokenizer.json`; a directory with `handler.py` stays a plug-in).
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
 warmed off the event loop (`versions.VersionLoader`), then made active in one assignment;
@@ -18,18 +23,43 @@ import importlib.util
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlparse
 
 from fleetserve_runtime.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.generate.handler import (
+    GenerativeHandler,
+    GenerativeOptions,
+    llama_handler,
+    smollm2_handler,
+    synthetic_generative_handler,
+)
 from fleetserve_runtime.memory import MemoryProfile
-from fleetserve_runtime.models.base import ModelHandler
+from fleetserve_runtime.models.base import ModelHandler, ModelMetadata
 
-__all__ = ["LoadedModel", "ModelRegistry", "resolve_handler"]
+if TYPE_CHECKING:
+    from fleetserve_runtime.generate.engine import GenerationEngine
+
+__all__ = ["KVFigures", "LoadedModel", "ModelRegistry", "ServedHandler", "resolve_handler"]
+
+ServedHandler = ModelHandler | GenerativeHandler
+"""An encoder (the `ModelHandler` protocol) or a generative model."""
+
+GENERATE_ENDPOINTS = "/v1/chat/completions, /v1/completions or /v2/models/{name}/generate"
 
 
-def resolve_handler(uri: str, *, name: str, version: str, max_sequence_length: int) -> ModelHandler:
-    """Build (not load) the handler a model URI names; `ValueError` for an unknown URI."""
+def resolve_handler(
+    uri: str,
+    *,
+    name: str,
+    version: str,
+    max_sequence_length: int,
+    generative: GenerativeOptions = GenerativeOptions(),  # noqa: B008 (frozen, shared safely)
+) -> ServedHandler:
+    """Build (not load) the handler a model URI names; `ValueError` for an unknown URI.
+
+    `generative` shapes a generative model (context cap, dtype); encoders ignore it.
+    """
     if "://" not in uri and ":" in uri:
         module_name, _, attr = uri.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)
@@ -37,16 +67,35 @@ def resolve_handler(uri: str, *, name: str, version: str, max_sequence_length: i
     parsed = urlparse(uri)
     params = dict(parse_qsl(parsed.query, strict_parsing=False))
     if parsed.scheme == "builtin":
-        return _builtin(parsed.netloc, params, name, version, max_sequence_length)
+        return _builtin(parsed.netloc, params, name, version, max_sequence_length, generative)
     if parsed.scheme == "file":
-        return _from_file(Path(parsed.path), params, name, version, max_sequence_length)
+        return _from_file(Path(parsed.path), params, name, version, max_sequence_length, generative)
     msg = f"unsupported model URI {uri!r}: use builtin://, file:// or module:factory"
     raise ValueError(msg)
 
 
+BUILTINS = ("minilm-l6", "smollm2-135m", "synthetic", "synthetic-generate")
+
+
 def _builtin(
-    kind: str, params: dict[str, str], name: str, version: str, max_len: int
-) -> ModelHandler:
+    kind: str,
+    params: dict[str, str],
+    name: str,
+    version: str,
+    max_len: int,
+    generative: GenerativeOptions,
+) -> ServedHandler:
+    if kind == "smollm2-135m":
+        return smollm2_handler(name, version, options=generative)
+    if kind == "synthetic-generate":
+        from fleetserve_runtime.generate.synthetic import SyntheticGenerativeParams
+
+        return synthetic_generative_handler(
+            name,
+            version,
+            params=SyntheticGenerativeParams.model_validate(params),
+            options=generative,
+        )
     if kind == "minilm-l6":
         from fleetserve_runtime.models.minilm import MiniLMHandler
 
@@ -60,16 +109,26 @@ def _builtin(
             max_sequence_length=max_len,
             params=SyntheticParams.model_validate(params),
         )
-    msg = f"unknown builtin model {kind!r}: known are minilm-l6, synthetic"
+    msg = f"unknown builtin model {kind!r}: known are {', '.join(BUILTINS)}"
     raise ValueError(msg)
 
 
 def _from_file(
-    path: Path, params: dict[str, str], name: str, version: str, max_len: int
-) -> ModelHandler:
+    path: Path,
+    params: dict[str, str],
+    name: str,
+    version: str,
+    max_len: int,
+    generative: GenerativeOptions,
+) -> ServedHandler:
     if not path.exists():
         msg = f"model path {path} does not exist"
         raise ValueError(msg)
+    if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").is_file()):
+        if (path / "handler.py").is_file():
+            msg = f"{path} has both handler.py and config.json: keep one, a plug-in or a checkpoint"
+            raise ValueError(msg)
+        return llama_handler(name, version, path=path, options=generative)
     if path.is_file():
         from fleetserve_runtime.models.serialized import SerializedModuleHandler
 
@@ -87,18 +146,40 @@ def _from_file(
     return _checked(module.create_handler(name, version, max_len))
 
 
-def _checked(handler: Any) -> ModelHandler:
-    if not isinstance(handler, ModelHandler):
+def _checked(handler: Any) -> ServedHandler:
+    if not isinstance(handler, ModelHandler | GenerativeHandler):
         msg = f"{type(handler).__name__} does not implement the ModelHandler protocol"
         raise TypeError(msg)
     return handler
 
 
 @dataclass(frozen=True, slots=True)
+class KVFigures:
+    """How a generative version's KV pool was sized, for metadata and metrics."""
+
+    num_blocks: int
+    block_size: int
+    block_bytes: int
+    activation_bytes: int
+    """Measured peak of one step of `generation.max_step_tokens` tokens."""
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of the whole pool."""
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def token_capacity(self) -> int:
+        """Token positions the pool holds."""
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedModel:
     """A loaded, warmed handler and what was measured while loading it."""
 
-    handler: ModelHandler
+    served: ServedHandler
+    """The encoder or generative handler; `handler` and `generative` narrow it."""
     load_seconds: float
     memory: MemoryProfile | None
     max_batch_tokens: int
@@ -108,11 +189,42 @@ class LoadedModel:
     generation: int = 0
     """Distinguishes two loads of the same version label (e.g. unloaded, then reloaded from
     another URI), so cached results of one are never served for the other."""
+    kv: KVFigures | None = None
+    """The KV pool of a generative version; None for an encoder."""
+    engine: GenerationEngine | None = None
+    """The engine serving a generative version (started once it is warm); None otherwise."""
 
     @property
     def version(self) -> str:
         """The handler's version label."""
-        return self.handler.metadata.version
+        return self.served.metadata.version
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """Name, version, shapes and limits of either kind."""
+        return self.served.metadata
+
+    @property
+    def handler(self) -> ModelHandler:
+        """The encoder handler; `InvalidInput` naming the generate endpoints otherwise.
+
+        The encoder request path asks for it first thing, so an infer request to a
+        generative model is refused before it costs anything.
+        """
+        served = self.served
+        if isinstance(served, GenerativeHandler):
+            endpoints = GENERATE_ENDPOINTS.format(name=served.metadata.name)
+            msg = (
+                f"model {served.metadata.name!r} generates text and has no infer endpoint: "
+                f"use {endpoints}"
+            )
+            raise InvalidInput(msg)
+        return served
+
+    @property
+    def generative(self) -> GenerativeHandler | None:
+        """The generative handler; None for an encoder."""
+        return self.served if isinstance(self.served, GenerativeHandler) else None
 
 
 class ModelRegistry:
