@@ -1,12 +1,13 @@
 """HTTP API: Open Inference Protocol v2 routes, KServe v1 predict, health, metrics, model control.
 
-The only module that knows about HTTP. Routes parse and delegate to the runtime through
-`facade.ServingFacade` (never to its registry, queue or engine); every domain
-error becomes a JSON body `{"error": ..., "request_id": ...}` through `STATUS_OF`, the one
-error → status table. Bodies must be `application/json`, are read with a byte limit and a
-deadline, and are decoded in time linear in their size (`schemas` checks declared shapes
-before touching data), so no bad input reaches the model, produces a 500 or stalls the
-event loop for longer than parsing `max_body_bytes` takes.
+The only module that knows about HTTP, with `http_errors`, and `generation_api` and `sse`
+for the generation routes (OpenAI's API, OIP generate) it mounts. Routes parse and
+delegate to the runtime through `facade.ServingFacade` (never to its registry, queue or
+engine); every domain error becomes a JSON body `{"error": ..., "request_id": ...}` through
+`http_errors.STATUS_OF`, the one error → status table. Bodies must be `application/json`,
+are read with a byte limit and a deadline, and are decoded in time linear in their size
+(`schemas` checks declared shapes before touching data), so no bad input reaches the model,
+produces a 500 or stalls the event loop for longer than parsing `max_body_bytes` takes.
 
 Two ASGI apps share one `Runtime` (see `create_apps`):
 
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -50,28 +50,31 @@ from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches, uri_
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.errors import (
-    BatchFailed,
-    DeadlineExceeded,
     FleetserveError,
     Forbidden,
-    InputTooLong,
     InvalidInput,
-    ItemFailed,
     ModelNotFound,
     ModelNotReady,
-    OutOfMemory,
     PayloadTooLarge,
-    QueueFull,
     RequestTimeout,
     Unauthorized,
     UnsupportedMediaType,
 )
 from fleetserve_runtime.facade import ServingFacade
+from fleetserve_runtime.generation_api import openai_failure, register_generation, speaks_openai
+from fleetserve_runtime.generation_schemas import openai_error
+from fleetserve_runtime.http_errors import (
+    STATUS_OF,
+    error_body,
+    failure_of,
+    json_response,
+    log_unexpected,
+    request_id,
+)
 from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.logs import (
     RequestContext,
     bind_request,
-    current_request,
     request_id_from,
     traceparent_from,
     unbind_request,
@@ -94,72 +97,35 @@ __all__ = ["STATUS_OF", "Apps", "create_app", "create_apps", "json_media_refusal
 
 log = logging.getLogger("fleetserve.api")
 
-STATUS_OF: dict[type[FleetserveError], int] = {
-    InvalidInput: 400,
-    Unauthorized: 401,
-    Forbidden: 403,
-    ModelNotFound: 404,
-    RequestTimeout: 408,
-    PayloadTooLarge: 413,
-    InputTooLong: 413,
-    UnsupportedMediaType: 415,
-    ItemFailed: 500,
-    BatchFailed: 500,
-    QueueFull: 503,
-    ModelNotReady: 503,
-    OutOfMemory: 503,
-    DeadlineExceeded: 504,
-}
-"""Error type → HTTP status; the single place where domain errors meet HTTP."""
-
 PRIORITY_HEADER = "x-fleetserve-priority"
 TIMEOUT_HEADER = "x-fleetserve-timeout-ms"
 BINARY_TENSOR_HEADER = "inference-header-content-length"
 """Marks a request in the OIP binary tensor data extension, which this server does not speak."""
 
 
-def _request_id() -> str:
-    context = current_request()
-    return context.request_id if context is not None else uuid.uuid4().hex
-
-
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
-    )
-
-
 def _error(
-    status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+    status: int,
+    message: str,
+    *,
+    headers: dict[str, str] | None = None,
+    path: str = "",
+    **extra: Any,
 ) -> Response:
-    return _json({"error": message, "request_id": _request_id(), **extra}, status, headers)
+    """An error answer; on OpenAI's paths in OpenAI's shape (`extra` is then dropped)."""
+    if speaks_openai(path):
+        body = openai_error(status, message, request_id=request_id(), param=None, code=None)
+        return json_response(body, status, headers)
+    return json_response(error_body(message, **extra), status, headers)
 
 
-def _error_response(exc: FleetserveError) -> Response:
-    status = next(code for kind, code in STATUS_OF.items() if isinstance(exc, kind))
-    headers: dict[str, str] = {}
-    extra: dict[str, Any] = {}
-    if isinstance(exc, QueueFull):
-        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
-    if isinstance(exc, BatchFailed):
-        extra["error_id"] = exc.error_id
-    if isinstance(exc, Unauthorized):
-        headers["www-authenticate"] = exc.challenge
-    if isinstance(exc, RequestTimeout | PayloadTooLarge | UnsupportedMediaType | Unauthorized):
-        # Answered before (or instead of) reading the body: the rest of it, which may
-        # trickle in for good, must not keep the connection open.
-        headers["connection"] = "close"
-    return _error(status, exc.message, headers=headers, **extra)
+def _error_response(exc: FleetserveError, path: str = "") -> Response:
+    """A domain error's answer; on OpenAI's paths in OpenAI's shape."""
+    return (openai_failure(exc) if speaks_openai(path) else failure_of(exc)).response()
 
 
 def _unexpected() -> Response:
     """A 500 for a bug: an id to find the traceback in the log, never the traceback itself."""
-    error_id = uuid.uuid4().hex[:12]
-    log.exception("unexpected error", extra={"error_id": error_id})
-    return _error(500, f"internal error (error id {error_id})")
+    return _error(500, f"internal error (error id {log_unexpected()})")
 
 
 def json_media_refusal(content_type: str | None, *, binary_extension: bool) -> str | None:
@@ -228,19 +194,26 @@ def _timeout_header(value: str) -> int:
     return int(value)
 
 
-def _call(
-    request: Request, instances: list[object], version: str | None, params: RequestParameters | None
-) -> InferenceCall:
-    params = params or RequestParameters()
-    priority_name = request.headers.get(PRIORITY_HEADER) or params.priority or "normal"
+def _scheduling(
+    request: Request, priority: str | None, timeout_ms: int | None
+) -> tuple[Priority, int | None]:
+    """Priority and timeout (ms): the `X-Fleetserve-*` headers beat the body's values."""
+    priority_name = request.headers.get(PRIORITY_HEADER) or priority or "normal"
     timeout_raw = request.headers.get(TIMEOUT_HEADER)
-    timeout_ms = params.timeout_ms
     try:
-        priority = Priority.parse(priority_name)
+        level = Priority.parse(priority_name)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     if timeout_raw is not None:
         timeout_ms = _timeout_header(timeout_raw)
+    return level, timeout_ms
+
+
+def _call(
+    request: Request, instances: list[object], version: str | None, params: RequestParameters | None
+) -> InferenceCall:
+    params = params or RequestParameters()
+    priority, timeout_ms = _scheduling(request, params.priority, params.timeout_ms)
     return InferenceCall(
         instances=instances,
         version=version,
@@ -314,11 +287,24 @@ class _Routes:
             # Nothing should get here; if something does, it is answered (and counted, so a
             # canary's analysis sees it) like any other server error, with an id to find it.
             response = _unexpected()
-        if self.runtime is not None:
-            self.runtime.metrics.observe_request(
-                self._version_label(version), response.status_code, time.perf_counter() - started
-            )
+        self.count(version, response.status_code, time.perf_counter() - started)
         return response
+
+    def count(self, version: str | None, code: int, seconds: float) -> None:
+        """Count one answered request (of `version`, or the active one) in the metrics."""
+        if self.runtime is not None:
+            self.runtime.metrics.observe_request(self._version_label(version), code, seconds)
+
+    @property
+    def name(self) -> str:
+        """The served model's name."""
+        return self.config.name
+
+    def scheduling(
+        self, request: Request, priority: str | None, timeout_ms: int | None
+    ) -> tuple[Priority, int | None]:
+        """Priority and timeout (ms) of a request: its headers, else these values."""
+        return _scheduling(request, priority, timeout_ms)
 
     def _version_label(self, version: str | None) -> str:
         """The metrics label: the loaded version asked for, else the active one.
@@ -348,7 +334,7 @@ class _Routes:
             payload = {
                 "model_name": name,
                 "model_version": result.model.version,
-                "id": body.id or _request_id(),
+                "id": body.id or request_id(),
                 "outputs": [
                     {
                         "name": spec_out.name,
@@ -359,7 +345,7 @@ class _Routes:
                 ],
             }
             headers = _timing_headers(result, time.perf_counter() - started)
-            return _json(payload, headers=headers)
+            return json_response(payload, headers=headers)
 
         return await self.observed(version, run)
 
@@ -372,7 +358,7 @@ class _Routes:
             started = time.perf_counter()
             result = await self.rt.infer(_call(request, body.instances, None, body.parameters))
             headers = _timing_headers(result, time.perf_counter() - started)
-            return _json({"predictions": result.results}, headers=headers)
+            return json_response({"predictions": result.results}, headers=headers)
 
         return await self.observed(None, run)
 
@@ -476,7 +462,7 @@ class _BearerAuthMiddleware:
                 "the bearer token is not valid",
                 challenge='Bearer realm="fleetserve", error="invalid_token"',
             )
-        await _error_response(refusal)(scope, receive, send)
+        await _error_response(refusal, scope["path"])(scope, receive, send)
 
 
 # -- apps ----------------------------------------------------------------------------------
@@ -552,6 +538,7 @@ def create_apps(
     _register_errors(inference)
     _register_health(inference, routes)
     _register_inference(inference, routes)
+    register_generation(inference, routes)
     admin = None
     if config.model_control == "explicit" and config.admin_token_file is not None:
         admin = FastAPI(
@@ -603,17 +590,18 @@ def listener_app(apps: Apps, *, admin_port: int | None) -> ASGIApp:
 def _register_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return _error(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        return _error(exc.status_code, str(exc.detail), headers=headers, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(part) for part in first["loc"]) or "request"
-        return _error(400, f"{where}: {first['msg']}")
+        return _error(400, f"{where}: {first['msg']}", path=request.url.path)
 
     @app.exception_handler(FleetserveError)
     async def domain_error(request: Request, exc: FleetserveError) -> Response:
-        return _error_response(exc)
+        return _error_response(exc, request.url.path)
 
 
 def _register_health(app: FastAPI, routes: _Routes) -> None:
@@ -622,25 +610,25 @@ def _register_health(app: FastAPI, routes: _Routes) -> None:
     @app.get("/v2")
     async def server_metadata() -> Response:
         body = {"name": "fleetserve-runtime", "version": __version__, "extensions": extensions}
-        return _json(body)
+        return json_response(body)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
         verdict = routes.liveness()
         if verdict.ok:
-            return _json({"live": True})
-        return _json({"live": False, "reason": verdict.reason}, 503)
+            return json_response({"live": True})
+        return json_response({"live": False, "reason": verdict.reason}, 503)
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
         runtime = routes.runtime
         if runtime is not None and runtime.is_ready:
-            return _json({"ready": True})
+            return json_response({"ready": True})
         failure = runtime.load_failed if runtime is not None else None
         body: dict[str, Any] = {"ready": False}
         if failure is not None:
             body["error"] = f"model load failed: {failure}"
-        return _json(body, 503)
+        return json_response(body, 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -650,23 +638,23 @@ def _register_health(app: FastAPI, routes: _Routes) -> None:
 def _register_inference(app: FastAPI, routes: _Routes) -> None:
     @app.get("/v2/models/{name}")
     async def model_metadata(name: str) -> Response:
-        return _json(routes.metadata(name, None))
+        return json_response(routes.metadata(name, None))
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def version_metadata(name: str, version: str) -> Response:
-        return _json(routes.metadata(name, version))
+        return json_response(routes.metadata(name, version))
 
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
         routes.check_name(name)
         ok = routes.rt.active_version is not None
-        return _json({"name": name, "ready": ok}, 200 if ok else 503)
+        return json_response({"name": name, "ready": ok}, 200 if ok else 503)
 
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def version_ready(name: str, version: str) -> Response:
         routes.check_name(name)
         ok = version in routes.rt.versions()
-        return _json({"name": name, "version": version, "ready": ok}, 200 if ok else 503)
+        return json_response({"name": name, "version": version, "ready": ok}, 200 if ok else 503)
 
     @app.post("/v2/models/{name}/infer")
     async def infer(request: Request, name: str) -> Response:
@@ -718,10 +706,10 @@ def _register_repository(app: FastAPI, routes: _Routes) -> None:
             raise
         except Exception as exc:  # user code: any failure means "cannot load"
             raise _load_failure(uri, exc) from None
-        return _json({"name": name, "active_version": loaded.version})
+        return json_response({"name": name, "active_version": loaded.version})
 
     @app.post("/v2/repository/models/{name}/unload")
     async def unload(name: str) -> Response:
         routes.check_name(name)
         released = routes.rt.release_previous()
-        return _json({"name": name, "released_version": released})
+        return json_response({"name": name, "released_version": released})

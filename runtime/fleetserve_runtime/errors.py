@@ -34,7 +34,11 @@ class FleetserveError(Exception):
 
 
 class InvalidInput(FleetserveError):
-    """The request body or an instance in it is malformed."""
+    """The request body or an instance in it is malformed; `param` names the field if known."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Unauthorized(FleetserveError):

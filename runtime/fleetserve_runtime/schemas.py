@@ -9,6 +9,7 @@ declares a huge tensor is refused at once instead of costing seconds of CPU.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -102,10 +103,19 @@ class TensorLimits:
     """Most instances (first dimension) in one request."""
 
 
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|none)$|[\[(-]")
+"""pydantic names the member of a union it tried in an error's location (`str`,
+`list[int]`, `function-after[...]`); these are not field names."""
+
+
+def _field(exc: ValidationError) -> str | None:
+    """The dotted path of the field the first error is about (None for the whole body)."""
+    loc = [str(part) for part in exc.errors()[0]["loc"]]
+    return ".".join(part for part in loc if not _UNION_MEMBER.search(part)) or None
+
+
 def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    return f"{where}: {first['msg']}"
+    return f"{_field(exc) or 'body'}: {exc.errors()[0]['msg']}"
 
 
 def decode_body(raw: bytes, model: type[Body]) -> Body:
@@ -126,7 +136,7 @@ def decode_body(raw: bytes, model: type[Body]) -> Body:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise InvalidInput(_describe(exc)) from None
+        raise InvalidInput(_describe(exc), param=_field(exc)) from None
 
 
 def check_shape(shape: Sequence[int], limits: TensorLimits) -> int:

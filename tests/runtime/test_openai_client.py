@@ -1,0 +1,313 @@
+"""The official `openai` client, unchanged, against the real server process over loopback.
+
+Chat and completions, whole and streamed, usage, stop strings; a prompt over the context
+is one 400 (`BadRequestError`, never retried: the server counts one request); a full queue
+is a 503 whose `Retry-After` the client honours; a client that hangs up mid-stream frees its
+sequence and KV blocks at once. The SmolLM2 test (one server, loaded once) checks a real
+answer and seeded sampling.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import httpx2
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+CLI = Path(sys.executable).with_name("fleetserve-runtime")
+CONTEXT = 64
+LLM = f"builtin://synthetic-generate?per_token_ms=2&output_tokens=12&context_length={CONTEXT}"
+RETRY_AFTER_S = 2
+MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [
+    {"role": "user", "content": "tell me about rivers"}
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running(model: str, *args: str, ready_s: float = 60) -> Iterator[str]:
+    """`fleetserve-runtime serve` of `model` as "test" on a free loopback port; its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(CLI), "serve", "--port", str(port), "--device", "cpu", "--no-warmup"]
+        + ["--model", model, "--name", "test", "--threads", "1", *args],
+        env={**os.environ, "FLEETSERVE_LOG_LEVEL": "warning"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_s
+        while not _ready(url):
+            assert proc.poll() is None, f"server exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def client(url: str, *, max_retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=max_retries, timeout=20
+    )
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    text = httpx.get(f"{url}/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with running(LLM) as url:
+        yield url
+
+
+def test_chat_whole_and_streamed(server: str) -> None:
+    """The client parses both; the streamed deltas add up to the whole answer and its usage."""
+    with client(server) as api:
+        whole = api.chat.completions.create(model="test", messages=MESSAGES, temperature=0)
+        stream = api.chat.completions.create(
+            model="test",
+            messages=MESSAGES,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].message.content
+    assert text == whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage == whole.usage
+    assert whole.usage is not None
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+
+def test_completions_whole_and_streamed_with_a_stop_string(server: str) -> None:
+    """Legacy completions: `max_tokens`, and a stop string cut from the text."""
+    with client(server) as api:
+        free = api.completions.create(model="test", prompt="once upon", max_tokens=8, temperature=0)
+        assert free.usage is not None
+        stop = " " + free.choices[0].text.split()[4]
+        streamed = api.completions.create(
+            model="test", prompt="once upon", max_tokens=8, temperature=0, stop=stop, stream=True
+        )
+        chunks = list(streamed)
+    assert free.choices[0].finish_reason == "length"
+    assert free.usage.completion_tokens == 8
+    text = "".join(chunk.choices[0].text for chunk in chunks)
+    assert text == free.choices[0].text[: free.choices[0].text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_prompt_over_the_context_is_one_bad_request(server: str) -> None:
+    """`BadRequestError` naming the limit; the client does not retry a 400 (one counted)."""
+    before = metric(server, "fleetserve_requests_total", code="400")
+    long_prompt = " ".join(["word"] * CONTEXT)
+    with client(server, max_retries=3) as api, pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model="test", messages=[{"role": "user", "content": long_prompt}]
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert f"context of {CONTEXT} tokens" in caught.value.message
+    assert metric(server, "fleetserve_requests_total", code="400") == before + 1
+
+
+def test_unknown_model_is_not_found(server: str) -> None:
+    """`NotFoundError` for a model name the server does not serve; `models.list` has ours."""
+    with client(server) as api:
+        with pytest.raises(openai.NotFoundError):
+            api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+        assert [model.id for model in api.models.list()] == ["test"]
+
+
+@pytest.fixture(scope="module")
+def slow_server() -> Iterator[str]:
+    """One sequence at a time, one waiting, 20 ms a token: easy to fill, slow to finish."""
+    slow = "builtin://synthetic-generate?per_token_ms=20&output_tokens=20&context_length=4096"
+    with running(
+        slow,
+        "--generation-max-running-sequences", "1",
+        "--generation-max-step-tokens", "64",
+        "--max-instances", "1",
+        "--max-queue-size", "1",
+        "--retry-after-s", str(RETRY_AFTER_S),
+        "--default-timeout-ms", "60000",
+        "--max-timeout-ms", "60000",
+    ) as url:  # fmt: skip
+        yield url
+
+
+def wait_until(url: str, name: str, value: float, timeout_s: float = 20) -> None:
+    """Poll `/metrics` until the gauge `name` reads `value`."""
+    deadline = time.monotonic() + timeout_s
+    while metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.01)
+
+
+def test_full_queue_is_a_503_whose_retry_after_the_client_honours(slow_server: str) -> None:
+    """A full queue answers 503 + Retry-After; the client waits that long, then succeeds.
+
+    The client's own backoff before a first retry is under a second, so a gap of at least
+    `Retry-After` between its two attempts shows the header was honoured.
+    """
+    url = slow_server
+    before = {code: metric(url, "fleetserve_requests_total", code=code) for code in ("200", "503")}
+    results: list[str | None] = []
+
+    def occupy() -> None:
+        with client(url) as api:
+            reply = api.chat.completions.create(model="test", messages=MESSAGES)
+            results.append(reply.choices[0].message.content)
+
+    busy = [threading.Thread(target=occupy) for _ in range(2)]
+    busy[0].start()
+    wait_until(url, "fleetserve_running_sequences", 1)
+    busy[1].start()
+    wait_until(url, "fleetserve_waiting_sequences", 1)
+    with client(url) as api, pytest.raises(openai.APIStatusError) as refused:
+        api.chat.completions.create(model="test", messages=MESSAGES)
+    assert refused.value.status_code == 503
+    assert refused.value.response.headers["retry-after"] == str(RETRY_AFTER_S)
+    attempts: list[float] = []
+    hooks = {"request": [lambda _: attempts.append(time.monotonic())]}
+    with (
+        httpx2.Client(event_hooks=hooks) as http,
+        openai.OpenAI(
+            base_url=f"{url}/v1", api_key="unused", max_retries=1, timeout=20, http_client=http
+        ) as api,
+    ):
+        retried = api.chat.completions.create(model="test", messages=MESSAGES)
+    for thread in busy:
+        thread.join()
+    assert retried.choices[0].message.content
+    assert len(results) == 2
+    assert len(attempts) == 2
+    assert attempts[1] - attempts[0] >= RETRY_AFTER_S
+    assert metric(url, "fleetserve_requests_total", code="503") == before["503"] + 2
+    assert metric(url, "fleetserve_requests_total", code="200") == before["200"] + 3
+
+
+def post_raw(port: int, path: str, body: bytes) -> socket.socket:
+    """Send one JSON POST over a new raw connection, leaving the socket open."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+        f"\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(head + body)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "whole"])
+def test_client_hanging_up_frees_its_sequence_at_once(slow_server: str, stream: bool) -> None:
+    """Hang up mid-generation: running sequences and KV usage go back to 0 at once.
+
+    The generation would otherwise run for its whole 2000 tokens (about 40 s); it is
+    cancelled at the engine's next step, long before the bound below. A stream is closed
+    after its first text chunk, a whole answer while it is being generated.
+    """
+    url = slow_server
+    closed_before = metric(url, "fleetserve_requests_total", code="499")
+    tokens_before = metric(url, "fleetserve_generation_tokens_total")
+    body = (
+        b'{"model":"test","stream":%s,"max_tokens":2000,"ignore_eos":true,'
+        b'"messages":[{"role":"user","content":"go on"}]}' % (b"true" if stream else b"false")
+    )
+    port = int(url.rsplit(":", 1)[1])
+    with post_raw(port, "/v1/chat/completions", body) as sock:
+        if stream:
+            received = sock.recv(65536)
+            while received.count(b"data: ") < 2:  # the role chunk, then the first text
+                received += sock.recv(65536)
+            assert received.startswith(b"HTTP/1.1 200")
+        wait_until(url, "fleetserve_running_sequences", 1)
+        assert metric(url, "fleetserve_kv_cache_usage_ratio") > 0
+    wait_until(url, "fleetserve_running_sequences", 0, timeout_s=5)
+    assert metric(url, "fleetserve_kv_cache_usage_ratio") == 0
+    assert metric(url, "fleetserve_requests_total", code="499") == closed_before + 1
+    assert metric(url, "fleetserve_generation_tokens_total") - tokens_before < 500
+
+
+def test_client_hanging_up_while_queued_leaves_the_queue(slow_server: str) -> None:
+    """A request that waits for a running slot and is abandoned leaves the queue at once."""
+    url = slow_server
+    port = int(url.rsplit(":", 1)[1])
+    long = (  # 40 s of tokens: the waiting one is not admitted within the bounds below
+        b'{"model":"test","max_tokens":2000,"ignore_eos":true,'
+        b'"messages":[{"role":"user","content":"first"}]}'
+    )
+    with post_raw(port, "/v1/chat/completions", long) as running_one:
+        wait_until(url, "fleetserve_running_sequences", 1)
+        with post_raw(port, "/v1/chat/completions", long.replace(b"first", b"second")):
+            wait_until(url, "fleetserve_waiting_sequences", 1)
+        wait_until(url, "fleetserve_waiting_sequences", 0, timeout_s=5)
+        assert metric(url, "fleetserve_running_sequences") == 1
+        running_one.close()
+    wait_until(url, "fleetserve_running_sequences", 0, timeout_s=5)
+
+
+def test_smollm2_answers_and_seeded_sampling_is_reproducible() -> None:
+    """SmolLM2-135M through the client: a right answer greedily, and `seed` reproduces samples."""
+    with (
+        running(
+            "builtin://smollm2-135m", "--generation-max-context", "512", "--threads", "2",
+            ready_s=240,
+        ) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as api,
+    ):  # fmt: skip
+        answer = api.chat.completions.create(
+            model="test",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=12,
+        )
+        assert "Paris" in (answer.choices[0].message.content or "")
+
+        def sample(seed: int) -> str:
+            reply = api.chat.completions.create(
+                model="test",
+                messages=[{"role": "user", "content": "Invent a name for a cat."}],
+                temperature=1.0,
+                seed=seed,
+                max_tokens=12,
+            )
+            return reply.choices[0].message.content or ""
+
+        assert sample(7) == sample(7)
+        assert len({sample(seed) for seed in range(4)}) > 1
