@@ -32,10 +32,10 @@ def free_port() -> int:
         return port
 
 
-def _is_ready(base_url: str) -> bool:
-    """Return True if ``GET /v2/health/ready`` answers 200."""
+def _is_ready(ready_url: str) -> bool:
+    """Return True if ``GET ready_url`` answers 200."""
     try:
-        with urllib.request.urlopen(f"{base_url}/v2/health/ready", timeout=2.0) as response:
+        with urllib.request.urlopen(ready_url, timeout=2.0) as response:
             status: int = response.status
             return status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -45,13 +45,13 @@ def _is_ready(base_url: str) -> bool:
 def _wait_ready(
     process: subprocess.Popen[bytes],
     *,
-    base_url: str,
+    ready_url: str,
     log_path: Path,
     timeout_s: float,
 ) -> None:
     """Poll readiness until it succeeds; fail fast if the server exits or the time is up."""
     deadline = time.monotonic() + timeout_s
-    while not _is_ready(base_url):
+    while not _is_ready(ready_url):
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{_tail(log_path)}")
         if time.monotonic() > deadline:
@@ -99,6 +99,7 @@ def running_server(
     core: int,
     log_path: Path,
     ready_timeout_s: float = 180.0,
+    ready_path: str = "/v2/health/ready",
 ) -> Iterator[int]:
     """Run ``argv`` pinned to ``core`` until the ``with`` block ends.
 
@@ -108,6 +109,7 @@ def running_server(
         core: CPU core for the server and all its threads.
         log_path: File that receives the server's stdout and stderr.
         ready_timeout_s: How long model loading and warm-up may take.
+        ready_path: Path under ``base_url`` that answers 200 once the server is ready.
 
     Yields:
         The server's process id; the server is ready when the block starts.
@@ -122,7 +124,12 @@ def running_server(
             start_new_session=True,
         )
         try:
-            _wait_ready(process, base_url=base_url, log_path=log_path, timeout_s=ready_timeout_s)
+            _wait_ready(
+                process,
+                ready_url=f"{base_url}{ready_path}",
+                log_path=log_path,
+                timeout_s=ready_timeout_s,
+            )
             yield process.pid
         finally:
             _stop(process)
