@@ -10,8 +10,9 @@ PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
 LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 
-.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler lock clean \
-        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime mutate
+.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
+        bench-analysis lock clean \
+        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
 
 ## help: list the targets
 help:
@@ -109,6 +110,11 @@ demo: setup tools prometheus-install
 demo-runtime: setup
 	PYTHONPATH=. $(PY) examples/runtime_demo.py
 
+## demo-generate: the runtime alone with SmolLM2: a streamed chat answer (openai client), then
+##                concurrent streams under continuous batching and the server's KV figures
+demo-generate: setup
+	PYTHONPATH=. $(PY) examples/chat_demo.py
+
 ## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP
 bench-runtime: setup
 	$(PY) -m bench.runtime_bench
@@ -116,6 +122,17 @@ bench-runtime: setup
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup
 	$(PY) -m bench.scheduler_bench
+
+## bench-analysis: simulated canaries, sequential vs threshold analysis; last lines
+##                 false_rollback_rate=, median_detection_s_sequential=, _threshold=
+bench-analysis: setup
+	$(PY) -m bench.analysis_bench
+
+## bench-generate: SmolLM2 with 32 streaming clients: continuous batching vs batch 1 vs static
+##                 batching vs `transformers serve` (GENERATE_BENCH_FLAGS=--quick: smoke test)
+GENERATE_BENCH_FLAGS ?=
+bench-generate: setup
+	$(PY) -m bench.generate_bench $(GENERATE_BENCH_FLAGS)
 
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
