@@ -365,7 +365,7 @@ class _Routes:
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         self.check_name(name)
         model = self.rt.model(version)
-        meta = model.handler.metadata
+        meta = model.metadata
         return {
             "name": meta.name,
             "versions": self.rt.versions(),

@@ -145,3 +145,16 @@ async def test_a_failure_inside_generate_stream_is_an_error_event() -> None:
     assert "Traceback" not in streamed.text
     assert whole.status_code == 500
     assert set(whole.json()) >= {"error", "request_id"}
+
+
+async def test_model_metadata_describes_a_generative_model() -> None:
+    """`GET /v2/models/{name}`: the generate extension's tensors, the context and the KV pool."""
+    async with serve() as client:
+        response = await client.get("/v2/models/test")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["platform"] == "fleetserve-synthetic-generate"
+    assert [t["name"] for t in body["inputs"]] == ["text_input"]
+    assert [t["name"] for t in body["outputs"]] == ["text_output"]
+    assert body["parameters"]["context_length"] == CONTEXT
+    assert body["parameters"]["kv_cache"]["num_blocks"] > 0
