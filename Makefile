@@ -101,8 +101,9 @@ mutate: setup
 ## test: lint, then every test tier (the README's test command; CI runs it)
 test: lint unit e2e
 
-## demo: control plane + Prometheus + operator; a MiniLM canary promoted step by step, a bad
-##       version rolled back (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
+## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
+##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
+##       (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
 demo: setup tools prometheus-install
 	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
 
@@ -179,7 +180,8 @@ e2e-rollout: setup tools prometheus-install
 	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
 	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
 
-## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: promotion and rollback both observed
+## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: both services Ready, a streamed chat
+##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
 e2e-demo: setup tools prometheus-install
 	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
 

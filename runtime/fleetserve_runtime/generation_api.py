@@ -166,6 +166,7 @@ class ChatFormat:
             delta=delta,
             reason=finish.reason if finish is not None and delta is not None else None,
             usage=finish.usage if finish is not None else None,
+            null_usage=self.include_usage,
         )
 
     def opening(self) -> list[object]:
@@ -189,6 +190,7 @@ class ChatFormat:
                 model=self.model,
                 delta={},
                 reason=finish.reason,
+                null_usage=True,
             )
             return [bare, self._chunk(None, finish)]
         return [self._chunk({}, finish)]
@@ -232,6 +234,7 @@ class CompletionFormat:
             text=text,
             reason=finish.reason if finish is not None and text is not None else None,
             usage=finish.usage if finish is not None else None,
+            null_usage=self.include_usage,
         )
 
     def opening(self) -> list[object]:
@@ -251,6 +254,7 @@ class CompletionFormat:
                 model=self.model,
                 text="",
                 reason=finish.reason,
+                null_usage=True,
             )
             return [bare, self._body(None, finish)]
         return [self._body("", finish)]
@@ -354,10 +358,7 @@ class _Routes:
         async def admit() -> tuple[GenerationStream, Format, bool]:
             body = decode_body(await self.host.body(request), ChatCompletionRequest)
             self.host.check_name(body.model)
-            info = self.host.rt.generation_info()
-            generation = chat_generation(
-                body, context_length=info.context_length, controls=self.controls(request)
-            )
+            generation = chat_generation(body, controls=self.controls(request))
             fmt = ChatFormat(
                 id_=f"chatcmpl-{request_id()}",
                 created=int(time.time()),
@@ -372,10 +373,7 @@ class _Routes:
         async def admit() -> tuple[GenerationStream, Format, bool]:
             body = decode_body(await self.host.body(request), CompletionRequest)
             self.host.check_name(body.model)
-            info = self.host.rt.generation_info()
-            generation = completion_generation(
-                body, context_length=info.context_length, controls=self.controls(request)
-            )
+            generation = completion_generation(body, controls=self.controls(request))
             fmt = CompletionFormat(
                 id_=f"cmpl-{request_id()}",
                 created=int(time.time()),
@@ -396,7 +394,6 @@ class _Routes:
             info = self.host.rt.generation_info()
             generation = oip_generation(
                 body,
-                context_length=info.context_length,
                 controls=self.controls(request, params.priority, params.timeout_ms),
                 version=version,
             )

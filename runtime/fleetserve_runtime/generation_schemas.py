@@ -55,7 +55,6 @@ __all__ = [
     "chat_generation",
     "completion_chunk",
     "completion_generation",
-    "default_max_tokens",
     "error_type",
     "oip_generation",
     "openai_error",
@@ -89,7 +88,8 @@ TopK = Annotated[int, Field(ge=-1)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 MaxTokens = Annotated[int, Field(ge=1)]
 Stop = Annotated[str | list[str], AfterValidator(_check_stops)]
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, strict=True)]
+"""Strict: `true` or `1.0` is no token id (lax parsing would read them as 1)."""
 
 
 class SamplingFields(BaseModel):
@@ -246,23 +246,15 @@ class RequestControls:
     request_id: str | None = None
 
 
-def default_max_tokens(context_length: int) -> int:
-    """`max_tokens` of a chat or OIP request that sets none: half the context.
+def _sampling(fields: SamplingFields, *, max_tokens: int | None) -> SamplingParams:
+    """The engine's `SamplingParams`; OpenAI's defaults (temperature 1, top-p 1).
 
-    The engine refuses a request whose prompt plus `max_tokens` exceed the context, and the
-    API does not tokenise, so an unset limit cannot be "whatever room the prompt leaves";
-    half the context leaves room for prompts of up to the other half.
+    An unset `max_tokens` stays unset: the engine, which knows the prompt's length, lets
+    the generation run until the context is full, as OpenAI does.
     """
-    return max(1, context_length // 2)
-
-
-def _sampling(
-    fields: SamplingFields, *, max_tokens: int | None, context_length: int
-) -> SamplingParams:
-    """The engine's `SamplingParams`; OpenAI's defaults (temperature 1, top-p 1)."""
     stops = [fields.stop] if isinstance(fields.stop, str) else fields.stop or []
     return SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else default_max_tokens(context_length),
+        max_tokens=max_tokens,
         temperature=1.0 if fields.temperature is None else fields.temperature,
         top_p=1.0 if fields.top_p is None else fields.top_p,
         top_k=max(fields.top_k or 0, 0),
@@ -278,9 +270,7 @@ def _check_stream_options(body: _OpenAIRequest) -> None:
         raise InvalidInput(msg, param="stream_options")
 
 
-def chat_generation(
-    body: ChatCompletionRequest, *, context_length: int, controls: RequestControls
-) -> GenerationRequest:
+def chat_generation(body: ChatCompletionRequest, *, controls: RequestControls) -> GenerationRequest:
     """The generation a chat request asks for; `InvalidInput` (naming the field) if refused."""
     _check_stream_options(body)
     _refuse_unsupported(body)
@@ -293,7 +283,7 @@ def chat_generation(
     )
     max_tokens = body.max_completion_tokens or body.max_tokens
     return GenerationRequest(
-        sampling=_sampling(body, max_tokens=max_tokens, context_length=context_length),
+        sampling=_sampling(body, max_tokens=max_tokens),
         messages=messages,
         priority=controls.priority,
         timeout_s=controls.timeout_s,
@@ -316,7 +306,7 @@ def _single_prompt(
 
 
 def completion_generation(
-    body: CompletionRequest, *, context_length: int, controls: RequestControls
+    body: CompletionRequest, *, controls: RequestControls
 ) -> GenerationRequest:
     """The generation a legacy completion request asks for; one prompt (text or token ids)."""
     _check_stream_options(body)
@@ -325,7 +315,7 @@ def completion_generation(
     if len(prompt) == 0:
         msg = "prompt must not be empty"
         raise InvalidInput(msg, param="prompt")
-    sampling = _sampling(body, max_tokens=body.max_tokens, context_length=context_length)
+    sampling = _sampling(body, max_tokens=body.max_tokens)
     text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, tuple(prompt))
     return GenerationRequest(
         sampling=sampling,
@@ -338,7 +328,7 @@ def completion_generation(
 
 
 def oip_generation(
-    body: GenerateRequest, *, context_length: int, controls: RequestControls, version: str | None
+    body: GenerateRequest, *, controls: RequestControls, version: str | None
 ) -> GenerationRequest:
     """The generation an OIP generate request asks for (of `version`, or the active one).
 
@@ -346,7 +336,7 @@ def oip_generation(
     """
     params = body.parameters
     return GenerationRequest(
-        sampling=_sampling(params, max_tokens=params.max_tokens, context_length=context_length),
+        sampling=_sampling(params, max_tokens=params.max_tokens),
         prompt=body.text_input,
         priority=controls.priority,
         timeout_s=controls.timeout_s,
@@ -525,8 +515,13 @@ def chat_chunk(
     delta: dict[str, str] | None,
     reason: FinishReason | None = None,
     usage: Usage | None = None,
+    null_usage: bool = False,
 ) -> ChatChunk:
-    """One stream chunk; `delta=None` gives the usage-only chunk (no choices)."""
+    """One stream chunk; `delta=None` gives the usage-only chunk (no choices).
+
+    `null_usage`: a chunk without usage says `"usage": null`, as OpenAI's do when the stream
+    was asked to include usage (strict clients read the key on every chunk then).
+    """
     chunk: ChatChunk = {
         "id": id_,
         "object": "chat.completion.chunk",
@@ -539,6 +534,8 @@ def chat_chunk(
         chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
     if usage is not None:
         chunk["usage"] = usage_body(usage)
+    elif null_usage:
+        chunk["usage"] = None
     return chunk
 
 
@@ -550,8 +547,12 @@ def completion_chunk(
     text: str | None,
     reason: FinishReason | None = None,
     usage: Usage | None = None,
+    null_usage: bool = False,
 ) -> Completion:
-    """One `text_completion` (a stream chunk, or the whole answer); `text=None`: usage only."""
+    """One `text_completion` (a stream chunk, or the whole answer); `text=None`: usage only.
+
+    `null_usage` as `chat_chunk`'s.
+    """
     body: Completion = {
         "id": id_,
         "object": "text_completion",
@@ -564,6 +565,8 @@ def completion_chunk(
         body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
     if usage is not None:
         body["usage"] = usage_body(usage)
+    elif null_usage:
+        body["usage"] = None
     return body
 
 

@@ -131,17 +131,29 @@ async def test_chat_stream_is_openai_chunks_ending_with_done() -> None:
     assert chunks[-1]["usage"] == whole["usage"]
 
 
-async def test_stream_include_usage_adds_a_usage_only_chunk() -> None:
-    """With `stream_options.include_usage`, usage comes in a last chunk with no choices."""
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(CHAT, chat(), id="chat"),
+        pytest.param("/v1/completions", {"model": "test", "prompt": "x y z"}, id="completions"),
+    ],
+)
+async def test_stream_include_usage_adds_a_usage_only_chunk(
+    path: str, body: dict[str, Any]
+) -> None:
+    """With `stream_options.include_usage`, usage comes in a last chunk with no choices.
+
+    As OpenAI's, every chunk before it says `"usage": null`.
+    """
     async with serve() as client:
         response = await client.post(
-            CHAT, json=chat(stream=True, stream_options={"include_usage": True})
+            path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
         )
     *chunks, done = events(response)
     assert done == "[DONE]"
     finish, usage_only = chunks[-2], chunks[-1]
-    assert finish["choices"][0]["finish_reason"] == "stop"
-    assert "usage" not in finish
+    assert finish["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
     assert usage_only["choices"] == []
     usage = usage_only["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -217,6 +229,18 @@ async def test_invalid_requests_get_400_naming_the_field(
     assert error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [[10**9], [-1], [2**70], [True], [1.0], [[3, 10**9]]],
+    ids=["past-vocabulary", "negative", "over-int64", "bool", "float", "nested-past-vocabulary"],
+)
+async def test_bad_prompt_token_ids_are_400_naming_prompt(prompt: list[Any]) -> None:
+    """Token ids the model has no embedding for, or that are not integers: 400 naming `prompt`."""
+    async with serve() as client:
+        response = await client.post("/v1/completions", json={"model": "test", "prompt": prompt})
+    assert_openai_error(response, 400, "prompt")
+
+
 async def test_prompt_over_the_context_is_400_naming_the_limit() -> None:
     """Not 413: clients treat 400 `context_length_exceeded` as "shorten the prompt"."""
     async with serve() as client:
@@ -228,6 +252,39 @@ async def test_prompt_over_the_context_is_400_naming_the_limit() -> None:
     assert error["code"] == "context_length_exceeded"
     assert f"context of {CONTEXT} tokens" in error["message"]
     assert assert_openai_error(completion, 400, "prompt")["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(CHAT, chat(" ".join(["word"] * 40)), id="chat"),
+        pytest.param(
+            "/v2/models/test/generate", {"text_input": " ".join(["word"] * 40)}, id="generate"
+        ),
+    ],
+)
+async def test_unset_max_tokens_runs_to_the_end_of_the_context(
+    path: str, body: dict[str, Any]
+) -> None:
+    """No `max_tokens`: a prompt over half the context is served, to the context's end.
+
+    The finish reason is "length" exactly when prompt plus completion fill it, as OpenAI's.
+    """
+    sampling = {"ignore_eos": True, "temperature": 0}
+    async with serve() as client:
+        if "messages" in body:
+            response = await client.post(path, json={**body, **sampling})
+        else:
+            response = await client.post(path, json={**body, "parameters": sampling})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] > CONTEXT // 2
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
+    reason = (
+        answer["choices"][0]["finish_reason"] if "choices" in answer else answer["finish_reason"]
+    )
+    assert reason == "length"
 
 
 async def test_unknown_model_is_404_and_models_lists_the_served_one() -> None:
@@ -389,7 +446,7 @@ def test_chat_translation_maps_roles_parts_and_limits() -> None:
             "top_k": -1,
         }
     )
-    generation = chat_generation(body, context_length=100, controls=CONTROLS)
+    generation = chat_generation(body, controls=CONTROLS)
     assert generation.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "a\nb"))
     assert generation.sampling == SamplingParams(max_tokens=7, stop=("END",), seed=-5)
     assert (generation.priority, generation.timeout_s, generation.request_id) == (
@@ -398,7 +455,7 @@ def test_chat_translation_maps_roles_parts_and_limits() -> None:
     unset = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     )
-    assert chat_generation(unset, context_length=100, controls=CONTROLS).sampling.max_tokens == 50
+    assert chat_generation(unset, controls=CONTROLS).sampling.max_tokens is None
 
 
 def test_chat_translation_refuses_both_token_limits() -> None:
@@ -412,7 +469,7 @@ def test_chat_translation_refuses_both_token_limits() -> None:
         }
     )
     with pytest.raises(InvalidInput) as caught:
-        chat_generation(body, context_length=100, controls=CONTROLS)
+        chat_generation(body, controls=CONTROLS)
     assert caught.value.param == "max_completion_tokens"
 
 
@@ -430,7 +487,7 @@ def test_completion_prompt_forms(
 ) -> None:
     """A completion prompt is one text or one list of token ids; `max_tokens` defaults to 16."""
     body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
-    generation = completion_generation(body, context_length=100, controls=CONTROLS)
+    generation = completion_generation(body, controls=CONTROLS)
     assert (generation.prompt, generation.prompt_token_ids) == (text, ids)
     assert generation.sampling.max_tokens == 16
 
@@ -440,5 +497,5 @@ def test_completion_refuses_batched_or_empty_prompts(prompt: Any) -> None:
     """One prompt per request: a batch of prompts (or none) is a 400 naming `prompt`."""
     body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
     with pytest.raises(InvalidInput) as caught:
-        completion_generation(body, context_length=100, controls=CONTROLS)
+        completion_generation(body, controls=CONTROLS)
     assert caught.value.param == "prompt"

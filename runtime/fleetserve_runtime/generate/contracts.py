@@ -207,7 +207,8 @@ class ChatMessage:
 class SamplingParams:
     """Per-request decoding; the API validates the ranges before building one."""
 
-    max_tokens: int
+    max_tokens: int | None
+    """None: until the context (or the KV pool, if smaller) is full."""
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0

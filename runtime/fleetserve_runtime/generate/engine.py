@@ -1,13 +1,15 @@
 """The generative engine: requests in, model steps on one worker thread, token events out.
 
-The event loop side (`submit`) tokenises the prompt, checks it against the context and the
-KV pool, refuses with `QueueFull` when the waiting queue is at its bound and hands the new
-sequence to the worker; nothing else of a request runs on the event loop. The worker thread
-loops: take new and cancelled sequences in, let the `Scheduler` plan a step, run
-`CausalLM.forward` on it, sample the sequences whose chunk reached their end, decode the new
-tokens to text (stop strings cut), retire finished sequences at once, and post each step's
-events to the event loop in one hop. A model step that raises fails the sequences of that
-step, not the engine.
+The event loop side (`submit`) tokenises the prompt (a long one on a helper thread: near the
+context's bound in characters it takes the tokenizer most of a second, which would stall
+every stream's events), checks it against the context and the KV pool, refuses with
+`QueueFull` when the waiting queue is at its bound and hands the new sequence to the worker;
+nothing else of a request runs on the event loop. The worker thread loops: take new and
+cancelled sequences in, let the `Scheduler` plan a step, run `CausalLM.forward` on it, sample
+the sequences whose chunk reached their end, decode the new tokens to text (stop strings
+cut), retire finished sequences at once, and post each step's events to the event loop in
+one hop. A model step that raises fails the sequences of that step, not the engine; decoding
+that raises for one sequence fails that sequence alone.
 
 Liveness watches the worker as it watches the encoder executor: `running_step` is the step
 in progress (from taking new work in to posting its events) with the time it should take
@@ -62,13 +64,32 @@ from fleetserve_runtime.generate.stops import StopMatcher
 from fleetserve_runtime.limits import MAX_CHARS_PER_TOKEN
 from fleetserve_runtime.liveness import RunningBatch
 
-__all__ = ["EngineLimits", "EngineStats", "GenerationEngine", "GenerationStream", "StepPace"]
+__all__ = [
+    "INLINE_PROMPT_CHARS",
+    "EngineLimits",
+    "EngineStats",
+    "GenerationEngine",
+    "GenerationStream",
+    "StepPace",
+]
 
 log = logging.getLogger("fleetserve.generate")
 
 IDLE_POLL_S = 0.05
 """How long the worker sleeps when sequences wait but none can be scheduled (never expected:
 `submit` refuses what cannot fit alone); it keeps such a bug from spinning a core."""
+
+
+INLINE_PROMPT_CHARS = 4096
+"""Prompts up to this many characters are tokenised on the event loop (well under a
+millisecond); longer ones on a helper thread, which the tokenizer's GIL-free encoding lets
+run beside the loop. A hop for every request would cost more than short prompts do."""
+
+
+def _prompt_chars(request: GenerationRequest) -> int:
+    if request.messages is not None:
+        return sum(len(message.content) for message in request.messages)
+    return len(request.prompt or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +275,8 @@ class _Work:
     sampling: RowSampling
     decoder: IncrementalDecoder
     stops: StopMatcher
+    max_tokens: int
+    """`params.max_tokens`, or the room the prompt leaves when the request set none."""
     generated: int = 0
     last_token_at: float | None = None
     counted: bool = False
@@ -382,23 +405,25 @@ class GenerationEngine:
 
     async def submit(self, request: GenerationRequest) -> GenerationStream:
         """Queue a generation; raises before any event when it cannot be served."""
-        if not self.is_running:
-            msg = "the generation engine is not running"
-            raise ModelNotReady(msg)
+        self._check_running()
+        # Before tokenising: an overloaded server refuses at the least cost.
+        self._check_queue()
         params = request.sampling
-        if params.max_tokens < 1:
+        if params.max_tokens is not None and params.max_tokens < 1:
             msg = f"max_tokens must be at least 1, got {params.max_tokens}"
             raise InvalidInput(msg)
-        prompt = self._tokenise(request)
-        self._check_fits(len(prompt), params.max_tokens)
+        if _prompt_chars(request) <= INLINE_PROMPT_CHARS:
+            prompt = self._tokenise(request)
+        else:
+            prompt = await asyncio.to_thread(self._tokenise, request)
+            self._check_running()  # it may have stopped while the prompt was tokenised
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            room = min(self.context_length, self.limits.num_blocks * self.limits.block_size)
+            max_tokens = max(1, room - len(prompt))
+        self._check_fits(len(prompt), max_tokens)
         timeout_s = self._timeout_s(request.timeout_s)
-        waiting = self._scheduler.num_waiting + len(self._inbox)
-        if waiting >= self.limits.max_queue_size:
-            msg = (
-                f"queue is full ({waiting} of {self.limits.max_queue_size} waiting); "
-                f"retry after {self.limits.retry_after_s:g}s"
-            )
-            raise QueueFull(msg, retry_after_s=self.limits.retry_after_s)
+        self._check_queue()  # again: others may have queued while a long prompt was tokenised
         seq = Seq(
             next(self._ids),
             list(prompt),
@@ -415,6 +440,7 @@ class GenerationEngine:
             RowSampling.of(params),
             self._codec.decoder(),
             StopMatcher(params.stop),
+            max_tokens,
         )
         stream._work = work
         stream._timer = asyncio.get_running_loop().call_later(timeout_s, stream._expire, timeout_s)
@@ -422,6 +448,20 @@ class GenerationEngine:
             self._inbox.append(work)
             self._wake.notify()
         return stream
+
+    def _check_queue(self) -> None:
+        waiting = self._scheduler.num_waiting + len(self._inbox)
+        if waiting >= self.limits.max_queue_size:
+            msg = (
+                f"queue is full ({waiting} of {self.limits.max_queue_size} waiting); "
+                f"retry after {self.limits.retry_after_s:g}s"
+            )
+            raise QueueFull(msg, retry_after_s=self.limits.retry_after_s)
+
+    def _check_running(self) -> None:
+        if not self.is_running:
+            msg = "the generation engine is not running"
+            raise ModelNotReady(msg)
 
     def _tokenise(self, request: GenerationRequest) -> list[int]:
         given = [
@@ -435,7 +475,8 @@ class GenerationEngine:
             vocab = self._lm.vocab_size
             if any(not 0 <= token < vocab for token in ids):
                 msg = f"prompt token ids must be between 0 and {vocab - 1}"
-                raise InvalidInput(msg)
+                # Token ids come only from the completions API's `prompt`.
+                raise InvalidInput(msg, param="prompt")
         elif request.messages is not None:
             try:
                 text = self._codec.render_chat(request.messages)
@@ -548,10 +589,18 @@ class GenerationEngine:
         now = self._clock()
         generated = 0
         for chunk, token in zip(plan.chunks, tokens, strict=True):
-            if token is not None:
-                work = self._work[chunk.seq.seq_id]
-                self._outbox.append((work.stream, self._on_token(work, token, now)))
-                generated += 1
+            if token is None:
+                continue
+            generated += 1
+            work = self._work[chunk.seq.seq_id]
+            try:
+                events = self._on_token(work, token, now)
+            except Exception:
+                # Decoding or matching stops failed for this sequence's text alone: the
+                # others of the step (and those waiting) keep going.
+                self._fail([work], "decoding a generated token failed")
+                continue
+            self._outbox.append((work.stream, events))
         self._metrics.generation_tokens.inc(generated)
         return scheduled
 
@@ -585,7 +634,7 @@ class GenerationEngine:
             text = work.stops.push(work.decoder.push(token))
             if work.stops.stopped:
                 reason = FinishReason.STOP
-            elif work.generated >= params.max_tokens or len(work.seq.tokens) >= self.context_length:
+            elif work.generated >= work.max_tokens or len(work.seq.tokens) >= self.context_length:
                 reason = FinishReason.LENGTH
         if reason is not None and not work.stops.stopped:
             text += work.stops.push(work.decoder.flush())

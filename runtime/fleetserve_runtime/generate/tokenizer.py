@@ -41,6 +41,11 @@ _USER_DEFINED = 4
 """llama.cpp's token types (`tokenizer.ggml.token_type`) that are added tokens."""
 
 _REPLACEMENT = "\ufffd"
+_MAX_HELD_TOKENS = 8
+"""Most tokens a `StreamDecoder` holds back. A character has at most 4 UTF-8 bytes and every
+token carries at least one, so a longer run ending in U+FFFD is bytes that never form a
+character (or a real U+FFFD): released as `decode` shows them, not held to the end, and
+each step's decode window stays short instead of growing with the run."""
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -212,8 +217,13 @@ class TokenizerCodec:
         return self._chat_template
 
     def encode(self, text: str, *, add_special: bool) -> list[int]:
-        """Token ids of `text`; `add_special` adds what the tokenizer adds to a whole prompt."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special).ids)
+        """Token ids of `text`; `add_special` adds what the tokenizer adds to a whole prompt.
+
+        `encode_batch` of one text gives `encode`'s ids, but releases the GIL while it works:
+        tokenising a long prompt on a helper thread then does not stall the event loop.
+        """
+        [encoding] = self.tokenizer.encode_batch([text], add_special_tokens=add_special)
+        return list(encoding.ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of `token_ids`, special tokens skipped."""
@@ -237,7 +247,8 @@ class StreamDecoder:
     several tokens, and some decoders treat a sequence's first token specially (SentencePiece
     drops its leading space). So each step decodes a short window that starts at the last
     point where the text was complete, and releases only what the new token added; a trailing
-    U+FFFD means a character is still open, and the text is held back until it closes.
+    U+FFFD means a character is still open, and the text is held back until it closes (or
+    `_MAX_HELD_TOKENS` tokens are held: then it never will).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -253,7 +264,8 @@ class StreamDecoder:
         self._ids.append(token_id)
         before = self._decode(self._prefix, self._read)
         after = self._decode(self._prefix, len(self._ids))
-        if len(after) <= len(before) or after.endswith(_REPLACEMENT):
+        complete = len(after) > len(before) and not after.endswith(_REPLACEMENT)
+        if not complete and len(self._ids) - self._read < _MAX_HELD_TOKENS:
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return after[len(before) :]

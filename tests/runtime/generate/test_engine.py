@@ -42,6 +42,7 @@ from fleetserve_runtime.generate.contracts import (
     TokenEvent,
 )
 from fleetserve_runtime.generate.engine import (
+    INLINE_PROMPT_CHARS,
     EngineLimits,
     GenerationEngine,
     GenerationStream,
@@ -376,11 +377,31 @@ async def test_a_deadline_after_the_first_token_ends_the_stream_with_an_error_ev
         await engine.stop()
 
 
+@dataclass
+class GatedCodec(AsciiCodec):
+    """`AsciiCodec` whose `encode` records its thread and, when `gate` is set, waits for it."""
+
+    gate: threading.Event | None = None
+    encoding: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def encode(self, text: str, *, add_special: bool) -> list[int]:
+        """Character codes, once the gate opens."""
+        self.threads.append(threading.current_thread())
+        self.encoding.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        return super().encode(text, add_special=add_special)
+
+
 async def test_a_full_queue_refuses_with_retry_after_before_any_event() -> None:
     """With the waiting queue at its bound, submit raises QueueFull carrying Retry-After."""
     gate = threading.Event()
     lm = PagedEcho(gate=gate)
-    engine = make_engine(lm, max_running_sequences=1, max_queue_size=2, retry_after_s=3.0)
+    codec = GatedCodec()
+    engine = make_engine(
+        lm, codec=codec, max_running_sequences=1, max_queue_size=2, retry_after_s=3.0
+    )
     try:
         running = await engine.submit(request("a"))
         await asyncio.to_thread(lm.in_step.wait, 5)
@@ -389,6 +410,7 @@ async def test_a_full_queue_refuses_with_retry_after_before_any_event() -> None:
             await engine.submit(request("d"))
         assert refused.value.retry_after_s == 3.0
         assert "2 of 2 waiting" in refused.value.message
+        assert len(codec.threads) == 3  # the refused prompt cost no tokenising
         gate.set()
         for stream in (running, *waiting):
             assert len((await collect(stream)).text) == 12
@@ -532,6 +554,77 @@ async def test_a_failing_step_fails_its_sequences_not_the_engine() -> None:
         await engine.stop()
 
 
+class BrokenDecoder(AsciiDecoder):
+    """A decoder that raises on its first token, as a tokenizer refusing an odd id would."""
+
+    def push(self, token_id: int) -> str:
+        """Always fails."""
+        msg = f"cannot decode token {token_id}"
+        raise ValueError(msg)
+
+
+@dataclass
+class OneBrokenDecoderCodec(AsciiCodec):
+    """`AsciiCodec` whose decoder for the `broken`-th submitted sequence (from 0) raises."""
+
+    broken: int = 0
+    made: int = 0
+
+    def decoder(self) -> AsciiDecoder:
+        """A working decoder, except for the `broken`-th sequence."""
+        self.made += 1
+        return BrokenDecoder() if self.made - 1 == self.broken else AsciiDecoder()
+
+
+async def test_a_sequence_whose_text_fails_to_decode_fails_alone() -> None:
+    """Decoding that raises for one sequence fails it; its step's others finish unchanged."""
+    alone = make_engine()
+    try:
+        expected = [await collect(await alone.submit(request(p, 12))) for p in ("one", "two")]
+    finally:
+        await alone.stop()
+    engine = make_engine(codec=OneBrokenDecoderCodec(broken=1))
+    try:
+        streams = [await engine.submit(request(p, 12)) for p in ("one", "bad", "two")]
+        results = await asyncio.gather(*(collect(s) for s in streams), return_exceptions=True)
+        assert isinstance(results[1], BatchFailed)
+        assert [texts([r]) for r in (results[0], results[2])] == [texts([e]) for e in expected]
+        assert engine.is_running
+        assert engine.stats().free_blocks == 512
+    finally:
+        await engine.stop()
+
+
+LONG_PROMPT = "y" * (INLINE_PROMPT_CHARS + 1)
+
+
+async def test_long_prompts_are_tokenised_off_the_event_loop() -> None:
+    """A long prompt's tokenising must not stall the streams the event loop writes."""
+    codec = GatedCodec()
+    engine = make_engine(codec=codec, context_length=8192, num_blocks=4096)
+    try:
+        result = await collect(await engine.submit(request(LONG_PROMPT, 3)))
+    finally:
+        await engine.stop()
+    assert len(result.text) == 3
+    assert codec.threads
+    assert threading.current_thread() not in codec.threads
+
+
+async def test_an_engine_stopped_while_a_prompt_is_tokenised_refuses_it() -> None:
+    """Not a stream nobody will ever end: the request is refused with ModelNotReady."""
+    gate = threading.Event()
+    codec = GatedCodec(gate=gate)
+    engine = make_engine(codec=codec, context_length=8192, num_blocks=4096)
+    submitting = asyncio.create_task(engine.submit(request(LONG_PROMPT, 3)))
+    await asyncio.to_thread(codec.encoding.wait, 5)
+    await engine.stop()
+    gate.set()
+    with pytest.raises(ModelNotReady):
+        await submitting
+    assert engine.open_streams == 0
+
+
 async def test_stop_fails_everything_pending() -> None:
     """Stopping the engine answers waiting and running streams with ModelNotReady."""
     gate = threading.Event()
@@ -661,6 +754,7 @@ async def test_a_worker_thread_that_died_is_reported_and_takes_no_new_requests()
         await collect(stranded)
 
 
+OUTPUT_TOKENS = 40
 SMOLLM2_PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -695,7 +789,9 @@ async def smollm2_greedy(
         context_length=2048,
     )
     engine.start()
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    # Long enough that the four overlap and outgrow a tiny pool however their arrivals
+    # interleave with the worker's steps (the tokenizer lets the worker run meanwhile).
+    params = SamplingParams(max_tokens=OUTPUT_TOKENS, temperature=0.0, ignore_eos=True)
     try:
         streams = [
             await engine.submit(GenerationRequest(sampling=params, prompt=p))
@@ -719,4 +815,4 @@ async def test_smollm2_greedy_is_the_same_under_preemption_and_at_batch_1(
     assert engine.stats().preemptions > 0
     assert large == batch1
     assert tiny == batch1
-    assert all(len(ids) == 12 for ids in batch1)
+    assert all(len(ids) == OUTPUT_TOKENS for ids in batch1)

@@ -171,6 +171,22 @@ def test_smollm2_streaming_flush_releases_an_unfinished_character(
     assert "\ufffd" not in "".join(deltas)
 
 
+def test_smollm2_streaming_releases_bytes_that_never_form_a_character(
+    smollm2_checkpoint: Checkpoint,
+) -> None:
+    """A run of stray continuation bytes streams as U+FFFD as it comes, not at the very end.
+
+    Holding it back would show the client nothing, and re-decode an ever longer window on
+    the engine's worker for every new token.
+    """
+    codec = smollm2_checkpoint.codec
+    stray = codec.tokenizer.token_to_id("\u0122")  # byte 0x80 in the byte-level alphabet
+    ids = [*codec.encode("ok", add_special=False), *[stray] * 40]
+    deltas, full = _streamed(codec, ids)
+    assert full == codec.decode(ids)
+    assert "".join(deltas).count("\ufffd") >= 40 - 8
+
+
 def test_streaming_skips_special_tokens(smollm2_checkpoint: Checkpoint) -> None:
     """Control tokens in the stream produce no text, as in `decode`."""
     codec = smollm2_checkpoint.codec
