@@ -24,6 +24,7 @@ from fleetserve_operator.rollout.traffic import fallback_active, traffic_split
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
+    GenerationSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
     RolloutPhase,
@@ -31,10 +32,12 @@ from fleetserve_operator.spec import (
     TrackStatus,
     set_condition,
 )
+from fleetserve_operator.spec.serving import builtin_context_length
 
 __all__ = [
     "Observation",
     "compute_status",
+    "generation_memory_problem",
     "is_rolled_out",
     "memory_problem",
     "track_status",
@@ -57,11 +60,21 @@ class Observation:
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
 
 
-def memory_problem(spec: InferenceServiceSpec, figures: MemoryFigures) -> Problem | None:
-    """A `MemoryBudgetExceeded` problem when a full batch needs more than the budget allows."""
+def memory_problem(
+    spec: InferenceServiceSpec, figures: MemoryFigures, measured: GenerationSpec | None = None
+) -> Problem | None:
+    """A `MemoryBudgetExceeded` problem when the spec needs more than the budget allows.
+
+    An encoder: a full batch. A generative model: weights, one step's activations and a
+    KV pool that holds one full context (`generation_memory_problem`); `measured` are the
+    engine knobs the figures were measured with (the stable track's).
+    """
     budget = spec.memory.budget_bytes
     if budget == 0:
         return None
+    knobs = spec.gpu_track.generation_knobs
+    if knobs is not None:
+        return generation_memory_problem(spec, knobs, figures, measured or knobs)
     batching = spec.batching
     tokens = batching.max_batch_size * batching.max_sequence_length
     needed = int(figures.weights_bytes + figures.fixed_bytes + figures.bytes_per_token * tokens)
@@ -78,6 +91,55 @@ def memory_problem(spec: InferenceServiceSpec, figures: MemoryFigures) -> Proble
             f"above spec.memory.budget {spec.memory.budget} = {usable} usable bytes "
             f"({usable / GIB:.2f} GiB after reserveFraction {spec.memory.reserve_fraction}); "
             "the runtime will cap batches below the configured size"
+        ),
+    )
+
+
+def generation_memory_problem(
+    spec: InferenceServiceSpec,
+    knobs: GenerationSpec,
+    figures: MemoryFigures,
+    measured: GenerationSpec,
+) -> Problem | None:
+    """A `MemoryBudgetExceeded` problem when `knobs` leave no KV pool for one full context.
+
+    The runtime sizes its pool from what the budget leaves after the reserve, the weights
+    and one step's activations, and refuses to load when that cannot hold one sequence of
+    the whole context. From the figures the stable replicas measured under `measured`: the
+    activations (`fixed_bytes` less the pool) scale with `maxStepTokens`, a block's bytes
+    with `blockSize`. The context is `maxContext`, or a builtin's own; for another model
+    with `maxContext` 0 only weights and activations are checked.
+    """
+    blocks, block_bytes = figures.kv_cache_blocks, figures.kv_cache_block_bytes
+    if blocks is None or block_bytes is None:
+        return None
+    memory = spec.memory
+    usable = int(memory.budget_bytes * (1 - memory.reserve_fraction))
+    per_token = block_bytes / measured.block_size
+    measured_steps = max(0.0, figures.fixed_bytes - blocks * block_bytes)
+    activations = int(measured_steps * knobs.max_step_tokens / measured.max_step_tokens)
+    context = knobs.max_context or builtin_context_length(spec.model) or 0
+    one_context = int(-(-context // knobs.block_size) * knobs.block_size * per_token)
+    weights = int(figures.weights_bytes)
+    pool = (usable - weights - activations) * knobs.kv_cache_fraction
+    if pool > 0 and pool >= one_context:
+        return None
+    needed = weights + activations + int(one_context / knobs.kv_cache_fraction)
+    kv = (
+        f"the KV cache of one {context}-token sequence {one_context} "
+        f"/ spec.generation.kvCacheFraction {knobs.kv_cache_fraction}"
+        if context
+        else "a KV cache"
+    )
+    return Problem(
+        reason="MemoryBudgetExceeded",
+        message=(
+            f"weights {weights} + activations of one spec.generation.maxStepTokens "
+            f"{knobs.max_step_tokens}-token step {activations} + {kv} need {needed} bytes "
+            f"({needed / GIB:.2f} GiB), {needed - usable} bytes more than spec.memory.budget "
+            f"{memory.budget} leaves ({usable} bytes after reserveFraction "
+            f"{memory.reserve_fraction}); the runtime will refuse to load: raise "
+            "spec.memory.budget, or lower spec.generation.maxContext or maxStepTokens"
         ),
     )
 

@@ -6,6 +6,11 @@ container runs `fleetserve-runtime serve` with flags from `contract`; the pod is
 the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
 escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label
 namespaces `restricted`.
+
+A generative model's pods also get the engine's `--generation-*` flags, and a terminating
+pod keeps serving for `generation.drainSeconds`: Gateway API and Services move only new
+requests off a pod, so the streams it has started finish on it, and the runtime ends
+whatever still streams only when the kubelet sends SIGTERM after that drain.
 """
 
 from __future__ import annotations
@@ -14,12 +19,23 @@ from dataclasses import dataclass
 
 from fleetserve_operator import contract
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.spec import GpuTrackSpec, Resources, Toleration
+from fleetserve_operator.spec import GenerationSpec, GpuTrackSpec, Resources, Toleration
 
-__all__ = ["CONTAINER_NAME", "DRAIN_SECONDS", "RUNTIME_UID", "TrackPlan", "pod_template"]
+__all__ = [
+    "CONTAINER_NAME",
+    "DRAIN_SECONDS",
+    "RUNTIME_UID",
+    "SHUTDOWN_SECONDS",
+    "TrackPlan",
+    "pod_template",
+    "runtime_args",
+]
 
 DRAIN_SECONDS = 5
 """How long a terminating runtime pod keeps serving before it is sent SIGTERM."""
+SHUTDOWN_SECONDS = 25
+"""What the grace period leaves after the drain for the runtime to stop once SIGTERMed (its
+HTTP server waits up to 10 s for open requests, then the engines stop)."""
 CONTAINER_NAME = "runtime"
 # The runtime image's non-root user (distroless convention); Dockerfile.runtime creates it.
 RUNTIME_UID = 65532
@@ -48,6 +64,36 @@ class TrackPlan:
     """The model, runtime and memory sections the pods are rendered from."""
     spec_hash: str | None = None
     """`pods.digest` on the GPU tracks (their spec-hash label); None on the fallback."""
+    generation: GenerationSpec | None = None
+    """The engine's knobs of a generative model on this track; None for an encoder."""
+
+    @property
+    def drain_seconds(self) -> int:
+        """How long a terminating pod keeps serving before SIGTERM (its preStop sleep)."""
+        if self.generation is None:
+            return DRAIN_SECONDS
+        return max(DRAIN_SECONDS, self.generation.drain_seconds)
+
+
+def runtime_args(plan: TrackPlan) -> list[str]:
+    """The runtime's flags: `contract.render_args`, and a generative model's engine knobs."""
+    args = contract.render_args(pods=plan.pods, config=plan.config)
+    knobs = plan.generation
+    if knobs is None:
+        return args
+    values = {
+        "kv-cache-fraction": knobs.kv_cache_fraction,
+        "block-size": knobs.block_size,
+        "max-running-sequences": knobs.max_running_sequences,
+        "max-step-tokens": knobs.max_step_tokens,
+        "max-context": knobs.max_context,
+        "default-timeout-ms": knobs.default_timeout_ms,
+        "max-timeout-ms": knobs.max_timeout_ms,
+    }
+    for flag, value in values.items():
+        args += [f"--generation-{flag}", str(value)]
+    caching = "" if knobs.prefix_caching else "no-"
+    return [*args, f"--{caching}generation-prefix-caching"]
 
 
 def _probe(path: str, *, period_s: int, failures: int) -> Manifest:
@@ -115,7 +161,7 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.COMMAND),
-        "args": contract.render_args(pods=spec, config=plan.config),
+        "args": runtime_args(plan),
         "ports": [{"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}],
         "startupProbe": _probe(contract.READY_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
         "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),
@@ -128,9 +174,9 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "volumeMounts": mounts,
         # Keep serving for a moment after deletion starts: endpoints and gateways stop routing
         # to a terminating pod only after a propagation delay, and without this the requests
-        # sent in that window (promotion, rollback, scale-down) are refused. Native sleep
-        # action: the runtime image needs no shell.
-        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
+        # sent in that window (promotion, rollback, scale-down) are refused; a generative
+        # pod's streams finish in it. Native sleep action: the runtime image needs no shell.
+        "lifecycle": {"preStop": {"sleep": {"seconds": plan.drain_seconds}}},
     }
     env = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.runtime.env]
     if env:
@@ -155,7 +201,7 @@ def pod_template(plan: TrackPlan, labels: dict[str, str]) -> Manifest:
             "fsGroup": RUNTIME_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": plan.drain_seconds + SHUTDOWN_SECONDS,
         "containers": [_container(plan, mounts)],
         "volumes": volumes,
     }

@@ -7,7 +7,8 @@ apply leaves every other field to its owner). Everything that changes during a r
 rendered from `status`, which `rollout.next_step` wrote: the stable track runs
 `status.rollout.stableSpec`, the canary exists only while a rollout is active, replica counts
 follow `rollout.plan_capacity` and HTTPRoute weights `rollout.traffic_split`. The HTTPRoute
-exposes only the inference paths of `INFERENCE_PATHS`, never the runtime's admin endpoints.
+exposes only the inference paths of the model's task (`INFERENCE_PATHS` for an encoder,
+`GENERATION_PATHS` for a generative model), never the runtime's admin endpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fleetserve_operator.records import Manifest
 from fleetserve_operator.rollout import fallback_active, plan_capacity, traffic_split
 from fleetserve_operator.spec import (
     BatchingSpec,
+    GenerationSpec,
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
@@ -34,16 +36,19 @@ from fleetserve_operator.spec import (
 
 __all__ = [
     "APPLIED_HASH_ANNOTATION",
+    "GENERATION_PATHS",
     "HTTPROUTE_API_VERSION",
     "INFERENCE_PATHS",
     "Owner",
     "check_semantics",
     "child_key",
     "desired_children",
+    "fallback_generation",
     "is_controlled_by",
     "is_drifted",
     "needs_write",
     "plan_tracks",
+    "route_matches",
     "stable_pods",
     "stale_children",
     "traffic_weights",
@@ -63,7 +68,24 @@ INFERENCE_PATHS = (
 
 Everything else the runtime serves (`/v2/repository/...` loads and unloads models,
 `/metrics`, `/docs`, the server-wide health and metadata) stays unreachable from the
-gateway. A new inference API (e.g. `/v1/chat/completions`) is one more entry here.
+gateway. A new inference API is one more entry here.
+"""
+GENERATION_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/v1/models/{model}",
+    "/v2/models/{model}/generate",
+    "/v2/models/{model}/generate_stream",
+)
+"""Exact paths a generative model's HTTPRoute sends to the runtime.
+
+The OpenAI routes and the OIP generate extension of `spec.model.name` only: its `infer`,
+other models' paths and the version-pinned `/versions/{v}/generate` (the rollout, not the
+client, picks the version) stay unreachable. The OpenAI paths carry no model name, so a
+generative service's route also matches its own `spec.traffic.hostnames` (the spec
+requires them with `gateway-api`): two generative services on one Gateway stay apart by
+hostname, as an OpenAI client's `base_url` addresses them.
 """
 
 
@@ -113,6 +135,20 @@ def check_semantics(owner: Owner, spec: InferenceServiceSpec) -> None:
             known = ", ".join(sorted(contract.KNOWN_BUILTINS))
             raise InvalidSpec("spec.model.uri", f"unknown builtin model {kind!r}; known: {known}")
     fallback_batching(spec, spec.batching)
+    fallback_generation(spec, spec.gpu_track.generation_knobs)
+
+
+def fallback_generation(
+    spec: InferenceServiceSpec, base: GenerationSpec | None
+) -> GenerationSpec | None:
+    """The fallback's engine knobs: `base` with `spec.fallback.generation` laid over it."""
+    overrides = spec.fallback.generation
+    if base is None or overrides is None:
+        return base
+    try:
+        return overrides.merged_over(base)
+    except ValueError as exc:
+        raise InvalidSpec("spec.fallback.generation", str(exc)) from None
 
 
 def fallback_batching(spec: InferenceServiceSpec, base: BatchingSpec) -> BatchingSpec:
@@ -147,6 +183,7 @@ def _gpu_plan(pods: GpuTrackSpec, track: Track, replicas: int | None) -> TrackPl
         tolerations=runtime.tolerations,
         pods=pods,
         spec_hash=pods.digest,
+        generation=pods.generation_knobs,
     )
 
 
@@ -186,6 +223,7 @@ def plan_tracks(
             node_selector=fallback.node_selector,
             tolerations=fallback.tolerations,
             pods=stable,
+            generation=fallback_generation(spec, stable.generation_knobs),
         )
     )
     return plans
@@ -253,17 +291,24 @@ def traffic_weights(spec: InferenceServiceSpec, status: InferenceServiceStatus) 
     return weights
 
 
-def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, int]) -> Manifest:
+def route_matches(spec: InferenceServiceSpec) -> list[Manifest]:
+    """The HTTPRoute's path matches: the inference or generation paths of the model's task."""
     # Gateway API matches a PathPrefix element by element: `/v2/models/demo` takes
     # `/v2/models/demo/infer` but not `/v2/models/demo2/infer`.
-    paths = [path.format(model=spec.model.name) for path in INFERENCE_PATHS]
+    kind, paths = (
+        ("Exact", GENERATION_PATHS) if spec.model.generates else ("PathPrefix", INFERENCE_PATHS)
+    )
+    return [{"path": {"type": kind, "value": path.format(model=spec.model.name)}} for path in paths]
+
+
+def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, int]) -> Manifest:
     route: Manifest = {
         "parentRefs": [
             ref.model_dump(by_alias=True, exclude_none=True) for ref in spec.traffic.parent_refs
         ],
         "rules": [
             {
-                "matches": [{"path": {"type": "PathPrefix", "value": path}} for path in paths],
+                "matches": route_matches(spec),
                 "backendRefs": [
                     {
                         "name": naming.child_name(owner.name, track),

@@ -34,6 +34,11 @@ class MemoryFigures:
     weights_bytes: float
     fixed_bytes: float
     bytes_per_token: float
+    kv_cache_blocks: float | None = None
+    """Blocks of a generative version's KV-cache pool (part of `fixed_bytes`); None for an
+    encoder, or before the runtime reported them."""
+    kv_cache_block_bytes: float | None = None
+    """Bytes of one of those blocks."""
 
 
 @dataclass(frozen=True, slots=True)

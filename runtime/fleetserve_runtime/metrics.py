@@ -111,6 +111,8 @@ class StateCollector(Collector):
             "bytes_per_token": "Measured activation bytes per padded token.",
             "max_batch_tokens": "Padded tokens per batch the memory budget allows (0: no limit).",
             "load_seconds": "Seconds the version took to load and warm up.",
+            "kv_cache_blocks": "KV-cache blocks of a generative version's pool, fixed at load.",
+            "kv_cache_block_bytes": "Bytes of one KV-cache block (every layer's keys and values).",
         }
         for key, doc in docs.items():
             family = GaugeMetricFamily(f"fleetserve_model_{key}", doc, labels=list(LABELS))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -21,11 +23,19 @@ from fleetserve_operator.spec.base import (
 )
 
 __all__ = [
+    "BUILTIN_TASKS",
+    "GENERATIVE_CEL",
+    "KV_FIT_RULE",
+    "SMOLLM2_CONTEXT",
+    "SMOLLM2_KV_BYTES_PER_TOKEN",
+    "SMOLLM2_MIN_WEIGHTS_BYTES",
     "BatchingOverrides",
     "BatchingSpec",
     "EnvSource",
     "EnvVar",
     "FallbackSpec",
+    "GenerationOverrides",
+    "GenerationSpec",
     "GpuTrackSpec",
     "KeyRef",
     "KeySelector",
@@ -34,8 +44,42 @@ __all__ = [
     "Replicas",
     "Resources",
     "RuntimeSpec",
+    "Task",
     "Toleration",
+    "builtin_context_length",
+    "kv_fit_problem",
 ]
+
+Task = Literal["embed", "generate"]
+"""What a model does: `embed` answers `/v2/.../infer`, `generate` streams text."""
+BUILTIN_TASKS: dict[str, Task] = {
+    "minilm-l6": "embed",
+    "synthetic": "embed",
+    "smollm2-135m": "generate",
+    "synthetic-generate": "generate",
+}
+"""The task of each `builtin://` model, known without loading it."""
+
+
+def _builtin_pattern(task: Task) -> str:
+    names = "|".join(sorted(name for name, kind in BUILTIN_TASKS.items() if kind == task))
+    return f"^builtin://({names})([?].*)?$"
+
+
+def _builtin_task(uri: str | None) -> Task | None:
+    if uri is None:
+        return None
+    for task in ("embed", "generate"):
+        if re.fullmatch(_builtin_pattern(task), uri):
+            return task
+    return None
+
+
+GENERATIVE_CEL = (
+    "(has(self.model.task) ? self.model.task == 'generate' : "
+    f"has(self.model.uri) && self.model.uri.matches('{_builtin_pattern('generate')}'))"
+)
+"""CEL, on the spec: true when the service generates text (`ModelSpec.effective_task`)."""
 
 
 class ModelSpec(Wire):
@@ -47,7 +91,21 @@ class ModelSpec(Wire):
                 cel(
                     "has(self.uri) != has(self.handler)",
                     "exactly one of model.uri and model.handler must be set",
-                )
+                ),
+                *(
+                    cel(
+                        f"!has(self.task) || !has(self.uri) || "
+                        f"!self.uri.matches('{_builtin_pattern(task)}') || self.task == '{task}'",
+                        f"model.task must be {task} for "
+                        + " and ".join(
+                            f"builtin://{name}"
+                            for name, kind in sorted(BUILTIN_TASKS.items())
+                            if kind == task
+                        ),
+                        ".task",
+                    )
+                    for task in ("embed", "generate")
+                ),
             ]
         }
     )
@@ -67,13 +125,34 @@ class ModelSpec(Wire):
     or `pvc://<claim>/<path>` (the claim is mounted read-only at /models)."""
     handler: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)
     """Entry point `package.module:factory` building the model handler (instead of `uri`)."""
+    task: Task | None = None
+    """`embed` or `generate`. Unset: `generate` for `builtin://smollm2-135m` and
+    `builtin://synthetic-generate`, otherwise `embed`; set it to `generate` for a Llama
+    checkpoint (`file://`, `pvc://`). It is declared rather than read from the loaded model
+    so that the API server can refuse generation settings on an encoder, and the operator
+    can render the routes and size the memory before any pod has run; the builtins' task is
+    known, so for them a contradicting value is refused."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if (self.uri is None) == (self.handler is None):
             msg = "exactly one of model.uri and model.handler must be set"
             raise ValueError(msg)
+        known = _builtin_task(self.uri)
+        if self.task is not None and known is not None and self.task != known:
+            msg = f"model.task must be {known} for {self.uri}"
+            raise ValueError(msg)
         return self
+
+    @property
+    def effective_task(self) -> Task:
+        """`task`, or for an unset one the builtin's task, else `embed`."""
+        return self.task or _builtin_task(self.uri) or "embed"
+
+    @property
+    def generates(self) -> bool:
+        """True when the model generates text (the OpenAI and generate routes)."""
+        return self.effective_task == "generate"
 
 
 class Replicas(Wire):
@@ -308,6 +387,111 @@ class MemorySpec(Wire):
         return 0 if self.budget is None else parse_quantity(self.budget)
 
 
+class GenerationSpec(Wire):
+    """The generative engine's knobs (`model.task: generate` only), as `--generation-*` flags.
+
+    See docs/generation.md for what each one trades; the defaults are the runtime's.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxStepTokens >= self.maxRunningSequences",
+                    "generation.maxStepTokens must be >= generation.maxRunningSequences: "
+                    "every running sequence decodes one token per step",
+                    ".maxStepTokens",
+                ),
+                cel(
+                    "self.maxTimeoutMs >= self.defaultTimeoutMs",
+                    "generation.maxTimeoutMs must be >= generation.defaultTimeoutMs",
+                    ".maxTimeoutMs",
+                ),
+                cel(
+                    "self.maxContext == 0 || self.maxContext >= self.blockSize",
+                    "generation.maxContext must be 0 (the model's) or >= generation.blockSize",
+                    ".maxContext",
+                ),
+            ]
+        }
+    )
+
+    kv_cache_fraction: float = Field(1.0, gt=0, le=1)
+    """Share of the memory budget left after the reserve, the weights and one step's
+    activations that the KV-cache pool takes."""
+    block_size: int = Field(16, ge=1, le=1024)
+    """Token positions per KV-cache block, the unit of allocation and prefix sharing."""
+    max_running_sequences: int = Field(32, ge=1, le=4096)
+    """Most sequences generating at once per replica; the rest wait in the queue."""
+    max_step_tokens: int = Field(512, ge=1, le=1_048_576)
+    """Chunked-prefill budget: most tokens one engine step computes. Lower keeps the
+    inter-token latency steady under long prompts; higher gets first tokens out sooner."""
+    max_context: int = Field(0, ge=0, le=1_048_576)
+    """Longest prompt plus output, in tokens; 0 takes the model's own context length."""
+    prefix_caching: bool = True
+    """Share the KV blocks of identical prompt prefixes (system prompts, earlier turns)."""
+    default_timeout_ms: int = Field(120_000, ge=1)
+    """Deadline of a generation that names none (queue, prompt and every token), in ms."""
+    max_timeout_ms: int = Field(600_000, ge=1)
+    """Longest deadline a generation may ask for, in milliseconds."""
+    drain_seconds: int = Field(120, ge=0, le=3600)
+    """How long a terminating pod (an old version after a promotion, a rolled-back canary,
+    a scale-down) keeps serving the streams it has started; it takes no new request.
+    Streams still running after it end with an error event. Every terminating pod waits
+    this long, so it bounds how long an old replica holds its GPU."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerationSpec:
+        if self.max_step_tokens < self.max_running_sequences:
+            msg = (
+                f"generation.maxStepTokens ({self.max_step_tokens}) must be >= "
+                f"generation.maxRunningSequences ({self.max_running_sequences}): every "
+                "running sequence decodes one token per step"
+            )
+            raise ValueError(msg)
+        if self.max_timeout_ms < self.default_timeout_ms:
+            msg = (
+                f"generation.maxTimeoutMs ({self.max_timeout_ms}) must be >= "
+                f"generation.defaultTimeoutMs ({self.default_timeout_ms})"
+            )
+            raise ValueError(msg)
+        if 0 < self.max_context < self.block_size:
+            msg = (
+                f"generation.maxContext ({self.max_context}) must be 0 (the model's) or >= "
+                f"generation.blockSize ({self.block_size})"
+            )
+            raise ValueError(msg)
+        return self
+
+
+class GenerationOverrides(Wire):
+    """Generation fields the CPU fallback sets differently; unset fields follow `generation`."""
+
+    kv_cache_fraction: float | None = Field(None, gt=0, le=1)
+    """Share of the memory budget the KV-cache pool takes."""
+    block_size: int | None = Field(None, ge=1, le=1024)
+    """Token positions per KV-cache block."""
+    max_running_sequences: int | None = Field(None, ge=1, le=4096)
+    """Most sequences generating at once (usually fewer on CPU)."""
+    max_step_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    """Most tokens one engine step computes."""
+    max_context: int | None = Field(None, ge=0, le=1_048_576)
+    """Longest prompt plus output, in tokens (0: the model's)."""
+    prefix_caching: bool | None = None
+    """Share the KV blocks of identical prompt prefixes."""
+    default_timeout_ms: int | None = Field(None, ge=1)
+    """Default generation deadline, in milliseconds (CPU is slower per token)."""
+    max_timeout_ms: int | None = Field(None, ge=1)
+    """Longest generation deadline, in milliseconds."""
+    drain_seconds: int | None = Field(None, ge=0, le=3600)
+    """How long a terminating fallback pod keeps serving its streams."""
+
+    def merged_over(self, base: GenerationSpec) -> GenerationSpec:
+        """`base` with the fields set here replaced; `ValueError` if the result is invalid."""
+        values = base.model_dump() | self.model_dump(exclude_none=True)
+        return GenerationSpec.model_validate(values)
+
+
 class FallbackSpec(Wire):
     """A CPU Deployment kept warm, to take traffic when the GPU track cannot."""
 
@@ -341,6 +525,9 @@ class FallbackSpec(Wire):
     """Taints the fallback pods tolerate."""
     batching: BatchingOverrides = BatchingOverrides()
     """Batching fields that differ on CPU (usually smaller batches)."""
+    generation: GenerationOverrides | None = None
+    """Generation fields that differ on CPU (usually a smaller `maxRunningSequences`);
+    generative models only."""
     max_error_rate: float | None = Field(None, ge=0, le=1)
     """Fail over when the stable track's 5xx ratio exceeds this for `errorWindow`; unset:
     fail over only when it has no available replica."""
@@ -353,6 +540,93 @@ class FallbackSpec(Wire):
             msg = f"fallback.resources must not request {GPU_RESOURCE}: the fallback runs on CPU"
             raise ValueError(msg)
         return self
+
+
+# SmolLM2-135M's floor, in its smallest serving dtype (bf16 on a GPU; CPU doubles both): 30
+# layers x 3 KV heads x 64 dims x keys and values x 2 bytes per token, and 134.5M parameters.
+# tests/contract/ checks them against the loaded model.
+_SMOLLM2_URI = r"^builtin://smollm2-135m([?].*)?$"
+SMOLLM2_CONTEXT = 8192
+"""SmolLM2-135M's own context, in tokens."""
+SMOLLM2_KV_BYTES_PER_TOKEN = 23_040
+"""KV-cache bytes of one SmolLM2 token in bf16."""
+SMOLLM2_MIN_WEIGHTS_BYTES = 256 * 2**20
+"""Less than SmolLM2's weights take in bf16."""
+_BUDGET_CEL = (
+    "(type(self.memory.budget) == int ? double(self.memory.budget) : "
+    "quantity(string(self.memory.budget)).asApproximateFloat())"
+)
+
+
+_SYNTHETIC_CONTEXT = 4096
+"""`builtin://synthetic-generate`'s context without a `context_length` parameter."""
+
+
+def builtin_context_length(model: ModelSpec) -> int | None:
+    """The context, in tokens, of a generative builtin; None for any other model."""
+    if model.uri is None:
+        return None
+    if re.fullmatch(_SMOLLM2_URI, model.uri):
+        return SMOLLM2_CONTEXT
+    if _builtin_task(model.uri) != "generate":
+        return None
+    query = parse_qs(urlsplit(model.uri).query)
+    given = query.get("context_length", [])
+    return int(given[-1]) if given and given[-1].isdigit() else _SYNTHETIC_CONTEXT
+
+
+def _knob_cel(field: str, default: object) -> str:
+    return f"(has(self.generation) ? self.generation.{field} : {default})"
+
+
+def _kv_fit_cel() -> str:
+    defaults = GenerationSpec()
+    asked = _knob_cel("maxContext", defaults.max_context)
+    block = _knob_cel("blockSize", defaults.block_size)
+    context = f"({asked} == 0 || {asked} > {SMOLLM2_CONTEXT} ? {SMOLLM2_CONTEXT} : {asked})"
+    tokens = f"({context} + {block} - 1) / {block} * {block}"
+    need = f"double({tokens}) * {SMOLLM2_KV_BYTES_PER_TOKEN}.0"
+    fraction = _knob_cel("kvCacheFraction", float(defaults.kv_cache_fraction))
+    pool = (
+        f"({_BUDGET_CEL} * (1.0 - self.memory.reserveFraction) - "
+        f"{SMOLLM2_MIN_WEIGHTS_BYTES}.0) * {fraction}"
+    )
+    return (
+        f"!has(self.model.uri) || !self.model.uri.matches('{_SMOLLM2_URI}') || "
+        f"!has(self.memory.budget) || {pool} >= {need}"
+    )
+
+
+KV_FIT_RULE = cel(
+    _kv_fit_cel(),
+    "memory.budget cannot hold one generation.maxContext sequence of builtin://smollm2-135m: "
+    "even in bf16 it takes 23040 bytes of KV cache per token beside 256Mi of weights, within "
+    "memory.budget x (1 - memory.reserveFraction) x generation.kvCacheFraction; raise "
+    "memory.budget or generation.kvCacheFraction, or lower generation.maxContext",
+    ".memory.budget",
+)
+"""CEL, on the spec: the KV pool of a budgeted SmolLM2 holds one full context, at best."""
+
+
+def kv_fit_problem(model: ModelSpec, memory: MemorySpec, generation: GenerationSpec) -> str | None:
+    """`KV_FIT_RULE` in Python: why the budget cannot hold one context, or None."""
+    if model.uri is None or not re.fullmatch(_SMOLLM2_URI, model.uri) or memory.budget is None:
+        return None
+    asked = generation.max_context
+    context = SMOLLM2_CONTEXT if asked == 0 or asked > SMOLLM2_CONTEXT else asked
+    block = generation.block_size
+    need = -(-context // block) * block * SMOLLM2_KV_BYTES_PER_TOKEN
+    usable = memory.budget_bytes * (1 - memory.reserve_fraction) - SMOLLM2_MIN_WEIGHTS_BYTES
+    pool = usable * generation.kv_cache_fraction
+    if pool >= need:
+        return None
+    return (
+        f"memory.budget ({memory.budget}) cannot hold one generation.maxContext sequence of "
+        f"{context} tokens of {model.uri}: its KV cache takes at least {need} bytes (bf16), "
+        f"and the budget leaves at most {max(int(pool), 0)} bytes for it after the reserve, "
+        "256Mi of weights and generation.kvCacheFraction; raise memory.budget or "
+        "generation.kvCacheFraction, or lower generation.maxContext"
+    )
 
 
 class GpuTrackSpec(Wire):
@@ -370,6 +644,15 @@ class GpuTrackSpec(Wire):
     """Dynamic batching and admission limits."""
     memory: MemorySpec = MemorySpec()
     """Per-replica memory budget."""
+    generation: GenerationSpec | None = None
+    """The generative engine's knobs as the spec sets them (generative models only)."""
+
+    @property
+    def generation_knobs(self) -> GenerationSpec | None:
+        """The engine's knobs of a generative model (the defaults when unset); None otherwise."""
+        if not self.model.generates:
+            return None
+        return self.generation or GenerationSpec()
 
     @property
     def digest(self) -> str:
