@@ -6,6 +6,9 @@ gateway by the HTTPRoute's weights. (b) and (b2) print `time_to_rollback_s=<seco
 the first request the canary answered with a 5xx to the route's canary weight 0, in
 threshold and in sequential mode; (b2) also prints `intervals=` (that time / the interval).
 Prometheus scrapes every second here, so sequential mode sees a new increment each second.
+(f) and (g) roll out the synthetic generative model under `StreamingLoadDriver`'s streamed
+completions, in 8 s steps, judged on errors, time to first token and inter-token latency;
+(g) prints `itl_rollback_after_s=`, from the canary's first stream to its weight 0.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from opkit import synthetic_service
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.genload import StreamingLoadDriver
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import (
     TRACK_LABEL,
@@ -34,6 +38,12 @@ from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"
 BASE_LATENCY_MS = 20
+PER_TOKEN_MS = 4
+PREFILL_MS_PER_TOKEN = 8
+CHAT_INTERVAL_S = 8.0
+"""The ITL test weighs a stream as one answer: 8 s steps give it ~30 canary streams at 20%."""
+CHAT_TRAFFIC = {"hostnames": ["chat.fleetserve.test"]}
+"""A generative service's OpenAI routes carry no model name: its HTTPRoute needs a host."""
 STEPS = [20, 50, 100]
 INTERVAL_S = 4.0
 ROLLOUT_S = 120.0
@@ -43,7 +53,11 @@ CANARY_WEIGHT = "fleetserve_operator_canary_weight_percent"
 
 
 def _service(
-    prometheus: LocalPrometheus, mode: str = "threshold", **sections: Any
+    prometheus: LocalPrometheus,
+    mode: str = "threshold",
+    model: dict[str, str] | None = None,
+    interval_s: float = INTERVAL_S,
+    **sections: Any,
 ) -> dict[str, Any]:
     """One synthetic replica, gateway-api traffic, 4 s steps analysed on 4 s of metrics."""
     analysis = {
@@ -55,14 +69,20 @@ def _service(
         # Tail latencies of 1-replica tracks on two busy cores are noisy: 2x, not 1.5x.
         "maxLatencyRatioVsStable": 2.0,
         "maxQueueWaitRatioVsStable": 10.0,
+        # A generative canary's 5 streams of 16 tokens.
+        "minTokens": 50,
     }
     return synthetic_service(
         NAME,
-        model=_model("1"),
-        traffic={"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]},
+        model=model or _model("1"),
+        traffic={
+            "provider": "gateway-api",
+            "parentRefs": [{"name": "gateway"}],
+            **sections.pop("traffic", {}),
+        },
         rollout={
             "steps": STEPS,
-            "interval": f"{INTERVAL_S:g}s",
+            "interval": f"{interval_s:g}s",
             "progressDeadline": "2m",
             "analysis": analysis,
         },
@@ -73,6 +93,16 @@ def _service(
 def _model(version: str, **params: float) -> dict[str, str]:
     query = "&".join(f"{k}={v}" for k, v in {"latency_ms": BASE_LATENCY_MS, **params}.items())
     return {"name": NAME, "version": version, "uri": f"builtin://synthetic?{query}"}
+
+
+def _chat_model(version: str, per_token_ms: float) -> dict[str, str]:
+    """The synthetic generative model taking `per_token_ms` per step.
+
+    Its prefill is long enough that a few ms more per step hardly move the time to first
+    token: a regression per token shows in the inter-token latency, not in TTFT.
+    """
+    query = f"per_token_ms={per_token_ms:g}&prefill_ms_per_token={PREFILL_MS_PER_TOKEN:g}"
+    return {"name": NAME, "version": version, "uri": f"builtin://synthetic-generate?{query}"}
 
 
 def _status(kube: KubeClient, namespace: str) -> dict[str, Any]:
@@ -93,9 +123,11 @@ def _deploy(
     namespace: str,
     prometheus: LocalPrometheus,
     mode: str = "threshold",
+    model: dict[str, str] | None = None,
+    interval_s: float = INTERVAL_S,
     **sections: Any,
 ) -> dict[str, Any]:
-    kube.create(fsvc_path(namespace), _service(prometheus, mode, **sections))
+    kube.create(fsvc_path(namespace), _service(prometheus, mode, model, interval_s, **sections))
     return wait_until(
         lambda: (
             (s := _status(kube, namespace)).get("stableVersion") == "1"
@@ -440,3 +472,78 @@ def test_e_a_restarted_operator_resumes_the_same_step(
     assert reasons.count("Promoted") == 1
     assert reasons.count("RolloutStarted") == 1
     assert "RolloutRestarted" not in reasons
+
+
+def test_f_a_good_generative_version_is_promoted_on_its_token_latencies(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """(f) Streamed completions: version 2, as fast per token as 1, is promoted to 100%.
+
+    Sequential mode judges it on errors, time to first token and inter-token latency
+    (no request-latency test), and every step counted tokens as well as requests.
+    """
+    rollout_operator()
+    _deploy(kube, namespace, local_prometheus, "sequential", _chat_model("1", PER_TOKEN_MS),
+            CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
+    with StreamingLoadDriver(local_cluster, namespace, NAME, NAME) as load:
+        _roll_out(kube, namespace, _chat_model("2", PER_TOKEN_MS))
+        status = wait_until(
+            lambda: (
+                (s := _status(kube, namespace)).get("stableVersion") == "2"
+                and s.get("phase") == "Succeeded"
+                and s
+            ),
+            timeout_s=ROLLOUT_S,
+            what="version 2 to become stable",
+        )
+        wait_until(lambda: not load.weights.get("canary"), timeout_s=30.0,
+                   what="the load driver to see the promoted route")  # fmt: skip
+    assert [w for w in (s.weights.get("canary") for s in load.routes) if w] == STEPS
+    assert all(r.status == 200 for r in load.records), "a stream failed"
+    passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
+    assert len(passed) >= len(STEPS)
+    for result in passed:
+        tests = {c["name"]: c for c in result["checks"] if "eValue" in c}
+        assert set(tests) == {"error-rate-vs-stable", "ttft-vs-stable", "itl-vs-stable"}
+        assert all(c["eValue"] < c["threshold"] == 300 for c in tests.values()), result
+        assert result["tokens"] >= 50, result
+        bounds = {c["name"] for c in result["checks"] if "eValue" not in c}
+        assert bounds == {"ttft-p99", "itl-p99", "preemption-rate"}, result
+    itl = next(c for c in status["rollout"]["evidence"]["checks"] if c["name"] == "itl-vs-stable")
+    print(f"\nitl_e_value={itl['eValue']} token_gaps={itl['samples']:.0f}")
+
+
+def test_g_a_generative_version_slower_per_token_is_rolled_back_on_itl(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """(g) Version 2 takes 4x longer per token: the inter-token latency test rolls it back.
+
+    The streams it served all succeeded; status names the ITL test and its e-value.
+    """
+    operator = rollout_operator()
+    _deploy(kube, namespace, local_prometheus, "sequential", _chat_model("1", PER_TOKEN_MS),
+            CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
+    with StreamingLoadDriver(local_cluster, namespace, NAME, NAME) as load:
+        _roll_out(kube, namespace, _chat_model("2", 4 * PER_TOKEN_MS))
+        status = _rolled_back(kube, namespace, operator, load)
+    message = status["rollout"]["message"]
+    assert "itl-vs-stable e-value" in message, message
+    assert "AnalysisRejected" in _events(kube, namespace)
+    checks = {c["name"]: c for c in status["rollout"]["evidence"]["checks"]}
+    assert checks["itl-vs-stable"]["rejected"] is True
+    assert checks["itl-vs-stable"]["eValue"] >= checks["itl-vs-stable"]["threshold"]
+    assert load.by_track("canary"), "no stream reached the canary"
+    assert all(r.status == 200 for r in load.records), "a stream failed"
+    first = min(r.time for r in load.by_track("canary"))
+    withdrawn = next(s.time for s in load.routes if s.time > first and not s.weights.get("canary"))
+    print(
+        f"\n{message}\nitl_rollback_after_s={withdrawn - first:.2f} (from the first canary stream)"
+    )

@@ -11,14 +11,20 @@ track by the `track` label, and then, by `analysis.mode`:
   tests of `sequential` (`accumulate`, pure) and returns the new `Evidence`, with an
   `AnalysisResult` when a test rejected (a Failed verdict at once) or the interval is over.
 
+The model's task (`spec.model.task`) chooses the checks: an encoder is judged on request
+latency and queue wait; a generative model per token, on time to first token and
+inter-token latency (tests on both histograms in sequential mode, p99 bounds in threshold
+mode), preemptions and tokens per second per replica, and its sample gate counts generated
+tokens as well as requests. Errors and 503/504 rejections are judged for both.
+
 Tests feed numbers through `testing.FakeMetricSource`/`ScriptedMetricSource` instead of a
 Prometheus.
 
 "No data" is its own outcome everywhere, never a failure (flagger counts "no values found" as a
 failed check; Argo errors on an empty result): a query with no series, or NaN, is `NoData`; an
 unreachable Prometheus or a failed query is `QueryError`/`PrometheusDown`; both make the
-analysis inconclusive. Fewer than `minRequests` canary requests is inconclusive too, so a 1%
-step with little traffic never passes on noise.
+analysis inconclusive. Fewer than `minRequests` canary requests (or `minTokens` tokens) is
+inconclusive too, so a 1% step with little traffic never passes on noise.
 """
 
 from __future__ import annotations
@@ -33,10 +39,15 @@ import requests
 import urllib3
 
 from fleetserve_operator.contract import (
+    GENERATION_TOKENS_METRIC,
+    INTER_TOKEN_BOUNDS_S,
+    INTER_TOKEN_LATENCY_METRIC,
     LATENCY_BOUNDS_S,
+    PREEMPTIONS_METRIC,
     QUEUE_WAIT_METRIC,
     REQUEST_DURATION_METRIC,
     REQUESTS_METRIC,
+    TIME_TO_FIRST_TOKEN_METRIC,
     MemoryMetric,
 )
 from fleetserve_operator.errors import MetricsUnavailable
@@ -60,7 +71,13 @@ from fleetserve_operator.spec import (
 
 __all__ = [
     "ERROR_TEST",
+    "ITL",
+    "ITL_TEST",
+    "LATENCY",
     "LATENCY_TEST",
+    "TTFT",
+    "TTFT_TEST",
+    "HistogramTest",
     "REJECTIONS",
     "SERVER_ERRORS",
     "AnalysisTarget",
@@ -69,18 +86,26 @@ __all__ = [
     "PrometheusSource",
     "TrackScope",
     "code_ratio_query",
+    "buckets_query",
+    "codes_query",
+    "generated_query",
+    "generative_bounds",
+    "histogram_tests",
     "evaluate",
     "memory_query",
     "p99_ms_query",
     "plan_checks",
     "accumulate",
+    "per_request_query",
     "promql_duration",
     "read_counts",
     "read_memory_figures",
     "read_stable_error_ratio",
     "requests_query",
+    "tokens_query",
     "sequential_tests",
     "target_for",
+    "tokens_per_replica_query",
     "watch",
 ]
 
@@ -274,6 +299,9 @@ class AnalysisTarget:
     queue_wait_floor_ms: float = 0.0
     """Queue waits up to this are by design (the batcher's `maxQueueDelayMs`), so the
     queue-wait ratio check never fails below it."""
+    generative: bool = False
+    """The model generates text (`spec.model.task`): judged per token (time to first
+    token, inter-token latency, tokens), not on request latency and queue wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +337,42 @@ def target_for(
         offset=window if status.canary_weight == 100 else None,
     )
     return AnalysisTarget(
-        canary, stable, window, queue_wait_floor_ms=spec.batching.max_queue_delay_ms
+        canary,
+        stable,
+        window,
+        queue_wait_floor_ms=spec.batching.max_queue_delay_ms,
+        generative=spec.model.generates,
     )
 
 
 def requests_query(scope: TrackScope, window: str) -> str:
     """Requests the track answered in the window."""
     return f"sum(increase({REQUESTS_METRIC}{{{scope.selector()}}}{scope.range(window)}))"
+
+
+def tokens_query(scope: TrackScope, window: str) -> str:
+    """Tokens the track generated in the window."""
+    return f"sum(increase({GENERATION_TOKENS_METRIC}{{{scope.selector()}}}{scope.range(window)}))"
+
+
+def per_request_query(counter: str, scope: TrackScope, window: str) -> str:
+    """The increase of `counter` per request the track answered in the window.
+
+    `or vector(0)`: a counter without a series (none of its events yet) is 0, not no data.
+    """
+    every = f"{REQUESTS_METRIC}{{{scope.selector()}}}{scope.range(window)}"
+    counted = f"{counter}{{{scope.selector()}}}{scope.range(window)}"
+    return f"(sum(increase({counted})) or vector(0)) / sum(increase({every}))"
+
+
+def tokens_per_replica_query(scope: TrackScope, window: str) -> str:
+    """Tokens per second per replica: the rate over the window, by the track's series now.
+
+    Every replica exports one token series from the moment its model loaded, so their
+    count is the number of replicas.
+    """
+    series = f"{GENERATION_TOKENS_METRIC}{{{scope.selector()}}}"
+    return f"sum(rate({series}{scope.range(window)})) / count({series})"
 
 
 def code_ratio_query(scope: TrackScope, window: str, codes: str) -> str:
@@ -349,45 +406,98 @@ def _custom_query(template: str, scope: TrackScope, window: str) -> str:
     return template
 
 
+def generative_bounds(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck]:
+    """A generative canary's own bounds, judged in both modes (unset ones left out).
+
+    TTFT and ITL p99 in ms, preemptions per request, tokens per second per replica.
+    """
+    canary, window = target.canary, target.window
+    bounded = [
+        ("ttft-p99", p99_ms_query(TIME_TO_FIRST_TOKEN_METRIC, canary, window),
+         None, spec.max_ttft_p99_ms),
+        ("itl-p99", p99_ms_query(INTER_TOKEN_LATENCY_METRIC, canary, window),
+         None, spec.max_itl_p99_ms),
+        ("preemption-rate", per_request_query(PREEMPTIONS_METRIC, canary, window),
+         None, spec.max_preemption_rate),
+        ("tokens-per-second-per-replica", tokens_per_replica_query(canary, window),
+         spec.min_tokens_per_second_per_replica, None),
+    ]  # fmt: skip
+    return [
+        PlannedCheck(name, query, min=low, max=high)
+        for name, query, low, high in bounded
+        if low is not None or high is not None
+    ]
+
+
+def _ratio_check(
+    name: str, histogram: str, target: AnalysisTarget, factor: float, floor: float = 0.0
+) -> PlannedCheck:
+    """The canary's p99 of `histogram` against `factor` × stable's (at least `floor`)."""
+    return PlannedCheck(
+        name,
+        p99_ms_query(histogram, target.canary, target.window),
+        baseline=p99_ms_query(histogram, target.stable, target.window),
+        factor=factor,
+        floor=floor,
+    )
+
+
 def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck]:
-    """The built-in checks (errors, latency, queue wait, rejections) and `spec.checks`."""
+    """The built-in checks and `spec.checks`, for threshold mode.
+
+    Errors and rejections for every model; request latency and queue wait for an encoder;
+    for a generative model (whose request latency is the length of a stream, and which has
+    no batcher queue) TTFT and ITL p99, against stable and absolute, and its own bounds.
+    """
     canary, stable, window = target.canary, target.stable, target.window
     planned = [
         PlannedCheck(
             "error-rate",
             code_ratio_query(canary, window, SERVER_ERRORS),
             max=spec.max_error_rate,
-        ),
-        PlannedCheck(
-            "p99-latency-vs-stable",
-            p99_ms_query(REQUEST_DURATION_METRIC, canary, window),
-            baseline=p99_ms_query(REQUEST_DURATION_METRIC, stable, window),
-            factor=spec.max_latency_ratio_vs_stable,
-        ),
-        PlannedCheck(
-            "queue-wait-p99-vs-stable",
-            p99_ms_query(QUEUE_WAIT_METRIC, canary, window),
-            baseline=p99_ms_query(QUEUE_WAIT_METRIC, stable, window),
-            factor=spec.max_queue_wait_ratio_vs_stable,
-            floor=target.queue_wait_floor_ms,
-        ),
-        # Stable's rejection ratio is usually 0, and any multiple of 0 is 0: the error
-        # budget is the floor, so a canary may reject what it may fail.
+        )
+    ]
+    if target.generative:
+        planned += [
+            _ratio_check("ttft-p99-vs-stable", TIME_TO_FIRST_TOKEN_METRIC, target,
+                         spec.max_ttft_ratio_vs_stable),
+            _ratio_check("itl-p99-vs-stable", INTER_TOKEN_LATENCY_METRIC, target,
+                         spec.max_itl_ratio_vs_stable),
+        ]  # fmt: skip
+    else:
+        if spec.max_p99_latency_ms is not None:
+            latency = p99_ms_query(REQUEST_DURATION_METRIC, canary, window)
+            planned.append(PlannedCheck("p99-latency", latency, max=spec.max_p99_latency_ms))
+        planned += [
+            _ratio_check("p99-latency-vs-stable", REQUEST_DURATION_METRIC, target,
+                         spec.max_latency_ratio_vs_stable),
+            _ratio_check("queue-wait-p99-vs-stable", QUEUE_WAIT_METRIC, target,
+                         spec.max_queue_wait_ratio_vs_stable, target.queue_wait_floor_ms),
+        ]  # fmt: skip
+    # Stable's rejection ratio is usually 0, and any multiple of 0 is 0: the error
+    # budget is the floor, so a canary may reject what it may fail.
+    planned.append(
         PlannedCheck(
             "rejection-ratio-vs-stable",
             code_ratio_query(canary, window, REJECTIONS),
             baseline=code_ratio_query(stable, window, REJECTIONS),
             factor=spec.max_rejection_ratio_vs_stable,
             floor=spec.max_error_rate,
-        ),
-    ]
-    if spec.max_p99_latency_ms is not None:
-        latency = p99_ms_query(REQUEST_DURATION_METRIC, canary, window)
-        planned.insert(1, PlannedCheck("p99-latency", latency, max=spec.max_p99_latency_ms))
-    for check in spec.checks:
-        query = _custom_query(check.query, canary, window)
-        planned.append(PlannedCheck(check.name, query, min=check.min, max=check.max))
+        )
+    )
+    if target.generative:
+        planned += generative_bounds(spec, target)
+    planned += _custom_checks(spec, target)
     return planned
+
+
+def _custom_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck]:
+    """`spec.checks`, their placeholders filled in for the canary."""
+    return [
+        PlannedCheck(c.name, _custom_query(c.query, target.canary, target.window),
+                     min=c.min, max=c.max)
+        for c in spec.checks
+    ]  # fmt: skip
 
 
 def _value(source: MetricSource, promql: str) -> float | None:
@@ -420,9 +530,10 @@ def _judge(source: MetricSource, planned: PlannedCheck) -> CheckResult:
 def _describe(check: CheckResult) -> str:
     if check.e_value is not None and check.threshold is not None:
         relation = ">=" if check.outcome is CheckOutcome.REJECTED else "<"
+        unit = ITL.unit if check.name == ITL_TEST else "requests"
         return (
             f"{check.name} e-value {check.e_value:.4g} {relation} {check.threshold:.4g} "
-            f"after {check.samples or 0:.0f} canary requests"
+            f"after {check.samples or 0:.0f} canary {unit}"
         )
     if check.value is None:
         return f"{check.name}: {check.outcome.value}"
@@ -431,7 +542,9 @@ def _describe(check: CheckResult) -> str:
     return f"{check.name} {check.value:.4g} (wanted {' and '.join(b for b in bounds if b)})"
 
 
-def _verdict(checks: list[CheckResult], requests: float) -> AnalysisResult:
+def _verdict(
+    checks: list[CheckResult], requests: float | None, tokens: float | None = None
+) -> AnalysisResult:
     """Failed on any definite violation; else inconclusive on any missing value; else passed."""
     failed = [c for c in checks if c.outcome in (CheckOutcome.FAILED, CheckOutcome.REJECTED)]
     missing = [c for c in checks if c.outcome in (CheckOutcome.NO_DATA, CheckOutcome.QUERY_ERROR)]
@@ -445,16 +558,49 @@ def _verdict(checks: list[CheckResult], requests: float) -> AnalysisResult:
         verdict, reason, named = Verdict.PASSED, None, checks
     message = "; ".join(_describe(check) for check in named)
     return AnalysisResult(
-        verdict=verdict, reason=reason, message=message, requests=requests, checks=checks
+        verdict=verdict,
+        reason=reason,
+        message=message,
+        requests=requests,
+        tokens=tokens,
+        checks=checks,
     )
 
 
 def _inconclusive(
-    reason: InconclusiveReason, message: str, requests: float | None = None
+    reason: InconclusiveReason,
+    message: str,
+    requests: float | None = None,
+    tokens: float | None = None,
 ) -> AnalysisResult:
     return AnalysisResult(
-        verdict=Verdict.INCONCLUSIVE, reason=reason, message=message, requests=requests
+        verdict=Verdict.INCONCLUSIVE,
+        reason=reason,
+        message=message,
+        requests=requests,
+        tokens=tokens,
     )
+
+
+def _too_few(
+    spec: AnalysisSpec,
+    target: AnalysisTarget,
+    requests: float | None,
+    tokens: float | None,
+    span: str,
+) -> AnalysisResult | None:
+    """The min-sample gate: an inconclusive result, or None when there is enough.
+
+    Enough is `minRequests` canary requests and, for a generative model, `minTokens`
+    generated tokens.
+    """
+    if requests is None or requests < spec.min_requests:
+        message = f"{requests or 0:.0f} canary requests in {span}, fewer than {spec.min_requests}"
+        return _inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, message, requests, tokens)
+    if target.generative and (tokens is None or tokens < spec.min_tokens):
+        message = f"{tokens or 0:.0f} canary tokens in {span}, fewer than {spec.min_tokens}"
+        return _inconclusive(InconclusiveReason.TOO_FEW_TOKENS, message, requests, tokens)
+    return None
 
 
 def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -> AnalysisResult:
@@ -463,13 +609,16 @@ def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -
         return _inconclusive(InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer")
     try:
         requests = _value(source, requests_query(target.canary, target.window))
+        tokens = None
+        if target.generative:
+            tokens = _value(source, tokens_query(target.canary, target.window))
     except MetricsUnavailable as exc:
         return _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
-    if requests is None or requests < spec.min_requests:
-        seen = 0.0 if requests is None else requests
-        message = f"{seen:.0f} canary requests in {target.window}, fewer than {spec.min_requests}"
-        return _inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, message, requests)
-    return _verdict([_judge(source, planned) for planned in plan_checks(spec, target)], requests)
+    too_few = _too_few(spec, target, requests, tokens, target.window)
+    if too_few is not None:
+        return too_few
+    checks = [_judge(source, planned) for planned in plan_checks(spec, target)]
+    return _verdict(checks, requests, tokens)
 
 
 def read_stable_error_ratio(source: MetricSource, scope: TrackScope, window: str) -> float | None:
@@ -486,101 +635,186 @@ def read_stable_error_ratio(source: MetricSource, scope: TrackScope, window: str
 
 ERROR_TEST = "error-rate-vs-stable"
 LATENCY_TEST = "latency-vs-stable"
+TTFT_TEST = "ttft-vs-stable"
+ITL_TEST = "itl-vs-stable"
 
 
-def sequential_tests(spec: AnalysisSpec) -> dict[str, CountTest]:
+@dataclass(frozen=True, slots=True)
+class HistogramTest:
+    """A sequential latency test: one event series per `le` bound of a histogram."""
+
+    name: str
+    metric: str
+    bounds: tuple[float, ...]
+    field: str
+    """The `TrackCounts` field holding its cumulative bucket counts."""
+    unit: str
+    """What one count of the histogram is, for messages."""
+    per_request: bool = False
+    """Many counts per request (a stream's token gaps): its evidence is weighed per request.
+
+    The gaps of one stream, and of streams batched into the same engine steps, are not
+    independent (a slow step delays them all), while the test takes its counts as
+    independent. So an increment's log-likelihood ratios are scaled by requests / counts
+    (at most 1): a stream of 16 tokens weighs as one answer. Scaling by a factor ≤ 1
+    fixed before the events are seen keeps the test valid (Jensen: E[exp(c·ℓ)] ≤
+    E[exp(ℓ)]^c ≤ 1), and a real regression shows in every stream anyway."""
+
+
+LATENCY = HistogramTest(
+    LATENCY_TEST, REQUEST_DURATION_METRIC, LATENCY_BOUNDS_S, "latency_buckets", "requests"
+)
+TTFT = HistogramTest(
+    TTFT_TEST, TIME_TO_FIRST_TOKEN_METRIC, LATENCY_BOUNDS_S, "ttft_buckets", "requests"
+)
+ITL = HistogramTest(
+    ITL_TEST,
+    INTER_TOKEN_LATENCY_METRIC,
+    INTER_TOKEN_BOUNDS_S,
+    "itl_buckets",
+    "token gaps",
+    per_request=True,
+)
+
+
+def histogram_tests(generative: bool) -> tuple[HistogramTest, ...]:
+    """The latency tests of a model: request latency, or TTFT and ITL when it generates.
+
+    A stream's duration is its length, not its speed, so a generative model is judged per
+    token instead.
+    """
+    return (TTFT, ITL) if generative else (LATENCY,)
+
+
+def sequential_tests(spec: AnalysisSpec, *, generative: bool = False) -> dict[str, CountTest]:
     """The built-in anytime-valid tests, each at level α / (number of tests).
 
-    Errors: 5xx answers, one event series. Latency: answers slower than each bucket bound
-    of the request-duration histogram, one series per bound.
+    Errors: 5xx answers (generation requests, streams that failed midway included), one
+    event series. Each latency histogram: answers (or token gaps) slower than each of its
+    bucket bounds, one series per bound.
     """
-    alpha = spec.alpha / 2
-    return {
-        ERROR_TEST: CountTest(spec.error_tolerance, alpha),
-        LATENCY_TEST: CountTest(spec.latency_tolerance, alpha, series=len(LATENCY_BOUNDS_S)),
-    }
+    latency = histogram_tests(generative)
+    alpha = spec.alpha / (1 + len(latency))
+    tests = {ERROR_TEST: CountTest(spec.error_tolerance, alpha)}
+    for test in latency:
+        tests[test.name] = CountTest(spec.latency_tolerance, alpha, series=len(test.bounds))
+    return tests
 
 
-def counts_queries(scope: TrackScope) -> tuple[str, str]:
-    """The track's cumulative requests by status code, and its latency buckets by `le`."""
-    selector = scope.selector()
-    return (
-        f"sum by (code) ({REQUESTS_METRIC}{{{selector}}})",
-        f"sum by (le) ({REQUEST_DURATION_METRIC}_bucket{{{selector}}})",
-    )
+def codes_query(scope: TrackScope) -> str:
+    """The track's cumulative requests by status code."""
+    return f"sum by (code) ({REQUESTS_METRIC}{{{scope.selector()}}})"
 
 
-def _ordered_buckets(by_le: dict[str, float]) -> list[float]:
-    """Cumulative counts at `LATENCY_BOUNDS_S`, `+Inf` last; [] unless every bound is there."""
+def buckets_query(scope: TrackScope, test: HistogramTest) -> str:
+    """The track's cumulative counts of the test's histogram by `le`."""
+    return f"sum by (le) ({test.metric}_bucket{{{scope.selector()}}})"
+
+
+def generated_query(scope: TrackScope) -> str:
+    """The track's cumulative generated tokens."""
+    return f"sum({GENERATION_TOKENS_METRIC}{{{scope.selector()}}})"
+
+
+def _ordered_buckets(by_le: dict[str, float], bounds: tuple[float, ...]) -> list[float]:
+    """Cumulative counts at `bounds`, `+Inf` last; [] unless every bound is there."""
     by_bound: dict[float, float] = {}
     for le, value in by_le.items():
         try:
             by_bound[float(le)] = value
         except ValueError:
             continue
-    wanted = [*LATENCY_BOUNDS_S, math.inf]
+    wanted = [*bounds, math.inf]
     if not all(bound in by_bound for bound in wanted):
         return []
     return [by_bound[bound] for bound in wanted]
 
 
-def read_counts(source: MetricSource, scope: TrackScope) -> TrackCounts | None:
+def _buckets(counts: TrackCounts, test: HistogramTest) -> list[float]:
+    buckets: list[float] = getattr(counts, test.field)
+    return buckets
+
+
+def read_counts(
+    source: MetricSource, scope: TrackScope, *, generative: bool = False
+) -> TrackCounts | None:
     """The track's cumulative counters now (sums over its pods); None without a series.
 
     Raises:
         MetricsUnavailable: a query failed.
     """
-    codes_query, buckets_query = counts_queries(scope)
-    by_code = source.query_by(codes_query, "code")
+    by_code = source.query_by(codes_query(scope), "code")
     if not by_code:
         return None
     errors = sum(value for code, value in by_code.items() if code.startswith("5"))
-    buckets = _ordered_buckets(source.query_by(buckets_query, "le"))
-    return TrackCounts(requests=sum(by_code.values()), errors=errors, latency_buckets=buckets)
+    histograms = {
+        test.field: _ordered_buckets(source.query_by(buckets_query(scope, test), "le"), test.bounds)
+        for test in histogram_tests(generative)
+    }
+    tokens = (_value(source, generated_query(scope)) or 0.0) if generative else 0.0
+    counts = TrackCounts(requests=sum(by_code.values()), errors=errors, tokens=tokens)
+    return counts.model_copy(update=histograms)
 
 
 def _went_back(before: TrackCounts, now: TrackCounts) -> bool:
     """A counter sum decreased: a pod restarted or left, so this increment is unknown."""
     pairs = [(before.requests, now.requests), (before.errors, now.errors)]
-    if len(before.latency_buckets) == len(now.latency_buckets):
-        pairs += list(zip(before.latency_buckets, now.latency_buckets, strict=True))
+    pairs.append((before.tokens, now.tokens))
+    for test in (LATENCY, TTFT, ITL):
+        earlier, later = _buckets(before, test), _buckets(now, test)
+        if len(earlier) == len(later):
+            pairs += list(zip(earlier, later, strict=True))
     return any(after < prior for prior, after in pairs)
 
 
 def _latency_increment(
-    canary: tuple[TrackCounts, TrackCounts], stable: tuple[TrackCounts, TrackCounts]
+    test: HistogramTest,
+    canary: tuple[TrackCounts, TrackCounts],
+    stable: tuple[TrackCounts, TrackCounts],
+    requests: float,
 ) -> Increment | None:
-    """Answers per track and answers slower than each bound, between two reads."""
+    """Counts per track and counts slower than each bound, between two reads.
+
+    `requests`: both tracks' requests in the increment, by which a `per_request` test's
+    events are weighed.
+    """
     deltas: list[list[float]] = []
     for before, now in (canary, stable):
-        if not before.latency_buckets or len(before.latency_buckets) != len(now.latency_buckets):
+        earlier, later = _buckets(before, test), _buckets(now, test)
+        if not earlier or len(earlier) != len(later):
             return None
-        deltas.append(
-            [b - a for a, b in zip(before.latency_buckets, now.latency_buckets, strict=True)]
-        )
+        deltas.append([b - a for a, b in zip(earlier, later, strict=True)])
     canary_delta, stable_delta = deltas
+    counted = canary_delta[-1] + stable_delta[-1]
+    weight = min(1.0, requests / counted) if test.per_request and counted > 0 else 1.0
     return Increment(
         canary_requests=canary_delta[-1],
         stable_requests=stable_delta[-1],
-        canary_events=exceedances(canary_delta),
-        stable_events=exceedances(stable_delta),
+        canary_events=tuple(weight * k for k in exceedances(canary_delta)),
+        stable_events=tuple(weight * m for m in exceedances(stable_delta)),
     )
 
 
-def _start(spec: AnalysisSpec, canary: TrackCounts, stable: TrackCounts) -> Evidence:
+def _start(
+    spec: AnalysisSpec, canary: TrackCounts, stable: TrackCounts, *, generative: bool
+) -> Evidence:
     """Evidence before any increment: stable's counters from now, the canary's from 0.
 
     The canary's series exist at 0 from the moment its version loaded, so everything it
     answered counts; stable's history before the rollout is not comparable.
     """
-    zero = TrackCounts(latency_buckets=[0.0] * len(canary.latency_buckets))
+    zero = TrackCounts().model_copy(
+        update={
+            test.field: [0.0] * len(_buckets(canary, test)) for test in histogram_tests(generative)
+        }
+    )
     checks = [
         CheckEvidence(
             name=name,
             threshold=test.threshold,
             log_likelihood_ratios=list(test.start()),
         )
-        for name, test in sequential_tests(spec).items()
+        for name, test in sequential_tests(spec, generative=generative).items()
     ]
     return Evidence(canary=zero, stable=stable, checks=checks)
 
@@ -603,19 +837,24 @@ def _advanced(check: CheckEvidence, test: CountTest, increment: Increment | None
 
 
 def accumulate(
-    spec: AnalysisSpec, evidence: Evidence | None, canary: TrackCounts, stable: TrackCounts
+    spec: AnalysisSpec,
+    evidence: Evidence | None,
+    canary: TrackCounts,
+    stable: TrackCounts,
+    *,
+    generative: bool = False,
 ) -> Evidence:
     """The evidence after the counters `canary` and `stable` were read (pure).
 
     The increment since the last read goes into every test when both tracks answered
     requests in it. When only the canary did (the 100% step: stable serves nothing), its
-    requests count towards the step's samples and nothing is tested. When a sum went back
-    (a pod restarted or left), that track is read afresh and the increment is skipped.
-    Whether an increment is used depends on request counts only, never on the events, so
-    skipping keeps every test valid.
+    requests (and tokens) count towards the step's samples and nothing is tested. When a
+    sum went back (a pod restarted or left), that track is read afresh and the increment
+    is skipped. Whether an increment is used depends on request counts only, never on the
+    events, so skipping keeps every test valid.
     """
     if evidence is None or evidence.canary is None or evidence.stable is None:
-        return _start(spec, canary, stable)
+        return _start(spec, canary, stable, generative=generative)
     before_canary, before_stable = evidence.canary, evidence.stable
     if _went_back(before_canary, canary) or _went_back(before_stable, stable):
         fresh_canary = canary if _went_back(before_canary, canary) else before_canary
@@ -625,8 +864,8 @@ def accumulate(
     compared = stable.requests - before_stable.requests
     if served <= 0:
         return evidence
-    tests = sequential_tests(spec)
-    increments: dict[str, Increment | None] = {ERROR_TEST: None, LATENCY_TEST: None}
+    tests = sequential_tests(spec, generative=generative)
+    increments: dict[str, Increment | None] = {}
     if compared > 0:
         increments[ERROR_TEST] = Increment(
             canary_requests=served,
@@ -634,9 +873,10 @@ def accumulate(
             canary_events=(canary.errors - before_canary.errors,),
             stable_events=(stable.errors - before_stable.errors,),
         )
-        increments[LATENCY_TEST] = _latency_increment(
-            (before_canary, canary), (before_stable, stable)
-        )
+        for test in histogram_tests(generative):
+            increments[test.name] = _latency_increment(
+                test, (before_canary, canary), (before_stable, stable), served + compared
+            )
     checks = [
         _advanced(check, tests[check.name], increments.get(check.name))
         for check in evidence.checks
@@ -647,6 +887,7 @@ def accumulate(
             "canary": canary,
             "stable": stable if compared > 0 else before_stable,
             "step_samples": evidence.step_samples + served,
+            "step_tokens": evidence.step_tokens + canary.tokens - before_canary.tokens,
             "checks": checks,
         }
     )
@@ -677,17 +918,21 @@ def _evidence_checks(evidence: Evidence | None) -> list[CheckResult]:
 def _judged_at_interval_end(
     source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget, evidence: Evidence | None
 ) -> AnalysisResult:
-    """The step's verdict once its interval is over: samples, no rejection, user checks."""
+    """The step's verdict once its interval is over.
+
+    It needs enough samples (and tokens), no rejection, a generative model's bounds and
+    the user's checks within bounds.
+    """
     samples = evidence.step_samples if evidence is not None else 0.0
-    if samples < spec.min_requests:
-        message = f"{samples:.0f} canary requests in this step, fewer than {spec.min_requests}"
-        return _inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, message, samples)
-    own = [
-        _judge(source, PlannedCheck(c.name, _custom_query(c.query, target.canary, target.window),
-                                    min=c.min, max=c.max))
-        for c in spec.checks
-    ]  # fmt: skip
-    return _verdict([*_evidence_checks(evidence), *own], samples)
+    tokens = None
+    if target.generative:
+        tokens = evidence.step_tokens if evidence is not None else 0.0
+    too_few = _too_few(spec, target, samples, tokens, "this step")
+    if too_few is not None:
+        return too_few
+    bounds = generative_bounds(spec, target) if target.generative else []
+    own = [_judge(source, planned) for planned in [*bounds, *_custom_checks(spec, target)]]
+    return _verdict([*_evidence_checks(evidence), *own], samples, tokens)
 
 
 def watch(
@@ -704,9 +949,10 @@ def watch(
     at the end of the interval (`due`) it is the step's verdict; else None. A failed read
     leaves the evidence as it was (the next look takes the whole increment).
     """
+    generative = target.generative
     try:
-        canary = read_counts(source, target.canary)
-        stable = read_counts(source, target.stable)
+        canary = read_counts(source, target.canary, generative=generative)
+        stable = read_counts(source, target.stable, generative=generative)
     except MetricsUnavailable as exc:
         if not due:
             return evidence, None
@@ -716,10 +962,11 @@ def watch(
             )
         return evidence, _inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
     if canary is not None and stable is not None:
-        evidence = accumulate(spec, evidence, canary, stable)
+        evidence = accumulate(spec, evidence, canary, stable, generative=generative)
     samples = evidence.step_samples if evidence is not None else None
     if evidence is not None and evidence.rejected:
-        return evidence, _verdict(_evidence_checks(evidence), samples or 0.0)
+        tokens = evidence.step_tokens if generative else None
+        return evidence, _verdict(_evidence_checks(evidence), samples or 0.0, tokens)
     if not due:
         return evidence, None
     return evidence, _judged_at_interval_end(source, spec, target, evidence)

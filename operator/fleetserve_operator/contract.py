@@ -21,16 +21,23 @@ __all__ = [
     "AUTH_TOKEN_FILE",
     "AUTH_TOKEN_KEY",
     "COMMAND",
+    "GENERATION_TOKENS_METRIC",
     "HTTP_PORT",
+    "INTER_TOKEN_BOUNDS_S",
+    "INTER_TOKEN_LATENCY_METRIC",
     "KNOWN_BUILTINS",
+    "KV_CACHE_BLOCKS_METRIC",
+    "KV_CACHE_BLOCK_BYTES_METRIC",
     "LATENCY_BOUNDS_S",
     "LIVE_PATH",
     "METRICS_PATH",
     "MODEL_MOUNT",
+    "PREEMPTIONS_METRIC",
     "QUEUE_WAIT_METRIC",
     "READY_PATH",
     "REQUESTS_METRIC",
     "REQUEST_DURATION_METRIC",
+    "TIME_TO_FIRST_TOKEN_METRIC",
     "MemoryMetric",
     "PvcSource",
     "TrackConfig",
@@ -66,6 +73,27 @@ LATENCY_BOUNDS_S = (
 )  # fmt: skip
 """The `le` bounds of the runtime's latency histograms (its `LATENCY_BUCKETS_S`), `+Inf`
 aside: the sequential latency test has one event series per bound."""
+TIME_TO_FIRST_TOKEN_METRIC = "fleetserve_time_to_first_token_seconds"
+"""Generation request's arrival to its first token, a histogram in seconds with the
+`LATENCY_BOUNDS_S` buckets, labelled model/version/track."""
+INTER_TOKEN_LATENCY_METRIC = "fleetserve_inter_token_latency_seconds"
+"""Gap between consecutive tokens of one stream, a histogram in seconds with the
+`INTER_TOKEN_BOUNDS_S` buckets, labelled model/version/track."""
+INTER_TOKEN_BOUNDS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+"""The `le` bounds of the inter-token histogram (the runtime's `INTER_TOKEN_BUCKETS_S`),
+`+Inf` aside: finer than the request buckets where one decode step lands."""
+GENERATION_TOKENS_METRIC = "fleetserve_generation_tokens_total"
+"""Tokens generated, a counter labelled model/version/track (one series per pod)."""
+PREEMPTIONS_METRIC = "fleetserve_preemptions_total"
+"""Sequences preempted when KV blocks ran out, a counter labelled model/version/track."""
+KV_CACHE_BLOCKS_METRIC = "fleetserve_model_kv_cache_blocks"
+"""Blocks of a generative version's KV-cache pool, sized at load; a gauge labelled
+model/version/track (no series for an encoder)."""
+KV_CACHE_BLOCK_BYTES_METRIC = "fleetserve_model_kv_cache_block_bytes"
+"""Bytes of one KV-cache block as loaded (every layer's keys and values for `blockSize`
+tokens, in the device's dtype); a gauge labelled model/version/track."""
 
 
 class MemoryMetric(StrEnum):

@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +69,7 @@ from fleetserve_operator.spec import (
     AnalysisMode,
     AnalysisResult,
     Evidence,
+    GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
     TrafficProvider,
@@ -227,7 +228,7 @@ class Sync:
             writes = self._checked_writes(owner, desired, observed)
             status, actions = step.status, step.actions
             problem = facts.workload_problem(deployments, pods) or self._memory_problem(
-                ref.namespace, spec
+                ref.namespace, spec, reconcile.stable_pods(spec, previous)
             )
             if writes:
                 ahead = observe.compute_status(status, observation(observed, problem))
@@ -393,22 +394,41 @@ class Sync:
         self._metrics.writes.labels(kind, action.lower()).inc()
         self._kube.post_event(ref, EventNote("Normal", action, f"{action} {kind} {name}"))
 
-    def _memory_problem(self, namespace: str, spec: InferenceServiceSpec) -> Problem | None:
+    def _memory_problem(
+        self, namespace: str, spec: InferenceServiceSpec, stable: GpuTrackSpec
+    ) -> Problem | None:
+        """The memory check, from what the stable replicas of `spec.model.version` measured.
+
+        `stable` is what they run: a generative model's figures depend on its engine knobs.
+        """
         url = self._prometheus_url(spec)
         if url is None or spec.memory.budget_bytes == 0:
             return None
         model = spec.model
+        source = self._metric_source(url)
         try:
             figures = read_memory_figures(
-                self._metric_source(url),
-                namespace=namespace,
-                model=model.name,
-                version=model.version,
+                source, namespace=namespace, model=model.name, version=model.version
             )
+            if figures is not None and model.generates:
+                blocks, block_bytes = [
+                    source.query(
+                        analysis.memory_query(
+                            metric, namespace=namespace, model=model.name, version=model.version
+                        )
+                    )
+                    for metric in (
+                        contract.KV_CACHE_BLOCKS_METRIC,
+                        contract.KV_CACHE_BLOCK_BYTES_METRIC,
+                    )
+                ]
+                figures = replace(figures, kv_cache_blocks=blocks, kv_cache_block_bytes=block_bytes)
         except MetricsUnavailable as exc:
             logger.info("memory check of %s/%s skipped: %s", namespace, model.name, exc)
             return None
-        return None if figures is None else observe.memory_problem(spec, figures)
+        if figures is None:
+            return None
+        return observe.memory_problem(spec, figures, stable.generation_knobs)
 
     def _report(
         self, ref: ObjectRef, previous: InferenceServiceStatus, status: InferenceServiceStatus

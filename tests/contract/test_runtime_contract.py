@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from fleetserve_operator.reconcile import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
+from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
 
@@ -103,18 +106,23 @@ def test_batching_defaults_agree() -> None:
     assert config.memory.reserve_fraction == spec.memory.reserve_fraction
 
 
-def _exposed_metrics() -> dict[str, set[str]]:
+def _runtime_samples() -> list[Any]:
+    """Every sample a runtime serving version 1 exports, the generative engine's included."""
     snapshot = StateSnapshot(0, 0, 0, 0, 0, 0, {"1": {
         "weights_bytes": 1.0, "fixed_bytes": 1.0, "bytes_per_token": 1.0}})  # fmt: skip
     metrics = RuntimeMetrics(model="m", track=Track.STABLE.value, snapshot=lambda: snapshot)
     metrics.observe_request("1", 200, 0.01)
     metrics.observe_batch("1", size=1, real_tokens=1, padded_tokens=1, queue_waits=[0.0],
                           compute_s=0.01)  # fmt: skip
+    GenerationMetrics(metrics.registry, model="m", track=Track.STABLE.value).for_version("1")
     text = generate_latest(metrics.registry).decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _exposed_metrics() -> dict[str, set[str]]:
     exposed: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            exposed.setdefault(sample.name, set()).update(sample.labels)
+    for sample in _runtime_samples():
+        exposed.setdefault(sample.name, set()).update(sample.labels)
     return exposed
 
 
@@ -128,6 +136,10 @@ def _rendered_queries() -> list[str]:
     assert spec.rollout.analysis is not None
     analysis.evaluate(source, spec.rollout.analysis, target)
     analysis.watch(source, spec.rollout.analysis, target, None, due=True)
+    generative = spec.rollout.analysis.model_copy(update={"min_tokens_per_second_per_replica": 1.0})
+    target = replace(target, generative=True)
+    analysis.evaluate(source, generative, target)
+    analysis.watch(source, generative, target, None, due=True)
     analysis.read_memory_figures(source, namespace="ns", model="m", version="1")
     analysis.read_stable_error_ratio(source, target.stable, "1m")
     return source.queries
@@ -162,6 +174,10 @@ def test_queried_metrics_exist_with_their_labels() -> None:
         contract.REQUESTS_METRIC,
         contract.REQUEST_DURATION_METRIC + "_bucket",
         contract.QUEUE_WAIT_METRIC + "_bucket",
+        contract.TIME_TO_FIRST_TOKEN_METRIC + "_bucket",
+        contract.INTER_TOKEN_LATENCY_METRIC + "_bucket",
+        contract.GENERATION_TOKENS_METRIC,
+        contract.PREEMPTIONS_METRIC,
         *contract.MemoryMetric,
     }
     assert {"model", "version", "track", "code"} <= selected[contract.REQUESTS_METRIC]
@@ -174,6 +190,26 @@ def test_queried_metrics_exist_with_their_labels() -> None:
 def test_latency_bounds_are_the_runtimes_buckets() -> None:
     """The sequential latency test counts answers slower than each bound the runtime exports."""
     assert contract.LATENCY_BOUNDS_S == LATENCY_BUCKETS_S
+
+
+@pytest.mark.parametrize(
+    "test", [analysis.LATENCY, analysis.TTFT, analysis.ITL], ids=lambda test: test.name
+)
+def test_each_latency_tests_bounds_are_its_histograms_exported_buckets(
+    test: analysis.HistogramTest,
+) -> None:
+    """Every sequential latency test reads exactly the `le` bounds its histogram exports.
+
+    The generative histograms differ: time to first token has the request buckets, the
+    inter-token latency finer ones.
+    """
+    exported = {
+        float(sample.labels["le"])
+        for sample in _runtime_samples()
+        if sample.name == f"{test.metric}_bucket"
+    }
+    assert exported == {*test.bounds, math.inf}
+    assert analysis.TTFT.bounds != analysis.ITL.bounds
 
 
 @pytest.mark.parametrize("kind", sorted(contract.KNOWN_BUILTINS))

@@ -11,12 +11,14 @@ import pytest
 
 from fleetserve_operator.analysis import (
     ERROR_TEST,
+    LATENCY,
     LATENCY_TEST,
     AnalysisTarget,
     PrometheusSource,
     TrackScope,
     accumulate,
-    counts_queries,
+    buckets_query,
+    codes_query,
     read_counts,
     watch,
 )
@@ -58,9 +60,9 @@ def _counts(requests: float, errors: float, fast: float | None = None) -> TrackC
 
 def _script(source: ScriptedMetricSource, scope: TrackScope, counts: TrackCounts) -> None:
     """Answer the track's two counter queries with `counts`."""
-    codes, buckets = counts_queries(scope)
     ok = counts.requests - counts.errors
-    source.vectors[codes] = {"200": ok, "500": counts.errors, "503": 0.0}
+    source.vectors[codes_query(scope)] = {"200": ok, "500": counts.errors, "503": 0.0}
+    buckets = buckets_query(scope, LATENCY)
     source.vectors[buckets] = dict(zip(LES, counts.latency_buckets, strict=True))
 
 
@@ -184,7 +186,7 @@ def test_too_few_samples_at_the_interval_end_are_inconclusive() -> None:
 def test_prometheus_down_keeps_the_evidence() -> None:
     """A failed read changes nothing; at the interval end it is PrometheusDown."""
     start = accumulate(SPEC, None, _counts(0, 0), _counts(1000, 0))
-    source = ScriptedMetricSource(online=False, failing={counts_queries(CANARY)[0]})
+    source = ScriptedMetricSource(online=False, failing={codes_query(CANARY)})
     assert watch(source, SPEC, TARGET, start, due=False) == (start, None)
     evidence, result = watch(source, SPEC, TARGET, start, due=True)
     assert evidence == start

@@ -223,7 +223,8 @@ def at_step(t: Tick, index: int, reason: str) -> Step:
             failed_analyses=0,
             inconclusive_analyses=0,
             # The tests run on over the whole rollout; a step's sample size starts afresh.
-            evidence=evidence and evidence.model_copy(update={"step_samples": 0.0}),
+            evidence=evidence
+            and evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0}),
             message=message,
         )
     )

@@ -11,11 +11,14 @@ reconciler's.
 
 from __future__ import annotations
 
+from pydantic import ConfigDict, model_validator
+
 from fleetserve_operator.spec.base import (
     DEFAULT_IMAGE,
     GPU_RESOURCE,
     MAX_QUANTITY,
     Wire,
+    cel,
     parse_duration_s,
     parse_quantity,
 )
@@ -30,10 +33,14 @@ from fleetserve_operator.spec.delivery import (
     TrafficSpec,
 )
 from fleetserve_operator.spec.serving import (
+    GENERATIVE_CEL,
+    KV_FIT_RULE,
     BatchingOverrides,
     BatchingSpec,
     EnvVar,
     FallbackSpec,
+    GenerationOverrides,
+    GenerationSpec,
     GpuTrackSpec,
     KeySelector,
     MemorySpec,
@@ -41,7 +48,9 @@ from fleetserve_operator.spec.serving import (
     Replicas,
     Resources,
     RuntimeSpec,
+    Task,
     Toleration,
+    kv_fit_problem,
 )
 from fleetserve_operator.spec.status import (
     Acknowledgement,
@@ -81,6 +90,8 @@ __all__ = [
     "EnvVar",
     "Evidence",
     "FallbackSpec",
+    "GenerationOverrides",
+    "GenerationSpec",
     "GpuTrackSpec",
     "InconclusiveReason",
     "InferenceServiceSpec",
@@ -97,6 +108,7 @@ __all__ = [
     "RolloutSpec",
     "RolloutStatus",
     "RuntimeSpec",
+    "Task",
     "Toleration",
     "TrackCounts",
     "TrackStatus",
@@ -110,8 +122,42 @@ __all__ = [
 ]
 
 
+_HOSTNAMES_NEEDED = (
+    "a generative model with traffic.provider gateway-api needs traffic.hostnames: its "
+    "OpenAI routes (/v1/chat/completions, /v1/completions, /v1/models) carry no model name, "
+    "so the hostname tells two generative services on one Gateway apart"
+)
+
+
 class InferenceServiceSpec(Wire):
     """The desired state of one served model (`spec` of an InferenceService)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!has(self.generation) || {GENERATIVE_CEL}",
+                    "generation applies to generative models only: set model.task to "
+                    "generate, or remove generation",
+                    ".generation",
+                ),
+                cel(
+                    f"!has(self.fallback) || !has(self.fallback.generation) || {GENERATIVE_CEL}",
+                    "fallback.generation applies to generative models only: set model.task "
+                    "to generate, or remove fallback.generation",
+                    ".fallback.generation",
+                ),
+                cel(
+                    f"!{GENERATIVE_CEL} || !has(self.traffic) || "
+                    f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
+                    "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
+                    _HOSTNAMES_NEEDED,
+                    ".traffic.hostnames",
+                ),
+                KV_FIT_RULE,
+            ]
+        }
+    )
 
     model: ModelSpec
     """What to serve."""
@@ -127,10 +173,43 @@ class InferenceServiceSpec(Wire):
     """The CPU fallback track."""
     traffic: TrafficSpec = TrafficSpec()
     """How traffic reaches the tracks."""
+    generation: GenerationSpec | None = None
+    """The generative engine's knobs (KV cache, batch, chunked prefill, context); generative
+    models only, defaults when unset."""
+
+    @model_validator(mode="after")
+    def _check_generation(self) -> InferenceServiceSpec:
+        for field, value in (
+            ("generation", self.generation),
+            ("fallback.generation", self.fallback.generation),
+        ):
+            if value is not None and not self.model.generates:
+                msg = (
+                    f"{field} applies to generative models only: set model.task to generate, "
+                    f"or remove {field}"
+                )
+                raise ValueError(msg)
+        traffic = self.traffic
+        if (
+            self.model.generates
+            and traffic.provider is TrafficProvider.GATEWAY_API
+            and not traffic.hostnames
+        ):
+            raise ValueError(_HOSTNAMES_NEEDED)
+        knobs = self.gpu_track.generation_knobs
+        if knobs is not None:
+            problem = kv_fit_problem(self.model, self.memory, knobs)
+            if problem is not None:
+                raise ValueError(problem)
+        return self
 
     @property
     def gpu_track(self) -> GpuTrackSpec:
         """The sections that shape the GPU tracks' pods (what a rollout rolls out)."""
         return GpuTrackSpec(
-            model=self.model, runtime=self.runtime, batching=self.batching, memory=self.memory
+            model=self.model,
+            runtime=self.runtime,
+            batching=self.batching,
+            memory=self.memory,
+            generation=self.generation,
         )

@@ -93,7 +93,8 @@ class AnalysisMode(StrEnum):
 
     SEQUENTIAL = "sequential"
     """Anytime-valid tests of the canary against stable, fed at every look (every rollout
-    tick) with the counter increases since the last: errors and the latency histogram.
+    tick) with the counter increases since the last: errors and the latency histogram
+    (generative models: the time-to-first-token and inter-token-latency histograms).
     A rejection at level `alpha` rolls the canary back at once; a step passes after its
     `interval` with `minRequests` canary requests and no rejection."""
     THRESHOLD = "threshold"
@@ -115,7 +116,8 @@ class AnalysisSpec(Wire):
     (0: not at all; 0.1: by 10%) before the error test counts it as worse."""
     latency_tolerance: float = Field(0.5, ge=0, le=100)
     """Sequential mode: at every latency bucket bound, the canary's odds of a slower answer
-    may be this much above stable's before the latency test counts it as slower."""
+    (generative models: a slower first token, a slower gap between tokens) may be this much
+    above stable's before a latency test counts it as slower."""
     prometheus_url: str = Field(pattern=r"^https?://.+", max_length=512)
     """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`; it must be one the
     operator's configuration allows (`allowed_prometheus_urls` or its own `prometheus_url`),
@@ -136,6 +138,29 @@ class AnalysisSpec(Wire):
     min_requests: int = Field(20, ge=0)
     """Fewest canary requests for a verdict (in the window; sequential mode: in the step);
     fewer is inconclusive."""
+    min_tokens: int = Field(500, ge=0)
+    """Generative models: fewest tokens the canary generated for a verdict (in the window;
+    sequential mode: in the step), on top of `minRequests`; fewer is inconclusive. A few
+    dozen chat answers; latency per token from fewer is noise."""
+    max_ttft_p99_ms: float | None = Field(2000.0, gt=0)
+    """Generative models, both modes: highest passing canary p99 time to first token
+    (arrival to first token: queueing and prefill), in milliseconds; 2 s is where a chat
+    user starts to wait. Unset: no absolute bound."""
+    max_ttft_ratio_vs_stable: float = Field(1.5, ge=1)
+    """Generative models, threshold mode: highest passing canary TTFT p99 / stable's."""
+    max_itl_p99_ms: float | None = Field(200.0, gt=0)
+    """Generative models, both modes: highest passing canary p99 gap between two tokens of
+    a stream (inter-token latency), in milliseconds; 200 ms (5 tokens/s) is about reading
+    speed. Unset: no absolute bound."""
+    max_itl_ratio_vs_stable: float = Field(1.5, ge=1)
+    """Generative models, threshold mode: highest passing canary ITL p99 / stable's."""
+    max_preemption_rate: float | None = Field(0.1, ge=0)
+    """Generative models, both modes: highest passing canary preemptions per request (a
+    preempted sequence lost its KV blocks and is recomputed). Unset: no bound."""
+    min_tokens_per_second_per_replica: float | None = Field(None, ge=0)
+    """Generative models, both modes: lowest passing canary generated tokens per second per
+    replica. Throughput follows the offered load, so there is no default; set it to what a
+    replica must sustain at the steps' traffic. Unset: no bound."""
     failure_threshold: int = Field(2, ge=1, le=100)
     """Consecutive failed analyses that roll the canary back (a sequential test's rejection
     rolls it back at once)."""

@@ -111,6 +111,8 @@ class InconclusiveReason(StrEnum):
 
     TOO_FEW_REQUESTS = "TooFewRequests"
     """The canary answered fewer than `minRequests` requests in the window."""
+    TOO_FEW_TOKENS = "TooFewTokens"
+    """A generative canary generated fewer than `minTokens` tokens in the window."""
     PROMETHEUS_DOWN = "PrometheusDown"
     """Prometheus did not answer its health check."""
     QUERY_ERROR = "QueryError"
@@ -141,7 +143,8 @@ class CheckResult(Wire):
     threshold: float | None = Field(None, gt=0)
     """Sequential tests: the e-value that rejects (1/α of the test)."""
     samples: float | None = Field(None, ge=0)
-    """Sequential tests: canary requests the test has seen in this rollout."""
+    """Sequential tests: canary requests (inter-token test: token gaps) the test has seen
+    in this rollout."""
 
 
 class AnalysisResult(Wire):
@@ -157,6 +160,8 @@ class AnalysisResult(Wire):
     """One line naming the failing or missing checks and their values."""
     requests: float | None = None
     """Canary requests in the window."""
+    tokens: float | None = None
+    """Generative models: tokens the canary generated in the window."""
     checks: list[CheckResult] = Field(default_factory=list, max_length=32)
     """Per-check values, bounds and outcomes."""
     time: Timestamp | None = None
@@ -179,6 +184,14 @@ class TrackCounts(Wire):
     )
     """The request-duration histogram's cumulative bucket counts, in the order of the
     operator's bucket bounds, `+Inf` last; empty before the histogram was read."""
+    tokens: float = Field(0, ge=0)
+    """Generative models: tokens generated (`fleetserve_generation_tokens_total`)."""
+    ttft_buckets: list[Annotated[float, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    """Generative models: the time-to-first-token histogram's cumulative bucket counts,
+    like `latencyBuckets`."""
+    itl_buckets: list[Annotated[float, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    """Generative models: the inter-token-latency histogram's cumulative bucket counts,
+    like `latencyBuckets` (each count is a gap between two tokens)."""
 
 
 class CheckEvidence(Wire):
@@ -187,7 +200,8 @@ class CheckEvidence(Wire):
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(max_length=64)
-    """The test: `error-rate-vs-stable` or `latency-vs-stable`."""
+    """The test: `error-rate-vs-stable`, and `latency-vs-stable` (or, for generative
+    models, `ttft-vs-stable` and `itl-vs-stable`)."""
     e_value: float = Field(1.0, ge=0)
     """Evidence against "the canary is no worse than stable"; 1 before any data."""
     threshold: float = Field(gt=0)
@@ -211,6 +225,8 @@ class Evidence(Wire):
     """The stable track's counters as last taken into the tests."""
     step_samples: float = Field(0, ge=0)
     """Canary requests the tests have seen since the current step began."""
+    step_tokens: float = Field(0, ge=0)
+    """Generative models: tokens the canary generated since the current step began."""
     checks: list[CheckEvidence] = Field(default_factory=list, max_length=8)
     """One entry per sequential test."""
 
