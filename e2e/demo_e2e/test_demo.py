@@ -1,8 +1,9 @@
 """`make demo DEMO_FLAGS=--exit` tells the whole story.
 
 The README's first command runs as a subprocess (with `--fast` steps); the demo's last line,
-`DEMO_RESULT={json}`, is what it read from the InferenceService's status: the promoted
-version with every canary weight it saw, and the rollback's phase and reason.
+`DEMO_RESULT={json}`, is what it saw: both InferenceServices Ready, SmolLM2's streamed chat
+answer, the services `kubectl get fsvc` listed, and, from MiniLM's status, the promoted
+version with every canary weight it saw and the rollback's phase and reason.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ TIMEOUT_S = 420.0
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_demo_promotes_then_rolls_back(tmp_path: Path) -> None:
-    """v2 goes through 1 → 5 → 20 → 50 → 100 and is promoted; v3 errs and is rolled back."""
+def test_demo_serves_two_models_promotes_then_rolls_back(tmp_path: Path) -> None:
+    """Two models serve; MiniLM v2 is promoted step by step and a failing v3 rolled back.
+
+    MiniLM and SmolLM2 are Ready and SmolLM2 streams an answer; v2 goes through
+    1 → 5 → 20 → 50 → 100 and is promoted; v3 errs and is rolled back.
+    """
     log_path = tmp_path / "demo.log"
     with log_path.open("w") as log:
         demo = subprocess.Popen(
@@ -44,6 +49,15 @@ def test_demo_promotes_then_rolls_back(tmp_path: Path) -> None:
     line = next(x for x in reversed(output.splitlines()) if x.startswith("DEMO_RESULT="))
     result = json.loads(line.removeprefix("DEMO_RESULT="))
     assert result["ok"], result
+    assert set(result["ready_s"]) == {"minilm", "smollm2"}, result["ready_s"]
+    chat = result["chat"]
+    # Streamed: the answer came as many deltas, one per token or so, not as one body.
+    assert chat["text"].strip(), chat
+    assert chat["completion_tokens"] > 1, chat
+    assert chat["chunks"] > 1, chat
+    assert chat["ttft_ms"] > 0, chat
+    assert chat["text"].strip() in output, "the answer was not shown"
+    assert sorted(result["fleet"]) == ["minilm", "smollm2"], result["fleet"]
     assert result["promoted_version"] == "2"
     assert result["promotion_weights"] == [1, 5, 20, 50, 100]
     assert result["promotion_analyses"], "no analysis of v2 was seen"

@@ -1,4 +1,8 @@
-"""The demo's story, start to end: fleet up, a good rollout promoted, a bad one rolled back.
+"""The demo's story: two models in one fleet, a MiniLM rollout promoted, a bad one rolled back.
+
+MiniLM (embeddings, the rollout's subject) and SmolLM2 (chat, streamed) are created together
+and load side by side; SmolLM2's streamed answer is shown once the MiniLM traffic is on, so
+the fleet serves both kinds of model at once before the rollouts begin.
 
 Every process (control plane, Prometheus, operator, runtime pods, the load driver's thread) is
 entered into one `ExitStack`, so Ctrl-C, SIGTERM, an error or `--exit` stops all of them.
@@ -24,14 +28,19 @@ from rich.live import Live
 
 from fleetserve_demo.display import RolloutView, traffic_line
 from fleetserve_demo.manifest import (
+    CHAT_LIMITS,
+    CHAT_NAME,
     MAX_LATENCY_RATIO_VS_STABLE,
     bad_version,
+    chat_service,
     demo_service,
     good_version,
 )
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.chat import stream_chat
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import (
+    INSTANCE_LABEL,
     TRACK_LABEL,
     OperatorIdentity,
     OperatorProcess,
@@ -40,6 +49,7 @@ from fleetserve_e2e.operator_process import (
     install_crd,
 )
 from fleetserve_e2e.paths import REPO_DIR, binary
+from fleetserve_e2e.pod_map import PodAddress
 from fleetserve_e2e.waiting import GiveUpError, wait_until
 
 NAMESPACE = "demo"
@@ -54,6 +64,8 @@ LOAD_RPS = 30.0
 LOAD_FOREVER_S = 24 * 3600.0
 REFRESH_S = 0.5
 READY_TIMEOUT_S = 180.0
+CHAT_QUESTION = "In two sentences, what is Kubernetes?"
+CHAT_MAX_TOKENS = 64
 ROLLOUT_TIMEOUT_S = 240.0
 ROLLBACK_TIMEOUT_S = 150.0
 
@@ -67,6 +79,10 @@ class Outcome:
     """What happened, printed as the `DEMO_RESULT` line at the end."""
 
     ok: bool = False
+    ready_s: dict[str, float] = field(default_factory=dict)
+    chat: dict[str, Any] | None = None
+    fleet: list[str] = field(default_factory=list)
+    timeline: list[tuple[str, float]] = field(default_factory=list)
     promoted_version: str | None = None
     promotion_weights: list[int] = field(default_factory=list)
     promotion_analyses: list[dict[str, Any]] = field(default_factory=list)
@@ -113,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with ExitStack() as stack:
-            Story(console, args.interval, stack, outcome).run()
+            Story(console, args.interval, stack, outcome, started).run()
             outcome.ok = True
             if not args.exit:
                 console.print("\n[bold]The fleet keeps running, with traffic. Ctrl-C stops it.[/]")
@@ -141,6 +157,7 @@ class Story:
     interval_s: int
     stack: ExitStack
     outcome: Outcome
+    started: float
     _chapter: int = 0
 
     def run(self) -> None:
@@ -148,7 +165,8 @@ class Story:
         cluster, prometheus, operator = self._start_fleet()
         kube = cluster.client
         service = demo_service(prometheus_url=prometheus.url, interval_s=self.interval_s)
-        self._serve(kube, service)
+        chat = chat_service(prometheus_url=prometheus.url)
+        chat_created = self._serve(kube, service, chat)
         self._say("Live traffic: the load driver plays the gateway, by the HTTPRoute's weights")
         load = self.stack.enter_context(
             LoadDriver(
@@ -165,13 +183,20 @@ class Story:
             timeout_s=30.0,
             what="the first answer from the stable track",
         )
+        self._chat(cluster, chat_created)
+        self._show_fleet(cluster, "The fleet: kubectl get fsvc")
         self._promote(kube, service, load)
         self._roll_back(kube, service, load)
+        self._show_fleet(cluster, "The fleet after both rollouts: kubectl get fsvc")
         self._where_to_look(cluster, prometheus, operator)
 
     def _say(self, text: str) -> None:
         self._chapter += 1
+        self._mark(f"{self._chapter}. {text}")
         self.console.rule(f"[bold]{self._chapter}. {text}", align="left")
+
+    def _mark(self, event: str) -> None:
+        self.outcome.timeline.append((event, round(time.monotonic() - self.started, 1)))
 
     def _start_fleet(self) -> tuple[LocalCluster, LocalPrometheus, OperatorProcess]:
         self._say("Local control plane (etcd, kube-apiserver, controller-manager, scheduler)")
@@ -206,29 +231,107 @@ class Story:
         )
         return cluster, prometheus, operator
 
-    def _serve(self, kube: KubeClient, service: dict[str, Any]) -> None:
+    def _serve(self, kube: KubeClient, service: dict[str, Any], chat: dict[str, Any]) -> float:
+        """Create both services; wait for MiniLM. Returns when SmolLM2 was created."""
         version = service["spec"]["model"]["version"]
         self._say(
-            f"InferenceService {NAME} (examples/minilm.yaml): MiniLM v{version} on the GPU track"
+            f"Two InferenceServices: {NAME} (examples/minilm.yaml, embeddings) and {CHAT_NAME} "
+            "(examples/smollm2.yaml, chat)"
         )
         self.console.print(
-            f"stable: 1 replica on a GPU node · fallback: 1 CPU replica · steps "
-            f"{service['spec']['rollout']['steps']} every {self.interval_s}s"
+            f"{NAME}: MiniLM v{version} · stable: 1 replica on a GPU node · fallback: 1 CPU "
+            f"replica · steps {service['spec']['rollout']['steps']} every {self.interval_s}s"
+        )
+        self.console.print(
+            f"{CHAT_NAME}: SmolLM2-135M-Instruct v{chat['spec']['model']['version']} "
+            f"(task {chat['spec']['model']['task']}) · stable: 1 replica on a GPU node · "
+            f"fallback: 1 CPU replica · {CHAT_LIMITS.describe()}"
+        )
+        self.console.print(
+            "[dim]Here every pod runs on this machine's CPU with one torch thread: the "
+            "examples' GPU-sized engine and budgets are shrunk to fit two cores and five "
+            "model processes.[/]"
         )
         kube.create(fsvc_path(NAMESPACE), service)
+        kube.create(fsvc_path(NAMESPACE), chat)
+        created = time.monotonic()
+        with self.console.status("loading MiniLM and SmolLM2 (stable and fallback pods)…"):
+            self._wait_ready(kube, NAME, created, meanwhile=CHAT_NAME)
+        return created
 
-        def ready() -> dict[str, Any] | None:
-            status = _status(kube)
-            tracks = status.get("tracks", {})
-            counts = [tracks.get(t, {}).get("readyReplicas", 0) for t in ("stable", "fallback")]
-            if status.get("phase") == "Succeeded" and counts == [1, 1]:
-                return status
-            return None
+    def _wait_ready(
+        self, kube: KubeClient, name: str, created: float, *, meanwhile: str | None = None
+    ) -> None:
+        """Wait for `name` to be Ready, noting when `meanwhile` is; a timeout says why not."""
 
-        started = time.monotonic()
-        with self.console.status("loading MiniLM in the stable and fallback pods…"):
-            wait_until(ready, timeout_s=READY_TIMEOUT_S, what=f"{NAME} to be Ready", interval_s=0.5)
-        self.console.print(f"{NAME} is Ready in {time.monotonic() - started:.0f}s")
+        def ready() -> bool:
+            if meanwhile is not None:
+                self._check_ready(kube, meanwhile, created)
+            return self._check_ready(kube, name, created)
+
+        try:
+            wait_until(ready, timeout_s=READY_TIMEOUT_S, what=f"{name} to be Ready", interval_s=0.5)
+        except TimeoutError as error:
+            why = _status(kube, name).get("lastError") or "its status names no error"
+            raise TimeoutError(f"{error}: {why}") from error
+
+    def _check_ready(self, kube: KubeClient, name: str, created: float) -> bool:
+        """Whether `name` is Ready; the first time it is, say after how long."""
+        if name not in self.outcome.ready_s and _ready(kube, name) is not None:
+            ready_s = round(time.monotonic() - created, 1)
+            self.outcome.ready_s[name] = ready_s
+            self._mark(f"{name} Ready")
+            self.console.print(f"{name} is Ready, {ready_s:.0f}s after it was created")
+        return name in self.outcome.ready_s
+
+    def _chat(self, cluster: LocalCluster, created: float) -> None:
+        self._say(f"A streamed chat answer from {CHAT_NAME}, while MiniLM serves its traffic")
+        with self.console.status("SmolLM2 is still loading…"):
+            self._wait_ready(cluster.client, CHAT_NAME, created)
+        pod = wait_until(
+            lambda: _stable_pod(cluster, CHAT_NAME),
+            timeout_s=30.0,
+            what=f"the ready {CHAT_NAME} pod in the pod map",
+        )
+        self.console.print(
+            f"[dim]POST {pod.url}/v1/chat/completions (stream: true) with the openai client, "
+            "at the pod's address: the harness has no gateway[/]"
+        )
+        self.console.print(f"[bold]user:[/] {CHAT_QUESTION}")
+        self.console.print(f"[bold]{CHAT_NAME}:[/] ", end="")
+        answer = stream_chat(
+            pod.url,
+            CHAT_NAME,
+            CHAT_QUESTION,
+            max_tokens=CHAT_MAX_TOKENS,
+            on_delta=lambda text: self.console.print(
+                text, end="", markup=False, highlight=False, soft_wrap=True
+            ),
+        )
+        self.console.print()
+        self.console.print(
+            f"[dim]{answer.prompt_tokens} prompt tokens, {answer.completion_tokens} generated in "
+            f"{answer.chunks} streamed chunks; first token after [bold]{answer.ttft_s * 1000:.0f}"
+            f" ms[/bold], then {answer.decode_tokens_per_s:.1f} tokens/s (one thread, shared "
+            "cores)[/]"
+        )
+        self.outcome.chat = {
+            "text": answer.text,
+            "chunks": answer.chunks,
+            "prompt_tokens": answer.prompt_tokens,
+            "completion_tokens": answer.completion_tokens,
+            "ttft_ms": round(answer.ttft_s * 1000, 1),
+            "decode_tokens_per_s": round(answer.decode_tokens_per_s, 1),
+        }
+
+    def _show_fleet(self, cluster: LocalCluster, title: str) -> None:
+        self._say(title)
+        listed = cluster.kubectl("get", "fsvc", "-n", NAMESPACE)
+        if listed.returncode != 0:
+            raise RuntimeError(f"kubectl get fsvc failed: {listed.stderr}")
+        self.console.print(listed.stdout.rstrip(), markup=False, highlight=False, soft_wrap=True)
+        # The first column of every row after the header is a service's name.
+        self.outcome.fleet = [line.split()[0] for line in listed.stdout.splitlines()[1:] if line]
 
     def _follow(
         self,
@@ -328,7 +431,9 @@ class Story:
             ),
             None,
         )
+        chat = _stable_pod(cluster, CHAT_NAME)
         selector = f'namespace="{NAMESPACE}",model="{NAME}"'
+        chat_selector = f'namespace="{NAMESPACE}",model="{CHAT_NAME}"'
         lines = [
             f"export KUBECONFIG={cluster.kubeconfig}",
             f"{kubectl} get fsvc -n {NAMESPACE}",
@@ -342,6 +447,15 @@ class Story:
             f"(rate(fleetserve_request_duration_seconds_bucket{{{selector}}}[1m])))",
             f"  avg by (track) (fleetserve_batch_size_sum{{{selector}}} "
             f"/ fleetserve_batch_size_count{{{selector}}})",
+            "  histogram_quantile(0.99, sum by (le) "
+            f"(rate(fleetserve_time_to_first_token_seconds_bucket{{{chat_selector}}}[5m])))",
+            "  histogram_quantile(0.99, sum by (le) "
+            f"(rate(fleetserve_inter_token_latency_seconds_bucket{{{chat_selector}}}[5m])))",
+            "",
+            f"chat with {CHAT_NAME} at its pod's address (more in docs/generation.md):",
+            f"  curl -sN {chat.url if chat else '-'}/v1/chat/completions -H "
+            f'\'content-type: application/json\' -d \'{{"model": "{CHAT_NAME}", '
+            '"stream": true, "messages": [{"role": "user", "content": "Hello!"}]}\'',
             "",
             f"runtime metrics (stable pod): {stable.url + '/metrics' if stable else '-'}",
             f"operator metrics: {operator.metrics_url}",
@@ -351,9 +465,35 @@ class Story:
             self.console.print(line, soft_wrap=True)
 
 
-def _status(kube: KubeClient) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(NAMESPACE, NAME)).get("status", {})
+def _status(kube: KubeClient, name: str = NAME) -> dict[str, Any]:
+    status: dict[str, Any] = kube.get(fsvc_path(NAMESPACE, name)).get("status", {})
     return status
+
+
+def _ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
+    """`name`'s status once its rollout is settled and stable and fallback have a replica."""
+    status = _status(kube, name)
+    counts = status.get("tracks", {})
+    if status.get("phase") == "Succeeded" and all(
+        counts.get(track, {}).get("readyReplicas", 0) == 1 for track in ("stable", "fallback")
+    ):
+        return status
+    return None
+
+
+def _stable_pod(cluster: LocalCluster, name: str) -> PodAddress | None:
+    """The ready stable pod of the InferenceService `name`, from the harness's pod map."""
+    return next(
+        (
+            pod
+            for pod in cluster.pod_addresses()
+            if pod.namespace == NAMESPACE
+            and pod.ready
+            and pod.labels.get(INSTANCE_LABEL) == name
+            and pod.labels.get(TRACK_LABEL) == "stable"
+        ),
+        None,
+    )
 
 
 def _time_to_rollback(load: LoadDriver, since: float) -> float:
