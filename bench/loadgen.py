@@ -12,7 +12,7 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -93,6 +93,31 @@ async def _worker(
             tally.latencies_s.append(time.perf_counter() - start)
 
 
+async def run_clients(
+    client: Callable[[aiohttp.ClientSession], Awaitable[None]],
+    *,
+    concurrency: int,
+    time_limit_s: float,
+    request_timeout_s: float,
+) -> tuple[float, bool]:
+    """Run ``concurrency`` copies of ``client`` on one session; (elapsed seconds, timed out).
+
+    One keep-alive connection per client, as the protocol's HTTP/1.1 keep-alive asks; every
+    request is bounded by ``request_timeout_s`` and the whole run by ``time_limit_s``.
+    """
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    timed_out = False
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(time_limit_s):
+                await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        except TimeoutError:
+            timed_out = True
+        return time.perf_counter() - start, timed_out
+
+
 async def run_closed_loop(
     url: str,
     bodies: Sequence[bytes],
@@ -117,20 +142,12 @@ async def run_closed_loop(
     """
     total = len(bodies) if requests is None else requests
     tally = _Tally()
-    # One keep-alive connection per client, as the protocol's HTTP/1.1 keep-alive asks.
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-    timed_out = False
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        try:
-            async with asyncio.timeout(time_limit_s):
-                await asyncio.gather(
-                    *(_worker(session, url, bodies, total, tally) for _ in range(concurrency))
-                )
-        except TimeoutError:
-            timed_out = True
-        elapsed = time.perf_counter() - start
+    elapsed, timed_out = await run_clients(
+        lambda session: _worker(session, url, bodies, total, tally),
+        concurrency=concurrency,
+        time_limit_s=time_limit_s,
+        request_timeout_s=request_timeout_s,
+    )
     return LoadResult(
         latencies_s=tuple(tally.latencies_s),
         status_counts=dict(tally.statuses),

@@ -15,7 +15,6 @@ The parsing and the statistics are pure functions, tested without a server.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from bench.loadgen import run_clients
 
 #: Status recorded for a request that got no HTTP response (connection error, timeout).
 TRANSPORT_ERROR = 0
@@ -304,17 +305,10 @@ async def run_streaming_closed_loop(
     """
     records: list[StreamRecord] = []
     cursor = _Cursor()
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-    timed_out = False
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter()
-        try:
-            async with asyncio.timeout(time_limit_s):
-                await asyncio.gather(
-                    *(_worker(session, url, requests, cursor, records) for _ in range(concurrency))
-                )
-        except TimeoutError:
-            timed_out = True
-        elapsed = time.perf_counter() - start
+    elapsed, timed_out = await run_clients(
+        lambda session: _worker(session, url, requests, cursor, records),
+        concurrency=concurrency,
+        time_limit_s=time_limit_s,
+        request_timeout_s=request_timeout_s,
+    )
     return summarise_streams(records, elapsed_s=elapsed, timed_out=timed_out)
