@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,13 +19,16 @@ from typing import Any
 from fleetserve_operator import naming
 from fleetserve_operator.errors import ChildConflict, ChildRefused, MetricsUnavailable
 from fleetserve_operator.kube import ObjectRef
+from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.records import EventNote, Manifest
-from fleetserve_operator.spec import InferenceServiceSpec
+from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
+from fleetserve_operator.sync import Sync
 
 __all__ = [
     "FakeClock",
     "FakeKube",
     "FakeMetricSource",
+    "RollingOut",
     "ScriptedMetricSource",
     "make_service",
     "make_spec",
@@ -281,3 +284,42 @@ class ScriptedMetricSource:
     def is_online(self) -> bool:
         """Whether the fake is up."""
         return self.online
+
+
+class RollingOut:
+    """An InferenceService on a `FakeKube` whose version 2 has reached the first canary step.
+
+    `spec(version)` gives the object's spec; the analysis reads `source`, time is `clock`, and
+    `started` is the status at the first step (canary Ready, weight set). `reconcile` runs one
+    sync the way the operator would and returns the status it wrote.
+    """
+
+    def __init__(self, spec: Callable[[str], Manifest], *, name: str) -> None:
+        self.name = name
+        self.kube = FakeKube()
+        self.kube.add_service(make_service(spec("1"), name=name))
+        self.clock = FakeClock()
+        self.metrics = OperatorMetrics()
+        self.source = ScriptedMetricSource()
+        self.sync = Sync(
+            self.kube, metrics=self.metrics, clock=lambda: self.clock.now,
+            metric_source=lambda url: self.source,
+        )  # fmt: skip
+        self.reconcile()
+        self.kube.set_ready(f"{name}-stable")
+        self.reconcile()
+        self.kube.objects[(naming.KIND, "ns", name)]["spec"] = spec("2")
+        self.reconcile()
+        self.kube.set_ready(f"{name}-canary")
+        self.started = self.reconcile()
+
+    def reconcile(self, after_s: float = 0.0) -> InferenceServiceStatus:
+        """Advance the clock by `after_s`, run one sync, return the status it left."""
+        self.clock.advance(after_s)
+        error = self.sync.run_by_name("ns", self.name, trigger="test")
+        if error is not None:
+            raise AssertionError(f"the sync failed: {error}")
+        body = self.kube.get_inference_service("ns", self.name)
+        if body is None:
+            raise AssertionError(f"InferenceService {self.name} is gone")
+        return InferenceServiceStatus.model_validate(body.get("status") or {})

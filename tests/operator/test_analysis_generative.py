@@ -44,7 +44,6 @@ from fleetserve_operator.contract import (
     PREEMPTIONS_METRIC,
     TIME_TO_FIRST_TOKEN_METRIC,
 )
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import (
     AnalysisSpec,
@@ -55,12 +54,9 @@ from fleetserve_operator.spec import (
     TrackCounts,
     Verdict,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import (
-    FakeClock,
-    FakeKube,
+    RollingOut,
     ScriptedMetricSource,
-    make_service,
     make_spec,
 )
 
@@ -455,30 +451,12 @@ def _chat_spec(version: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _ChatRollout:
-    """A generative InferenceService on a FakeKube, rolling version 2 out at 20%."""
+class _ChatRollout(RollingOut):
+    """A generative InferenceService, rolling version 2 out at 20%."""
 
     def __init__(self) -> None:
-        self.kube = FakeKube()
-        self.kube.add_service(make_service(_chat_spec("1"), name="chat"))
-        self.clock = FakeClock()
-        self.source = ScriptedMetricSource()
-        self.sync = Sync(self.kube, metrics=OperatorMetrics(), clock=lambda: self.clock.now,
-                         metric_source=lambda url: self.source)  # fmt: skip
-        self.reconcile()
-        self.kube.set_ready("chat-stable")
-        self.reconcile()
-        self.kube.objects[("InferenceService", "ns", "chat")]["spec"] = _chat_spec("2")
-        self.reconcile()
-        self.kube.set_ready("chat-canary")
-        assert self.reconcile().canary_weight == 20
-
-    def reconcile(self, after_s: float = 0.0) -> InferenceServiceStatus:
-        self.clock.advance(after_s)
-        assert self.sync.run_by_name("ns", "chat", trigger="test") is None
-        body = self.kube.get_inference_service("ns", "chat")
-        assert body is not None
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
+        super().__init__(_chat_spec, name="chat")
+        assert self.started.canary_weight == 20
 
     def look(self, rng: random.Random, canary: SimTrack, stable: SimTrack) -> None:
         """Both tracks serve for a second; Prometheus then answers with their counters."""

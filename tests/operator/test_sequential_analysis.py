@@ -23,24 +23,19 @@ from fleetserve_operator.analysis import (
     watch,
 )
 from fleetserve_operator.contract import LATENCY_BOUNDS_S
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
 from fleetserve_operator.rollout import OperatorCounter
 from fleetserve_operator.spec import (
     AnalysisSpec,
     CheckOutcome,
     InconclusiveReason,
-    InferenceServiceStatus,
     MetricCheck,
     TrackCounts,
     Verdict,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import (
-    FakeClock,
-    FakeKube,
+    RollingOut,
     ScriptedMetricSource,
-    make_service,
     serve_http,
 )
 
@@ -251,33 +246,12 @@ def _service_spec(version: str) -> dict[str, Any]:
     }
 
 
-class _Rollout:
-    """One InferenceService on a FakeKube, rolling version 2 out at the 20% step."""
+class _Rollout(RollingOut):
+    """The service of `_service_spec`, rolling version 2 out at the 20% step."""
 
     def __init__(self) -> None:
-        self.kube = FakeKube()
-        self.kube.add_service(make_service(_service_spec("1")))
-        self.clock = FakeClock()
-        self.metrics = OperatorMetrics()
-        self.source = ScriptedMetricSource()
-        self.sync = Sync(
-            self.kube, metrics=self.metrics, clock=lambda: self.clock.now,
-            metric_source=lambda url: self.source,
-        )  # fmt: skip
-        self.reconcile()
-        self.kube.set_ready("demo-stable")
-        self.reconcile()
-        self.kube.objects[("InferenceService", "ns", "demo")]["spec"] = _service_spec("2")
-        self.reconcile()
-        self.kube.set_ready("demo-canary")
-        assert self.reconcile().canary_weight == 20
-
-    def reconcile(self, after_s: float = 0.0) -> InferenceServiceStatus:
-        self.clock.advance(after_s)
-        assert self.sync.run_by_name("ns", "demo", trigger="test") is None
-        body = self.kube.get_inference_service("ns", "demo")
-        assert body is not None
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
+        super().__init__(_service_spec, name="demo")
+        assert self.started.canary_weight == 20
 
     def counters(self, canary: TrackCounts, stable: TrackCounts) -> None:
         _script(self.source, CANARY, canary)
