@@ -50,7 +50,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.pinning import pin_current_process
-from bench.server_proc import free_port, process_cpu_seconds, running_server
+from bench.server_proc import (
+    free_port,
+    process_cpu_seconds,
+    running_server,
+    runtime_serve_argv,
+)
 from bench.stream_load import StreamRequest, StreamStats, run_streaming_closed_loop
 from fleetserve_runtime.generate.checkpoint import smollm2_gguf_path
 
@@ -215,20 +220,15 @@ def peer_num_blocks(*, concurrency: int, block_size: int) -> int:
 def server_argv(config: ServerConfig, *, port: int, args: argparse.Namespace) -> list[str]:
     """Return the full command line of ``config``'s server on ``port``."""
     if config.kind == "fleetserve":
+        runtime = shlex.split(args.runtime)
+        # A stream's deadline is the generation section's: the whole answer, like the client's.
+        timeout_ms = int(args.request_timeout_s * 1000)
         return [
-            *shlex.split(args.runtime),
-            "serve",
-            f"--model={args.model}",
-            f"--name={MODEL_NAME}",
-            "--version=v1",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            "--device=cpu",
-            "--threads=1",
+            *runtime_serve_argv(runtime, model=args.model, name=MODEL_NAME, port=port),
             "--log-level=warning",
             "--max-queue-size=4096",
-            f"--default-timeout-ms={int(args.request_timeout_s * 1000)}",
-            f"--max-timeout-ms={int(args.request_timeout_s * 1000)}",
+            f"--generation-default-timeout-ms={timeout_ms}",
+            f"--generation-max-timeout-ms={timeout_ms}",
             f"--generation-block-size={args.block_size}",
             f"--generation-max-step-tokens={args.max_step_tokens}",
             *config.args,

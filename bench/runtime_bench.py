@@ -32,7 +32,12 @@ from bench.loadgen import run_closed_loop
 from bench.pinning import pin_current_process
 from bench.report import ConfigResult, Measurement, print_report, summarise
 from bench.server_metrics import scrape
-from bench.server_proc import free_port, process_cpu_seconds, running_server
+from bench.server_proc import (
+    free_port,
+    process_cpu_seconds,
+    running_server,
+    runtime_serve_argv,
+)
 from bench.textgen import PROFILES, generate_workload
 from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
 
@@ -74,15 +79,7 @@ def request_body(text: str) -> bytes:
 def server_argv(runtime: Sequence[str], *, port: int, args: argparse.Namespace) -> list[str]:
     """Return the server command line shared by every configuration."""
     return [
-        *runtime,
-        "serve",
-        f"--model={args.model}",
-        f"--name={MODEL_NAME}",
-        "--version=v1",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        "--device=cpu",
-        "--threads=1",
+        *runtime_serve_argv(runtime, model=args.model, name=MODEL_NAME, port=port),
         f"--max-queue-delay-ms={args.max_queue_delay_ms}",
         "--max-queue-size=4096",
         "--default-timeout-ms=30000",

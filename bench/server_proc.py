@@ -32,6 +32,25 @@ def free_port() -> int:
         return port
 
 
+def runtime_serve_argv(runtime: Sequence[str], *, model: str, name: str, port: int) -> list[str]:
+    """Return ``fleetserve-runtime serve`` as every benchmark starts it.
+
+    ``model`` served as ``name`` version v1 on 127.0.0.1:``port``, on the CPU with one torch
+    thread; each benchmark appends the flags of its configurations.
+    """
+    return [
+        *runtime,
+        "serve",
+        f"--model={model}",
+        f"--name={name}",
+        "--version=v1",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--device=cpu",
+        "--threads=1",
+    ]
+
+
 def _is_ready(ready_url: str) -> bool:
     """Return True if ``GET ready_url`` answers 200."""
     try:
