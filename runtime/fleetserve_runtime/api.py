@@ -4,8 +4,9 @@ The only module that knows about HTTP, with `http_errors`, and `generation_api` 
 for the generation routes (OpenAI's API, OIP generate) it mounts. Routes parse and
 delegate to the runtime through `facade.ServingFacade` (never to its registry, queue or
 engine); every domain error becomes a JSON body `{"error": ..., "request_id": ...}` through
-`http_errors.STATUS_OF`, the one error → status table. Bodies must be `application/json`,
-are read with a byte limit and a deadline, and are decoded in time linear in their size
+`http_errors.STATUS_OF`, the one error → status table. Bodies must be `application/json`
+(or, on the v2 infer routes, in the binary tensor data extension: `binary_tensors`), are
+read with a byte limit and a deadline, and are decoded in time linear in their size
 (`schemas` checks declared shapes before touching data), so no bad input reaches the model,
 produces a 500 or stalls the event loop for longer than parsing `max_body_bytes` takes.
 
@@ -19,7 +20,8 @@ Two ASGI apps share one `Runtime` (see `create_apps`):
 `listener_app` sends each connection to one of them by the local port it arrived on; the CLI
 runs one uvicorn server with a socket per listener, so both live in one process, one event
 loop and one lifespan. Every request gets a request id (its `X-Request-ID`, or a new one)
-bound to its log records and returned in its response.
+bound to its log records and returned in its response. With `grpc_port` set, that lifespan
+also runs the OIP gRPC server (`grpc_api`) on the same loop, over the same runtime.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -47,6 +48,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime import __version__
 from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches, uri_refusal
+from fleetserve_runtime.binary_tensors import (
+    attach_binary_inputs,
+    encode_tensor,
+    join_binary_body,
+    split_binary_body,
+    stack_results,
+    wants_binary_output,
+)
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.errors import (
@@ -91,6 +100,7 @@ from fleetserve_runtime.schemas import (
     check_instances,
     decode_body,
     tensor_instances,
+    validate_body,
 )
 
 __all__ = ["STATUS_OF", "Apps", "create_app", "create_apps", "json_media_refusal", "listener_app"]
@@ -100,7 +110,7 @@ log = logging.getLogger("fleetserve.api")
 PRIORITY_HEADER = "x-fleetserve-priority"
 TIMEOUT_HEADER = "x-fleetserve-timeout-ms"
 BINARY_TENSOR_HEADER = "inference-header-content-length"
-"""Marks a request in the OIP binary tensor data extension, which this server does not speak."""
+"""Marks a request (or response) in the OIP binary tensor data extension (`binary_tensors`)."""
 
 
 def _error(
@@ -136,8 +146,8 @@ def json_media_refusal(content_type: str | None, *, binary_extension: bool) -> s
     """
     if binary_extension:
         return (
-            "the binary tensor data extension (Inference-Header-Content-Length) is not "
-            "supported; send tensors as JSON with Content-Type: application/json"
+            "the binary tensor data extension (Inference-Header-Content-Length) is accepted "
+            "on the v2 infer routes only; send JSON with Content-Type: application/json"
         )
     media, _, parameters = (content_type or "").partition(";")
     if media.strip().lower() != "application/json":
@@ -232,13 +242,6 @@ def _timing_headers(result: InferenceResult, total_s: float) -> dict[str, str]:
     return {"server-timing": server_timing, "x-fleetserve-batch-size": str(t.batch_size)}
 
 
-def _stack(results: list[Any]) -> Any:
-    if results and all(isinstance(r, np.ndarray) for r in results):
-        stacked = np.stack(results)
-        return stacked.reshape(-1), list(stacked.shape)
-    return results, [len(results)]
-
-
 def _tensor_meta(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
@@ -273,6 +276,27 @@ class _Routes:
         return await _read_body(
             request, self.config.max_body_bytes, self.config.http.body_timeout_s
         )
+
+    async def infer_body(self, request: Request) -> bytes:
+        """The v2 infer body, unparsed: JSON, or in the binary tensor data extension.
+
+        A binary body needs no JSON media type: its `Inference-Header-Content-Length`
+        header already makes a browser ask for a CORS preflight, as `application/json` does.
+        """
+        if BINARY_TENSOR_HEADER not in request.headers:
+            return await self.body(request)
+        return await _read_body(
+            request, self.config.max_body_bytes, self.config.http.body_timeout_s
+        )
+
+    def inference_request(self, request: Request, raw: bytes) -> InferenceRequest:
+        """Decode what `infer_body` read."""
+        header_length = request.headers.get(BINARY_TENSOR_HEADER)
+        if header_length is None:
+            return decode_body(raw, InferenceRequest)
+        header, tail = split_binary_body(raw, header_length)
+        attach_binary_inputs(header, tail, self.limits)
+        return validate_body(header, InferenceRequest)
 
     async def observed(
         self, version: str | None, run: Callable[[], Awaitable[Response]]
@@ -318,10 +342,10 @@ class _Routes:
     async def infer_v2(self, request: Request, name: str, version: str | None) -> Response:
         async def run() -> Response:
             self.check_name(name)
-            raw = await self.body(request)
+            raw = await self.infer_body(request)
             model = self.rt.model(version)
             spec_in, spec_out = model.handler.metadata.inputs[0], model.handler.metadata.outputs[0]
-            body = decode_body(raw, InferenceRequest)
+            body = self.inference_request(request, raw)
             instances = tensor_instances(
                 body.inputs[0],
                 expected_name=spec_in.name,
@@ -330,22 +354,30 @@ class _Routes:
             )
             started = time.perf_counter()
             result = await self.rt.infer(_call(request, instances, version, body.parameters))
-            data, shape = _stack(result.results)
+            data, shape = stack_results(result.results)
+            output: dict[str, Any] = {
+                "name": spec_out.name,
+                "datatype": spec_out.datatype,
+                "shape": shape,
+            }
             payload = {
                 "model_name": name,
                 "model_version": result.model.version,
                 "id": body.id or request_id(),
-                "outputs": [
-                    {
-                        "name": spec_out.name,
-                        "datatype": spec_out.datatype,
-                        "shape": shape,
-                        "data": data,
-                    }
-                ],
+                "outputs": [output],
             }
             headers = _timing_headers(result, time.perf_counter() - started)
-            return json_response(payload, headers=headers)
+            # `binary_data_output` is no field of ours: pydantic keeps it among the extras.
+            parameters = (body.parameters.model_extra or {}) if body.parameters else {}
+            if not wants_binary_output(body.outputs, parameters, spec_out.name):
+                return json_response(
+                    {**payload, "outputs": [{**output, "data": data}]}, headers=headers
+                )
+            tensor = encode_tensor(data, spec_out.datatype)
+            output["parameters"] = {"binary_data_size": len(tensor)}
+            content, header_length = join_binary_body(payload, [tensor])
+            headers[BINARY_TENSOR_HEADER] = str(header_length)
+            return Response(content, media_type="application/octet-stream", headers=headers)
 
         return await self.observed(version, run)
 
@@ -437,6 +469,50 @@ class _RequestContextMiddleware:
             unbind_request(token)
 
 
+def _infer_target(path: str) -> tuple[str, str | None] | None:
+    """(name, version) of a v2 infer path, as the routes' `{name}` and `{version}` match."""
+    parts = path.split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[3] and parts[4] == "infer":
+        return parts[3], None
+    if (
+        len(parts) == 7
+        and parts[:3] == ["", "v2", "models"]
+        and parts[3]
+        and parts[4] == "versions"
+        and parts[5]
+        and parts[6] == "infer"
+    ):
+        return parts[3], parts[5]
+    return None
+
+
+class _InferFastPath:
+    """Sends `POST` to a v2 infer path straight to its route body, past FastAPI's router.
+
+    These are the requests that arrive thousands of times a second, and at zero model cost
+    FastAPI's route scan, parameter solving and exception wrappers cost about as much as
+    the route itself (profiled). The route body maps every error to its answer itself
+    (`_Routes.observed`), so nothing is lost; other methods and paths go on to FastAPI.
+    The innermost middleware: request ids and bearer tokens apply as to any route.
+    """
+
+    def __init__(self, app: ASGIApp, *, routes: _Routes) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        target = (
+            _infer_target(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        response = await self.routes.infer_v2(Request(scope, receive), *target)
+        await response(scope, receive, send)
+
+
 class _BearerAuthMiddleware:
     """401 with `WWW-Authenticate: Bearer` unless the request carries the file's token."""
 
@@ -476,23 +552,41 @@ class Apps:
     admin: FastAPI | None
 
 
-async def _report_load_failure(
-    runtime: Runtime, on_load_failure: Callable[[BaseException], None]
+async def _watch_first_load(
+    runtime: Runtime,
+    on_load_failure: Callable[[BaseException], None] | None,
+    on_ready: Callable[[], object] | None,
 ) -> None:
     try:
         await runtime.wait_ready()
     except Exception as exc:  # any failure of the first load is fatal to the process
-        on_load_failure(exc)
+        if on_load_failure is not None:
+            on_load_failure(exc)
+        return
+    if on_ready is not None:
+        on_ready()
+
+
+async def _serve_grpc(routes: _Routes, config: RuntimeConfig) -> Callable[[], Awaitable[None]]:
+    # Imported only when gRPC is on: its generated code claims protobuf's `inference.*` names,
+    # which a test process using tritonclient.grpc holds already.
+    from fleetserve_runtime.grpc_api import serve_grpc
+
+    return await serve_grpc(routes, config, server_version=__version__)
 
 
 def create_apps(
-    config: RuntimeConfig, *, on_load_failure: Callable[[BaseException], None] | None = None
+    config: RuntimeConfig,
+    *,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+    on_ready: Callable[[], object] | None = None,
 ) -> Apps:
     """Build both apps; the runtime starts in the inference app's lifespan.
 
     `on_load_failure` is called once if the first model load fails; the CLI stops the
     server then, so a pod whose model cannot load crashes (and says why) instead of
-    staying unready until a deadline notices.
+    staying unready until a deadline notices. `on_ready` is called once the first load
+    succeeded (the CLI freezes the heap then: `cli.main`).
     """
     routes = _Routes(config)
 
@@ -503,15 +597,20 @@ def create_apps(
         app.state.runtime = runtime
         await runtime.start()
         watcher = (
-            asyncio.create_task(_report_load_failure(runtime, on_load_failure))
-            if on_load_failure is not None
+            asyncio.create_task(_watch_first_load(runtime, on_load_failure, on_ready))
+            if on_load_failure is not None or on_ready is not None
             else None
         )
+        stop_grpc = None
         try:
+            if config.grpc_port is not None:
+                stop_grpc = await _serve_grpc(routes, config)
             yield
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if stop_grpc is not None:
+                await stop_grpc()
             await runtime.stop()
 
     inference_auth = (
@@ -533,7 +632,11 @@ def create_apps(
         docs_url="/docs" if docs else None,
         redoc_url=None,
         openapi_url="/openapi.json" if docs else None,
-        middleware=[Middleware(_RequestContextMiddleware), *inference_auth],
+        middleware=[
+            Middleware(_RequestContextMiddleware),
+            *inference_auth,
+            Middleware(_InferFastPath, routes=routes),
+        ],
     )
     _register_errors(inference)
     _register_health(inference, routes)

@@ -9,7 +9,8 @@ sections whose field names alone would be ambiguous prefix them (`--cache-max-en
 One uvicorn server runs with one socket per listener: `host:port` for inference and, with
 `model_control: explicit`, `admin_host:admin_port` for model control (`api.listener_app`
 tells them apart). Both sockets are bound before anything starts, so a taken port stops
-start-up with a message instead of leaving a half-started server.
+start-up with a message instead of leaving a half-started server; so is `grpc_port`'s, then
+released for the gRPC server (`grpc_api`), which binds it in the inference app's lifespan.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import logging
 import socket
 import sys
@@ -125,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_failures.append(exc)
         server.should_exit = True
 
-    apps = create_apps(config, on_load_failure=stop_serving)
+    # The model and the runtime built at start-up live as long as the process, like the
+    # imports frozen below: frozen as well once loaded, they leave the collector's passes.
+    apps = create_apps(config, on_load_failure=stop_serving, on_ready=gc.freeze)
     # The server's exit path stops logging too, and QueueListener.stop fails a second time.
     stop_logging = functools.cache(listener.stop)
     server = _server(listener_app(apps, admin_port=admin_port), config, on_exit=stop_logging)
@@ -134,6 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("fleetserve.cli").info(
             "listening", extra={"listener": name, "address": f"{host}:{port}"}
         )
+    # What was imported so far (torch, FastAPI, pydantic: ~200k objects) lives as long as
+    # the process; frozen, the cyclic collector stops rescanning it, so a full collection
+    # under load no longer stalls the event loop for ~0.3 s (the request tail). A request
+    # allocates a few hundred tracked objects, nearly all freed by reference counting: a
+    # larger first generation collects every few dozen requests instead of every few.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     try:
         server.run(sockets=sockets)
     finally:
@@ -149,6 +161,8 @@ def _bind(config: RuntimeConfig) -> list[socket.socket]:
     addresses = [(config.host, config.port)]
     if config.model_control == "explicit":
         addresses.append((config.admin_host, config.admin_port))
+    if config.grpc_port:
+        addresses.append((config.host, config.grpc_port))
     sockets: list[socket.socket] = []
     for host, port in addresses:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -162,6 +176,10 @@ def _bind(config: RuntimeConfig) -> list[socket.socket]:
             msg = f"cannot listen on {host}:{port}: {exc.strerror}"
             raise OSError(msg) from None
         sockets.append(sock)
+    if config.grpc_port:
+        # grpc binds its own socket (`grpc_api`); this one only proved the port free in time
+        # for start-up to stop with a message.
+        sockets.pop().close()
     return sockets
 
 

@@ -266,10 +266,18 @@ class RuntimeConfig(BaseSettings):
     """Address to listen on."""
     port: int = Field(8080, ge=0, le=65535)
     """TCP port to listen on."""
+    grpc_port: int | None = Field(None, ge=0, le=65535)
+    """TCP port of the OIP gRPC listener on `host` (9000 is the documented choice); unset: off."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; `auto` picks CUDA when available."""
     threads: int = Field(0, ge=0, le=1024)
     """Torch intra-op threads; 0 keeps torch's default."""
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    """Numeric precision of MiniLM and ONNX models: `int8` (CPU) quantises the encoder's
+    Linear layers, `bf16` halves the weights; either must pass the accuracy guard at load."""
+    precision_min_cosine: float = Field(0.99, ge=0.9, le=1.0)
+    """Accuracy guard floor: smallest cosine to fp32 a reduced precision may reach on a
+    guard text, else the load fails."""
     warmup: bool = True
     """Run batches across the length buckets before reporting ready."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -345,6 +353,16 @@ class RuntimeConfig(BaseSettings):
                 msg = f"cannot read token file {value}: {exc.strerror}"
                 raise ValueError(msg) from None
         return value
+
+    @model_validator(mode="after")
+    def _check_grpc_port(self) -> RuntimeConfig:
+        taken = {self.port: "port"}
+        if self.model_control == "explicit":
+            taken[self.admin_port] = "admin_port"
+        if self.grpc_port in taken and self.grpc_port != 0:
+            msg = f"grpc_port ({self.grpc_port}) must differ from {taken[self.grpc_port]}"
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _check_model_control(self) -> RuntimeConfig:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
 
 __all__ = [
+    "Datatype",
     "InferenceRequest",
     "LoadRequest",
     "RequestInput",
@@ -30,6 +31,7 @@ __all__ = [
     "check_shape",
     "decode_body",
     "tensor_instances",
+    "validate_body",
 ]
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -133,6 +135,11 @@ def decode_body(raw: bytes, model: type[Body]) -> Body:
     except orjson.JSONDecodeError as exc:
         msg = f"request body is not valid JSON: {exc}"
         raise InvalidInput(msg) from None
+    return validate_body(data, model)
+
+
+def validate_body(data: Any, model: type[Body]) -> Body:
+    """Check parsed JSON against `model`; `InvalidInput` names the first field that is wrong."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
