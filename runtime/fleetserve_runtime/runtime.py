@@ -362,6 +362,9 @@ class Runtime:
             "fixed_bytes": profile.fixed_bytes if profile else None,
             "bytes_per_token": profile.bytes_per_token if profile else None,
             "load_seconds": model.load_seconds,
+            "precision": model.metadata.precision,
+            # The accuracy guard's figure: how close a reduced precision came to fp32.
+            "min_cosine": model.metadata.min_cosine,
         }
         if model.generative is None or model.kv is None:
             return {

@@ -39,6 +39,8 @@ from fleetserve_runtime.generate.contracts import (
 from fleetserve_runtime.generate.engine import GenerationEngine
 from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
 from fleetserve_runtime.memory import MemoryProfile, measure_bytes
+from fleetserve_runtime.models.accuracy import PrecisionOptions
+from fleetserve_runtime.models.base import DeclaresWeights
 from fleetserve_runtime.models.registry import (
     KVFigures,
     LoadedModel,
@@ -170,7 +172,13 @@ class VersionLoader:
             self.retire()
         log.info(
             "model ready",
-            extra={"version": version, "load_seconds": round(loaded.load_seconds, 3)},
+            extra={
+                "version": version,
+                "load_seconds": round(loaded.load_seconds, 3),
+                "precision": loaded.metadata.precision,
+                # The accuracy guard's figure: how close a reduced precision came to fp32.
+                "min_cosine": loaded.metadata.min_cosine,
+            },
         )
         return loaded
 
@@ -235,10 +243,13 @@ class VersionLoader:
                 max_context=self._config.generation.max_context,
                 dtype=self._config.generation.dtype,
             ),
+            precision=PrecisionOptions(self._config.precision, self._config.precision_min_cosine),
         )
         if isinstance(handler, GenerativeHandler):
             return self._load_generative(handler, started)
         weights = self._executor.load(handler)
+        if isinstance(handler, DeclaresWeights):
+            weights = max(weights, handler.weights_bytes())
         samples = self._executor.run_shapes(
             handler,
             calibration_shapes(batching.max_sequence_length),

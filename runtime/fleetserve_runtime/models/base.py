@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchLayout",
+    "DeclaresWeights",
     "ItemError",
     "ItemResult",
     "ModelHandler",
@@ -50,6 +51,10 @@ class ModelMetadata:
     outputs: tuple[TensorSpec, ...]
     max_sequence_length: int
     """Longest input (in tokens) the model accepts."""
+    precision: str = "fp32"
+    """Numeric precision the model is served in (`fp32`, `bf16`, `int8`)."""
+    min_cosine: float | None = None
+    """Smallest cosine to fp32 on the accuracy guard's texts; None when served in fp32."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,18 @@ class TensorAllocator(Protocol):
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Return an uninitialised tensor of `shape` and `dtype` valid until the batch ends."""
+
+
+@runtime_checkable
+class DeclaresWeights(Protocol):
+    """A handler whose weights live outside torch's allocator (e.g. ONNX Runtime's arena).
+
+    The runtime's memory measurement sees torch allocations only; such a handler says how
+    many bytes its weights take, and the larger of the two counts against the budget.
+    """
+
+    def weights_bytes(self) -> int:
+        """Bytes the loaded weights occupy."""
 
 
 @runtime_checkable

@@ -224,15 +224,20 @@ class BertEncoder(nn.Module):
         summed.index_add_(0, batch.sequence_index, x)
         return F.normalize(summed / batch.lengths, dim=-1)
 
-    def forward_padded(self, batch: PaddedBatch) -> torch.Tensor:
-        """Encode a padded batch; returns `[B, hidden]` unit-norm sentence embeddings."""
+    def hidden_padded(self, batch: PaddedBatch) -> torch.Tensor:
+        """The last hidden state `[B, L, hidden]` of a padded batch, before pooling."""
         input_ids, mask = batch.input_ids, batch.attention_mask
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self._embed(input_ids, positions)
         key_mask = mask[:, None, None, :]
         for layer in self.blocks:
             x = layer.forward_padded(x, key_mask)
-        weights = mask.to(x.dtype).unsqueeze(-1)
+        return x
+
+    def forward_padded(self, batch: PaddedBatch) -> torch.Tensor:
+        """Encode a padded batch; returns `[B, hidden]` unit-norm sentence embeddings."""
+        x = self.hidden_padded(batch)
+        weights = batch.attention_mask.to(x.dtype).unsqueeze(-1)
         summed = (x * weights).sum(dim=1)
         return F.normalize(summed / weights.sum(dim=1), dim=-1)
 

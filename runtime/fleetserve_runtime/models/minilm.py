@@ -12,6 +12,7 @@ import json
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from fleetserve_runtime.errors import InputTooLong, InvalidInput
+from fleetserve_runtime.models import quantize
+from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
     BatchLayout,
     ModelMetadata,
@@ -67,7 +70,14 @@ _SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "
 class MiniLMHandler:
     """`ModelHandler` for all-MiniLM-L6-v2, with packed (padding-free) and padded batches."""
 
-    def __init__(self, name: str, version: str, *, max_sequence_length: int = 256) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        *,
+        max_sequence_length: int = 256,
+        precision: PrecisionOptions = PrecisionOptions(),  # noqa: B008 (frozen, shared safely)
+    ) -> None:
         """Describe the model; nothing is read from disk until `load`.
 
         Args:
@@ -75,6 +85,8 @@ class MiniLMHandler:
             version: the served model version.
             max_sequence_length: longest input in tokens, [CLS] and [SEP] included; the
                 model was trained up to 256 and has 512 position embeddings.
+            precision: serve in fp32, bf16 (weights) or int8 (`models.quantize`, CPU
+                only); a reduced precision must pass the accuracy guard at load.
 
         Raises:
             ValueError: `max_sequence_length` is outside [3, 512].
@@ -90,6 +102,7 @@ class MiniLMHandler:
             max_sequence_length=max_sequence_length,
         )
         self._limit = max_sequence_length
+        self._precision = precision
         self._tokenizer: Tokenizer | None = None
         self._sep_id = 0
         self._encoder: BertEncoder | None = None
@@ -116,7 +129,9 @@ class MiniLMHandler:
         """Read config, weights and tokenizer from the installed package onto `device`.
 
         Raises:
-            ValueError: the shipped model is not mean-pooled as this handler assumes.
+            ValueError: the shipped model is not mean-pooled as this handler assumes, or
+                int8 was asked for on a device other than the CPU.
+            AccuracyError: the reduced-precision model failed the accuracy guard.
         """
         with resources.as_file(resources.files(MODEL_PACKAGE) / "model") as model_dir:
             config = BertConfig.from_json(_read_json(model_dir / "config.json"))
@@ -136,6 +151,27 @@ class MiniLMHandler:
         self._encoder = encoder.to(device)
         self._sep_id = sep_id
         self._tokenizer = tokenizer
+        if self._precision.precision != "fp32":
+            self._reduce_precision(device)
+
+    def _reduce_precision(self, device: torch.device) -> None:
+        """Convert the loaded fp32 encoder to bf16 or int8 and run the accuracy guard."""
+        precision = self._precision.precision
+        if precision == "int8" and device.type != "cpu":
+            msg = f"precision int8 runs on the CPU only, not on {device.type}; use bf16"
+            raise ValueError(msg)
+        reference = embed_texts(self, GUARD_TEXTS, device)
+        if precision == "int8":
+            calibrate = lambda: embed_texts(self, quantize.CALIBRATION_TEXTS, device)  # noqa: E731
+            ranges = quantize.activation_ranges(self.encoder, calibrate)
+            self._encoder = quantize.quantize_encoder(self.encoder, ranges)
+        else:
+            self._encoder = self.encoder.to(torch.bfloat16)
+        candidate = embed_texts(self, GUARD_TEXTS, device)
+        report = check(precision, reference, candidate, floor=self._precision.min_cosine)
+        self._metadata = replace(
+            self._metadata, precision=precision, min_cosine=round(report.min_cosine, 6)
+        )
 
     def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
         """Tokenise one text with [CLS] and [SEP]; runs on the event loop, so no torch.

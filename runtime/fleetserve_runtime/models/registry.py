@@ -1,7 +1,8 @@
 """Model URIs to handlers, and the versioned registry that swaps versions without a gap.
 
 Encoder URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt2`
-(`torch.export`) or `.pt` (TorchScript), both with `?input_width=N`, `file:///path/pkg` (a
+(`torch.export`) or `.pt` (TorchScript), both with `?input_width=N`, `file:///path/model.onnx`
+(an ONNX text encoder with `tokenizer.json` beside it, `models.onnx_model`), `file:///path/pkg` (a
 directory with `handler.py` defining `create_handler(name, version, max_sequence_length)`),
 and `module:factory` (an importable factory with the same signature).
 
@@ -35,6 +36,7 @@ from fleetserve_runtime.generate.handler import (
     synthetic_generative_handler,
 )
 from fleetserve_runtime.memory import MemoryProfile
+from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.base import ModelHandler, ModelMetadata
 
 if TYPE_CHECKING:
@@ -55,17 +57,43 @@ def resolve_handler(
     version: str,
     max_sequence_length: int,
     generative: GenerativeOptions = GenerativeOptions(),  # noqa: B008 (frozen, shared safely)
+    precision: PrecisionOptions = PrecisionOptions(),  # noqa: B008 (frozen, shared safely)
 ) -> ServedHandler:
     """Build (not load) the handler a model URI names; `ValueError` for an unknown URI.
 
     `generative` shapes a generative model (context cap, dtype); encoders ignore it.
+    `precision` applies to MiniLM and ONNX models; the synthetic model has no weights and
+    ignores it; any other model refuses a precision other than fp32.
     """
+    parsed = urlparse(uri)
+    params = dict(parse_qsl(parsed.query, strict_parsing=False))
+    if parsed.scheme == "builtin" and parsed.netloc == "minilm-l6":
+        from fleetserve_runtime.models.minilm import MiniLMHandler
+
+        return MiniLMHandler(
+            name, version, max_sequence_length=max_sequence_length, precision=precision
+        )
+    if parsed.scheme == "file" and parsed.path.endswith(".onnx"):
+        from fleetserve_runtime.models.onnx_model import OnnxEncoderHandler
+
+        return OnnxEncoderHandler(
+            name,
+            version,
+            path=Path(parsed.path),
+            max_sequence_length=max_sequence_length,
+            precision=precision,
+        )
+    synthetic = parsed.scheme == "builtin" and parsed.netloc == "synthetic"
+    if precision.precision != "fp32" and not synthetic:
+        msg = (
+            f"precision {precision.precision} applies to builtin://minilm-l6 and "
+            f"file:///.../model.onnx only, not to {uri!r}; serve it with precision fp32"
+        )
+        raise ValueError(msg)
     if "://" not in uri and ":" in uri:
         module_name, _, attr = uri.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)
         return _checked(factory(name, version, max_sequence_length))
-    parsed = urlparse(uri)
-    params = dict(parse_qsl(parsed.query, strict_parsing=False))
     if parsed.scheme == "builtin":
         return _builtin(parsed.netloc, params, name, version, max_sequence_length, generative)
     if parsed.scheme == "file":
@@ -96,10 +124,6 @@ def _builtin(
             params=SyntheticGenerativeParams.model_validate(params),
             options=generative,
         )
-    if kind == "minilm-l6":
-        from fleetserve_runtime.models.minilm import MiniLMHandler
-
-        return MiniLMHandler(name, version, max_sequence_length=max_len)
     if kind == "synthetic":
         from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
 

@@ -1,0 +1,314 @@
+"""A text encoder in ONNX, run by ONNX Runtime: `file:///models/<dir>/model.onnx`.
+
+Directory layout (what a user brings):
+
+    <dir>/model.onnx        the graph (weights inline, or beside it as external data files)
+    <dir>/tokenizer.json    the model's Hugging Face `tokenizers` file
+
+The graph takes `input_ids` and, when it declares them, `attention_mask` and `token_type_ids`
+(int64 `[batch, sequence]`; token types are all zero, one segment). Its output is either a
+last hidden state `[batch, sequence, hidden]`, mean-pooled over real tokens here, or an
+already pooled `[batch, hidden]` embedding: the first rank-2 output wins, else the first
+rank-3 one. Either way the embedding is L2-normalised, as MiniLM-style sentence encoders are.
+
+The session runs with every graph optimisation (`ORT_ENABLE_ALL`) and as many intra-op
+threads as torch was given (`threads`). Batches are always padded rectangles (ONNX graphs
+take no packed layout), to the bucket edge the batcher chose.
+
+Memory: ONNX Runtime allocates from its own arena, which the runtime's torch-based memory
+measurement does not see, so the weights are declared as the bytes of the model file(s)
+loaded (`weights_bytes`), and the arena's per-token activations are not measured; set
+`batching.max_batch_tokens` explicitly when a memory budget must also bound activations.
+
+`precision: int8` rewrites the graph's MatMuls at load into ONNX Runtime's `MatMulNBits`
+with 8-bit weights in blocks of 32 and `accuracy_level` 4, which quantises activations to
+int8 block by block too, so one outlier channel costs only its own block's resolution
+(Gather, i.e. embeddings, normalisation and pooling stay fp32). ONNX Runtime's
+`quantize_dynamic` was measured and rejected: one activation scale per tensor left MiniLM at
+a minimum cosine of 0.964 on the guard texts, under the 0.99 floor, where `MatMulNBits`
+reaches 0.998. The result is cached in `$TMPDIR/fleetserve-onnx-int8/` (a directory only
+its owner may use) keyed by the graph's digest, and the accuracy guard (`models.accuracy`)
+runs against the fp32 graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort  # type: ignore[import-untyped]
+import torch
+from tokenizers import Tokenizer
+
+from fleetserve_runtime.errors import InputTooLong, InvalidInput
+from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
+from fleetserve_runtime.models.base import (
+    BatchLayout,
+    ItemResult,
+    ModelMetadata,
+    PreparedInput,
+    TensorAllocator,
+    TensorSpec,
+)
+
+__all__ = ["OnnxEncoderHandler", "quantized_path"]
+
+_SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and")
+_TEXT_INPUTS = {"input_ids", "attention_mask", "token_type_ids"}
+_BLOCK = 32
+"""Weights and activations share one int8 scale per 32 values along the reduced axis."""
+_INT8_COMPUTE = 4
+"""MatMulNBits `accuracy_level` 4: activations quantised to int8 block by block, int8 GEMM."""
+
+
+def quantized_path(source: Path, cache_dir: Path) -> Path:
+    """The int8 graph of `source`, quantised once and cached by the digest of its files.
+
+    The digest covers the graph and any external-data files named after it, so new weights
+    under an old graph are quantised afresh.
+    """
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if cache_dir.stat().st_uid != os.getuid():
+        # A graph planted in someone else's directory under a shared temp dir would be run.
+        msg = f"int8 cache {cache_dir} belongs to another user; set TMPDIR to a private one"
+        raise ValueError(msg)
+    digest = hashlib.sha256()
+    for part in _graph_files(source):
+        with part.open("rb") as file:
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                digest.update(chunk)
+    target = cache_dir / f"{digest.hexdigest()[:32]}.int8.onnx"
+    if target.is_file():
+        return target
+    # Only int8 loads need onnx and the quantiser, which are slow to import.
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (  # type: ignore[import-untyped]
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=_BLOCK, is_symmetric=True, accuracy_level=_INT8_COMPUTE, bits=8
+    )
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
+    quantizer.process()
+    handle, name = tempfile.mkstemp(dir=cache_dir, suffix=".partial")
+    os.close(handle)
+    partial = Path(name)
+    try:
+        quantizer.model.save_model_to_file(str(partial), False)
+        # Renamed into place whole, so a concurrent or interrupted load never sees half a file.
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+class OnnxEncoderHandler:
+    """`ModelHandler` for an ONNX text encoder with a `tokenizer.json` beside it."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        *,
+        path: Path,
+        max_sequence_length: int = 256,
+        precision: PrecisionOptions = PrecisionOptions(),  # noqa: B008 (frozen, shared safely)
+        cache_dir: Path | None = None,
+    ) -> None:
+        """Describe the model; nothing is read until `load`.
+
+        Raises:
+            ValueError: `precision` is bf16 (ONNX models are served in fp32 or int8).
+        """
+        if precision.precision == "bf16":
+            msg = "precision bf16 is not available for ONNX models; use fp32 or int8"
+            raise ValueError(msg)
+        self._path = path
+        self._limit = max_sequence_length
+        self._precision = precision
+        self._cache_dir = cache_dir or Path(tempfile.gettempdir()) / "fleetserve-onnx-int8"
+        self._session: ort.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._inputs: tuple[str, ...] = ()
+        self._output = ""
+        self._pooled = False
+        self._weights = 0
+        self._metadata = ModelMetadata(
+            name=name,
+            version=version,
+            platform="onnxruntime",
+            inputs=(TensorSpec("text", "BYTES", (-1,)),),
+            outputs=(TensorSpec("embedding", "FP32", (-1, -1)),),
+            max_sequence_length=max_sequence_length,
+        )
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """Name, version, shapes and limits."""
+        return self._metadata
+
+    def weights_bytes(self) -> int:
+        """Bytes of the graph file(s) the session loaded: its weights, to the memory budget."""
+        return self._weights
+
+    def load(self, device: torch.device) -> None:
+        """Open the tokenizer and the session; quantise and guard when int8 is asked for.
+
+        Raises:
+            ValueError: the directory lacks `tokenizer.json`, the graph is not a text
+                encoder this handler can drive, or the device is not the CPU.
+            AccuracyError: the int8 graph failed the accuracy guard.
+        """
+        if device.type != "cpu":
+            msg = f"ONNX models run on the CPU only, not on {device.type}"
+            raise ValueError(msg)
+        if not self._path.is_file():
+            msg = f"ONNX model {self._path} does not exist"
+            raise ValueError(msg)
+        tokenizer_file = self._path.parent / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            msg = f"ONNX model {self._path} needs tokenizer.json beside it ({tokenizer_file})"
+            raise ValueError(msg)
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        # Lengths are the runtime's business, as they are for MiniLM.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tokenizer = tokenizer
+        self._open(self._path)
+        if self._precision.precision == "int8":
+            reference = embed_texts(self, GUARD_TEXTS, device)
+            self._open(quantized_path(self._path, self._cache_dir))
+            candidate = embed_texts(self, GUARD_TEXTS, device)
+            report = check("int8", reference, candidate, floor=self._precision.min_cosine)
+            self._metadata = replace(
+                self._metadata, precision="int8", min_cosine=round(report.min_cosine, 6)
+            )
+
+    def _open(self, path: Path) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = torch.get_num_threads()
+        try:
+            session = ort.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # ORT raises its own untyped errors for bad graphs
+            msg = f"ONNX Runtime cannot load {path}: {exc}"
+            raise ValueError(msg) from exc
+        names = {i.name for i in session.get_inputs()}
+        if "input_ids" not in names or not names <= _TEXT_INPUTS:
+            msg = (
+                f"ONNX model {self._path} takes inputs {sorted(names)}; a text encoder takes "
+                "input_ids and optionally attention_mask and token_type_ids"
+            )
+            raise ValueError(msg)
+        outputs = session.get_outputs()
+        pooled = [o for o in outputs if len(o.shape) == 2]
+        hidden = [o for o in outputs if len(o.shape) == 3]
+        if not pooled and not hidden:
+            msg = (
+                f"ONNX model {self._path} has no [batch, hidden] or [batch, sequence, hidden] "
+                f"output (outputs: {[(o.name, o.shape) for o in outputs]})"
+            )
+            raise ValueError(msg)
+        self._output = (pooled or hidden)[0].name
+        self._pooled = bool(pooled)
+        self._inputs = tuple(i.name for i in session.get_inputs())
+        self._session = session
+        self._weights = sum(part.stat().st_size for part in _graph_files(path))
+
+    def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
+        """Tokenise one text with the model's special tokens.
+
+        Raises:
+            InvalidInput: the instance is not a non-empty string with tokens.
+            InputTooLong: the text exceeds `max_sequence_length` and `truncate` is false.
+            RuntimeError: `load` has not been called.
+        """
+        if not isinstance(instance, str):
+            raise InvalidInput(f"text must be a string, got {type(instance).__name__}")
+        if not instance:
+            raise InvalidInput("text must not be an empty string")
+        if self._tokenizer is None:
+            raise RuntimeError("OnnxEncoderHandler.load() has not been called")
+        ids = self._tokenizer.encode(instance).ids
+        if not ids:
+            raise InvalidInput("text has no tokens")
+        if len(ids) <= self._limit:
+            return PreparedInput(length=len(ids), data=ids)
+        if not truncate:
+            msg = f"text of {len(ids)} tokens exceeds max_sequence_length {self._limit}"
+            raise InputTooLong(msg)
+        # Keep the closing special token ([SEP] for BERT tokenizers) the model expects.
+        kept = [*ids[: self._limit - 1], ids[-1]]
+        return PreparedInput(length=self._limit, data=kept, truncated=True)
+
+    def sample_instance(self, length: int) -> str:
+        """A text of about `length` tokens (two are special tokens for BERT tokenizers)."""
+        words = max(1, min(length, self._limit) - 2)
+        return " ".join(_SAMPLE_WORDS[i % len(_SAMPLE_WORDS)] for i in range(words))
+
+    def collate(
+        self,
+        items: Sequence[PreparedInput],
+        *,
+        layout: BatchLayout,
+        alloc: TensorAllocator,
+        device: torch.device,
+    ) -> dict[str, npt.NDArray[np.int64]]:
+        """Pad the batch to `layout.pad_to` (packed layouts are padded too) with its mask.
+
+        Raises:
+            ValueError: the batch is empty.
+        """
+        if not items:
+            raise ValueError("cannot collate an empty batch")
+        width = max(layout.pad_to, max(item.length for item in items))
+        ids = alloc.empty((len(items), width), torch.int64).numpy()
+        mask = alloc.empty((len(items), width), torch.int64).numpy()
+        ids.fill(0)
+        mask.fill(0)
+        for row, item in enumerate(items):
+            ids[row, : item.length] = item.data
+            mask[row, : item.length] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        return feeds
+
+    def forward(self, batch: dict[str, npt.NDArray[np.int64]]) -> npt.NDArray[np.float32]:
+        """Run the session; returns `[B, hidden]` unit-norm embeddings."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("OnnxEncoderHandler.load() has not been called")
+        feeds = {name: batch[name] for name in self._inputs}
+        out = np.asarray(session.run([self._output], feeds)[0], dtype=np.float32)
+        if not self._pooled:
+            weights = batch["attention_mask"].astype(np.float32)[:, :, None]
+            out = (out * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        normalised: npt.NDArray[np.float32] = out / np.maximum(norms, 1e-12)
+        return normalised
+
+    def postprocess(self, output: npt.NDArray[np.float32], count: int) -> list[ItemResult]:
+        """One embedding row per item.
+
+        Raises:
+            ValueError: `output` does not hold exactly `count` rows.
+        """
+        if output.shape[0] != count:
+            raise ValueError(f"expected {count} embeddings, got {output.shape[0]}")
+        return list(output)
+
+
+def _graph_files(path: Path) -> list[Path]:
+    """The graph file and the external-data files beside it that carry its name."""
+    return sorted(part for part in path.parent.glob(f"{path.name}*") if part.is_file())
