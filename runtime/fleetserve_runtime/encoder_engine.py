@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fleetserve_runtime.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
@@ -101,7 +101,6 @@ class InferenceResult:
 class _Ticket:
     future: asyncio.Future[tuple[ItemResult, StageTimings]]
     key: bytes | None
-    timings: StageTimings = field(default_factory=StageTimings)
     job: BatchJob | None = None
     """The batch the item was formed into, and its index there; None while queued."""
     index: int = 0
@@ -138,8 +137,9 @@ class EncoderEngine:
             max_size=config.queue.max_queue_size, retry_after_s=config.queue.retry_after_s
         )
         self._inflight_requests = 0
-        self._wakeup = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        """Resolved to wake the scheduler; None while it is planning."""
         self.executor = make_executor(self._on_batch_done)
         """Built here, from the caller's settings, because its outcomes must come back here."""
         self._scheduler: asyncio.Task[None] | None = None
@@ -219,7 +219,7 @@ class EncoderEngine:
         timings = StageTimings()
         if items:
             self.queue.push(items)
-            self._wakeup.set()
+            self._wake()
             await self._await_items(items, tickets, results, timings)
         return InferenceResult(model, results, timings)
 
@@ -317,9 +317,31 @@ class EncoderEngine:
             min_padding_efficiency=batching.min_padding_efficiency,
         )
 
+    def _wake(self) -> None:
+        """Make the scheduler plan again (at most once however often it is called)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _sleep(self, wake_at: float | None) -> None:
+        """Sleep until `_wake` or `wake_at` (on the engine's clock), whichever comes first.
+
+        A bare future and one timer handle: `asyncio.wait_for` on an `Event` would create a
+        task per call, and the scheduler sleeps once per request under load.
+        """
+        waiter = self._waiter = self._loop.create_future()
+        timer: asyncio.TimerHandle | None = None
+        if wake_at is not None:
+            timer = self._loop.call_later(max(0.0, wake_at - self._clock()), self._wake)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
     async def _schedule(self) -> None:
         while True:
-            self._wakeup.clear()
             now = self._clock()
             wake_at: float | None
             if self.executor.has_capacity:
@@ -337,9 +359,7 @@ class EncoderEngine:
                 for item in self.queue.pop_expired(now):
                     _expire(item, now)
                 wake_at = self.queue.next_deadline()
-            timeout = None if wake_at is None else max(0.0, wake_at - self._clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            await self._sleep(wake_at)
 
     def _submit(self, batch: Batch[LoadedModel]) -> None:
         layout = BatchLayout(pad_to=batch.pad_to, packed=self._config.batching.packing)
@@ -380,7 +400,7 @@ class EncoderEngine:
                 ticket.future.set_result((result, timings))
                 if ticket.key is not None:
                     self._cache_put(ticket.key, result)
-        self._wakeup.set()
+        self._wake()
         if not computed:
             return
         version = job.model.version

@@ -17,10 +17,11 @@ import contextvars
 import json
 import logging
 import logging.handlers
+import os
 import queue
+import random
 import re
 import sys
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "bind_request",
     "configure_logging",
     "current_request",
+    "new_request_id",
     "request_id_from",
     "traceparent_from",
     "unbind_request",
@@ -68,11 +70,22 @@ _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar
 )
 
 
+_ids = random.Random()
+"""Draws request ids: they must be unique, not secret, and `uuid4` costs a system call per
+request (os.urandom), a measurable share of a request's cost at thousands per second."""
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def new_request_id() -> str:
+    """A fresh request id: 128 random bits as 32 hex digits, like `uuid4().hex`."""
+    return f"{_ids.getrandbits(128):032x}"
+
+
 def request_id_from(header: str | None) -> str:
     """The caller's `X-Request-ID` when it is a sane token, else a fresh one."""
     if header is not None and _REQUEST_ID.fullmatch(header):
         return header
-    return uuid.uuid4().hex
+    return new_request_id()
 
 
 def traceparent_from(header: str | None) -> str | None:

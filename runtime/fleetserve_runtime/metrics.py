@@ -144,14 +144,33 @@ class LoadedVersionsCollector(Collector):
         return iter(())
 
 
+@dataclass(frozen=True, slots=True)
+class _BatchSeries:
+    """One version's labelled batch series, looked up once (`labels()` takes a lock)."""
+
+    batch_size: Histogram
+    real_tokens: Counter
+    padded_tokens: Counter
+    padding_efficiency: Histogram
+    compute_seconds: Histogram
+    queue_wait_seconds: Histogram
+
+
 class RuntimeMetrics:
-    """The runtime's metric objects and the few methods the request path calls."""
+    """The runtime's metric objects and the few methods the request path calls.
+
+    The request path reuses labelled series from small caches: `labels()` validates the
+    values and takes the metric's lock on every call, a visible share of a request at a
+    few thousand per second. The label values are bounded (loaded versions, answered codes).
+    """
 
     def __init__(self, *, model: str, track: str, snapshot: Callable[[], StateSnapshot]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._model = model
         self._track = track
         self._declared: set[str] = set()
+        self._request_series: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._batch_series: dict[str, _BatchSeries] = {}
         reg = self.registry
         reg.register(LoadedVersionsCollector(self, snapshot))
         self.requests = Counter(
@@ -221,8 +240,31 @@ class RuntimeMetrics:
 
     def observe_request(self, version: str, code: int, seconds: float) -> None:
         """Count one answered request and its latency."""
-        self.requests.labels(self._model, version, self._track, str(code)).inc()
-        self.request_seconds.labels(self._model, version, self._track).observe(seconds)
+        series = self._request_series.get((version, code))
+        if series is None:
+            labels = self.labels(version)
+            series = (
+                self.requests.labels(*labels, str(code)),
+                self.request_seconds.labels(*labels),
+            )
+            self._request_series[(version, code)] = series
+        count, latency = series
+        count.inc()
+        latency.observe(seconds)
+
+    def _batch(self, version: str) -> _BatchSeries:
+        series = self._batch_series.get(version)
+        if series is None:
+            labels = self.labels(version)
+            series = self._batch_series[version] = _BatchSeries(
+                batch_size=self.batch_size.labels(*labels),
+                real_tokens=self.real_tokens.labels(*labels),
+                padded_tokens=self.padded_tokens.labels(*labels),
+                padding_efficiency=self.padding_efficiency.labels(*labels),
+                compute_seconds=self.compute_seconds.labels(*labels),
+                queue_wait_seconds=self.queue_wait_seconds.labels(*labels),
+            )
+        return series
 
     def observe_batch(
         self,
@@ -235,12 +277,12 @@ class RuntimeMetrics:
         compute_s: float,
     ) -> None:
         """Record one completed batch."""
-        labels = self.labels(version)
-        self.batch_size.labels(*labels).observe(size)
-        self.real_tokens.labels(*labels).inc(real_tokens)
-        self.padded_tokens.labels(*labels).inc(padded_tokens)
-        self.padding_efficiency.labels(*labels).observe(real_tokens / max(padded_tokens, 1))
-        self.compute_seconds.labels(*labels).observe(compute_s)
-        wait = self.queue_wait_seconds.labels(*labels)
+        series = self._batch(version)
+        series.batch_size.observe(size)
+        series.real_tokens.inc(real_tokens)
+        series.padded_tokens.inc(padded_tokens)
+        series.padding_efficiency.observe(real_tokens / max(padded_tokens, 1))
+        series.compute_seconds.observe(compute_s)
+        wait = series.queue_wait_seconds
         for seconds in queue_waits:
             wait.observe(seconds)
