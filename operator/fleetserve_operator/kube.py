@@ -5,10 +5,10 @@ official client's `ApiClient` by path, so every kind (Deployment, Service, HTTPR
 InferenceService itself) is handled the same way, without a discovery cache on disk (the
 operator's root filesystem is read-only). API errors are mapped to the domain errors in
 `errors` here, once: a 409 conflict is retried, 429/5xx and connection failures become
-`ClusterUnavailable`, a missing HTTPRoute API becomes `DependencyMissing`, a child the API
-server refuses (schema, admission, quota) becomes `ChildRefused`. What the API server says is
-cut at `errors.MESSAGE_LIMIT` as it arrives: it reaches status, Events and logs, and a
-refusal may quote the whole object.
+`ClusterUnavailable`, a missing HTTPRoute or ScaledObject API becomes `DependencyMissing`
+naming the spec field that asked for it, a child the API server refuses (schema, admission,
+quota) becomes `ChildRefused`. What the API server says is cut at `errors.MESSAGE_LIMIT` as
+it arrives: it reaches status, Events and logs, and a refusal may quote the whole object.
 
 Children are never written blind. `create` is create-only (a POST, refused when the name is
 taken, so an object that appeared since `sync` looked is never overwritten); `apply` names
@@ -47,6 +47,8 @@ _PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
     "HTTPRoute": "httproutes",
+    "ScaledObject": "scaledobjects",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Event": "events",
     "Pod": "pods",
@@ -56,14 +58,33 @@ _CHILD_KINDS = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("policy/v1", "PodDisruptionBudget"),
 )
+# Kinds from CRDs a cluster may lack: nothing of them to list, and a write names the field
+# that asked for one.
+_OPTIONAL_KINDS = {
+    "HTTPRoute": (
+        "spec.traffic.provider",
+        "gateway-api needs the Gateway API CRDs (HTTPRoute v1) in the cluster",
+    ),
+    "ScaledObject": (
+        "spec.scaling",
+        "autoscaling needs KEDA: its ScaledObject CRD (keda.sh/v1alpha1) is not in the cluster",
+    ),
+}
 _CONFLICT_RETRIES = 3
 # What the API server says when it refuses a write for its content (schema, admission,
 # quota), as opposed to failing: 400 BadRequest, 403 Forbidden, 422 Invalid.
 _REFUSALS = (400, 403, 422)
 _DRY_RUN = [("dryRun", "All")]
 # The spec section a child is rendered from, for the field a refusal names.
-_SOURCE_FIELDS = {"HTTPRoute": "spec.traffic", "Service": "spec.traffic"}
+_SOURCE_FIELDS = {
+    "HTTPRoute": "spec.traffic",
+    "Service": "spec.traffic",
+    "ScaledObject": "spec.scaling",
+    "PodDisruptionBudget": "spec.disruption",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +171,19 @@ def _path(api_version: str, kind: str, namespace: str, name: str | None = None) 
     return path if name is None else f"{path}/{name}"
 
 
+def _error_message(data: bytes, reason: str) -> str:
+    """The `message` of an error answer's Status, else its HTTP reason.
+
+    A path under an API group the cluster does not serve (no KEDA, no Gateway API) is
+    answered with a plain-text `404 page not found`, not a Status.
+    """
+    try:
+        status = json.loads(data) if data else {}
+    except ValueError:
+        return reason
+    return str(status.get("message", reason)) if isinstance(status, dict) else reason
+
+
 def _owned_by(owner: str) -> str:
     """Label selector of the objects this operator manages for InferenceService `owner`."""
     return f"{naming.INSTANCE_LABEL}={owner},{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
@@ -205,9 +239,9 @@ class KubeApi:
             data = response.read()  # type: ignore[no-untyped-call]  # untyped upstream
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClusterUnavailable(f"{method} {path}: {exc}") from exc
-        payload: Manifest = json.loads(data) if data else {}
         if not 200 <= response.status < 300:
-            raise _ApiError(response.status, str(payload.get("message", response.reason)))
+            raise _ApiError(response.status, _error_message(data, response.reason))
+        payload: Manifest = json.loads(data) if data else {}
         return payload
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Manifest:
@@ -286,9 +320,8 @@ class KubeApi:
     def _write_error(self, manifest: Manifest, exc: _ApiError) -> Exception:
         """The domain error for a refused or failed write of a child."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        if exc.status == 404 and kind == "HTTPRoute":
-            msg = "gateway-api needs the Gateway API CRDs (HTTPRoute v1) in the cluster"
-            return DependencyMissing("spec.traffic.provider", msg)
+        if exc.status == 404 and kind in _OPTIONAL_KINDS:
+            return DependencyMissing(*_OPTIONAL_KINDS[kind])
         if exc.status in _REFUSALS:
             field = _SOURCE_FIELDS.get(kind, "spec")
             return ChildRefused(field, kind, name, exc.message)
@@ -353,7 +386,7 @@ class KubeApi:
             raise ClusterUnavailable(f"get {kind} {name}: {exc}") from exc
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
-        """Deployments, Services and HTTPRoutes labelled as this operator's children of `owner`."""
+        """Every `_CHILD_KINDS` object labelled as this operator's children of `owner`."""
         selector = _owned_by(owner)
         children: list[Manifest] = []
         for api_version, kind in _CHILD_KINDS:
@@ -361,8 +394,8 @@ class KubeApi:
             try:
                 listed = self._call("GET", path, query=[("labelSelector", selector)])
             except _ApiError as exc:
-                if exc.status == 404 and kind == "HTTPRoute":
-                    continue  # no Gateway API in this cluster, so no routes to find
+                if exc.status == 404 and kind in _OPTIONAL_KINDS:
+                    continue  # its CRD is not in this cluster, so there is none to find
                 raise ClusterUnavailable(f"list {kind}: {exc}") from exc
             children += [
                 {"apiVersion": api_version, "kind": kind, **item} for item in listed["items"]

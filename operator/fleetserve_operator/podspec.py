@@ -5,7 +5,8 @@ needs nothing of `reconcile`) and calls `pod_template` for the track's Deploymen
 container runs `fleetserve-runtime serve` with flags from `contract`; the pod is hardened as
 the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
 escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label
-namespaces `restricted`.
+namespaces `restricted`. The track's pods spread over nodes and zones
+(`scaling.topology_spread`) and may carry a PriorityClass.
 
 A generative model's pods also get the engine's `--generation-*` flags, and a terminating
 pod keeps serving for `generation.drainSeconds`: Gateway API and Services move only new
@@ -19,7 +20,15 @@ from dataclasses import dataclass
 
 from fleetserve_operator import contract
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.spec import GenerationSpec, GpuTrackSpec, Resources, Toleration
+from fleetserve_operator.scaling import topology_spread
+from fleetserve_operator.spec import (
+    GenerationSpec,
+    GpuTrackSpec,
+    Precision,
+    Resources,
+    Toleration,
+    TopologySpread,
+)
 
 __all__ = [
     "CONTAINER_NAME",
@@ -66,6 +75,12 @@ class TrackPlan:
     """`pods.digest` on the GPU tracks (their spec-hash label); None on the fallback."""
     generation: GenerationSpec | None = None
     """The engine's knobs of a generative model on this track; None for an encoder."""
+    precision: Precision = "fp32"
+    """The model's numeric precision on this track (`--precision`)."""
+    spread: TopologySpread = TopologySpread.SCHEDULE_ANYWAY
+    """How the track's pods spread across nodes and zones."""
+    priority_class_name: str | None = None
+    """The pods' PriorityClass; None: the cluster's default."""
 
     @property
     def drain_seconds(self) -> int:
@@ -78,6 +93,10 @@ class TrackPlan:
 def runtime_args(plan: TrackPlan) -> list[str]:
     """The runtime's flags: `contract.render_args`, and a generative model's engine knobs."""
     args = contract.render_args(pods=plan.pods, config=plan.config)
+    # fp32 is the runtime's default: leaving it out keeps a runtime image older than the
+    # flag starting.
+    if plan.precision != "fp32":
+        args.append(f"--precision={plan.precision}")
     knobs = plan.generation
     if knobs is None:
         return args
@@ -187,8 +206,11 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     return container
 
 
-def pod_template(plan: TrackPlan, labels: dict[str, str]) -> Manifest:
-    """The pod template of `plan`'s track, labelled `labels` (those of its Deployment)."""
+def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, str]) -> Manifest:
+    """The pod template of `plan`'s track, labelled `labels` (those of its Deployment).
+
+    `selector` picks the track's own pods, which its topology spread balances.
+    """
     spec = plan.pods
     volumes, mounts = _volumes(spec)
     pod: Manifest = {
@@ -213,6 +235,11 @@ def pod_template(plan: TrackPlan, labels: dict[str, str]) -> Manifest:
         pod["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True) for t in plan.tolerations
         ]
+    spread = topology_spread(selector, plan.spread)
+    if spread:
+        pod["topologySpreadConstraints"] = spread
+    if plan.priority_class_name:
+        pod["priorityClassName"] = plan.priority_class_name
     return {
         "metadata": {
             "labels": dict(labels),

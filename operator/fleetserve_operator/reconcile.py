@@ -6,9 +6,12 @@ are plain dicts in the API's own shape, carrying only the fields the operator ow
 apply leaves every other field to its owner). Everything that changes during a rollout is
 rendered from `status`, which `rollout.next_step` wrote: the stable track runs
 `status.rollout.stableSpec`, the canary exists only while a rollout is active, replica counts
-follow `rollout.plan_capacity` and HTTPRoute weights `rollout.traffic_split`. The HTTPRoute
-exposes only the inference paths of the model's task (`INFERENCE_PATHS` for an encoder,
-`GENERATION_PATHS` for a generative model), never the runtime's admin endpoints.
+follow `rollout.plan_capacity` and HTTPRoute weights `rollout.traffic_split`. An autoscaled
+track's Deployment leaves its replica count to the HPA of the KEDA ScaledObject rendered
+beside it, and a track of 2 or more replicas (or autoscaled) gets a PodDisruptionBudget
+(both from `scaling`). The HTTPRoute exposes only the inference paths of the model's task
+(`INFERENCE_PATHS` for an encoder, `GENERATION_PATHS` for a generative model), never the
+runtime's admin endpoints.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fleetserve_operator import contract, naming
+from fleetserve_operator import contract, naming, scaling
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
 from fleetserve_operator.podspec import TrackPlan, pod_template
@@ -27,10 +30,12 @@ from fleetserve_operator.records import Manifest
 from fleetserve_operator.rollout import fallback_active, plan_capacity, traffic_split
 from fleetserve_operator.spec import (
     BatchingSpec,
+    DisruptionSpec,
     GenerationSpec,
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    ScalingSpec,
     TrafficProvider,
 )
 
@@ -171,7 +176,9 @@ def stable_pods(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> G
     )
 
 
-def _gpu_plan(pods: GpuTrackSpec, track: Track, replicas: int | None) -> TrackPlan:
+def _gpu_plan(
+    spec: InferenceServiceSpec, pods: GpuTrackSpec, track: Track, replicas: int | None
+) -> TrackPlan:
     runtime = pods.runtime
     return TrackPlan(
         config=contract.TrackConfig(
@@ -184,6 +191,9 @@ def _gpu_plan(pods: GpuTrackSpec, track: Track, replicas: int | None) -> TrackPl
         pods=pods,
         spec_hash=pods.digest,
         generation=pods.generation_knobs,
+        precision=runtime.precision,
+        spread=spec.topology_spread,
+        priority_class_name=spec.priority_class_name,
     )
 
 
@@ -201,14 +211,15 @@ def plan_tracks(
     """
     capacity = plan_capacity(spec, status, stable_replicas=observed_stable_replicas)
     stable = stable_pods(spec, status)
-    plans = [_gpu_plan(stable, Track.STABLE, capacity.stable)]
+    plans = [_gpu_plan(spec, stable, Track.STABLE, capacity.stable)]
     phase = status.current_phase
     if phase.is_rollout_active:
-        plans.append(_gpu_plan(spec.gpu_track, Track.CANARY, capacity.canary))
+        plans.append(_gpu_plan(spec, spec.gpu_track, Track.CANARY, capacity.canary))
     if not spec.fallback.enabled:
         return plans
     fallback = spec.fallback
     active = fallback_active(status)
+    fixed = fallback.replicas.max if active else fallback.replicas.min
     plans.append(
         TrackPlan(
             config=contract.TrackConfig(
@@ -218,12 +229,15 @@ def plan_tracks(
                 "cpu",
                 fallback.threads,
             ),
-            replicas=fallback.replicas.max if active else fallback.replicas.min,
+            replicas=None if fallback.scaling else fixed,
             resources=fallback.resources,
             node_selector=fallback.node_selector,
             tolerations=fallback.tolerations,
             pods=stable,
             generation=fallback_generation(spec, stable.generation_knobs),
+            precision=fallback.precision,
+            spread=fallback.topology_spread,
+            priority_class_name=fallback.priority_class_name,
         )
     )
     return plans
@@ -243,7 +257,7 @@ def _deployment(owner: Owner, plan: TrackPlan) -> Manifest:
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
         },
         "revisionHistoryLimit": 3,
-        "template": pod_template(plan, labels),
+        "template": pod_template(plan, labels, naming.selector(owner.name, track)),
     }
     if plan.replicas is not None:
         body = {"replicas": plan.replicas, **body}
@@ -330,16 +344,82 @@ def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, i
     }
 
 
+def _track_scaling(
+    spec: InferenceServiceSpec, track: Track
+) -> tuple[ScalingSpec | None, DisruptionSpec]:
+    """The autoscaling (None: sized by the operator) and disruption budget of `track`."""
+    if track is Track.FALLBACK:
+        return spec.fallback.scaling, spec.fallback.disruption
+    return (spec.scaling if track is Track.STABLE else None), spec.disruption
+
+
+def _scaling_children(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    status: InferenceServiceStatus,
+    plans: list[TrackPlan],
+    *,
+    observed_stable_replicas: int,
+    prometheus_url: str | None,
+) -> list[Manifest]:
+    """Each track's ScaledObject (when autoscaled) and PodDisruptionBudget (when it has one).
+
+    While a rollout is active the stable track's scaler may grow it but not shrink it below
+    its observed size: the canary is sized from it, and during promotion the stable track
+    carries no traffic, so an idle-looking signal would otherwise scale it down just before
+    it takes all traffic back.
+    """
+    children: list[Manifest] = []
+    for plan in plans:
+        track = plan.config.track
+        name = naming.child_name(owner.name, track)
+        labels = naming.labels(owner.name, track)
+        autoscaling, disruption = _track_scaling(spec, track)
+        if autoscaling is not None:
+            query = scaling.scaling_query(
+                autoscaling.metric, namespace=owner.namespace, model=spec.model.name, track=track
+            )
+            holding = track is Track.STABLE and status.current_phase.is_rollout_active
+            children.append(
+                scaling.scaled_object(
+                    owner.metadata(name, labels),
+                    name,
+                    autoscaling,
+                    query=query,
+                    prometheus_url=prometheus_url,
+                    floor=observed_stable_replicas if holding else 0,
+                )
+            )
+        if scaling.needs_budget(plan.replicas):
+            selector = naming.selector(owner.name, track)
+            children.append(
+                scaling.disruption_budget(owner.metadata(name, labels), selector, disruption)
+            )
+    return children
+
+
 def desired_children(
     owner: Owner,
     spec: InferenceServiceSpec,
     status: InferenceServiceStatus,
     *,
     observed_stable_replicas: int = 0,
+    prometheus_url: str | None = None,
 ) -> list[Manifest]:
-    """Every child object the service needs in `status`, in apply order (Deployments first)."""
+    """Every child object the service needs in `status`, in apply order (Deployments first).
+
+    `prometheus_url` is where a ScaledObject's trigger reads the runtime's metrics.
+    """
     plans = plan_tracks(spec, status, observed_stable_replicas=observed_stable_replicas)
     children = [_deployment(owner, plan) for plan in plans]
+    children += _scaling_children(
+        owner,
+        spec,
+        status,
+        plans,
+        observed_stable_replicas=observed_stable_replicas,
+        prometheus_url=prometheus_url,
+    )
     for plan in plans:
         track = plan.config.track
         children.append(

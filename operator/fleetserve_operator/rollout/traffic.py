@@ -48,9 +48,10 @@ def plan_capacity(
     price is a slower rollback: the stable track must grow back after the weight returns.
     Promotion scales the stable back to its full size while the canary still carries all
     traffic (no request dropped), which briefly needs the canary's GPUs on top.
-    `stable_replicas` is the observed count, used when an autoscaler owns it.
+    `stable_replicas` is the observed count, used when an autoscaler (`spec.scaling`, or
+    the user's own with `runtime.replicas` min < max) owns it.
     """
-    autoscaled = spec.runtime.replicas.is_autoscaled
+    autoscaled = spec.stable_autoscaled
     total = stable_replicas if autoscaled else spec.runtime.replicas.min
     phase = status.current_phase
     if not phase.is_rollout_active:

@@ -17,6 +17,7 @@ from fleetserve_operator.spec.base import (
     DEFAULT_IMAGE,
     GPU_RESOURCE,
     MAX_QUANTITY,
+    DnsSubdomain,
     Wire,
     cel,
     parse_duration_s,
@@ -31,6 +32,13 @@ from fleetserve_operator.spec.delivery import (
     RolloutSpec,
     TrafficProvider,
     TrafficSpec,
+)
+from fleetserve_operator.spec.scaling import (
+    DisruptionSpec,
+    Precision,
+    ScalingMetric,
+    ScalingSpec,
+    TopologySpread,
 )
 from fleetserve_operator.spec.serving import (
     GENERATIVE_CEL,
@@ -87,6 +95,7 @@ __all__ = [
     "CheckResult",
     "Condition",
     "ConditionType",
+    "DisruptionSpec",
     "EnvVar",
     "Evidence",
     "FallbackSpec",
@@ -101,6 +110,7 @@ __all__ = [
     "MetricCheck",
     "ModelSpec",
     "ParentRef",
+    "Precision",
     "Replicas",
     "Resources",
     "RolloutCommand",
@@ -108,8 +118,11 @@ __all__ = [
     "RolloutSpec",
     "RolloutStatus",
     "RuntimeSpec",
+    "ScalingMetric",
+    "ScalingSpec",
     "Task",
     "Toleration",
+    "TopologySpread",
     "TrackCounts",
     "TrackStatus",
     "TrafficProvider",
@@ -127,6 +140,19 @@ _HOSTNAMES_NEEDED = (
     "OpenAI routes (/v1/chat/completions, /v1/completions, /v1/models) carry no model name, "
     "so the hostname tells two generative services on one Gateway apart"
 )
+
+
+_REPLICAS_AND_SCALING = (
+    "runtime.replicas (min < max: an autoscaler of your own) and scaling (KEDA) both size "
+    "the stable track: remove scaling, or give runtime.replicas min = max"
+)
+
+
+def _kv_usage_needs_generation(field: str) -> str:
+    return (
+        f"{field} kvCacheUsage applies to generative models only (an encoder has no KV "
+        "cache): set model.task to generate, or scale on inflightRequests or queueWaitP90"
+    )
 
 
 class InferenceServiceSpec(Wire):
@@ -155,6 +181,21 @@ class InferenceServiceSpec(Wire):
                     ".traffic.hostnames",
                 ),
                 KV_FIT_RULE,
+                *(
+                    cel(
+                        f"!has(self{path}.scaling) || "
+                        f"self{path}.scaling.metric != '{ScalingMetric.KV_CACHE_USAGE}' || "
+                        f"{GENERATIVE_CEL}",
+                        _kv_usage_needs_generation(f"{prefix}scaling.metric"),
+                        f"{path}.scaling.metric",
+                    )
+                    for path, prefix in (("", ""), (".fallback", "fallback."))
+                ),
+                cel(
+                    "!has(self.scaling) || self.runtime.replicas.min == self.runtime.replicas.max",
+                    _REPLICAS_AND_SCALING,
+                    ".scaling",
+                ),
             ]
         }
     )
@@ -176,6 +217,17 @@ class InferenceServiceSpec(Wire):
     generation: GenerationSpec | None = None
     """The generative engine's knobs (KV cache, batch, chunked prefill, context); generative
     models only, defaults when unset."""
+    scaling: ScalingSpec | None = None
+    """Autoscale the stable track on an inference signal (a KEDA ScaledObject); it then
+    replaces `runtime.replicas`. The canary follows weight x the stable track's current size.
+    Unset: the stable track runs `runtime.replicas.min` replicas."""
+    disruption: DisruptionSpec = DisruptionSpec()
+    """The PodDisruptionBudget of each GPU track (stable, canary)."""
+    topology_spread: TopologySpread = TopologySpread.SCHEDULE_ANYWAY
+    """How the GPU tracks' pods spread across nodes (`kubernetes.io/hostname`) and zones
+    (`topology.kubernetes.io/zone`), each track on its own."""
+    priority_class_name: DnsSubdomain | None = None
+    """PriorityClass of the GPU tracks' pods; unset: the cluster's default."""
 
     @model_validator(mode="after")
     def _check_generation(self) -> InferenceServiceSpec:
@@ -196,12 +248,29 @@ class InferenceServiceSpec(Wire):
             and not traffic.hostnames
         ):
             raise ValueError(_HOSTNAMES_NEEDED)
+        for field, scaling in (
+            ("scaling", self.scaling),
+            ("fallback.scaling", self.fallback.scaling),
+        ):
+            if (
+                scaling is not None
+                and scaling.metric is ScalingMetric.KV_CACHE_USAGE
+                and not self.model.generates
+            ):
+                raise ValueError(_kv_usage_needs_generation(f"{field}.metric"))
+        if self.scaling is not None and self.runtime.replicas.is_autoscaled:
+            raise ValueError(_REPLICAS_AND_SCALING)
         knobs = self.gpu_track.generation_knobs
         if knobs is not None:
             problem = kv_fit_problem(self.model, self.memory, knobs)
             if problem is not None:
                 raise ValueError(problem)
         return self
+
+    @property
+    def stable_autoscaled(self) -> bool:
+        """True when an autoscaler (KEDA's or the user's own) owns the stable track's count."""
+        return self.scaling is not None or self.runtime.replicas.is_autoscaled
 
     @property
     def gpu_track(self) -> GpuTrackSpec:

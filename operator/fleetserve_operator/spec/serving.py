@@ -21,6 +21,12 @@ from fleetserve_operator.spec.base import (
     cel,
     parse_quantity,
 )
+from fleetserve_operator.spec.scaling import (
+    DisruptionSpec,
+    Precision,
+    ScalingSpec,
+    TopologySpread,
+)
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -281,6 +287,8 @@ class RuntimeSpec(Wire):
     read-only Secret volume (`--auth-token-file`), so a rotated Secret takes effect without
     a restart. Unset: no authentication. Every track runs with the stable track's setting
     except the canary, which runs the spec's: changing it is a rollout."""
+    precision: Precision = "fp32"
+    """Numeric precision of the GPU tracks' model (`--precision`); changing it is a rollout."""
 
 
 class BatchingSpec(Wire):
@@ -506,7 +514,13 @@ class FallbackSpec(Wire):
                     f"fallback.resources must not request {GPU_RESOURCE}: "
                     "the fallback track runs on CPU",
                     ".resources",
-                )
+                ),
+                cel(
+                    "!has(self.scaling) || self.replicas.min == self.replicas.max",
+                    "fallback.replicas and fallback.scaling both size the fallback track: "
+                    "remove fallback.scaling, or give fallback.replicas min = max",
+                    ".scaling",
+                ),
             ]
         }
     )
@@ -533,11 +547,29 @@ class FallbackSpec(Wire):
     fail over only when it has no available replica."""
     error_window: Duration = "1m"
     """How long the error ratio must stay above `maxErrorRate`."""
+    precision: Precision = "fp32"
+    """Numeric precision of the fallback's model (`--precision`); `int8` is usually the
+    fastest on CPU."""
+    scaling: ScalingSpec | None = None
+    """Autoscale the fallback track on an inference signal (a KEDA ScaledObject); it then
+    replaces `replicas`, also while the fallback carries the traffic."""
+    disruption: DisruptionSpec = DisruptionSpec()
+    """The fallback track's PodDisruptionBudget."""
+    topology_spread: TopologySpread = TopologySpread.SCHEDULE_ANYWAY
+    """How the fallback pods spread across nodes and zones."""
+    priority_class_name: DnsSubdomain | None = None
+    """PriorityClass of the fallback pods; unset: the cluster's default."""
 
     @model_validator(mode="after")
     def _cpu_only(self) -> FallbackSpec:
         if self.resources.has_gpu:
             msg = f"fallback.resources must not request {GPU_RESOURCE}: the fallback runs on CPU"
+            raise ValueError(msg)
+        if self.scaling is not None and self.replicas.is_autoscaled:
+            msg = (
+                "fallback.replicas and fallback.scaling both size the fallback track: "
+                "remove fallback.scaling, or give fallback.replicas min = max"
+            )
             raise ValueError(msg)
         return self
 

@@ -1,0 +1,70 @@
+"""`KubeApi` when a child's API group is not served: a missing KEDA is a spec problem, not a crash.
+
+A loopback stand-in for the API server answers every request as kube-apiserver answers a path
+under an API group it does not serve: `404 page not found`, in plain text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+import kubernetes
+import pytest
+
+from fleetserve_operator.errors import DependencyMissing
+from fleetserve_operator.kube import KubeApi
+from fleetserve_operator.reconcile import Owner, desired_children
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.testing import make_spec, serve_http
+
+OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
+
+
+@pytest.fixture
+def unserved() -> Iterator[KubeApi]:
+    """A `KubeApi` on an API server that serves no API group at all."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            payload = b"404 page not found\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815  # http.server's naming
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    with serve_http(Handler) as url:
+        configuration = kubernetes.client.Configuration(host=url)
+        yield KubeApi(kubernetes.client.ApiClient(configuration), timeout_s=5.0)
+
+
+def _scaled_object() -> dict[str, Any]:
+    spec = make_spec(scaling={"maxReplicas": 3, "target": 2})
+    children = desired_children(
+        OWNER, spec, InferenceServiceStatus(), prometheus_url="http://prometheus:9090"
+    )
+    (scaled,) = [child for child in children if child["kind"] == "ScaledObject"]
+    return scaled
+
+
+def test_a_scaled_object_without_keda_is_not_found(unserved: KubeApi) -> None:
+    """The plain-text 404 of an unserved group reads as "no such object", not a crash."""
+    assert unserved.get_child(_scaled_object()) is None
+
+
+def test_writing_a_scaled_object_without_keda_names_spec_scaling(unserved: KubeApi) -> None:
+    """The dry-run of a ScaledObject is refused with DependencyMissing on spec.scaling."""
+    with pytest.raises(DependencyMissing) as caught:
+        unserved.validate(_scaled_object(), current=None)
+    assert caught.value.field == "spec.scaling"
+    assert "KEDA" in caught.value.message
