@@ -108,7 +108,8 @@ def test_install_creates_valid_objects(
     assert conditions["Established"] == "True"
     fullname = f"{release}-fleetserve"
     deployment = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}")
-    assert deployment["status"]["availableReplicas"] == 1
+    # Two replicas by default: a leader and a standby waiting for the Lease.
+    assert deployment["status"]["availableReplicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == fullname
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
@@ -140,16 +141,19 @@ def test_namespaced_install_grants_only_the_watched_namespace(
 
 
 def assert_operator_ran_cleanly(cluster: LocalCluster, namespace: str, release: str) -> None:
-    """The release's operator pod really ran, and was refused nothing and raised nothing.
+    """The release's operator pods really ran, and were refused nothing and raised nothing.
 
-    The fake kubelet keeps each pod's log in `<work dir>/pods/<namespace>_<pod>.log`.
+    The fake kubelet keeps each pod's log in `<work dir>/pods/<namespace>_<pod>.log`. Both
+    replicas run (one leads, one stands by); every log must be clean.
     """
     selector = f"app.kubernetes.io/name=fleetserve-operator,app.kubernetes.io/instance={release}"
-    (pod,) = list_pods(cluster.client, namespace, selector)
-    path = cluster.work_dir / "pods" / f"{namespace}_{pod['metadata']['name']}.log"
-    log = path.read_text(encoding="utf-8", errors="replace")
-    assert log, f"{path} is empty: no operator process ran"
-    assert_operator_log_clean(log, str(path))
+    pods = list_pods(cluster.client, namespace, selector)
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        path = cluster.work_dir / "pods" / f"{namespace}_{pod['metadata']['name']}.log"
+        log = path.read_text(encoding="utf-8", errors="replace")
+        assert log, f"{path} is empty: no operator process ran"
+        assert_operator_log_clean(log, str(path))
 
 
 @pytest.mark.parametrize(
@@ -258,8 +262,10 @@ def test_tenancy_values_reach_the_cluster_and_the_operator(
     policies = f"{NETWORKING_API}/namespaces/{namespace}/networkpolicies"
     operator_policy = kube.get(f"{policies}/{fullname}-operator")
     runtime_policy = kube.get(f"{policies}/{fullname}-runtime")
-    (operator_pod,) = list_pods(local_cluster.client, namespace, selector_of(operator_policy))
-    assert operator_pod["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+    operator_pods = list_pods(local_cluster.client, namespace, selector_of(operator_policy))
+    assert {p["metadata"]["labels"]["app.kubernetes.io/instance"] for p in operator_pods} == {
+        release
+    }
     runtime_pods = list_pods(local_cluster.client, namespace, selector_of(runtime_policy))
     owners = {p["metadata"]["labels"]["app.kubernetes.io/instance"] for p in runtime_pods}
     assert owners == {"inside"}

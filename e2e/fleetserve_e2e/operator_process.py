@@ -167,7 +167,9 @@ class OperatorProcess:
         settings: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
     ) -> OperatorProcess:
-        """Start the operator watching `namespace`; returns once kopf answers /healthz.
+        """Start the operator watching `namespace`; returns once it answers /healthz.
+
+        It answers as soon as it runs kopf or waits as a standby for the leader Lease.
 
         `settings` are extra `FLEETSERVE_*` variables (e.g. a faster rollout timer).
         `command` replaces `fleetserve-operator run`, e.g. with a wrapper that injects a fault.
@@ -188,6 +190,9 @@ class OperatorProcess:
             FLEETSERVE_LIVENESS_PORT=str(liveness_port),
             # A temporary error (a PVC not there yet) is retried within a test's time.
             FLEETSERVE_RETRY_DELAY_S="2",
+            # The leader Lease in the watched namespace: operators of different tests never
+            # wait for one another, those of one test elect one leader.
+            FLEETSERVE_LEADER_ELECTION_NAMESPACE=namespace,
             # The harness's cluster-down finds the operator by this marker if a run is killed.
             **{MARKER_ENV: marker},
         )

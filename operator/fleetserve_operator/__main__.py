@@ -1,16 +1,22 @@
 """`fleetserve-operator run` / `python -m fleetserve_operator run`: start the operator.
 
 Loads `OperatorConfig` from `FLEETSERVE_*` (a bad value stops start-up, naming the variable),
-serves the operator's metrics, registers the handlers in an explicit kopf registry and runs
-kopf's operator with the configured namespaces and liveness endpoint.
+serves the operator's metrics, waits for the leader Lease (`leader`; a standby answers
+`/healthz` meanwhile), registers the handlers in an explicit kopf registry and runs kopf's
+operator with the configured namespaces and liveness endpoint. The leader renews the Lease
+from a thread and exits at once (status 1) if it loses it; on a clean stop (SIGTERM) it
+releases the Lease after kopf has stopped, so a standby takes over without waiting.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import kopf
 from prometheus_client import start_http_server
@@ -18,11 +24,40 @@ from pydantic import ValidationError
 
 from fleetserve_operator import handlers
 from fleetserve_operator.kube import KubeApi
+from fleetserve_operator.leader import KubeLeases, LeaderElector, StandbyProbe, candidate_identity
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.settings import OperatorConfig, apply_kopf_settings
 from fleetserve_operator.sync import Sync
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+
+def _exit_on_lost(reason: str) -> None:
+    """Stop reconciling at once: a leader without the lease must not write another object."""
+    logger.critical("Lost the leader lease (%s); exiting so that Kubernetes restarts me", reason)
+    logging.shutdown()
+    os._exit(1)
+
+
+def _lead(config: OperatorConfig, metrics: OperatorMetrics) -> LeaderElector:
+    """Block until this replica holds the leader Lease, then keep renewing it."""
+    elector = LeaderElector(
+        KubeLeases.from_environment(config.leader_election_namespace, config.leader_election_lease),
+        identity=candidate_identity(config.pod_name),
+        timing=config.lease_timing,
+        registry=metrics.registry,
+    )
+    probe = (
+        StandbyProbe(config.listen_address, config.liveness_port)
+        if config.liveness_port
+        else nullcontext()
+    )
+    with probe:
+        elector.acquire()
+    elector.start_renewing(on_lost=_exit_on_lost)
+    return elector
 
 
 def _run(config: OperatorConfig) -> None:
@@ -32,6 +67,15 @@ def _run(config: OperatorConfig) -> None:
         start_http_server(
             config.metrics_port, addr=config.listen_address, registry=metrics.registry
         )
+    elector = _lead(config, metrics) if config.leader_election else None
+    try:
+        _operate(config, metrics)
+    finally:
+        if elector is not None:
+            elector.release()
+
+
+def _operate(config: OperatorConfig, metrics: OperatorMetrics) -> None:
     kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
     allowlist = config.prometheus_allowlist
     sync = Sync(
@@ -75,12 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run the Fleetserve operator; settings come from FLEETSERVE_* variables.",
     )
     parser.add_argument("command", choices=["run"], nargs="?", default="run")
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--leader-election",
+        choices=["true", "false"],
+        help="Wait for the leader Lease before reconciling (default: FLEETSERVE_LEADER_ELECTION, "
+        "true); false for a single replica or a local run.",
+    )
+    args = parser.parse_args(argv)
     try:
         config = OperatorConfig()
     except ValidationError as exc:
         print(f"fleetserve-operator: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
+    if args.leader_election is not None:
+        config = config.model_copy(update={"leader_election": args.leader_election == "true"})
     _run(config)
     return 0
 

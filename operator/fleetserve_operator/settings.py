@@ -6,14 +6,16 @@ naming the variable; nothing falls back) and `apply_kopf_settings` tunes kopf wi
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated, Literal
 
 import kopf
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetserve_operator import naming
 from fleetserve_operator.allowlist import PrometheusAllowlist, parse_base_url
+from fleetserve_operator.leader import LeaseTiming
 
 __all__ = ["OperatorConfig", "apply_kopf_settings"]
 
@@ -23,6 +25,7 @@ def _base_url(url: str) -> str:
     return url
 
 
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PrometheusBaseUrl = Annotated[str, Field(max_length=512), AfterValidator(_base_url)]
 
 
@@ -68,6 +71,44 @@ class OperatorConfig(BaseSettings):
     """Server-side timeout of a watch; kopf then re-lists, which heals missed events."""
     workers: int = Field(8, ge=1, le=256)
     """Threads for the (synchronous) handlers."""
+    leader_election: bool = True
+    """Reconcile only while holding the leader Lease, so that of several replicas one works
+    and the others wait to take over; false for a single replica or a local run."""
+    leader_election_namespace: str = Field(
+        "default",
+        validation_alias=AliasChoices("FLEETSERVE_LEADER_ELECTION_NAMESPACE", "POD_NAMESPACE"),
+        pattern=_DNS_LABEL,
+        max_length=63,
+    )
+    """Namespace of the leader Lease; unset: the pod's own (`POD_NAMESPACE`), else `default`."""
+    leader_election_lease: str = Field("fleetserve-operator", pattern=_DNS_LABEL, max_length=63)
+    """Name of the leader Lease; replicas sharing it elect one leader among them."""
+    pod_name: str = Field(
+        default_factory=socket.gethostname, validation_alias="POD_NAME", min_length=1
+    )
+    """This replica's name in the Lease (a random suffix is added); unset: the host name."""
+    lease_duration_s: int = Field(10, ge=2, le=300)
+    """How long a standby waits after the leader's last renewal before taking over."""
+    renew_deadline_s: float = Field(8.0, gt=0, le=300)
+    """The leader exits when it could not renew for this long; below `lease_duration_s`."""
+    retry_period_s: float = Field(2.0, gt=0, le=60)
+    """How often the leader renews and a standby tries to take over; below the deadline."""
+
+    @model_validator(mode="after")
+    def _lease_timing_is_ordered(self) -> OperatorConfig:
+        # A leader must give up before a standby may take over, or two replicas could
+        # reconcile at once; and it must get to retry a failed renewal within its deadline.
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                "FLEETSERVE_RETRY_PERIOD_S < FLEETSERVE_RENEW_DEADLINE_S < "
+                "FLEETSERVE_LEASE_DURATION_S must hold"
+            )
+        return self
+
+    @property
+    def lease_timing(self) -> LeaseTiming:
+        """The leader election's timing."""
+        return LeaseTiming(self.lease_duration_s, self.renew_deadline_s, self.retry_period_s)
 
     @property
     def is_clusterwide(self) -> bool:
@@ -104,7 +145,7 @@ def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig)
     # running reconcile a moment to finish, then re-check every second.
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
-    # One operator replica runs at a time (the chart uses a Recreate strategy), so peering
-    # (and its cluster-scoped CRD) is not needed.
+    # One replica runs kopf at a time: the others wait for the leader Lease (`leader`) before
+    # starting it, so kopf's peering (and its cluster-scoped CRD) is not needed.
     settings.peering.standalone = True
     settings.peering.clusterwide = config.is_clusterwide

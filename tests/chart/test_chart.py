@@ -102,7 +102,7 @@ def test_lint_passes_with_strict() -> None:
 
 
 def test_default_render_has_the_core_objects_only() -> None:
-    """Defaults: CRD, operator, ServiceAccount, cluster RBAC, metrics Service, dashboard."""
+    """Defaults: CRD, operator, its PDB, ServiceAccount, RBAC, metrics Service, dashboard."""
     kinds = sorted(m["kind"] for m in render())
     assert kinds == [
         "ClusterRole",
@@ -110,6 +110,9 @@ def test_default_render_has_the_core_objects_only() -> None:
         "ConfigMap",
         "CustomResourceDefinition",
         "Deployment",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -139,12 +142,12 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
 
     deployment = only(render("--set", "watchNamespaces={ml,search}"), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
     assert container["image"] == "fleetserve/fleetserve-operator:0.1.0"
     assert container["args"] == ["run"]
     for variable in container["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+        if "value" in variable:  # the downward API's are the leader election's (test_chart_ha)
+            monkeypatch.setenv(variable["name"], variable["value"])
     config = OperatorConfig()
     assert config.namespaces == ["ml", "search"]
     assert config.allowed_prometheus_urls == []
@@ -168,7 +171,8 @@ def test_allowed_prometheus_urls_reach_the_operator_allowlist(
     )
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     for variable in container["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
     config = OperatorConfig()
     assert config.allowed_prometheus_urls == allowed
     config.prometheus_allowlist.check("http://prometheus.monitoring:9090")
@@ -198,7 +202,9 @@ def test_namespaced_install_splits_role_yaml_rules() -> None:
         "customresourcedefinitions",
         "namespaces",
     }
-    bindings = [m for m in manifests if m["kind"] == "RoleBinding"]
+    bindings = [
+        m for m in manifests if m["kind"] == "RoleBinding" and m["roleRef"]["kind"] == "ClusterRole"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "search"]
     assert {b["roleRef"]["name"] for b in bindings} == {"fs-fleetserve-namespaced"}
 
@@ -246,7 +252,11 @@ def test_dashboard_is_valid_grafana_json() -> None:
     ("values", "message"),
     [
         pytest.param(["--set", "replicas=two"], "/replicas", id="wrong-type"),
-        pytest.param(["--set", "replicas=2"], "/replicas", id="second-replica"),
+        pytest.param(
+            ["--set", "replicas=2,leaderElection.enabled=false"],
+            "/replicas",
+            id="second-replica-without-leader-election",
+        ),
         pytest.param(["--set", "operator.logFormat=yaml"], "/operator/logFormat", id="enum"),
         pytest.param(["--set", "operator.metricsPort=70000"], "/operator/metricsPort", id="port"),
         pytest.param(["--set", "watchNamespaces={Bad_NS}"], "/watchNamespaces/0", id="ns-name"),

@@ -24,6 +24,11 @@ app.kubernetes.io/part-of: fleetserve
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The leader election's Lease, in the release's namespace. */}}
+{{- define "fleetserve.leaseName" -}}
+{{- default (include "fleetserve.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
 {{- define "fleetserve.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "fleetserve.fullname" .) .Values.serviceAccount.name -}}

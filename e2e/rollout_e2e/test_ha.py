@@ -1,0 +1,201 @@
+"""Two operators, one leader: killing it mid-rollout hands over, and the rollout goes on.
+
+Both operators run as the shipped role's account and compete for one Lease in the test's
+namespace (`operator_process` names it), each with its own `POD_NAME`, as two replicas of the
+chart's Deployment would. The leader is SIGKILLed while a canary rollout sits at its second
+step. The standby must take the Lease and reconcile again within 15 s (printed as
+`handover_s=`), and watches on the InferenceService and its HTTPRoute record every version
+from before the kill on: the step index and the canary's weight never go back, and the
+rollout completes. Until it leads the standby writes nothing (its write counter stays 0).
+
+A clean stop (SIGTERM, as in a rolling update of the operator) releases the Lease: a watch on
+it sees the holder cleared before the standby takes it, without waiting out the lease
+(`release_handover_s=` is from the leader's exit to the standby leading).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from opkit import synthetic_service
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.waiting import wait_until
+
+NAME = "demo"
+LEASE = "fleetserve-operator"
+STEPS = [25, 50, 75, 100]
+INTERVAL_S = 15
+HANDOVER_BOUND_S = 15.0
+LEADER_GAUGE = "fleetserve_operator_leader"
+SETTINGS = {"FLEETSERVE_ROLLOUT_TICK_S": "0.5"}
+
+
+def _lease(kube: KubeClient, namespace: str) -> JsonObject:
+    return kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
+
+
+def _sample(operator: OperatorProcess, name: str) -> float:
+    """The sum of `name`'s samples in the operator's /metrics (0 when it exports none)."""
+    text = httpx.get(operator.metrics_url, timeout=5.0, trust_env=False).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def _leads(operator: OperatorProcess) -> bool:
+    return _sample(operator, LEADER_GAUGE) == 1.0
+
+
+def _writes(operator: OperatorProcess) -> float:
+    return _sample(operator, "fleetserve_operator_writes_total")
+
+
+def _start_pair(
+    start_operator: Callable[..., OperatorProcess],
+) -> tuple[OperatorProcess, OperatorProcess]:
+    """A leader (started first, so it creates the Lease) and a standby."""
+    leader = start_operator({**SETTINGS, "POD_NAME": "operator-a"})
+    wait_until(lambda: _leads(leader), timeout_s=30.0, what="the first operator to lead")
+    standby = start_operator({**SETTINGS, "POD_NAME": "operator-b"})
+    assert not _leads(standby)
+    return leader, standby
+
+
+def _canary_weight(route: JsonObject) -> int:
+    refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
+    return next((ref["weight"] for ref in refs if ref["name"] == f"{NAME}-canary"), 0)
+
+
+def _step(service: JsonObject) -> tuple[int, int]:
+    """(status.rollout.stepIndex, status.canaryWeight); -1 before the first step."""
+    status = service.get("status", {})
+    step = status.get("rollout", {}).get("stepIndex")
+    return (-1 if step is None else step, status.get("canaryWeight", 0))
+
+
+def _until_promotion(weights: list[int]) -> list[int]:
+    """The route's canary weights before the promotion withdrew the canary (weight 0)."""
+    end = len(weights)
+    while end > 1 and weights[end - 1] == 0:
+        end -= 1
+    return weights[:end]
+
+
+@contextmanager
+def _history(
+    cluster: LocalCluster, collection: str, current: JsonObject, read: Callable[[JsonObject], Any]
+) -> Iterator[list[Any]]:
+    """`read` of every version of the object `current` from now on, in order (a watch)."""
+    kube = KubeClient(cluster.server, cluster.pki)  # its own connection, for its own thread
+    values = [read(current)]
+    done = threading.Event()
+
+    def watch() -> None:
+        version = current["metadata"]["resourceVersion"]
+        while not done.is_set():
+            for event in kube.watch(collection, version, timeout_s=2):
+                version = event.object["metadata"]["resourceVersion"]
+                named = event.object["metadata"].get("name") == current["metadata"]["name"]
+                if named and event.type in ("ADDED", "MODIFIED"):
+                    values.append(read(event.object))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield values
+    finally:
+        done.set()
+        watcher.join(timeout=10.0)
+        kube.close()
+
+
+def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
+    kube: KubeClient,
+    namespace: str,
+    local_cluster: LocalCluster,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """Handover within 15 s; step and weight never go back; the rollout completes."""
+    leader, standby = _start_pair(start_operator)
+    rollout = {"steps": STEPS, "interval": f"{INTERVAL_S}s", "progressDeadline": "5m"}
+    traffic = {"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]}
+    kube.create(fsvc_path(namespace), synthetic_service(NAME, traffic=traffic, rollout=rollout))
+    wait_until(lambda: kube.get(fsvc_path(namespace, NAME)).get("status", {}).get("phase")
+               == "Succeeded", timeout_s=90.0, what="version 1 to serve")  # fmt: skip
+    model = {"name": NAME, "version": "2", "uri": "builtin://synthetic?latency_ms=1"}
+    kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": model}})
+    wait_until(lambda: _step(kube.get(fsvc_path(namespace, NAME)))[0] == 1,
+               timeout_s=120.0, what="the rollout's second step")  # fmt: skip
+
+    service = kube.get(fsvc_path(namespace, NAME))
+    route = kube.get(child_path("HTTPRoute", namespace, NAME))
+    with (
+        _history(local_cluster, fsvc_path(namespace), service, _step) as steps,
+        _history(
+            local_cluster, child_path("HTTPRoute", namespace), route, _canary_weight
+        ) as weights,
+    ):
+        assert _writes(standby) == 0, "the standby wrote before it led"
+        assert _sample(standby, "fleetserve_operator_reconciles_total") == 0
+        assert _lease(kube, namespace)["spec"]["holderIdentity"].startswith("operator-a_")
+        at_kill = steps[-1]
+        leader.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: _leads(standby), timeout_s=60.0, what="the standby to lead")
+        led_at = time.monotonic()
+        wait_until(lambda: _sample(standby, "fleetserve_operator_reconciles_total") > 0,
+                   timeout_s=60.0, what="the new leader to reconcile")  # fmt: skip
+        handover_s = time.monotonic() - killed_at
+        print(f"lease_taken_s={led_at - killed_at:.2f} handover_s={handover_s:.2f}")
+        assert handover_s <= HANDOVER_BOUND_S
+        assert _lease(kube, namespace)["spec"]["holderIdentity"].startswith("operator-b_")
+
+        def done() -> bool:
+            status = kube.get(fsvc_path(namespace, NAME)).get("status", {})
+            return status.get("phase") == "Succeeded" and status.get("stableVersion") == "2"
+
+        wait_until(done, timeout_s=30.0 + INTERVAL_S * len(STEPS), what="the rollout to complete")
+    # From the kill on, until the promotion ends the rollout (no step, no canary weight).
+    resumed = [step for step in steps[steps.index(at_kill) :] if step[0] >= 0 and step[1] > 0]
+    assert resumed == sorted(resumed), f"the step or its weight went back: {steps}"
+    assert resumed[-1][0] > at_kill[0], f"no step after the handover: {steps}"
+    routed = _until_promotion(weights)
+    assert routed == sorted(routed), f"the route's canary weight went back: {weights}"
+    assert routed[-1] > at_kill[1], f"the route never moved on: {weights}"
+    assert _writes(standby) > 0
+
+
+def test_a_stopped_leader_releases_the_lease_so_the_standby_leads_at_once(
+    kube: KubeClient,
+    namespace: str,
+    local_cluster: LocalCluster,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """SIGTERM: the leader clears the holder; the standby need not wait out the lease."""
+    leader, standby = _start_pair(start_operator)
+    lease = _lease(kube, namespace)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    with _history(
+        local_cluster, leases, lease, lambda obj: obj["spec"].get("holderIdentity")
+    ) as holders:
+        leader.stop()
+        stopped_at = time.monotonic()
+        assert leader.process.popen.returncode == 0, "the leader did not stop cleanly"
+        wait_until(lambda: _leads(standby), timeout_s=60.0, what="the standby to lead")
+        print(f"release_handover_s={time.monotonic() - stopped_at:.2f}")
+    changes = [holder for i, holder in enumerate(holders) if i == 0 or holder != holders[i - 1]]
+    owners = [(holder or "").split("_")[0] for holder in changes]
+    assert owners == ["operator-a", "", "operator-b"], f"holders: {holders}"
+    assert _lease(kube, namespace)["spec"]["leaseTransitions"] == 1

@@ -1,0 +1,131 @@
+"""The chart's high availability: two operator replicas electing a leader through a Lease.
+
+Renders the chart with helm (as test_chart.py does) and checks what the operator and the
+scheduler will act on: the pod's environment read back by `OperatorConfig` (with the
+downward API's values filled in as the kubelet would), the Lease's Role, the spread of the
+replicas over nodes, and the PodDisruptionBudget.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetserve_operator.settings import OperatorConfig
+
+# --import-mode=importlib puts no test folder on sys.path: add this one for test_chart's helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_chart import CHART, HELM, KUBE_VERSION, helm, only, render
+
+pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"{HELM} is not built: run `make tools`")
+
+NAMESPACE = "fleetserve-system"
+POD = {"metadata.name": "fs-fleetserve-6c9d8-x2lqp", "metadata.namespace": NAMESPACE}
+
+
+def _operator_pod(*values: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    deployment = only(render(*values, namespace=NAMESPACE), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def _config(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> OperatorConfig:
+    """The operator's config from the container's env, downward-API fields filled in."""
+    for variable in container["env"]:
+        field = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        monkeypatch.setenv(variable["name"], POD[field] if field else variable["value"])
+    return OperatorConfig()
+
+
+def test_two_replicas_elect_a_leader_through_the_lease_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two pods, rolling updates, each a distinct candidate for one Lease in its namespace."""
+    deployment, container = _operator_pod()
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    config = _config(container, monkeypatch)
+    assert config.leader_election
+    assert config.leader_election_namespace == NAMESPACE
+    assert config.leader_election_lease == "fs-fleetserve"
+    assert config.pod_name == POD["metadata.name"]
+    assert (config.lease_duration_s, config.renew_deadline_s, config.retry_period_s) == (10, 8, 2)
+
+
+def test_the_lease_role_lets_the_operator_account_create_and_renew_only_its_lease() -> None:
+    manifests = render(namespace=NAMESPACE)
+    role = only(manifests, "Role", "fs-fleetserve-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["fs-fleetserve"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = only(manifests, "RoleBinding", "fs-fleetserve-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = only(manifests, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_the_lease_role_is_in_the_release_namespace_for_a_namespaced_install() -> None:
+    """The watched namespaces' RoleBindings do not cover the operator's own namespace."""
+    manifests = render("--set", "watchNamespaces={ml}", namespace=NAMESPACE)
+    assert only(manifests, "Role")["metadata"]["namespace"] == NAMESPACE
+
+
+def test_replicas_spread_over_nodes_and_zones_as_a_preference() -> None:
+    deployment, _ = _operator_pod()
+    pod = deployment["spec"]["template"]
+    constraints = pod["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in constraints] == [
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    ]
+    for constraint in constraints:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert constraint["maxSkew"] == 1
+        selector = constraint["labelSelector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_a_disruption_budget_keeps_one_operator_through_drains() -> None:
+    manifests = render(namespace=NAMESPACE)
+    budget = only(manifests, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_one_replica_gets_no_disruption_budget() -> None:
+    """A budget of one available pod over a single pod would block every node drain."""
+    kinds = {m["kind"] for m in render("--set", "replicas=1")}
+    assert "PodDisruptionBudget" not in kinds
+
+
+def test_without_leader_election_one_replica_runs_with_recreate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    values = ("--set", "replicas=1,leaderElection.enabled=false")
+    deployment, container = _operator_pod(*values)
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not _config(container, monkeypatch).leader_election
+    assert "Role" not in {m["kind"] for m in render(*values)}
+
+
+def test_lease_timings_that_could_let_two_operators_lead_are_refused() -> None:
+    for bad in ("leaderElection.renewDeadlineSeconds=10", "leaderElection.retryPeriodSeconds=8"):
+        proc = helm(
+            "template", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad, check=False
+        )
+        assert proc.returncode != 0, bad
+        assert "retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds" in proc.stderr
