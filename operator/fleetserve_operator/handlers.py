@@ -1,19 +1,23 @@
 """kopf registration: which events reach the operator, and how errors become retries.
 
 Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
-InferenceService; on a resync timer; on a faster rollout timer while a rollout runs or the
-fallback carries the traffic (steps fall due by the clock); and on any event of a
-Deployment, Service, HTTPRoute or pod the operator manages, so a deleted or edited child is
-restored and status follows pod readiness and failures (a crash loop changes no
-Deployment). A DELETED watch event only calls `Sync.forget`, to drop the service's gauges
-(Kubernetes deletes the children by their owner references). Handlers are synchronous (kopf
-runs them in worker threads; the `kubernetes` client blocks). Domain errors are turned into
-kopf's retry policy here, in `_kopf_error`, and nowhere else.
+InferenceService; on the one resync lane (`Resyncer`, not a kopf timer per object); on a
+faster rollout timer while a rollout runs or the fallback carries the traffic (steps fall
+due by the clock); and on any event of a child or pod the operator manages, so a deleted or
+edited child is restored and status follows pod readiness and failures (a crash loop
+changes no Deployment); a burst of such events is coalesced (`Sync.run_by_name`). A
+DELETED watch event only calls `Sync.forget`, to drop the service's gauges, and takes the
+service off the resync lane (Kubernetes deletes the children by their owner references).
+Handlers are synchronous (kopf runs them in worker threads; the `kubernetes` client
+blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`, and
+nowhere else.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -23,7 +27,7 @@ from fleetserve_operator.errors import FleetserveError, InvalidSpec
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
 
-__all__ = ["register"]
+__all__ = ["Resyncer", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +49,93 @@ def _is_ticking(status: kopf.Status, **_: Any) -> bool:
     return active or (fallback is not None and fallback.is_true)
 
 
-class Handlers:
-    """The handler functions, bound to one `Sync`."""
+class Resyncer:
+    """One resync lane for every InferenceService, where kopf would run a timer per object.
 
-    def __init__(self, sync: Sync, *, retry_delay_s: float) -> None:
+    The resync re-checks what no watch covers (the memory budget, PVCs) and heals missed
+    events. As kopf timers, 1000 services created together resync together: a burst of
+    1000 reconciles every interval that takes every worker thread, so a spec change waits
+    behind it, and an asyncio task per object besides. This lane visits the services one at
+    a time on its own thread, evenly spread over the interval (`interval_s` / count apart),
+    so it never holds more than one worker's worth of the API server or of the operator.
+    A service is first visited about one interval after it is seen. A failed visit is
+    logged and the service is visited again in the next round.
+
+    `wait(seconds)` returns True when the lane is to stop (`threading.Event.wait`).
+    """
+
+    def __init__(
+        self,
+        sync: Sync,
+        *,
+        interval_s: float,
+        wait: Callable[[float], bool] | None = None,
+    ) -> None:
+        self._sync = sync
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._wait = wait or self._stopping.wait
+        self._services: set[tuple[str, str]] = set()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def track(self, namespace: str, name: str) -> None:
+        """Visit this service from the next round on."""
+        with self._guard:
+            self._services.add((namespace, name))
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Stop visiting this service (it was deleted)."""
+        with self._guard:
+            self._services.discard((namespace, name))
+
+    def start(self, **_: Any) -> None:
+        """Start the lane's thread (kopf's startup activity)."""
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="resync", daemon=True)
+        self._thread.start()
+
+    def stop(self, **_: Any) -> None:
+        """Stop the lane; a visit under way finishes first (kopf's cleanup activity)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    def _run(self) -> None:
+        while not self.run_round():
+            pass
+
+    def run_round(self) -> bool:
+        """Visit every tracked service once, spread over the interval; True when stopping."""
+        with self._guard:
+            services = sorted(self._services)
+        if not services:
+            return self._wait(self._interval_s)
+        pace_s = self._interval_s / len(services)
+        for namespace, name in services:
+            if self._wait(pace_s):
+                return True
+            with self._guard:
+                if (namespace, name) not in self._services:
+                    continue  # deleted during this round
+            self._visit(namespace, name)
+        return False
+
+    def _visit(self, namespace: str, name: str) -> None:
+        try:
+            self._sync.run_by_name(namespace, name, trigger="resync")
+        except Exception:
+            # The lane must outlive any one service: it is what heals all of them.
+            logger.exception("resync of %s/%s failed; retried next round", namespace, name)
+
+
+class Handlers:
+    """The handler functions, bound to one `Sync` and its `Resyncer`."""
+
+    def __init__(self, sync: Sync, *, retry_delay_s: float, resyncer: Resyncer) -> None:
         self._sync = sync
         self._delay_s = retry_delay_s
+        self._resyncer = resyncer
 
     def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
         """Converge and report on create, update and resume of an InferenceService."""
@@ -61,21 +146,14 @@ class Handlers:
         if error is not None:
             raise _kopf_error(error, delay_s=self._delay_s)
 
-    def resync(self, body: kopf.Body, **_: Any) -> None:
-        """Timer: re-check what no watch covers (the memory budget, PVCs) and heal missed events.
+    def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
+        """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone.
 
         A spec error is already in status and waits for a new spec, so only temporary
         errors are raised (and retried).
         """
-        self._tick(body, trigger="resync")
-
-    def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
-        """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone."""
-        self._tick(body, trigger="rollout")
-
-    def _tick(self, body: kopf.Body, *, trigger: str) -> None:
         try:
-            self._sync.run(dict(body), trigger=trigger)
+            self._sync.run(dict(body), trigger="rollout")
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
@@ -86,7 +164,7 @@ class Handlers:
         if owner is None:
             return
         try:
-            self._sync.run_by_name(meta["namespace"], owner, trigger="child")
+            self._sync.run_by_name(meta["namespace"], owner, trigger="child", coalesce=True)
         except FleetserveError as exc:
             # Event handlers are not retried; the resync timer heals what this one could not.
             logger.warning(
@@ -94,13 +172,17 @@ class Handlers:
             )
 
     def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
-        """On DELETED, forget the InferenceService's gauges; its children go by owner refs.
+        """Keep the resync lane's list; on DELETED, forget the InferenceService's gauges.
 
-        `type` is kopf's name for the watch event type; None on the initial listing.
+        Its children go by owner references. `type` is kopf's name for the watch event
+        type; None on the initial listing.
         """
+        meta = body["metadata"]
         if type == "DELETED":
-            meta = body["metadata"]
+            self._resyncer.forget(meta["namespace"], meta["name"])
             self._sync.forget(meta["namespace"], meta["name"])
+        else:
+            self._resyncer.track(meta["namespace"], meta["name"])
 
     def probe(self, **_: Any) -> int:
         """Liveness: the number of reconciles so far (kopf serves probes on /healthz)."""
@@ -116,7 +198,10 @@ def register(
     retry_delay_s: float,
 ) -> None:
     """Register every handler of the operator in `registry`."""
-    handlers = Handlers(sync, retry_delay_s=retry_delay_s)
+    resyncer = Resyncer(sync, interval_s=resync_interval_s)
+    handlers = Handlers(sync, retry_delay_s=retry_delay_s, resyncer=resyncer)
+    kopf.on.startup(id="resync-start", registry=registry)(resyncer.start)
+    kopf.on.cleanup(id="resync-stop", registry=registry)(resyncer.stop)
     # An explicit registry starts without kopf's implicit login handlers; log in the way
     # `kube` does (in-cluster service account, else $KUBECONFIG).
     kopf.on.login(id="login", registry=registry)(kopf.login_via_client)
@@ -132,25 +217,23 @@ def register(
     # going forgets it earlier.
     kopf.on.event(*resource, id="forget-on-deleted", registry=registry)(handlers.service_event)
     kopf.on.timer(
-        *resource, id="resync", interval=resync_interval_s, initial_delay=resync_interval_s,
-        registry=registry,
-    )(handlers.resync)  # fmt: skip
-    kopf.on.timer(
         *resource, id="rollout", interval=rollout_tick_s, when=_is_ticking, registry=registry,
     )(handlers.rollout_tick)  # fmt: skip
     managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
     # HTTPRoutes too: a weight edited by hand would otherwise send users to a canary, or
-    # away from stable, until the next resync. Without the Gateway API CRDs kopf warns
-    # ("Unresolved resources cannot be served") and starts watching once they appear.
+    # away from stable, until the next resync. Without the Gateway API or KEDA CRDs kopf
+    # warns ("Unresolved resources cannot be served") and starts watching once they appear.
     # Pods: a container that crashes at start, or whose image cannot be pulled, changes
     # neither its Deployment nor its ReplicaSet; only its pod says so.
-    for group, plural in (
-        ("apps", "deployments"),
-        ("", "services"),
-        ("gateway.networking.k8s.io", "httproutes"),
-        ("", "pods"),
+    for group, version, plural in (
+        ("apps", "v1", "deployments"),
+        ("", "v1", "services"),
+        ("gateway.networking.k8s.io", "v1", "httproutes"),
+        ("keda.sh", "v1alpha1", "scaledobjects"),
+        ("policy", "v1", "poddisruptionbudgets"),
+        ("", "v1", "pods"),
     ):
-        kopf.on.event(group, "v1", plural, labels=managed, registry=registry)(
+        kopf.on.event(group, version, plural, labels=managed, registry=registry)(
             handlers.child_changed
         )
     kopf.on.probe(id="reconciles", registry=registry)(handlers.probe)

@@ -1,0 +1,172 @@
+"""The operator at 1000 InferenceServices (target: idle writes 0, p99 ≤ 1 s, RSS ≤ 500 MB).
+
+The run itself is the e2e harness's (`e2e/fleetserve_e2e/operator_scale.py`): a local
+control plane with KWOK nodes (2 synthetic replicas per service, no pod processes), the real
+operator under its shipped RBAC, the API server's audit log counting the operator's
+requests. This module starts it as `python -m fleetserve_e2e.operator_scale` in `e2e/`
+(the harness is not an installed package), reads its JSON result and reports it: a table,
+the JSON, and the headline as the last line,
+`services=… ready_s=… idle_writes_per_min=… change_to_patch_p99_s=… rss_mb=…`.
+
+`--services 5 --idle-window-s 10` is a smoke run of a minute or so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+from rich.table import Table
+
+E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
+TARGETS = {"idle_writes_per_min": 0.0, "change_to_patch_p99_s": 1.0, "rss_peak_mb": 500.0}
+
+
+class ScaleResult(BaseModel):
+    """The harness's JSON result (`fleetserve_e2e.operator_scale.ScaleResult`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    services: int
+    pods: int
+    create_s: float
+    ready_s: float
+    settle_s: float
+    idle_window_s: float
+    idle_writes: int
+    idle_writes_per_min: float
+    idle_lease_writes_per_min: float
+    idle_dry_runs_per_min: float
+    idle_reads_per_min: float
+    idle_writes_by_kind: dict[str, int]
+    changes: int
+    changes_seen: int
+    change_to_patch_p50_s: float
+    change_to_patch_p99_s: float
+    change_to_patch_max_s: float
+    rss_peak_mb: float
+    rss_idle_mb: float
+    cpu_s: float
+    cpu_idle_s: float
+    reconciles_by_trigger: dict[str, float]
+
+
+def headline(result: ScaleResult) -> str:
+    """The last line of the report."""
+    return (
+        f"services={result.services} ready_s={result.ready_s:.1f} "
+        f"idle_writes_per_min={result.idle_writes_per_min:g} "
+        f"change_to_patch_p99_s={result.change_to_patch_p99_s:.3f} "
+        f"rss_mb={result.rss_peak_mb:.0f}"
+    )
+
+
+def verdicts(result: ScaleResult) -> dict[str, bool]:
+    """Whether each target is met (a change never seen fails the latency target)."""
+    return {
+        "idle_writes_per_min": result.idle_writes_per_min <= TARGETS["idle_writes_per_min"],
+        "change_to_patch_p99_s": result.changes_seen == result.changes
+        and result.change_to_patch_p99_s <= TARGETS["change_to_patch_p99_s"],
+        "rss_peak_mb": result.rss_peak_mb <= TARGETS["rss_peak_mb"],
+    }
+
+
+def table(result: ScaleResult) -> Table:
+    """The figures, each with its target where it has one."""
+    met = verdicts(result)
+    rows: list[tuple[str, str, str]] = [
+        ("services / pods", f"{result.services} / {result.pods}", ""),
+        ("create all (s)", f"{result.create_s:.1f}", ""),
+        ("all Ready (s)", f"{result.ready_s:.1f}", ""),
+        ("then until no write for the quiet period (s)", f"{result.settle_s:.1f}", ""),
+        ("idle writes / min", f"{result.idle_writes_per_min:g}", "0"),
+        ("idle Lease renewals / min", f"{result.idle_lease_writes_per_min:g}", ""),
+        ("idle dry-runs / min", f"{result.idle_dry_runs_per_min:g}", ""),
+        ("idle reads / min", f"{result.idle_reads_per_min:g}", ""),
+        (
+            "change → patch p50 / p99 / max (s)",
+            f"{result.change_to_patch_p50_s:.3f} / {result.change_to_patch_p99_s:.3f}"
+            f" / {result.change_to_patch_max_s:.3f}",
+            "p99 ≤ 1",
+        ),
+        ("changes seen", f"{result.changes_seen}/{result.changes}", ""),
+        ("RSS peak / idle (MB)", f"{result.rss_peak_mb:.0f} / {result.rss_idle_mb:.0f}", "≤ 500"),
+        ("CPU total / idle window (s)", f"{result.cpu_s:.1f} / {result.cpu_idle_s:.1f}", ""),
+        ("reconciles by trigger", _counts(result.reconciles_by_trigger), ""),
+    ]
+    marks = {4: "idle_writes_per_min", 8: "change_to_patch_p99_s", 10: "rss_peak_mb"}
+    out = Table(title=f"fleetserve-operator, {result.services} InferenceServices on KWOK")
+    for column in ("figure", "value", "target", "met"):
+        out.add_column(column, justify="left" if column == "figure" else "right")
+    for index, (name, value, target) in enumerate(rows):
+        key = marks.get(index)
+        out.add_row(name, value, target, "" if key is None else ("yes" if met[key] else "NO"))
+    return out
+
+
+def _counts(counts: Mapping[str, float]) -> str:
+    return ", ".join(f"{key} {value:g}" for key, value in sorted(counts.items())) or "-"
+
+
+def print_report(result: ScaleResult, *, context: Mapping[str, object]) -> None:
+    """Print the table, the JSON (with `context`), then the headline as the last line."""
+    Console(width=120).print(table(result))
+    print(json.dumps({"context": dict(context), "result": result.model_dump()}, indent=2))
+    print(headline(result))
+
+
+def harness_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
+    """The `fleetserve_e2e.operator_scale` command line for `args`."""
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetserve_e2e.operator_scale",
+        f"--services={args.services}",
+        f"--changes={args.changes}",
+        f"--change-interval-s={args.change_interval_s}",
+        f"--settle-s={args.settle_s}",
+        f"--idle-window-s={args.idle_window_s}",
+        f"--json={json_path}",
+    ]
+    argv += [f"--operator-setting={item}" for item in args.operator_setting]
+    if args.work_dir is not None:
+        argv.append(f"--work-dir={args.work_dir.resolve()}")
+    return argv
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.operator_bench", description=__doc__)
+    parser.add_argument("--services", type=int, default=1000, help="InferenceServices (N)")
+    parser.add_argument("--changes", type=int, default=50, help="spec changes timed (M)")
+    parser.add_argument("--change-interval-s", type=float, default=0.2, help="pace of changes")
+    parser.add_argument(
+        "--settle-s", type=float, default=15.0, help="quiet period (no write) before idle counts"
+    )
+    parser.add_argument("--idle-window-s", type=float, default=120.0, help="idle count window")
+    parser.add_argument(
+        "--operator-setting", action="append", default=[], metavar="FLEETSERVE_X=VALUE"
+    )
+    parser.add_argument("--work-dir", type=Path, help="keep the cluster's logs here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the harness once and report."""
+    args = _parser().parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="operator-bench-") as scratch:
+        json_path = Path(scratch) / "result.json"
+        subprocess.run(harness_argv(args, json_path), cwd=E2E_DIR, check=True)
+        result = ScaleResult.model_validate_json(json_path.read_text(encoding="utf-8"))
+    context = {"argv": sys.argv[1:], "operator_settings": args.operator_setting}
+    print_report(result, context=context)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,549 @@
+"""The operator at scale: N InferenceServices on KWOK nodes, measured (``make bench-operator``).
+
+``python -m fleetserve_e2e.operator_scale --services 1000 --json out.json`` starts a local
+control plane whose only nodes are KWOK nodes (``kwok``), installs the CRD, runs the real
+operator as e2e runs it (``operator_process``: a subprocess under the shipped RBAC, watching
+one namespace, no Prometheus URL), creates N synthetic services with 2 replicas each, then
+measures:
+
+- ``ready_s``: from the first create until every service reports Ready with both replicas;
+- idle API traffic: every request the operator's ServiceAccount makes, from the API server's
+  **audit log** (policy: Metadata level for ServiceAccounts, nothing else), over a window
+  after a settle period. The audit log is the trustworthy count: it sees every write, kopf's
+  own annotation and finalizer patches and Events included, whatever the operator believes
+  it did. Dry-run requests (the operator's pre-write checks) are counted apart: they store
+  nothing;
+- change → patch latency: M services get a new ``spec.batching.maxBatchSize`` at a steady
+  pace; the latency is from the PATCH until a watch on Deployments sees that service's
+  Deployment at a new generation;
+- the operator's peak RSS (``VmHWM`` of ``/proc/<pid>/status``) and CPU seconds
+  (``/proc/<pid>/stat``).
+
+The result is written as JSON (`ScaleResult`); ``bench/operator_bench.py`` prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+from fleetserve_e2e.cluster import LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient
+from fleetserve_e2e.kwok import KwokNodes, kwok_cluster
+from fleetserve_e2e.operator_process import (
+    INSTANCE_LABEL,
+    OperatorIdentity,
+    OperatorProcess,
+    child_path,
+    fsvc_path,
+    install_crd,
+)
+from fleetserve_e2e.paths import REPO_DIR
+
+ROLE = REPO_DIR / "operator" / "rbac" / "role.yaml"
+NAMESPACE = "bench"
+REPLICAS = 2
+_WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+AUDIT_POLICY: JsonObject = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
+
+def bench_service(name: str, *, replicas: int = REPLICAS) -> JsonObject:
+    """A synthetic-model InferenceService with `replicas` CPU replicas."""
+    return {
+        "apiVersion": "serving.fleetserve.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": name, "version": "1", "uri": "builtin://synthetic?latency_ms=1"},
+            "runtime": {"replicas": {"min": replicas, "max": replicas}, "device": "cpu"},
+            "batching": {"maxBatchSize": 4, "maxQueueDelayMs": 1},
+            "traffic": {"provider": "replicas"},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class AuditCount:
+    """The operator's requests in a window of the audit log."""
+
+    writes: int
+    lease_writes: int
+    """Leader-election renewals: a constant heartbeat per operator, whatever N is."""
+    dry_runs: int
+    reads: int
+    by_kind: dict[str, int]
+    """``<verb> <resource>[/<subresource>]`` → count, writes other than the Lease's."""
+
+
+def count_requests(lines: Iterable[str], *, username: str, start: float, end: float) -> AuditCount:
+    """Count `username`'s requests received in ``[start, end)`` (Unix seconds) in audit lines.
+
+    A watch is long-running and is counted once, when it starts.
+    """
+    counts: Counter[str] = Counter()
+    by_kind: Counter[str] = Counter()
+    for line in lines:
+        event = json.loads(line)
+        kind = _request_kind(event, username)
+        if kind is None or not start <= _unix(event["requestReceivedTimestamp"]) < end:
+            continue
+        counts[kind] += 1
+        if kind == "write":
+            ref = event.get("objectRef", {})
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            by_kind[f"{event['verb']} {ref.get('resource', '?')}{sub}"] += 1
+    return AuditCount(
+        writes=counts["write"],
+        lease_writes=counts["lease"],
+        dry_runs=counts["dry-run"],
+        reads=counts["read"],
+        by_kind=dict(by_kind),
+    )
+
+
+def _request_kind(event: JsonObject, username: str) -> str | None:
+    """``write``, ``lease``, ``dry-run`` or ``read`` for `username`'s requests, else None."""
+    if event.get("user", {}).get("username") != username:
+        return None
+    if event["verb"] not in _WRITE_VERBS:
+        return "read"
+    if "dryRun=" in event.get("requestURI", ""):
+        return "dry-run"
+    if event.get("objectRef", {}).get("resource") == "leases":
+        return "lease"
+    return "write"
+
+
+class AuditTail:
+    """The lines an audit log gained since the last `read` (the log grows by 100s of MB)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[str]:
+        """Complete lines appended since the last call."""
+        with self._path.open("rb") as log:
+            log.seek(self._offset)
+            data = self._partial + log.read()
+            self._offset = log.tell()
+        *lines, self._partial = data.split(b"\n")
+        return [line.decode("utf-8") for line in lines if line]
+
+
+def wait_quiet(tail: AuditTail, username: str, *, quiet_s: float, timeout_s: float) -> float:
+    """Wait until `username` made no write for `quiet_s`; returns the seconds waited.
+
+    After "all Ready" the operator may still drain a backlog (kopf's own create handlers,
+    queued child events); idle starts when that is done, not at a fixed time.
+    """
+    started = last_write = time.time()
+    while True:
+        for line in tail.read():
+            event = json.loads(line)
+            if _request_kind(event, username) == "write":
+                last_write = max(last_write, _unix(event["requestReceivedTimestamp"]))
+        now = time.time()
+        if now - last_write >= quiet_s:
+            return now - started
+        if now - started > timeout_s:
+            raise TimeoutError(f"the operator still wrote after {timeout_s:.0f}s")
+        time.sleep(1.0)
+
+
+def _unix(stamp: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp with microseconds (audit events)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of `values` (`fraction` in (0, 1]); NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * fraction // 1))
+    return ordered[int(rank) - 1]
+
+
+@dataclass
+class ProcessSampler:
+    """Samples a process's RSS while it runs, and reads its peak RSS and CPU time."""
+
+    pid: int
+    interval_s: float = 0.5
+    samples_mb: list[float] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        """Sample in a daemon thread until `stop`."""
+        threading.Thread(target=self._run, name="rss-sampler", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.samples_mb.append(self.status_mb("VmRSS"))
+            except (OSError, KeyError):
+                return
+
+    def status_mb(self, key: str) -> float:
+        """A ``kB`` field of ``/proc/<pid>/status`` (VmRSS, VmHWM) in MB."""
+        for line in Path(f"/proc/{self.pid}/status").read_text(encoding="ascii").splitlines():
+            name, _, value = line.partition(":")
+            if name == key:
+                return int(value.split()[0]) / 1024
+        raise KeyError(key)
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far."""
+        # Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+        fields = Path(f"/proc/{self.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
+        utime, stime = fields.split()[11:13]
+        return (int(utime) + int(stime)) / _CLK_TCK
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    """Everything one run measured (seconds, MB, requests)."""
+
+    services: int
+    pods: int
+    create_s: float
+    ready_s: float
+    settle_s: float
+    """From all Ready until the operator had made no write for the quiet period."""
+    idle_window_s: float
+    idle_writes: int
+    idle_writes_per_min: float
+    idle_lease_writes_per_min: float
+    idle_dry_runs_per_min: float
+    idle_reads_per_min: float
+    idle_writes_by_kind: dict[str, int]
+    changes: int
+    changes_seen: int
+    change_to_patch_p50_s: float
+    change_to_patch_p99_s: float
+    change_to_patch_max_s: float
+    rss_peak_mb: float
+    rss_idle_mb: float
+    cpu_s: float
+    cpu_idle_s: float
+    reconciles_by_trigger: dict[str, float]
+    """The operator's own count (``fleetserve_operator_reconciles``) over the whole run."""
+
+
+class DeploymentWatch:
+    """Watches the namespace's Deployments; records when a service's Deployments change.
+
+    A change is a Deployment of the service that is new (a spec change starts a canary) or
+    at a higher generation than before the PATCH (the stable track's template changed).
+    """
+
+    def __init__(self, client: KubeClient, resource_version: str) -> None:
+        self._client = client
+        self._version = resource_version
+        self._lock = threading.Lock()
+        self._wanted: dict[str, tuple[dict[str, int], float]] = {}
+        self.latencies: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deployment-watch", daemon=True)
+
+    def start(self) -> None:
+        """Start watching."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current watch ends (at most its timeout)."""
+        self._stop.set()
+
+    def expect(self, owner: str, generations: dict[str, int], since: float) -> None:
+        """Record the latency from `since` when `owner`'s Deployments leave `generations`.
+
+        `generations` maps the name of each Deployment `owner` had before to its generation.
+        """
+        with self._lock:
+            self._wanted[owner] = (generations, since)
+
+    def _run(self) -> None:
+        path = child_path("Deployment", NAMESPACE)
+        while not self._stop.is_set():
+            try:
+                for event in self._client.watch(path, self._version, timeout_s=5):
+                    self._seen(event.object, time.monotonic())
+                    if self._stop.is_set():
+                        return
+            except (KubeApiError, httpx.HTTPError):
+                time.sleep(0.2)  # a watch cut short is restarted from the last version
+
+    def _seen(self, obj: JsonObject, now: float) -> None:
+        meta = obj["metadata"]
+        self._version = meta.get("resourceVersion", self._version)
+        owner = (meta.get("labels") or {}).get(INSTANCE_LABEL)
+        with self._lock:
+            wanted = self._wanted.get(owner or "")
+            if owner and wanted and meta.get("generation", 0) > wanted[0].get(meta["name"], 0):
+                self.latencies[owner] = now - wanted[1]
+                del self._wanted[owner]
+
+
+def _all_ready(client: KubeClient, expected: int, operator: OperatorProcess) -> bool:
+    operator.process.ensure_running()  # a crashed operator makes no one Ready: stop now
+    items = client.get(fsvc_path(NAMESPACE))["items"]
+    ready = 0
+    for item in items:
+        status = item.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        replicas = (status.get("tracks") or {}).get("stable", {}).get("readyReplicas", 0)
+        if conditions.get("Ready") == "True" and replicas == REPLICAS:
+            ready += 1
+    print(f"ready: {ready}/{expected}", flush=True)
+    return ready == expected
+
+
+def _wait(
+    condition: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float = 1.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """What to run: counts, paces and windows (seconds)."""
+
+    services: int = 1000
+    changes: int = 50
+    change_interval_s: float = 0.2
+    settle_s: float = 15.0
+    idle_window_s: float = 120.0
+    ready_timeout_s: float = 1800.0
+    operator_settings: Mapping[str, str] = field(default_factory=dict)
+    operator_command: Sequence[str] | None = None
+    """Replaces `fleetserve-operator run`, e.g. with a profiler around it."""
+
+
+def run(config: ScaleConfig, work_dir: Path) -> ScaleResult:
+    """Run one measurement in a fresh cluster under `work_dir` (kept for its logs)."""
+    policy = work_dir / "audit-policy.yaml"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY), encoding="utf-8")
+    audit_log = work_dir / "logs" / "audit.log"
+    audit_flags = [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=0",
+    ]
+    pods = config.services * REPLICAS
+    nodes = KwokNodes(count=max(1, -(-pods // 1000)) + 1)
+    with kwok_cluster(
+        nodes=nodes, work_dir=work_dir, extra_args={"kube-apiserver": audit_flags}
+    ) as cluster:
+        return _measure(cluster, config, audit_log, work_dir)
+
+
+def _measure(
+    cluster: LocalCluster, config: ScaleConfig, audit_log: Path, work_dir: Path
+) -> ScaleResult:
+    kube = cluster.client
+    install_crd(cluster)
+    identity = OperatorIdentity.create(
+        cluster, rbac_file=ROLE, suffix="bench", kubeconfig=work_dir / "operator.kubeconfig"
+    )
+    account = next(yaml.safe_load_all(ROLE.read_text(encoding="utf-8")))["metadata"]["name"]
+    username = f"system:serviceaccount:{identity.namespace}:{account}"
+    kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    operator = OperatorProcess.start(
+        kubeconfig=identity.kubeconfig,
+        namespace=NAMESPACE,
+        log_path=work_dir / "logs" / "operator.log",
+        marker=cluster.marker,
+        settings=config.operator_settings,
+        command=config.operator_command,
+    )
+    sampler = ProcessSampler(operator.process.pid)
+    sampler.start()
+    tail = AuditTail(audit_log)
+    try:
+        names = [f"svc-{i:04d}" for i in range(config.services)]
+        started = time.monotonic()
+        for name in names:
+            kube.create(fsvc_path(NAMESPACE), bench_service(name))
+        created = time.monotonic()
+        print(f"created {len(names)} services in {created - started:.1f}s", flush=True)
+        _wait(
+            lambda: _all_ready(kube, len(names), operator),
+            timeout_s=config.ready_timeout_s,
+            what="every service to be Ready",
+            interval_s=2.0,
+        )
+        ready_s = time.monotonic() - started
+        print(f"all {len(names)} services Ready after {ready_s:.1f}s", flush=True)
+        settled_s = wait_quiet(
+            tail, username, quiet_s=config.settle_s, timeout_s=config.ready_timeout_s
+        )
+        print(f"no operator write for {config.settle_s:.0f}s after {settled_s:.1f}s", flush=True)
+        idle_rss = sampler.status_mb("VmRSS")
+        cpu_before = sampler.cpu_s()
+        window_start = time.time()
+        time.sleep(config.idle_window_s)
+        window_end = time.time()
+        cpu_idle = sampler.cpu_s() - cpu_before
+        idle = count_requests(tail.read(), username=username, start=window_start, end=window_end)
+        print(f"idle: {idle}", flush=True)
+        latencies = _change_latencies(cluster, names, config)
+        cpu_s = sampler.cpu_s()
+        peak = sampler.status_mb("VmHWM")
+        reconciles: dict[str, float] = {}
+        for labels, value in operator.counters("fleetserve_operator_reconciles").items():
+            trigger = dict(labels)["trigger"]
+            reconciles[trigger] = reconciles.get(trigger, 0.0) + value
+    finally:
+        sampler.stop()
+        operator.stop()
+    per_min = 60.0 / config.idle_window_s
+    values = list(latencies.values())
+    return ScaleResult(
+        services=config.services,
+        pods=config.services * REPLICAS,
+        create_s=round(created - started, 2),
+        ready_s=round(ready_s, 2),
+        settle_s=round(settled_s, 2),
+        idle_window_s=config.idle_window_s,
+        idle_writes=idle.writes,
+        idle_writes_per_min=round(idle.writes * per_min, 2),
+        idle_lease_writes_per_min=round(idle.lease_writes * per_min, 2),
+        idle_dry_runs_per_min=round(idle.dry_runs * per_min, 2),
+        idle_reads_per_min=round(idle.reads * per_min, 2),
+        idle_writes_by_kind=idle.by_kind,
+        changes=min(config.changes, config.services),
+        changes_seen=len(values),
+        change_to_patch_p50_s=round(percentile(values, 0.50), 3),
+        change_to_patch_p99_s=round(percentile(values, 0.99), 3),
+        change_to_patch_max_s=round(max(values, default=float("nan")), 3),
+        rss_peak_mb=round(peak, 1),
+        rss_idle_mb=round(idle_rss, 1),
+        cpu_s=round(cpu_s, 2),
+        cpu_idle_s=round(cpu_idle, 2),
+        reconciles_by_trigger=dict(reconciles),
+    )
+
+
+def _change_latencies(
+    cluster: LocalCluster, names: list[str], config: ScaleConfig
+) -> dict[str, float]:
+    """Patch `config.changes` services evenly spread over `names`; latency per service."""
+    kube = cluster.client
+    listed = kube.get(child_path("Deployment", NAMESPACE))
+    generations: dict[str, dict[str, int]] = {}
+    for item in listed["items"]:
+        meta = item["metadata"]
+        owner = (meta.get("labels") or {}).get(INSTANCE_LABEL, "")
+        generations.setdefault(owner, {})[meta["name"]] = meta["generation"]
+    watch = DeploymentWatch(
+        KubeClient(cluster.server, cluster.pki), listed["metadata"]["resourceVersion"]
+    )
+    watch.start()
+    count = min(config.changes, len(names))
+    step = len(names) / count
+    chosen = [names[int(i * step)] for i in range(count)]
+    try:
+        for name in chosen:
+            since = time.monotonic()
+            watch.expect(name, generations.get(name, {}), since)
+            patch = {"spec": {"batching": {"maxBatchSize": 8}}}
+            kube.merge_patch(fsvc_path(NAMESPACE, name), patch)
+            time.sleep(max(0.0, config.change_interval_s - (time.monotonic() - since)))
+        deadline = time.monotonic() + 60.0
+        while len(watch.latencies) < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        watch.stop()
+    return dict(watch.latencies)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fleetserve_e2e.operator_scale")
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--changes", type=int, default=50)
+    parser.add_argument("--change-interval-s", type=float, default=0.2)
+    parser.add_argument("--settle-s", type=float, default=15.0)
+    parser.add_argument("--idle-window-s", type=float, default=120.0)
+    parser.add_argument("--ready-timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--operator-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra FLEETSERVE_* variable for the operator (repeatable)",
+    )
+    parser.add_argument(
+        "--operator-command", help="run this instead of `fleetserve-operator run` (shell words)"
+    )
+    parser.add_argument("--work-dir", type=Path, help="keep the cluster's files and logs here")
+    parser.add_argument("--json", type=Path, required=True, help="write the result here")
+    return parser
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse `argv`, run once, write the JSON result."""
+    args = _parser().parse_args(argv)
+    # SIGTERM (a `timeout`, a CI cancel) must still tear the cluster down: unwind, not die.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    settings = dict(item.split("=", 1) for item in args.operator_setting)
+    config = ScaleConfig(
+        services=args.services,
+        changes=args.changes,
+        change_interval_s=args.change_interval_s,
+        settle_s=args.settle_s,
+        idle_window_s=args.idle_window_s,
+        ready_timeout_s=args.ready_timeout_s,
+        operator_settings=settings,
+        operator_command=shlex.split(args.operator_command) if args.operator_command else None,
+    )
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-scale-"))
+    try:
+        result = run(config, work_dir)
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    args.json.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

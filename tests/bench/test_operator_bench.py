@@ -1,0 +1,88 @@
+"""The operator benchmark's report: the harness's JSON read strictly, the headline, the targets.
+
+The run itself needs a control plane and KWOK; its smoke test is in the e2e harness tier
+(`e2e/harness/test_kwok.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from bench.operator_bench import ScaleResult, harness_argv, headline, verdicts
+
+FIGURES = {
+    "services": 1000,
+    "pods": 2000,
+    "create_s": 31.5,
+    "ready_s": 240.25,
+    "settle_s": 30.0,
+    "idle_window_s": 120.0,
+    "idle_writes": 0,
+    "idle_writes_per_min": 0.0,
+    "idle_lease_writes_per_min": 20.0,
+    "idle_dry_runs_per_min": 0.0,
+    "idle_reads_per_min": 12.5,
+    "idle_writes_by_kind": {},
+    "changes": 50,
+    "changes_seen": 50,
+    "change_to_patch_p50_s": 0.12,
+    "change_to_patch_p99_s": 0.8,
+    "change_to_patch_max_s": 0.9,
+    "rss_peak_mb": 310.4,
+    "rss_idle_mb": 280.0,
+    "cpu_s": 100.0,
+    "cpu_idle_s": 1.0,
+    "reconciles_by_trigger": {"create": 1000.0, "child": 9000.0, "resync": 2000.0},
+}
+
+
+def test_headline_is_the_documented_last_line() -> None:
+    result = ScaleResult.model_validate(FIGURES)
+    assert headline(result) == (
+        "services=1000 ready_s=240.2 idle_writes_per_min=0 change_to_patch_p99_s=0.800 rss_mb=310"
+    )
+
+
+def test_a_change_never_seen_misses_the_latency_target() -> None:
+    seen_all = ScaleResult.model_validate(FIGURES)
+    missing = ScaleResult.model_validate({**FIGURES, "changes_seen": 49})
+    assert verdicts(seen_all) == {
+        "idle_writes_per_min": True,
+        "change_to_patch_p99_s": True,
+        "rss_peak_mb": True,
+    }
+    assert verdicts(missing)["change_to_patch_p99_s"] is False
+
+
+def test_one_idle_write_misses_the_idle_target() -> None:
+    result = ScaleResult.model_validate({**FIGURES, "idle_writes": 1, "idle_writes_per_min": 0.5})
+    assert verdicts(result)["idle_writes_per_min"] is False
+
+
+def test_the_harness_result_is_read_strictly() -> None:
+    with pytest.raises(ValidationError):
+        ScaleResult.model_validate({**FIGURES, "unexpected": 1})
+
+
+def test_the_harness_gets_every_flag(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        services=5,
+        changes=3,
+        change_interval_s=0.1,
+        settle_s=1.0,
+        idle_window_s=10.0,
+        operator_setting=["FLEETSERVE_WORKERS=4"],
+        work_dir=tmp_path,
+    )
+    argv = harness_argv(args, tmp_path / "out.json")
+    assert argv[1:3] == ["-m", "fleetserve_e2e.operator_scale"]
+    assert "--services=5" in argv
+    assert "--changes=3" in argv
+    assert "--idle-window-s=10.0" in argv
+    assert "--operator-setting=FLEETSERVE_WORKERS=4" in argv
+    assert f"--json={tmp_path / 'out.json'}" in argv
+    assert f"--work-dir={tmp_path.resolve()}" in argv

@@ -1,0 +1,157 @@
+"""What keeps the operator flat at 1000 services: one resync lane, coalesced child events.
+
+`Sync` runs for real against `FakeKube`; the fake only records which services were read
+(every reconcile reads its InferenceService first) and can hold a reconcile mid-way.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import kopf
+import pytest
+
+from fleetserve_operator.errors import ClusterUnavailable
+from fleetserve_operator.handlers import Resyncer, register
+from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.records import Manifest
+from fleetserve_operator.sync import Sync
+from fleetserve_operator.testing import FakeKube, make_service
+
+
+@dataclass
+class ReadingKube(FakeKube):
+    """`FakeKube` that records reads of InferenceServices and can block or fail them."""
+
+    reads: list[str] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+    inside: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event | None = None
+
+    def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
+        """Record the read; fail it, or hold it until `release` is set."""
+        self.reads.append(name)
+        if name in self.failing:
+            raise ClusterUnavailable(f"GET {name}: connection refused")
+        if self.release is not None:
+            self.inside.set()
+            self.release.wait(timeout=10.0)
+        return super().get_inference_service(namespace, name)
+
+
+def _kube(*names: str) -> ReadingKube:
+    kube = ReadingKube()
+    for name in names:
+        kube.add_service(make_service(name=name))
+    return kube
+
+
+def _sync(kube: ReadingKube) -> Sync:
+    return Sync(kube, metrics=OperatorMetrics())
+
+
+def test_resync_is_one_lane_not_a_timer_per_object() -> None:
+    """No kopf timer resyncs each object; one lane starts and stops with the operator."""
+    registry = kopf.OperatorRegistry()
+    register(registry, _sync(_kube()), resync_interval_s=60, rollout_tick_s=5, retry_delay_s=30)
+    timers = {handler.id for handler in registry._spawning.get_all_handlers()}
+    activities = {handler.id for handler in registry._activities.get_all_handlers()}
+    assert timers == {"rollout"}
+    assert {"resync-start", "resync-stop"} <= activities
+
+
+def test_a_round_visits_every_service_once_spread_over_the_interval() -> None:
+    kube = _kube("a", "b", "c")
+    waits: list[float] = []
+    lane = Resyncer(_sync(kube), interval_s=3.0, wait=lambda s: waits.append(s) is not None)
+    for name in ("c", "a", "b"):
+        lane.track("ns", name)
+    assert lane.run_round() is False
+    assert kube.reads == ["a", "b", "c"]
+    assert waits == [1.0, 1.0, 1.0]
+    assert kube.writes, "a visit is a real reconcile"
+
+
+def test_a_deleted_service_is_not_visited() -> None:
+    kube = _kube("a", "b")
+    lane = Resyncer(_sync(kube), interval_s=2.0, wait=lambda _s: False)
+    lane.track("ns", "a")
+    lane.track("ns", "b")
+    lane.forget("ns", "b")
+    lane.run_round()
+    assert kube.reads == ["a"]
+
+
+def test_a_failed_visit_does_not_stop_the_round() -> None:
+    kube = _kube("a", "b")
+    kube.failing.add("a")
+    lane = Resyncer(_sync(kube), interval_s=2.0, wait=lambda _s: False)
+    lane.track("ns", "a")
+    lane.track("ns", "b")
+    lane.run_round()
+    assert kube.reads == ["a", "b"]
+
+
+def test_the_lane_stops_between_visits() -> None:
+    kube = _kube("a", "b")
+    lane = Resyncer(_sync(kube), interval_s=2.0, wait=lambda _s: True)
+    lane.track("ns", "a")
+    assert lane.run_round() is True
+    assert kube.reads == []
+
+
+def test_a_lane_thread_starts_and_stops() -> None:
+    """Through kopf's activity signatures; an empty lane just waits for its stop."""
+    lane = Resyncer(_sync(_kube()), interval_s=3600.0)
+    lane.start(logger=None)
+    lane.stop(logger=None)
+    assert lane._thread is not None
+    assert not lane._thread.is_alive()
+
+
+@pytest.mark.timeout(30)
+def test_child_events_queued_behind_a_reconcile_collapse_into_one() -> None:
+    """While one reconcile runs and one waits, further child events are not queued."""
+    kube = _kube("demo")
+    kube.release = threading.Event()
+    sync = _sync(kube)
+    running = threading.Thread(
+        target=sync.run_by_name, args=("ns", "demo"), kwargs={"trigger": "create"}
+    )
+    running.start()
+    assert kube.inside.wait(timeout=10.0)
+    waiting = threading.Thread(
+        target=sync.run_by_name, args=("ns", "demo"), kwargs={"trigger": "child", "coalesce": True}
+    )
+    waiting.start()
+    for _ in range(1000):
+        if ("ns", "demo") in sync._queued:
+            break
+        waiting.join(timeout=0.01)
+    burst = [
+        threading.Thread(
+            target=sync.run_by_name,
+            args=("ns", "demo"),
+            kwargs={"trigger": "child", "coalesce": True},
+        )
+        for _ in range(5)
+    ]
+    for event in burst:
+        event.start()
+        event.join(timeout=10.0)
+    coalesced_before_release = not any(event.is_alive() for event in burst)
+    kube.release.set()
+    for thread in (running, waiting, *burst):
+        thread.join(timeout=10.0)
+    assert coalesced_before_release
+    assert kube.reads == ["demo", "demo"]
+
+
+def test_a_trigger_that_must_not_be_lost_is_never_coalesced() -> None:
+    """Create, update and resume are kopf's to retry: they queue even behind a waiting one."""
+    kube = _kube("demo")
+    sync = _sync(kube)
+    sync._queued.add(("ns", "demo"))  # as if a reconcile were waiting for the lock
+    sync.run_by_name("ns", "demo", trigger="update")
+    assert kube.reads == ["demo"]
