@@ -9,10 +9,11 @@ STAMP := $(VENV)/.setup-stamp
 PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
 LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
+BENCH_OPERATOR_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
-        bench-analysis lock clean \
-        crds crds-check docs chart-sync e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
+        bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
+        crds crds-check docs chart-sync proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
 
 ## help: list the targets
 help:
@@ -116,9 +117,32 @@ demo-runtime: setup
 demo-generate: setup
 	PYTHONPATH=. $(PY) examples/chat_demo.py
 
-## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP
+## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP;
+##                then JSON vs binary tensors for MiniLM embedding answers (bench.wire_bench);
+##                then the zero-cost request vs bare FastAPI (bench.http_overhead_bench);
+##                then fp32 vs int8, torch vs ONNX Runtime (bench.precision_bench, last lines)
 bench-runtime: setup
 	$(PY) -m bench.runtime_bench
+	$(PY) -m bench.wire_bench
+	$(PY) -m bench.http_overhead_bench
+	$(PY) -m bench.precision_bench
+
+## gpu-check: the CUDA paths on a real GPU (bf16/fp16, two streams, allocator calibration, a
+##            forced OOM split, the batching bench, SmolLM2 bf16 vs fp32); last line
+##            gpu_check=pass|fail|skipped (skipped, exit 0, without CUDA)
+gpu-check: setup
+	$(PY) -m bench.gpu_check
+
+## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
+proto: setup
+	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	    fleetserve_runtime/oip/inference.proto
+
+## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools);
+##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=
+##                 rss_mb= (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
+bench-operator: setup tools
+	$(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
 
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup
@@ -134,6 +158,26 @@ bench-analysis: setup
 GENERATE_BENCH_FLAGS ?=
 bench-generate: setup
 	$(PY) -m bench.generate_bench $(GENERATE_BENCH_FLAGS)
+
+## bench-peers: MiniLM on the runtime vs LitServe, Ray Serve, MLServer, BentoML, PyTriton and
+##              plain FastAPI, 64 clients; last lines best_peer=, vs_best_peer=
+##              (PEERS_BENCH_FLAGS="--peers=litserve,fastapi --quick" for a first look)
+PEERS_BENCH_FLAGS ?=
+bench-peers: setup
+	$(PY) -m bench.peers_bench $(PEERS_BENCH_FLAGS)
+
+## peers-venvs: build each peer's hash-pinned virtualenv under ~/.cache/fleetserve/peers
+peers-venvs: setup
+	$(PY) -m bench.peers_bench --install-only
+
+PEERS := litserve rayserve mlserver bentoml pytriton
+## peers-lock: re-pin bench/peers/*/requirements.txt (whole closure, hashes) from requirements.in
+# pip-compile reuses the hashes already in an output file, so only new pins are downloaded.
+peers-lock: setup
+	for peer in $(PEERS); do \
+	    CUSTOM_COMPILE_COMMAND="make peers-lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) \
+	        -o bench/peers/$$peer/requirements.txt bench/peers/$$peer/requirements.in || exit 1; \
+	done
 
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
@@ -174,9 +218,10 @@ e2e-operator: setup tools
 e2e-chart: setup tools
 	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
 
-## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart; last line time_to_rollback_s=
-e2e-rollout: setup tools prometheus-install
-	@log=$$(mktemp); cd e2e && timeout 900 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
+## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
+##              autoscaling with KEDA; last line time_to_rollback_s=
+e2e-rollout: setup tools keda-tools prometheus-install
+	@log=$$(mktemp); cd e2e && timeout 1500 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
 	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
 	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
 

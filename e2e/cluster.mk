@@ -7,11 +7,16 @@ E2E_HARNESS := env PYTHONPATH=e2e $(PY) -m fleetserve_e2e
 E2E_RUNTIME ?= venv
 E2E_PYTEST_ARGS ?=
 
-.PHONY: tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down e2e-harness
+.PHONY: tools keda-tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down \
+        e2e-harness
 
 ## tools: build kube-apiserver, etcd, controller-manager, scheduler, kubectl, helm (once, cached)
 tools: setup
 	nice -n 10 $(E2E_HARNESS) tools
+
+## keda-tools: build KEDA's operator and metrics API server from e2e/keda-tools (once, cached)
+keda-tools: setup
+	nice -n 10 $(E2E_HARNESS) keda-tools
 
 ## prometheus-install: Debian's prometheus package, if missing (the daemon is not started)
 prometheus-install:
@@ -35,5 +40,5 @@ prometheus-down:
 	$(E2E_HARNESS) prometheus-down
 
 ## e2e-harness: the harness's own e2e tests (starts its own clusters; needs no cluster-up)
-e2e-harness: setup tools prometheus-install
+e2e-harness: setup tools keda-tools prometheus-install
 	timeout 1200 $(PY) -m pytest e2e/harness --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)

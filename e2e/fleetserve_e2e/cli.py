@@ -1,7 +1,7 @@
 """Command line behind the make targets: ``python -m fleetserve_e2e <command>``.
 
-``tools`` builds the binaries; ``cluster-up``/``cluster-down`` and ``prometheus-up``/
-``prometheus-down`` start and stop background instances whose state lives under
+``tools`` builds the binaries and ``keda-tools`` KEDA's; ``cluster-up``/``cluster-down`` and
+``prometheus-up``/``prometheus-down`` start and stop background instances whose state lives under
 ``~/.cache/fleetserve/``; ``run-cluster`` and ``run-prometheus`` are the daemons' bodies.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleetserve_e2e import daemon
 from fleetserve_e2e.cluster import LocalCluster, standin_commands, venv_commands
+from fleetserve_e2e.keda import build_keda
 from fleetserve_e2e.paths import binary, state_dir
 from fleetserve_e2e.prometheus import LocalPrometheus
 from fleetserve_e2e.toolchain import build_tools
@@ -28,12 +29,16 @@ def _tools(_args: argparse.Namespace) -> None:
     build_tools()
 
 
+def _keda_tools(_args: argparse.Namespace) -> None:
+    build_keda()
+
+
 def _cluster_up(args: argparse.Namespace) -> None:
     state = state_dir(CLUSTER)
     info = daemon.running_info(state)
     if info is None:
         shutil.rmtree(state, ignore_errors=True)  # a fresh cluster; the last one's logs go
-        run_args = ["run-cluster", f"--runtime={args.runtime}"]
+        run_args = ["run-cluster", f"--runtime={args.runtime}", *(["--keda"] if args.keda else [])]
         info = daemon.spawn(run_args, state, timeout_s=_UP_TIMEOUT_S)
     else:
         print("cluster already running", flush=True)
@@ -51,7 +56,7 @@ def _cluster_down(_args: argparse.Namespace) -> None:
 def _run_cluster(args: argparse.Namespace) -> None:
     commands = standin_commands() if args.runtime == "standin" else venv_commands()
     state = state_dir(CLUSTER)
-    with LocalCluster(work_dir=state, commands=commands) as cluster:
+    with LocalCluster(work_dir=state, commands=commands, keda=args.keda) as cluster:
         info = {
             "KUBECONFIG": str(cluster.kubeconfig),
             "POD_MAP": str(cluster.pod_map_path),
@@ -95,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     handlers: dict[str, Callable[[argparse.Namespace], None]] = {
         "tools": _tools,
+        "keda-tools": _keda_tools,
         "cluster-up": _cluster_up,
         "cluster-down": _cluster_down,
         "run-cluster": _run_cluster,
@@ -111,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
                 choices=["venv", "standin"],
                 default="venv",
                 help="run runtime pods with the repo venv's fleetserve-runtime or the stand-in",
+            )
+            sub.add_argument(
+                "--keda",
+                action="store_true",
+                help="also run KEDA's operator and metrics API server (make keda-tools)",
             )
         if name in ("prometheus-up", "run-prometheus"):
             sub.add_argument("--scrape-interval-s", type=float, default=1.0)

@@ -21,6 +21,7 @@ from types import TracebackType
 import httpx
 
 from fleetserve_e2e import controlplane
+from fleetserve_e2e.keda import start_keda
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.kubeconfig import write_kubeconfig
 from fleetserve_e2e.nodes import DEFAULT_NODES, NodeSpec, register_nodes
@@ -30,7 +31,7 @@ from fleetserve_e2e.pod_map import FILE_SD_FILE, POD_MAP_FILE, PodAddress, read_
 from fleetserve_e2e.pod_runner import PodRunner, RunnerConfig
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.toolchain import gateway_api_crd_dir
-from fleetserve_e2e.waiting import wait_until
+from fleetserve_e2e.waiting import GiveUpError, wait_until
 
 STANDIN_RUNTIME = Path(__file__).with_name("standin_runtime.py")
 _GATEWAY_CRD = "httproutes.gateway.networking.k8s.io"
@@ -64,6 +65,12 @@ class LocalCluster:
         commands: Container command name → host argv; defaults to :func:`venv_commands`.
         install_gateway_api: Whether to install the Gateway API standard CRDs.
         start_timeout_s: Deadline for each start-up step, in seconds.
+        fake_kubelet: Whether the harness plays the kubelet (``pod_runner``); off when another
+            kubelet stand-in (KWOK, ``fleetserve_e2e.kwok``) owns every pod's status.
+        extra_args: Component name (``kube-apiserver``, ``kube-controller-manager``, ...) →
+            flags appended to its command line (an audit log, higher client QPS for scale).
+        keda: Whether to run KEDA's operator and metrics API server (``fleetserve_e2e.keda``),
+            so ScaledObjects drive real HPAs; needs ``make keda-tools``.
     """
 
     def __init__(
@@ -74,6 +81,9 @@ class LocalCluster:
         commands: Mapping[str, Sequence[str]] | None = None,
         install_gateway_api: bool = True,
         start_timeout_s: float = 60.0,
+        fake_kubelet: bool = True,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        keda: bool = False,
     ) -> None:
         """Configure the cluster; nothing starts before ``__enter__``."""
         self._requested_dir = work_dir
@@ -81,6 +91,9 @@ class LocalCluster:
         self._commands = dict(commands) if commands is not None else venv_commands()
         self._install_gateway_api = install_gateway_api
         self._timeout_s = start_timeout_s
+        self._fake_kubelet = fake_kubelet
+        self._extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
+        self._keda = keda
         self.work_dir = Path()
         self.ports = controlplane.Ports.pick()
         self._processes: list[ManagedProcess] = []
@@ -149,17 +162,30 @@ class LocalCluster:
         """Server-side apply the CRD file or directory `path`; wait until `established` is.
 
         Raises:
-            RuntimeError: kubectl refused the CRDs, or `established` (a CRD name) was not
-                Established within `timeout_s`.
+            RuntimeError: kubectl refused the CRDs.
+            GiveUpError: kubectl gave up waiting for `established` (a CRD name).
+            TimeoutError: `established` was not Established within `timeout_s`.
         """
         applied = self.kubectl("apply", "--server-side", "-f", str(path))
         if applied.returncode != 0:
             raise RuntimeError(f"applying {path.name} failed:\n{applied.stderr}")
-        waited = self.kubectl(
-            "wait", "--for=condition=Established", f"crd/{established}", f"--timeout={timeout_s}s"
-        )
-        if waited.returncode != 0:
-            raise RuntimeError(f"{established} was not established:\n{waited.stderr}")
+
+        def is_established() -> bool:
+            waited = self.kubectl(
+                "wait",
+                "--for=condition=Established",
+                f"crd/{established}",
+                f"--timeout={timeout_s}s",
+            )
+            if waited.returncode == 0:
+                return True
+            # A CRD just created has no status yet, and `kubectl wait` then fails at once on
+            # the missing conditions instead of waiting: ask again.
+            if "accessor error" in waited.stderr:
+                return False
+            raise GiveUpError(f"{established} was not established:\n{waited.stderr}")
+
+        wait_until(is_established, timeout_s=timeout_s, what=f"CRD {established}", interval_s=0.2)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -230,8 +256,11 @@ class LocalCluster:
             lambda: client.get("/api/v1/namespaces/default/serviceaccounts/default"),
             "the default service account",
         )
-        self._runner = PodRunner(client, self._runner_config())
-        self._runner.start()
+        if self._fake_kubelet:
+            self._runner = PodRunner(client, self._runner_config())
+            self._runner.start()
+        if self._keda:
+            start_keda(self, self._spawn, timeout_s=self._timeout_s)
 
     def _runner_config(self) -> RunnerConfig:
         return RunnerConfig(
@@ -242,12 +271,14 @@ class LocalCluster:
             ca_cert=self.pki.ca_cert,
         )
 
-    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+    def _spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
         process = start_process(
             name,
-            argv,
+            [*argv, *self._extra_args.get(name, ())],
             log_path=self.work_dir / "logs" / f"{name}.log",
-            env={**os.environ, MARKER_ENV: self.marker},
+            env={**os.environ, **(env or {}), MARKER_ENV: self.marker},
         )
         self._processes.append(process)
         return process

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetserve_e2e.paths import binary
-from fleetserve_e2e.pki import ClusterPki
+from fleetserve_e2e.pki import FRONT_PROXY_CLIENT_NAME, ClusterPki
 from fleetserve_e2e.ports import free_port
 
 SERVICE_CIDR = "10.0.0.0/24"
@@ -19,6 +19,9 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # The fake kubelet registers nodes once and does not post heartbeats, so the node lifecycle
 # controller would mark them NotReady and evict their pods after its grace period.
 DISABLED_CONTROLLERS = ("node-lifecycle-controller",)
+# The HPA controller's default 15 s loop would make every autoscaling test wait minutes; 3 s
+# keeps a scale-up within a few seconds of KEDA's metric crossing the target.
+HPA_SYNC_PERIOD = "3s"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,24 @@ def apiserver_argv(work_dir: Path, ports: Ports, pki: ClusterPki) -> list[str]:
         "--endpoint-reconciler-type=none",
         "--allow-privileged=true",
         "--profiling=false",
+        *_aggregation_flags(pki),
+    ]
+
+
+def _aggregation_flags(pki: ClusterPki) -> list[str]:
+    """Return the aggregation-layer flags, so aggregated API servers (KEDA's) can be registered.
+
+    Always on, as in every real cluster: it costs one more key pair at start, and clusters with
+    and without KEDA then run the same API server.
+    """
+    return [
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT_NAME}",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
     ]
 
 
@@ -96,6 +117,7 @@ def controller_manager_argv(kubeconfig: Path, ports: Ports, pki: ClusterPki) -> 
         f"--cluster-signing-cert-file={pki.ca_cert}",
         f"--cluster-signing-key-file={pki.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
         "--profiling=false",
     ]
 

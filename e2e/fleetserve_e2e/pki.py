@@ -1,8 +1,12 @@
 """Generate the certificates and keys a throwaway control plane needs, at every start.
 
 One CA signs the API server's serving certificate and an admin client certificate in group
-``system:masters``; a separate key pair signs service-account tokens.  ECDSA P-256 keys are
-used because they are generated in milliseconds, which keeps cluster start fast.
+``system:masters``; a separate key pair signs service-account tokens.  A second CA, the
+front-proxy CA of the aggregation layer, signs the client certificate kube-apiserver presents
+when it proxies a request to an aggregated API server (KEDA's metrics API server); keeping it
+apart from the cluster CA is what stops any cluster client from asserting a user by header.
+ECDSA P-256 keys are used because they are generated in milliseconds, which keeps cluster start
+fast.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 # 10.0.0.1 is the first address of the service range the API server is started with.
 SERVICE_IP = "10.0.0.1"
 _VALIDITY = datetime.timedelta(days=7)
+# The common name the aggregator's client certificate carries; aggregated API servers accept
+# request headers only from a certificate with one of the names in --requestheader-allowed-names.
+FRONT_PROXY_CLIENT_NAME = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,9 @@ class ClusterPki:
     admin_key: Path
     service_account_key: Path
     service_account_pub: Path
+    front_proxy_ca_cert: Path
+    front_proxy_client_cert: Path
+    front_proxy_client_key: Path
 
     @classmethod
     def in_directory(cls, directory: Path) -> ClusterPki:
@@ -47,6 +57,9 @@ class ClusterPki:
             admin_key=directory / "admin.key",
             service_account_key=directory / "sa.key",
             service_account_pub=directory / "sa.pub",
+            front_proxy_ca_cert=directory / "front-proxy-ca.crt",
+            front_proxy_client_cert=directory / "front-proxy-client.crt",
+            front_proxy_client_key=directory / "front-proxy-client.key",
         )
 
 
@@ -101,16 +114,21 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def write_pki(directory: Path) -> ClusterPki:
-    """Write a fresh CA, serving, admin and service-account key material into ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_key = _new_key()
-    ca_name = _name("fleetserve-e2e-ca")
+def _new_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = _new_key()
+    name = _name(common_name)
     ca = (
-        _builder(ca_name, ca_name, ca_key.public_key())
+        _builder(name, name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
+        .sign(key, hashes.SHA256())
     )
+    return ca, key
+
+
+def write_pki(directory: Path) -> ClusterPki:
+    """Write fresh CAs, serving, admin, front-proxy and service-account keys into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = _new_ca("fleetserve-e2e-ca")
     san = x509.SubjectAlternativeName(
         [
             x509.DNSName("localhost"),
@@ -134,6 +152,13 @@ def write_pki(directory: Path) -> ClusterPki:
         ca=ca,
         ca_key=ca_key,
     )
+    front_proxy_ca, front_proxy_ca_key = _new_ca("fleetserve-e2e-front-proxy-ca")
+    front_proxy, front_proxy_key = _leaf(
+        subject=_name(FRONT_PROXY_CLIENT_NAME),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        ca=front_proxy_ca,
+        ca_key=front_proxy_ca_key,
+    )
     sa_key = _new_key()
     pki = ClusterPki.in_directory(directory)
     pem = serialization.Encoding.PEM
@@ -143,8 +168,50 @@ def write_pki(directory: Path) -> ClusterPki:
     pki.server_key.write_bytes(_key_pem(server_key))
     pki.admin_cert.write_bytes(admin.public_bytes(pem))
     pki.admin_key.write_bytes(_key_pem(admin_key))
+    pki.front_proxy_ca_cert.write_bytes(front_proxy_ca.public_bytes(pem))
+    pki.front_proxy_client_cert.write_bytes(front_proxy.public_bytes(pem))
+    pki.front_proxy_client_key.write_bytes(_key_pem(front_proxy_key))
     pki.service_account_key.write_bytes(_key_pem(sa_key))
     pki.service_account_pub.write_bytes(
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def write_mutual_tls_dir(pki: ClusterPki, directory: Path, server_name: str) -> Path:
+    """Write ``ca.crt``, ``tls.crt`` and ``tls.key`` for a component that serves and dials TLS.
+
+    The certificate is signed by the cluster CA, valid for ``server_name``, ``localhost`` and
+    127.0.0.1, and usable for both server and client authentication: KEDA's operator and
+    metrics API server use one such directory each for their mutual-TLS gRPC link, as KEDA's
+    own certificate rotation lays it out.
+    """
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC private key")
+    key = _new_key()
+    names = x509.SubjectAlternativeName(
+        [
+            x509.DNSName(server_name),
+            x509.DNSName("localhost"),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        ]
+    )
+    cert = (
+        _builder(_name(server_name), ca.subject, key.public_key())
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(names, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    (directory / "ca.crt").write_bytes(ca.public_bytes(pem))
+    (directory / "tls.crt").write_bytes(cert.public_bytes(pem))
+    (directory / "tls.key").write_bytes(_key_pem(key))
+    return directory

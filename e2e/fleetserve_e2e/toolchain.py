@@ -47,13 +47,25 @@ def ldflags(package: str) -> str:
     return " ".join(flags)
 
 
-def _build_one(name: str, package: str, target_dir: Path) -> None:
-    """Build one binary atomically: a half-written file must never look like a finished one."""
+def build_binary(
+    name: str,
+    package: str,
+    target_dir: Path,
+    *,
+    module: Path = TOOLS_DIR,
+    flags: str | None = None,
+) -> None:
+    """Build one binary atomically: a half-written file must never look like a finished one.
+
+    ``module`` is the Go module whose go.mod/go.sum pin the build; ``flags`` replaces the
+    linker flags :func:`ldflags` would choose.
+    """
     partial = target_dir / f".{name}.partial"
     env = {**os.environ, "CGO_ENABLED": "0"}
+    linker = ldflags(package) if flags is None else flags
     subprocess.run(
-        ["go", "build", "-trimpath", f"-ldflags={ldflags(package)}", "-o", str(partial), package],
-        cwd=TOOLS_DIR,
+        ["go", "build", "-trimpath", f"-ldflags={linker}", "-o", str(partial), package],
+        cwd=module,
         env=env,
         check=True,
     )
@@ -72,7 +84,7 @@ def build_tools(target_dir: Path | None = None) -> Path:
     for index, (name, package) in enumerate(missing.items(), start=1):
         print(f"tools: [{index}/{len(missing)}] building {name} from {package} ...", flush=True)
         step = time.monotonic()
-        _build_one(name, package, target)
+        build_binary(name, package, target)
         print(
             f"tools: [{index}/{len(missing)}] {name} built in {time.monotonic() - step:.0f}s",
             flush=True,
@@ -81,14 +93,15 @@ def build_tools(target_dir: Path | None = None) -> Path:
     return target
 
 
-def module_dir(module: str) -> Path:
-    """Return the module-cache directory of a module pinned by the tools module.
+def module_dir(module: str, tools_module: Path = TOOLS_DIR) -> Path:
+    """Return the module-cache directory of a module pinned by a tools module.
 
-    ``go mod download -json`` fetches it when missing; the version comes from go.mod.
+    ``go mod download -json`` fetches it when missing; the version comes from
+    ``tools_module``'s go.mod.
     """
     output = subprocess.run(
         ["go", "mod", "download", "-json", module],
-        cwd=TOOLS_DIR,
+        cwd=tools_module,
         check=True,
         capture_output=True,
         text=True,

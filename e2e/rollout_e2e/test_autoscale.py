@@ -1,0 +1,157 @@
+"""Autoscaling on in-flight requests: the operator's ScaledObject, real KEDA, the real HPA.
+
+KEDA (built from its pinned module, ``fleetserve_e2e.keda``) joins the session cluster for
+this module. The InferenceService asks for 1-4 stable replicas holding 2 in-flight requests
+each; the operator renders a KEDA ScaledObject whose Prometheus trigger sums the runtime's
+``fleetserve_inflight_requests`` gauge over the stable track, KEDA creates the HPA, and the
+kube-controller-manager's HPA controller (3 s sync in the harness) sets the Deployment's
+replicas. A bounded ramp of slow synthetic requests (500 ms each, ~7 in flight) must take the
+track from 1 to at least 3 replicas, and after the ramp the track must return to 1, with no
+failed request; the load driver spreads over the ready pods it finds in the pod map, so
+replicas appearing mid-ramp take traffic as they become ready. The test prints
+``time_to_scale_up_s=`` and ``time_to_scale_down_s=``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opkit import synthetic_service
+
+from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.keda import LocalKeda
+from fleetserve_e2e.loadgen import LoadDriver
+from fleetserve_e2e.operator_process import (
+    INSTANCE_LABEL,
+    TRACK_LABEL,
+    OperatorProcess,
+    child_path,
+    fsvc_path,
+    get_or_none,
+)
+from fleetserve_e2e.testing import is_pod_ready, list_pods
+from fleetserve_e2e.waiting import wait_until
+
+NAME = "scaled"
+LATENCY_MS = 500
+SCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 4,
+    "metric": "inflightRequests",
+    "target": 2,
+    "scaleUpWindowSeconds": 0,
+    "scaleDownWindowSeconds": 10,
+    "pollingIntervalSeconds": 2,
+}
+RAMP_S = 90.0
+"""Long enough for two replicas of the venv runtime to start on two busy cores."""
+# 16 sequential workers at 14 requests/s in all: each waits 500 ms for its answer, so about
+# 16 * 0.5 / (16 / 14) = 7 requests are in flight whatever the replica count: ceil(7 / 2) = 4.
+RAMP_RPS = 14.0
+RAMP_WORKERS = 16
+SCALE_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def keda(local_cluster: LocalCluster) -> Iterator[LocalKeda]:
+    """KEDA's operator and metrics API server, attached to the session cluster."""
+    with LocalKeda(local_cluster) as running:
+        yield running
+
+
+def _service(prometheus: LocalPrometheus) -> dict[str, Any]:
+    return synthetic_service(
+        NAME,
+        model={
+            "name": NAME,
+            "version": "1",
+            "uri": f"builtin://synthetic?latency_ms={LATENCY_MS}",
+        },
+        traffic={"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]},
+        rollout={"analysis": {"prometheusUrl": prometheus.url}},
+        scaling=SCALING,
+    )
+
+
+def _ready_replicas(kube: KubeClient, namespace: str) -> int:
+    selector = f"{INSTANCE_LABEL}={NAME},{TRACK_LABEL}=stable"
+    return sum(map(is_pod_ready, list_pods(kube, namespace, selector)))
+
+
+def _wanted_replicas(kube: KubeClient, namespace: str) -> int:
+    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
+    replicas: int = deployment["spec"].get("replicas", 1)
+    return replicas
+
+
+def test_inflight_ramp_scales_stable_track_up_and_back_down(
+    keda: LocalKeda,
+    local_cluster: LocalCluster,
+    local_prometheus: LocalPrometheus,
+    kube: KubeClient,
+    namespace: str,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """1 → ≥ 3 replicas under the ramp, back to 1 after it, every request answered 200."""
+    rollout_operator()
+    kube.create(fsvc_path(namespace), _service(local_prometheus))
+    scaled_object = f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects"
+    wait_until(
+        lambda: kube.get(scaled_object)["items"],
+        timeout_s=60.0,
+        what="the operator's ScaledObject",
+    )
+    hpa = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+    wait_until(lambda: kube.get(hpa)["items"], timeout_s=60.0, what="KEDA's HPA")
+    wait_until(
+        lambda: (
+            _ready_replicas(kube, namespace) == 1
+            and get_or_none(kube, child_path("HTTPRoute", namespace, NAME))
+        ),
+        timeout_s=90.0,
+        what="one ready stable replica and the route",
+    )
+
+    with LoadDriver(
+        local_cluster,
+        namespace,
+        NAME,
+        NAME,
+        rate_rps=RAMP_RPS,
+        duration_s=RAMP_S,
+        concurrency=RAMP_WORKERS,
+    ) as load:
+        started = time.monotonic()
+        scaled_up_to = wait_until(
+            lambda: (n := _ready_replicas(kube, namespace)) >= 3 and n,
+            timeout_s=SCALE_TIMEOUT_S,
+            what="the stable track to reach 3 ready replicas",
+            interval_s=0.5,
+        )
+        time_to_scale_up_s = time.monotonic() - started
+        wait_until(
+            lambda: time.monotonic() - started >= RAMP_S,
+            timeout_s=RAMP_S + 10.0,
+            what="the end of the ramp",
+            interval_s=0.5,
+        )
+    ramp_end = time.monotonic()
+    wait_until(
+        lambda: _wanted_replicas(kube, namespace) == 1 and _ready_replicas(kube, namespace) == 1,
+        timeout_s=SCALE_TIMEOUT_S,
+        what="the stable track back at 1 replica",
+        interval_s=0.5,
+    )
+    time_to_scale_down_s = time.monotonic() - ramp_end
+
+    statuses = [record.status for record in load.records]
+    assert len(statuses) > RAMP_RPS * RAMP_S / 2, f"only {len(statuses)} requests were sent"
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    print(
+        f"requests={len(statuses)} scaled_up_to={scaled_up_to} "
+        f"time_to_scale_up_s={time_to_scale_up_s:.1f} "
+        f"time_to_scale_down_s={time_to_scale_down_s:.1f}"
+    )
