@@ -1,0 +1,1 @@
+"""Plain FastAPI + uvicorn, one text per forward pass: the no-batching peer."""

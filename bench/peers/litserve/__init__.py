@@ -1,0 +1,1 @@
+"""LitServe peer: a ``LitAPI`` with LitServe's own dynamic batching."""

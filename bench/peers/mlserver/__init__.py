@@ -1,0 +1,1 @@
+"""MLServer peer: a custom ``MLModel`` runtime with MLServer's adaptive batching."""

@@ -1,0 +1,49 @@
+"""Start ``mlserver start`` on this folder, with its ports and host from the environment.
+
+MLServer reads every server setting from ``MLSERVER_*`` variables as well as from
+``settings.json``; the bench picks free ports, so they are set here. The model comes from
+``model-settings.json`` beside this file. Everything else stays at MLServer's defaults,
+except the inference worker pool (see ``main``).
+
+Usage: ``python -m bench.peers.mlserver.server --port N`` (in the peer's virtualenv)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+
+def _free_port() -> int:
+    """A port on 127.0.0.1 that is free now, for the gRPC and metrics listeners."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def main() -> None:
+    """Replace this process with ``mlserver start`` configured for 127.0.0.1:``--port``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    env = {
+        **os.environ,
+        "MLSERVER_HOST": "127.0.0.1",
+        "MLSERVER_HTTP_PORT": str(args.port),
+        "MLSERVER_GRPC_PORT": str(_free_port()),
+        "MLSERVER_METRICS_PORT": str(_free_port()),
+        # MLServer 1.7.1's inference pool workers die at start under the pinned uvloop
+        # ("There is no current event loop"), so inference runs in the server process, as
+        # MLServer's docs describe for parallel_workers 0.
+        "MLSERVER_PARALLEL_WORKERS": "0",
+    }
+    mlserver = str(Path(sys.executable).with_name("mlserver"))
+    os.execve(mlserver, [mlserver, "start", str(Path(__file__).parent)], env)
+
+
+if __name__ == "__main__":
+    main()

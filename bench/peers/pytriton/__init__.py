@@ -1,0 +1,1 @@
+"""PyTriton peer: a Python function bound to Triton Inference Server's dynamic batcher."""

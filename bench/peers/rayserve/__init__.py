@@ -1,0 +1,1 @@
+"""Ray Serve peer: one deployment replica batching with ``@serve.batch``."""
