@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -44,10 +43,11 @@ from rich.table import Table
 
 from bench.loadgen import LoadResult, run_closed_loop
 from bench.pinning import pin_current_process
+from bench.report import RunClock
 from bench.runtime_bench import CONFIGS, MODEL_NAME, server_argv
 from bench.runtime_bench import request_body as oip_request_body
 from bench.server_metrics import scrape
-from bench.server_proc import free_port, running_server
+from bench.server_proc import add_closed_loop_options, free_port, running_server
 from bench.textgen import PROFILES, generate_workload
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -677,9 +677,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    default_runtime = str(Path(sys.executable).with_name("fleetserve-runtime"))
-    parser.add_argument("--runtime", default=default_runtime, help="server command (shell words)")
-    parser.add_argument("--model", default="builtin://minilm-l6")
+    add_closed_loop_options(parser, per="run")
     parser.add_argument(
         "--peers",
         type=lambda t: _names(t, list(PEERS), "--peers"),
@@ -693,15 +691,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["mixed", "short"],
         help="comma list of length profiles; the first is the headline (default: mixed,short)",
     )
-    parser.add_argument("--requests", type=int, default=1500, help="measured requests per run")
-    parser.add_argument("--warmup", type=int, default=256, help="unmeasured requests per run")
     parser.add_argument("--quick", action="store_true", help="300 requests, 64 warm-up")
-    parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
-    parser.add_argument("--server-core", type=int, default=0)
-    parser.add_argument("--client-core", type=int, default=1)
-    parser.add_argument("--time-limit-s", type=float, default=300.0, help="per measured run")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0, help="per server start")
     parser.add_argument(
         "--cache-dir",
@@ -737,19 +727,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.install_only:
         sys.exit(install(args))
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
+    clock = RunClock()
     pin_current_process(args.client_core)
     with tempfile.TemporaryDirectory(prefix="fleetserve-peers-") as log_dir:
         rows = measure_all(args, Path(log_dir))
-    context = {
-        **{k: v for k, v in vars(args).items() if k != "cache_dir"},
-        "wall_s": round(time.perf_counter() - started, 1),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "loadavg_1m_start": load_before,
-        "loadavg_1m_end": os.getloadavg()[0],
-    }
+    context = clock.context(args, omit={"cache_dir"})
     print_report(rows, context, args.profiles)
 
 

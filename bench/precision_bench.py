@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from importlib.metadata import version
@@ -37,8 +33,9 @@ from rich.table import Table
 
 from bench.gemm import measure_peak_flops
 from bench.pinning import pin_current_process
-from bench.report import ConfigResult, summarise
+from bench.report import ConfigResult, RunClock, summarise
 from bench.runtime_bench import ServerConfig, build_requests, measure_config
+from bench.server_proc import add_closed_loop_options
 from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
 from fleetserve_runtime.models.onnx_export import export_minilm
@@ -123,18 +120,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    default_runtime = str(Path(sys.executable).with_name("fleetserve-runtime"))
-    parser.add_argument("--runtime", default=default_runtime, help="server command (shell words)")
-    parser.add_argument("--model", default="builtin://minilm-l6")
-    parser.add_argument("--requests", type=int, default=1500, help="measured requests per config")
-    parser.add_argument("--warmup", type=int, default=256, help="unmeasured requests per config")
-    parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
+    add_closed_loop_options(parser)
     parser.add_argument("--profile", default="mixed")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
-    parser.add_argument("--server-core", type=int, default=0)
-    parser.add_argument("--client-core", type=int, default=1)
-    parser.add_argument("--time-limit-s", type=float, default=300.0, help="per measured run")
     parser.add_argument("--min-cosine", type=float, default=0.99, help="accuracy guard floor")
     parser.add_argument(
         "--configs", default=",".join(LABELS), help=f"comma-separated subset of {LABELS}"
@@ -149,8 +136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen configurations and print the table, the JSON and the two lines."""
     args = parse_args(argv)
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
+    clock = RunClock()
     pin_current_process(args.client_core)
     requests = build_requests(args)
     peak_flops = measure_peak_flops(core=args.server_core)
@@ -179,17 +165,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             if best is not None
             else float("nan")
         )
-    context = {
-        **vars(args),
-        "wall_s": round(time.perf_counter() - started, 1),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "onnxruntime": version("onnxruntime"),
-        "cpus": os.cpu_count(),
-        "loadavg_1m_start": load_before,
-        "loadavg_1m_end": os.getloadavg()[0],
-        "best_int8": best.label if best is not None else None,
-    }
+    context = clock.context(
+        args,
+        torch=version("torch"),
+        onnxruntime=version("onnxruntime"),
+        best_int8=best.label if best is not None else None,
+    )
     Console(width=120).print(_table(results))
     document = {"context": context, "results": [asdict(r) for r in results]}
     print(json.dumps(document, indent=2, default=str))

@@ -7,9 +7,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+import os
+import platform
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +21,36 @@ from rich.table import Table
 
 from bench.loadgen import LoadResult
 from bench.server_metrics import ServerCounters
+
+
+def _load_1m() -> float:
+    return os.getloadavg()[0]
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """When a benchmark run began and the machine's load then; `context` describes the run."""
+
+    started: float = field(default_factory=time.perf_counter)
+    load_before: float = field(default_factory=_load_1m)
+
+    def context(
+        self, args: argparse.Namespace, *, omit: Collection[str] = (), **extra: Any
+    ) -> dict[str, Any]:
+        """The report's context: the options (less `omit`), the run's facts, then `extra`.
+
+        Other work on the machine skews every figure; a load average far above the busy cores
+        of a benchmark says the run was not alone.
+        """
+        return {
+            **{k: v for k, v in vars(args).items() if k not in omit},
+            "wall_s": round(time.perf_counter() - self.started, 1),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_1m_start": self.load_before,
+            "loadavg_1m_end": _load_1m(),
+            **extra,
+        }
 
 
 @dataclass(frozen=True)

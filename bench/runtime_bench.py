@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,9 +27,10 @@ from pathlib import Path
 from bench.gemm import measure_peak_flops
 from bench.loadgen import run_closed_loop
 from bench.pinning import pin_current_process
-from bench.report import ConfigResult, Measurement, print_report, summarise
+from bench.report import ConfigResult, Measurement, RunClock, print_report, summarise
 from bench.server_metrics import scrape
 from bench.server_proc import (
+    add_closed_loop_options,
     free_port,
     process_cpu_seconds,
     running_server,
@@ -170,26 +168,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    default_runtime = str(Path(sys.executable).with_name("fleetserve-runtime"))
-    parser.add_argument("--runtime", default=default_runtime, help="server command (shell words)")
-    parser.add_argument("--model", default="builtin://minilm-l6")
-    parser.add_argument("--requests", type=int, default=1500, help="measured requests per config")
-    parser.add_argument("--warmup", type=int, default=256, help="unmeasured requests per config")
-    parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
+    add_closed_loop_options(parser)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="mixed")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
-    parser.add_argument("--server-core", type=int, default=0)
-    parser.add_argument("--client-core", type=int, default=1)
-    parser.add_argument("--time-limit-s", type=float, default=300.0, help="per measured run")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run every configuration and print the report."""
     args = parse_args(argv)
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
+    clock = RunClock()
     pin_current_process(args.client_core)
     requests = build_requests(args)
     # Measured before any server starts, so nothing else runs on the server's core.
@@ -208,19 +195,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     peak_flops=peak_flops,
                 )
             )
-    context = {
-        **vars(args),
-        "peak_gemm_flops": peak_flops,
-        "flops_per_token": FLOPS_PER_TOKEN,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "cpus": os.cpu_count(),
-        # Other work on the machine skews every figure; a load average far above the two
-        # busy cores of this benchmark says the run was not alone.
-        "loadavg_1m_start": load_before,
-        "loadavg_1m_end": os.getloadavg()[0],
-    }
+    context = clock.context(
+        args, peak_gemm_flops=peak_flops, flops_per_token=FLOPS_PER_TOKEN, torch=version("torch")
+    )
     print_report(results, headline="a", baseline="b", context=context)
 
 

@@ -7,11 +7,13 @@ it spawned (uvicorn workers, tokenizer pools).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +51,25 @@ def runtime_serve_argv(runtime: Sequence[str], *, model: str, name: str, port: i
         "--device=cpu",
         "--threads=1",
     ]
+
+
+def add_closed_loop_options(parser: argparse.ArgumentParser, *, per: str = "config") -> None:
+    """Add the server and closed-loop load options the MiniLM benchmarks share.
+
+    The runtime, precision and peers benches take the same defaults so that their numbers
+    compare; ``per`` names what one ``--requests`` / ``--warmup`` count is spent on.
+    """
+    default_runtime = str(Path(sys.executable).with_name("fleetserve-runtime"))
+    parser.add_argument("--runtime", default=default_runtime, help="server command (shell words)")
+    parser.add_argument("--model", default="builtin://minilm-l6")
+    parser.add_argument("--requests", type=int, default=1500, help=f"measured requests per {per}")
+    parser.add_argument("--warmup", type=int, default=256, help=f"unmeasured requests per {per}")
+    parser.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-queue-delay-ms", type=float, default=10.0)
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--client-core", type=int, default=1)
+    parser.add_argument("--time-limit-s", type=float, default=300.0, help="per measured run")
 
 
 def _is_ready(ready_url: str) -> bool:

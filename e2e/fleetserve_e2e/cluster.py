@@ -16,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
@@ -24,6 +23,7 @@ from fleetserve_e2e import controlplane
 from fleetserve_e2e.keda import start_keda
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.kubeconfig import write_kubeconfig
+from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.nodes import DEFAULT_NODES, NodeSpec, register_nodes
 from fleetserve_e2e.paths import REPO_DIR, binary
 from fleetserve_e2e.pki import ClusterPki, write_pki
@@ -55,7 +55,7 @@ def standin_commands() -> dict[str, list[str]]:
     }
 
 
-class LocalCluster:
+class LocalCluster(Component):
     """Context manager for one local cluster; several may run at once.
 
     Args:
@@ -189,27 +189,6 @@ class LocalCluster:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def __enter__(self) -> LocalCluster:
-        """Start everything and wait until the cluster can run pods."""
-        started = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        print(f"cluster ready in {time.monotonic() - started:.1f}s", flush=True)
-        print(f"KUBECONFIG={self.kubeconfig}", flush=True)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Tear everything down."""
-        self.close()
-
     def close(self) -> None:
         """Stop the pod runner, then every process in reverse start order; remove the temp dir."""
         if self._runner is not None:
@@ -227,6 +206,8 @@ class LocalCluster:
     # -- start-up steps ---------------------------------------------------------------------
 
     def _start(self) -> None:
+        """Start everything and wait until the cluster can run pods."""
+        started = time.monotonic()
         if self._requested_dir is None:
             self.work_dir = Path(tempfile.mkdtemp(prefix="fleetserve-cluster-"))
         else:
@@ -261,6 +242,8 @@ class LocalCluster:
             self._runner.start()
         if self._keda:
             start_keda(self, self._spawn, timeout_s=self._timeout_s)
+        print(f"cluster ready in {time.monotonic() - started:.1f}s", flush=True)
+        print(f"KUBECONFIG={self.kubeconfig}", flush=True)
 
     def _runner_config(self) -> RunnerConfig:
         return RunnerConfig(

@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from fleetserve_e2e.kubeapi import KubeApiError
+from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
 from fleetserve_e2e.pki import write_mutual_tls_dir
 from fleetserve_e2e.ports import free_port
@@ -264,7 +264,7 @@ def start_keda(cluster: LocalCluster, spawn: Spawn, *, timeout_s: float) -> None
     )
 
 
-class LocalKeda:
+class LocalKeda(Component):
     """Context manager running KEDA against an already running :class:`LocalCluster`.
 
     Tests use it to add KEDA to a shared session cluster for as long as they need it; on exit
@@ -278,23 +278,9 @@ class LocalKeda:
         self._timeout_s = timeout_s
         self._processes: list[ManagedProcess] = []
 
-    def __enter__(self) -> LocalKeda:
+    def _start(self) -> None:
         """Start KEDA and wait until the external metrics API is available."""
-        try:
-            start_keda(self._cluster, self._spawn, timeout_s=self._timeout_s)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Stop KEDA."""
-        self.close()
+        start_keda(self._cluster, self._spawn, timeout_s=self._timeout_s)
 
     def close(self) -> None:
         """Unregister the metrics API, then stop the adapter and the operator."""

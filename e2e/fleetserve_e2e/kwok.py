@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 import re
 import subprocess
@@ -31,6 +30,7 @@ from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.nodes import NodeSpec, node_manifest
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
+from fleetserve_e2e.toolchain import module_dir
 from fleetserve_e2e.waiting import wait_until
 
 KWOK_TOOLS_DIR = E2E_DIR / "kwok-tools"
@@ -97,18 +97,6 @@ def ensure_kwok() -> Path:
     return target
 
 
-def module_dir() -> Path:
-    """The pinned KWOK module's source in the Go module cache (downloaded when missing)."""
-    output = subprocess.run(
-        ["go", "mod", "download", "-json", KWOK_MODULE],
-        cwd=KWOK_TOOLS_DIR,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return Path(json.loads(output)["Dir"])
-
-
 def write_stages(path: Path, source: Path) -> Path:
     """Write kwok's default stages from the module at `source` into one config file."""
     documents = [(source / stage).read_text(encoding="utf-8").strip() for stage in DEFAULT_STAGES]
@@ -160,7 +148,9 @@ def register_kwok_nodes(client: KubeClient, nodes: KwokNodes) -> None:
 
 def start_kwok(cluster: LocalCluster, binary: Path) -> ManagedProcess:
     """Start kwok against `cluster` (admin credentials), logging to its work dir."""
-    config = write_stages(cluster.work_dir / "kwok-stages.yaml", module_dir())
+    config = write_stages(
+        cluster.work_dir / "kwok-stages.yaml", module_dir(KWOK_MODULE, KWOK_TOOLS_DIR)
+    )
     return start_process(
         "kwok",
         kwok_argv(binary, kubeconfig=cluster.kubeconfig, config=config),

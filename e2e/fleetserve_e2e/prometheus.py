@@ -17,11 +17,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
 
+from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.waiting import wait_until
@@ -47,7 +47,7 @@ def prometheus_config(file_sd_path: Path, scrape_interval_s: float) -> dict[str,
     }
 
 
-class LocalPrometheus:
+class LocalPrometheus(Component):
     """Context manager running Prometheus against a file_sd file.
 
     Args:
@@ -79,7 +79,7 @@ class LocalPrometheus:
         """Base URL of the HTTP API, e.g. ``http://127.0.0.1:41234``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> LocalPrometheus:
+    def _start(self) -> None:
         """Write the config, start Prometheus and wait until it is ready."""
         executable = shutil.which(self._binary)
         if executable is None:
@@ -92,33 +92,19 @@ class LocalPrometheus:
         config = prometheus_config(self.file_sd_path, self.scrape_interval_s)
         config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
         self.port = free_port()
-        try:
-            self.process = start_process(
-                "prometheus",
-                [
-                    executable,
-                    f"--config.file={config_path}",
-                    f"--storage.tsdb.path={work_dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--web.enable-lifecycle",
-                ],
-                log_path=work_dir / "prometheus.log",
-                env={**os.environ, MARKER_ENV: str(work_dir)},
-            )
-            wait_until(self._is_ready, timeout_s=_START_TIMEOUT_S, what="Prometheus /-/ready")
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Stop Prometheus and remove its temp dir."""
-        self.close()
+        self.process = start_process(
+            "prometheus",
+            [
+                executable,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={work_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            log_path=work_dir / "prometheus.log",
+            env={**os.environ, MARKER_ENV: str(work_dir)},
+        )
+        wait_until(self._is_ready, timeout_s=_START_TIMEOUT_S, what="Prometheus /-/ready")
 
     def close(self) -> None:
         """Stop the process and remove an owned work dir (idempotent)."""

@@ -6,10 +6,16 @@ The harness's own tests and the scenario tests both use them, so they live in th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.waiting import wait_until
+
+if TYPE_CHECKING:
+    from fleetserve_e2e.cluster import LocalCluster
 
 RUNTIME_IMAGE = "ghcr.io/fleetserve/fleetserve-runtime:0.1.0"
 SYNTHETIC_ARGS = (
@@ -131,3 +137,35 @@ def assert_operator_log_clean(log: str, source: str) -> None:
     """
     for needle in ("forbidden", "Traceback"):
         assert needle.lower() not in log.lower(), f"{source} has {needle!r}:\n{log[-4000:]}"
+
+
+@contextmanager
+def watch_history(
+    cluster: LocalCluster, collection: str, current: JsonObject, read: Callable[[JsonObject], Any]
+) -> Iterator[list[Any]]:
+    """`read` of every version of the object `current` from now on, in order (a watch).
+
+    The list grows in a background thread while the block runs, so a test can assert that a
+    value never went back even between two of its own reads.
+    """
+    kube = KubeClient(cluster.server, cluster.pki)  # its own connection, for its own thread
+    values = [read(current)]
+    done = threading.Event()
+
+    def watch() -> None:
+        version = current["metadata"]["resourceVersion"]
+        while not done.is_set():
+            for event in kube.watch(collection, version, timeout_s=2):
+                version = event.object["metadata"]["resourceVersion"]
+                named = event.object["metadata"].get("name") == current["metadata"]["name"]
+                if named and event.type in ("ADDED", "MODIFIED"):
+                    values.append(read(event.object))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield values
+    finally:
+        done.set()
+        watcher.join(timeout=10.0)
+        kube.close()

@@ -15,9 +15,7 @@ two writes shows which of them the operator makes first.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.paths import REPO_DIR
 from fleetserve_e2e.ports import free_port
-from fleetserve_e2e.testing import assert_operator_log_clean
+from fleetserve_e2e.testing import assert_operator_log_clean, watch_history
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"
@@ -50,32 +48,6 @@ def _canary_weight(route: JsonObject) -> int:
 def _status(kube: KubeClient, namespace: str) -> dict[str, Any]:
     status: dict[str, Any] = kube.get(fsvc_path(namespace, NAME)).get("status", {})
     return status
-
-
-@contextmanager
-def _route_weights(cluster: LocalCluster, namespace: str) -> Iterator[list[int]]:
-    """The canary weight of every version of the HTTPRoute from now on, in order."""
-    kube = KubeClient(cluster.server, cluster.pki)  # its own connection, for its own thread
-    route = kube.get(child_path("HTTPRoute", namespace, NAME))
-    weights = [_canary_weight(route)]
-    done = threading.Event()
-
-    def watch() -> None:
-        version = route["metadata"]["resourceVersion"]
-        while not done.is_set():
-            for event in kube.watch(child_path("HTTPRoute", namespace), version, timeout_s=2):
-                version = event.object["metadata"]["resourceVersion"]
-                if event.type in ("ADDED", "MODIFIED"):
-                    weights.append(_canary_weight(event.object))
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield weights
-    finally:
-        done.set()
-        watcher.join(timeout=10.0)
-        kube.close()
 
 
 def test_traffic_never_moves_back_after_a_crash_between_the_writes(
@@ -113,7 +85,10 @@ def test_traffic_never_moves_back_after_a_crash_between_the_writes(
     prometheus = f"http://127.0.0.1:{free_port()}"  # nothing listens: Prometheus is down
     analysis = {"prometheusUrl": prometheus, "window": "2s", "inconclusiveThreshold": 1}
     kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"rollout": {"analysis": analysis}}})
-    with _route_weights(local_cluster, namespace) as weights:
+    route = kube.get(child_path("HTTPRoute", namespace, NAME))
+    with watch_history(
+        local_cluster, child_path("HTTPRoute", namespace), route, _canary_weight
+    ) as weights:
         assert max(weights[0], at_crash["canaryWeight"]) == STEP, "not killed at the step"
         start_operator({**TICK, "FLEETSERVE_PROMETHEUS_URL": prometheus})
 

@@ -15,11 +15,8 @@ it sees the holder cleared before the standby takes it, without waiting out the 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 from opkit import synthetic_service
@@ -28,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.testing import watch_history
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"
@@ -93,34 +91,6 @@ def _until_promotion(weights: list[int]) -> list[int]:
     return weights[:end]
 
 
-@contextmanager
-def _history(
-    cluster: LocalCluster, collection: str, current: JsonObject, read: Callable[[JsonObject], Any]
-) -> Iterator[list[Any]]:
-    """`read` of every version of the object `current` from now on, in order (a watch)."""
-    kube = KubeClient(cluster.server, cluster.pki)  # its own connection, for its own thread
-    values = [read(current)]
-    done = threading.Event()
-
-    def watch() -> None:
-        version = current["metadata"]["resourceVersion"]
-        while not done.is_set():
-            for event in kube.watch(collection, version, timeout_s=2):
-                version = event.object["metadata"]["resourceVersion"]
-                named = event.object["metadata"].get("name") == current["metadata"]["name"]
-                if named and event.type in ("ADDED", "MODIFIED"):
-                    values.append(read(event.object))
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield values
-    finally:
-        done.set()
-        watcher.join(timeout=10.0)
-        kube.close()
-
-
 def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
     kube: KubeClient,
     namespace: str,
@@ -142,8 +112,8 @@ def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
     service = kube.get(fsvc_path(namespace, NAME))
     route = kube.get(child_path("HTTPRoute", namespace, NAME))
     with (
-        _history(local_cluster, fsvc_path(namespace), service, _step) as steps,
-        _history(
+        watch_history(local_cluster, fsvc_path(namespace), service, _step) as steps,
+        watch_history(
             local_cluster, child_path("HTTPRoute", namespace), route, _canary_weight
         ) as weights,
     ):
@@ -187,7 +157,7 @@ def test_a_stopped_leader_releases_the_lease_so_the_standby_leads_at_once(
     leader, standby = _start_pair(start_operator)
     lease = _lease(kube, namespace)
     leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-    with _history(
+    with watch_history(
         local_cluster, leases, lease, lambda obj: obj["spec"].get("holderIdentity")
     ) as holders:
         leader.stop()

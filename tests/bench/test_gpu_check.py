@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.gpu_check import _cosines, _divergence
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench.testing import run_bench
 
 
 @pytest.mark.timeout(120)
 def test_without_cuda_it_skips_and_succeeds() -> None:
     """No visible CUDA device: one explanation, `gpu_check=skipped` last, exit status 0."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check"],
-        cwd=ROOT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
+    lines = run_bench(
+        "bench.gpu_check", timeout_s=110, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
     assert lines[-1] == "gpu_check=skipped"
     assert not any(line.startswith("check ") for line in lines)
 

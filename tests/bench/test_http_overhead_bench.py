@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.testing import run_bench
 
 
 @pytest.mark.timeout(240)
 def test_tiny_run_measures_both_servers() -> None:
     """Real servers, a few requests each: no errors in either row, the ratio last."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.http_overhead_bench", "--requests=40", "--warmup=8"]
-        + ["--concurrency=4", "--time-limit-s=60"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=230,
-        check=False,
+    lines = run_bench(
+        "bench.http_overhead_bench",
+        ["--requests=40", "--warmup=8", "--concurrency=4", "--time-limit-s=60"],
+        timeout_s=230,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
     rows = {
         line.split()[0]: line.split() for line in lines if line.startswith(("bare ", "runtime "))
     }

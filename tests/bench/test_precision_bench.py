@@ -6,13 +6,11 @@ guard, the load completes) and the closing lines are there and well formed.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from bench.precision_bench import best_int8, int8_speedup, model_uri, server_configs
 from bench.report import ConfigResult
+from bench.testing import run_bench
 
 
 def result(label: str, rps: float) -> ConfigResult:
@@ -62,16 +60,12 @@ def test_onnx_configs_serve_their_own_model() -> None:
 @pytest.mark.timeout(600)
 def test_smoke_run_prints_the_closing_lines() -> None:
     """fp32 and int8 torch servers under a tiny load; the last two lines parse."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.precision_bench", "--requests", "6", "--warmup", "2"]
-        + ["--concurrency", "2", "--configs", "fp32,int8", "--time-limit-s", "60"],
-        capture_output=True,
-        text=True,
-        timeout=580,
-        check=False,
+    *_, speedup_line, cosine_line = run_bench(
+        "bench.precision_bench",
+        ["--requests", "6", "--warmup", "2", "--concurrency", "2", "--configs", "fp32,int8"]
+        + ["--time-limit-s", "60"],
+        timeout_s=580,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    *_, speedup_line, cosine_line = done.stdout.strip().splitlines()
     name, _, speedup = speedup_line.partition("=")
     assert name == "int8_speedup"
     assert float(speedup) > 0

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from bench.testing import run_bench
 from bench.wire_bench import binary_request, decode_answer, json_request
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_both_formats_decode_to_the_same_shape() -> None:
@@ -34,17 +29,12 @@ def test_both_formats_decode_to_the_same_shape() -> None:
 def test_tiny_run_prints_the_comparison() -> None:
     """A real server, a few requests per format: every answer a 200, the ratio last."""
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=384"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.wire_bench", f"--model={model}", "--requests=8"]
-        + ["--warmup=2", "--batch=4", "--rounds=1", "--concurrency=2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
+    lines = run_bench(
+        "bench.wire_bench",
+        [f"--model={model}", "--requests=8", "--warmup=2", "--batch=4", "--rounds=1"]
+        + ["--concurrency=2"],
+        timeout_s=170,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
     rows = {line.split()[0]: line for line in lines if line.startswith(("json ", "binary "))}
     assert set(rows) == {"json", "binary"}
     assert all(row.endswith("{200: 8}") for row in rows.values())

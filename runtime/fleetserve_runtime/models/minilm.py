@@ -22,7 +22,6 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from fleetserve_runtime.errors import InputTooLong, InvalidInput
 from fleetserve_runtime.models import quantize
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
@@ -40,6 +39,7 @@ from fleetserve_runtime.models.bert import (
     PackedBatch,
     PaddedBatch,
 )
+from fleetserve_runtime.models.text_input import sample_text, text_token_ids
 
 __all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler"]
 
@@ -62,9 +62,6 @@ same number from the shipped config; a test keeps the two in step.
 # fastest at this value, with 3-4 groups).
 _GROUP_OVERHEAD = 2048
 _GROUP_GRANULE = 8
-
-# Single-token words in the MiniLM vocabulary, cycled to build synthetic inputs.
-_SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and")
 
 
 class MiniLMHandler:
@@ -181,29 +178,20 @@ class MiniLMHandler:
             InputTooLong: the text exceeds `max_sequence_length` and `truncate` is false.
             RuntimeError: `load` has not been called.
         """
-        if not isinstance(instance, str):
-            raise InvalidInput(f"text must be a string, got {type(instance).__name__}")
-        if not instance:
-            raise InvalidInput("text must not be an empty string")
-        tokenizer = self._tokenizer
-        if tokenizer is None:
-            raise RuntimeError("MiniLMHandler.load() has not been called")
-        ids = tokenizer.encode(instance).ids
-        count = len(ids)
-        if count <= 2:
-            raise InvalidInput("text has no tokens (only whitespace or control characters)")
-        if count <= self._limit:
-            return PreparedInput(length=count, data=array("q", ids))
-        if not truncate:
-            raise InputTooLong(f"text of {count} tokens exceeds max_sequence_length {self._limit}")
-        kept = array("q", ids[: self._limit - 1])
-        kept.append(self._sep_id)
-        return PreparedInput(length=self._limit, data=kept, truncated=True)
+        ids, truncated = text_token_ids(
+            instance,
+            self._tokenizer,
+            handler="MiniLMHandler",
+            limit=self._limit,
+            truncate=truncate,
+            special_tokens=2,
+            closing=self._sep_id,
+        )
+        return PreparedInput(length=len(ids), data=array("q", ids), truncated=truncated)
 
     def sample_instance(self, length: int) -> str:
         """Return a text of `length` tokens (at least 3, at most `max_sequence_length`)."""
-        words = max(1, min(length, self._limit) - 2)
-        return " ".join(_SAMPLE_WORDS[i % len(_SAMPLE_WORDS)] for i in range(words))
+        return sample_text(length, self._limit)
 
     def collate(
         self,

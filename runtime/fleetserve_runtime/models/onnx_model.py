@@ -46,7 +46,6 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 import torch
 from tokenizers import Tokenizer
 
-from fleetserve_runtime.errors import InputTooLong, InvalidInput
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
     BatchLayout,
@@ -56,10 +55,10 @@ from fleetserve_runtime.models.base import (
     TensorAllocator,
     TensorSpec,
 )
+from fleetserve_runtime.models.text_input import sample_text, text_token_ids
 
 __all__ = ["OnnxEncoderHandler", "quantized_path"]
 
-_SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and")
 _TEXT_INPUTS = {"input_ids", "attention_mask", "token_type_ids"}
 _BLOCK = 32
 """Weights and activations share one int8 scale per 32 values along the reduced axis."""
@@ -233,28 +232,19 @@ class OnnxEncoderHandler:
             InputTooLong: the text exceeds `max_sequence_length` and `truncate` is false.
             RuntimeError: `load` has not been called.
         """
-        if not isinstance(instance, str):
-            raise InvalidInput(f"text must be a string, got {type(instance).__name__}")
-        if not instance:
-            raise InvalidInput("text must not be an empty string")
-        if self._tokenizer is None:
-            raise RuntimeError("OnnxEncoderHandler.load() has not been called")
-        ids = self._tokenizer.encode(instance).ids
-        if not ids:
-            raise InvalidInput("text has no tokens")
-        if len(ids) <= self._limit:
-            return PreparedInput(length=len(ids), data=ids)
-        if not truncate:
-            msg = f"text of {len(ids)} tokens exceeds max_sequence_length {self._limit}"
-            raise InputTooLong(msg)
-        # Keep the closing special token ([SEP] for BERT tokenizers) the model expects.
-        kept = [*ids[: self._limit - 1], ids[-1]]
-        return PreparedInput(length=self._limit, data=kept, truncated=True)
+        ids, truncated = text_token_ids(
+            instance,
+            self._tokenizer,
+            handler="OnnxEncoderHandler",
+            limit=self._limit,
+            truncate=truncate,
+            special_tokens=0,
+        )
+        return PreparedInput(length=len(ids), data=ids, truncated=truncated)
 
     def sample_instance(self, length: int) -> str:
         """A text of about `length` tokens (two are special tokens for BERT tokenizers)."""
-        words = max(1, min(length, self._limit) - 2)
-        return " ".join(_SAMPLE_WORDS[i % len(_SAMPLE_WORDS)] for i in range(words))
+        return sample_text(length, self._limit)
 
     def collate(
         self,
