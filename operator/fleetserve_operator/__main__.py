@@ -2,7 +2,8 @@
 
 Loads `OperatorConfig` from `FLEETSERVE_*` (a bad value stops start-up, naming the variable),
 serves the operator's metrics, waits for the leader Lease (`leader`; a standby answers
-`/healthz` meanwhile), registers the handlers in an explicit kopf registry and runs kopf's
+`/healthz` meanwhile), registers the handlers, the child watches and their work queue's
+workers (started and stopped with kopf) in an explicit kopf registry and runs kopf's
 operator with the configured namespaces and liveness endpoint. The leader renews the Lease
 from a thread and exits at once (status 1) if it loses it; on a clean stop (SIGTERM) it
 releases the Lease after kopf has stopped, so a standby takes over without waiting.
@@ -23,6 +24,7 @@ from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from fleetserve_operator import handlers
+from fleetserve_operator.child_watch import ChildWatches
 from fleetserve_operator.kube import KubeApi
 from fleetserve_operator.leader import KubeLeases, LeaderElector, StandbyProbe, candidate_identity
 from fleetserve_operator.metrics import OperatorMetrics
@@ -85,6 +87,14 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics) -> None:
         prometheus_allowlist=allowlist,
         metric_source=allowlist.source,
     )
+    workers = handlers.QueueWorkers(sync, metrics, workers=config.queue_workers)
+    watches = ChildWatches(
+        kube.api_client,
+        namespaces=config.namespaces,
+        on_owner=workers.add,
+        watch_timeout_s=config.watch_timeout_s,
+        request_timeout_s=config.request_timeout_s,
+    )
     registry = kopf.OperatorRegistry()
     handlers.register(
         registry,
@@ -92,6 +102,7 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics) -> None:
         resync_interval_s=config.resync_interval_s,
         rollout_tick_s=config.rollout_tick_s,
         retry_delay_s=config.retry_delay_s,
+        children=(workers, watches),
     )
     settings = kopf.OperatorSettings()
     apply_kopf_settings(settings, config)

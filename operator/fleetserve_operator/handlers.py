@@ -1,12 +1,16 @@
 """kopf registration: which events reach the operator, and how errors become retries.
 
 Every trigger funnels into `Sync.run` (sync.py): on create, update and resume of an
-InferenceService; on the one resync lane (`Resyncer`, not a kopf timer per object); on a
-faster rollout timer while a rollout runs or the fallback carries the traffic (steps fall
-due by the clock); and on any event of a child or pod the operator manages, so a deleted or
-edited child is restored and status follows pod readiness and failures (a crash loop
-changes no Deployment); a burst of such events is coalesced (`Sync.run_by_name`). A
-DELETED watch event only calls `Sync.forget`, to drop the service's gauges, and takes the
+InferenceService (kopf handlers, which kopf retries on error); on the one resync lane
+(`Resyncer`, not a kopf timer per object); on a faster rollout timer while a rollout runs or
+the fallback carries the traffic (steps fall due by the clock); and on any event of a child
+or pod the operator manages, so a deleted or edited child is restored and status follows pod
+readiness and failures (a crash loop changes no Deployment). Child events do not go through
+kopf, which would keep a worker and an event queue per watched object: `child_watch` reduces
+each to its InferenceService's key in a deduplicating `WorkQueue`, and `QueueWorkers` threads
+reconcile the keys (`Sync.run_by_name`). The watches and workers start and stop with kopf
+(its startup and cleanup activities), so only the leader runs them. A DELETED watch event of
+an InferenceService only calls `Sync.forget`, to drop the service's gauges, and takes the
 service off the resync lane (Kubernetes deletes the children by their owner references).
 Handlers are synchronous (kopf runs them in worker threads; the `kubernetes` client
 blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`, and
@@ -23,11 +27,14 @@ from typing import Any
 import kopf
 
 from fleetserve_operator import naming
+from fleetserve_operator.child_watch import ChildWatches
 from fleetserve_operator.errors import FleetserveError, InvalidSpec
+from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.sync import Sync
+from fleetserve_operator.workqueue import WorkQueue
 
-__all__ = ["Resyncer", "register"]
+__all__ = ["QueueWorkers", "Resyncer", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +136,69 @@ class Resyncer:
             logger.exception("resync of %s/%s failed; retried next round", namespace, name)
 
 
+Key = tuple[str, str]
+
+
+class QueueWorkers:
+    """Threads that take InferenceService keys from a `WorkQueue` and reconcile them.
+
+    A key added while it is already queued is merged, and counted as a coalesced reconcile
+    (`fleetserve_operator_reconciles{trigger="child",result="coalesced"}`); the queue's
+    depth is exported as `fleetserve_operator_work_queue_depth`. A failed reconcile is
+    logged (a traceback only for an unexpected error): child events are not retried, the
+    resync lane heals what one could not.
+    """
+
+    def __init__(self, sync: Sync, metrics: OperatorMetrics, *, workers: int) -> None:
+        self._sync = sync
+        self._metrics = metrics
+        self._workers = workers
+        self.queue: WorkQueue[Key] = WorkQueue()
+        metrics.queue_depth.set_function(lambda: len(self.queue))
+        self._threads: list[threading.Thread] = []
+
+    def add(self, key: Key) -> None:
+        """Queue a reconcile of `key` (an InferenceService's namespace and name)."""
+        if not self.queue.add(key):
+            self._metrics.reconciles.labels("child", "coalesced").inc()
+
+    def start(self, **_: Any) -> None:
+        """Start the worker threads (kopf's startup activity)."""
+        self._threads = [
+            threading.Thread(target=self._run, name=f"queue-worker-{i}", daemon=True)
+            for i in range(self._workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, **_: Any) -> None:
+        """Stop taking keys; reconciles under way finish first (kopf's cleanup activity)."""
+        self.queue.stop()
+        for thread in self._threads:
+            thread.join(timeout=30.0)
+
+    def _run(self) -> None:
+        while self.run_one():
+            pass
+
+    def run_one(self) -> bool:
+        """Reconcile the next key (waiting for one); False once the queue is stopped."""
+        key = self.queue.get()
+        if key is None:
+            return False
+        try:
+            self._sync.run_by_name(*key, trigger="child")
+        except FleetserveError as exc:
+            # Not retried here: the resync lane heals what this one could not.
+            logger.warning("re-converging %s/%s after a child event failed: %s", *key, exc)
+        except Exception:
+            # A bug, not the cluster: logged in full, and the worker outlives it.
+            logger.exception("re-converging %s/%s after a child event failed", *key)
+        finally:
+            self.queue.done(key)
+        return True
+
+
 class Handlers:
     """The handler functions, bound to one `Sync` and its `Resyncer`."""
 
@@ -157,20 +227,6 @@ class Handlers:
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
-    def child_changed(self, body: kopf.Body, **_: Any) -> None:
-        """Any event of a managed child or pod: re-converge its InferenceService."""
-        meta = body.get("metadata", {})
-        owner = meta.get("labels", {}).get(naming.INSTANCE_LABEL)
-        if owner is None:
-            return
-        try:
-            self._sync.run_by_name(meta["namespace"], owner, trigger="child", coalesce=True)
-        except FleetserveError as exc:
-            # Event handlers are not retried; the resync timer heals what this one could not.
-            logger.warning(
-                "re-converging %s/%s after a child event failed: %s", meta["namespace"], owner, exc
-            )
-
     def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         """Keep the resync lane's list; on DELETED, forget the InferenceService's gauges.
 
@@ -196,12 +252,25 @@ def register(
     resync_interval_s: float,
     rollout_tick_s: float,
     retry_delay_s: float,
+    children: tuple[QueueWorkers, ChildWatches] | None = None,
 ) -> None:
-    """Register every handler of the operator in `registry`."""
+    """Register every handler of the operator in `registry`.
+
+    `children`: the workers and the child watches feeding them, started and stopped with
+    kopf; None registers neither (a registry inspected by tests).
+    """
     resyncer = Resyncer(sync, interval_s=resync_interval_s)
     handlers = Handlers(sync, retry_delay_s=retry_delay_s, resyncer=resyncer)
     kopf.on.startup(id="resync-start", registry=registry)(resyncer.start)
     kopf.on.cleanup(id="resync-stop", registry=registry)(resyncer.stop)
+    if children is not None:
+        workers, watches = children
+        # Workers first, so no event waits for one; watches stop first, so none is lost
+        # into a stopped queue while the workers still run.
+        kopf.on.startup(id="queue-start", registry=registry)(workers.start)
+        kopf.on.startup(id="watch-start", registry=registry)(lambda **_: watches.start())
+        kopf.on.cleanup(id="watch-stop", registry=registry)(lambda **_: watches.stop())
+        kopf.on.cleanup(id="queue-stop", registry=registry)(workers.stop)
     # An explicit registry starts without kopf's implicit login handlers; log in the way
     # `kube` does (in-cluster service account, else $KUBECONFIG).
     kopf.on.login(id="login", registry=registry)(kopf.login_via_client)
@@ -219,21 +288,4 @@ def register(
     kopf.on.timer(
         *resource, id="rollout", interval=rollout_tick_s, when=_is_ticking, registry=registry,
     )(handlers.rollout_tick)  # fmt: skip
-    managed = {naming.MANAGED_BY_LABEL: naming.MANAGER}
-    # HTTPRoutes too: a weight edited by hand would otherwise send users to a canary, or
-    # away from stable, until the next resync. Without the Gateway API or KEDA CRDs kopf
-    # warns ("Unresolved resources cannot be served") and starts watching once they appear.
-    # Pods: a container that crashes at start, or whose image cannot be pulled, changes
-    # neither its Deployment nor its ReplicaSet; only its pod says so.
-    for group, version, plural in (
-        ("apps", "v1", "deployments"),
-        ("", "v1", "services"),
-        ("gateway.networking.k8s.io", "v1", "httproutes"),
-        ("keda.sh", "v1alpha1", "scaledobjects"),
-        ("policy", "v1", "poddisruptionbudgets"),
-        ("", "v1", "pods"),
-    ):
-        kopf.on.event(group, version, plural, labels=managed, registry=registry)(
-            handlers.child_changed
-        )
     kopf.on.probe(id="reconciles", registry=registry)(handlers.probe)

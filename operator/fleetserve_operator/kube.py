@@ -220,6 +220,11 @@ class KubeApi:
             )
         return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s)
 
+    @property
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """The authenticated client, for the child watches (`child_watch`)."""
+        return self._client
+
     def _send(
         self,
         method: str,

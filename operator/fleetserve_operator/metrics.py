@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from fleetserve_operator.rollout import OperatorCounter
@@ -169,6 +169,11 @@ class OperatorMetrics:
             "fleetserve_operator_writes", "Writes to the API server (apply, delete, status).",
             ["kind", "action"], registry=self.registry,
         )  # fmt: skip
+        self.queue_depth = Gauge(
+            "fleetserve_operator_work_queue_depth",
+            "InferenceServices queued for a reconcile after a child event, not yet taken.",
+            registry=self.registry,
+        )
         self._rollout = {
             OperatorCounter.ROLLBACKS: Counter(
                 OperatorCounter.ROLLBACKS.value.removesuffix("_total"),

@@ -70,7 +70,9 @@ class OperatorConfig(BaseSettings):
     watch_timeout_s: int = Field(300, ge=10, le=3600)
     """Server-side timeout of a watch; kopf then re-lists, which heals missed events."""
     workers: int = Field(8, ge=1, le=256)
-    """Threads for the (synchronous) handlers."""
+    """Threads for kopf's (synchronous) handlers: create, update, resume, rollout ticks."""
+    queue_workers: int = Field(4, ge=1, le=64)
+    """Threads that reconcile the InferenceServices queued by child and pod events."""
     leader_election: bool = True
     """Reconcile only while holding the leader Lease, so that of several replicas one works
     and the others wait to take over; false for a single replica or a local run."""

@@ -138,8 +138,6 @@ class Sync:
             weakref.WeakValueDictionary()
         )
         self._locks_guard = threading.Lock()
-        # Services with a reconcile waiting for their lock, which has not read them yet.
-        self._queued: set[tuple[str, str]] = set()
         self.reconcile_count = 0
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -151,36 +149,21 @@ class Sync:
         meta = body["metadata"]
         return self.run_by_name(meta["namespace"], meta["name"], trigger=trigger)
 
-    def run_by_name(
-        self, namespace: str, name: str, *, trigger: str, coalesce: bool = False
-    ) -> SpecError | None:
+    def run_by_name(self, namespace: str, name: str, *, trigger: str) -> SpecError | None:
         """Reconcile one InferenceService, if it exists and is not going; returns its spec error.
 
         The object is read inside the lock: a body read before it (kopf's, or one read while
         another reconcile ran) may predate the status that reconcile wrote, and reporting
         from it would write that status and post its Events a second time.
 
-        With `coalesce`, nothing is done when a reconcile of the service already waits for
-        the lock: that one reads everything after this trigger. A burst of child events (a
-        Deployment and its pods starting: a dozen per service) then costs two reconciles,
-        not a dozen; at 1000 services they would queue behind each other in the workers.
-
         Raises:
             ClusterUnavailable: the API server failed; retry later.
         """
-        key = (namespace, name)
-        with self._locks_guard:
-            if coalesce and key in self._queued:
-                self._metrics.reconciles.labels(trigger, "coalesced").inc()
-                return None
-            self._queued.add(key)
-            lock = self._locks.setdefault(key, threading.Lock())
+        lock = self._lock(namespace, name)
         started = time.monotonic()
         result = "error"
         try:
             with lock:
-                with self._locks_guard:
-                    self._queued.discard(key)
                 body = self._kube.get_inference_service(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     # A service on its way out exports nothing, before its DELETED event.

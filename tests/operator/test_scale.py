@@ -1,4 +1,4 @@
-"""What keeps the operator flat at 1000 services: one resync lane, coalesced child events.
+"""What keeps the operator flat at 1000 services: one resync lane instead of a timer per object.
 
 `Sync` runs for real against `FakeKube`; the fake only records which services were read
 (every reconcile reads its InferenceService first) and can hold a reconcile mid-way.
@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import kopf
-import pytest
 
 from fleetserve_operator.errors import ClusterUnavailable
 from fleetserve_operator.handlers import Resyncer, register
@@ -22,21 +20,16 @@ from fleetserve_operator.testing import FakeKube, make_service
 
 @dataclass
 class ReadingKube(FakeKube):
-    """`FakeKube` that records reads of InferenceServices and can block or fail them."""
+    """`FakeKube` that records reads of InferenceServices and can fail them."""
 
     reads: list[str] = field(default_factory=list)
     failing: set[str] = field(default_factory=set)
-    inside: threading.Event = field(default_factory=threading.Event)
-    release: threading.Event | None = None
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
-        """Record the read; fail it, or hold it until `release` is set."""
+        """Record the read, or fail it."""
         self.reads.append(name)
         if name in self.failing:
             raise ClusterUnavailable(f"GET {name}: connection refused")
-        if self.release is not None:
-            self.inside.set()
-            self.release.wait(timeout=10.0)
         return super().get_inference_service(namespace, name)
 
 
@@ -108,50 +101,3 @@ def test_a_lane_thread_starts_and_stops() -> None:
     lane.stop(logger=None)
     assert lane._thread is not None
     assert not lane._thread.is_alive()
-
-
-@pytest.mark.timeout(30)
-def test_child_events_queued_behind_a_reconcile_collapse_into_one() -> None:
-    """While one reconcile runs and one waits, further child events are not queued."""
-    kube = _kube("demo")
-    kube.release = threading.Event()
-    sync = _sync(kube)
-    running = threading.Thread(
-        target=sync.run_by_name, args=("ns", "demo"), kwargs={"trigger": "create"}
-    )
-    running.start()
-    assert kube.inside.wait(timeout=10.0)
-    waiting = threading.Thread(
-        target=sync.run_by_name, args=("ns", "demo"), kwargs={"trigger": "child", "coalesce": True}
-    )
-    waiting.start()
-    for _ in range(1000):
-        if ("ns", "demo") in sync._queued:
-            break
-        waiting.join(timeout=0.01)
-    burst = [
-        threading.Thread(
-            target=sync.run_by_name,
-            args=("ns", "demo"),
-            kwargs={"trigger": "child", "coalesce": True},
-        )
-        for _ in range(5)
-    ]
-    for event in burst:
-        event.start()
-        event.join(timeout=10.0)
-    coalesced_before_release = not any(event.is_alive() for event in burst)
-    kube.release.set()
-    for thread in (running, waiting, *burst):
-        thread.join(timeout=10.0)
-    assert coalesced_before_release
-    assert kube.reads == ["demo", "demo"]
-
-
-def test_a_trigger_that_must_not_be_lost_is_never_coalesced() -> None:
-    """Create, update and resume are kopf's to retry: they queue even behind a waiting one."""
-    kube = _kube("demo")
-    sync = _sync(kube)
-    sync._queued.add(("ns", "demo"))  # as if a reconcile were waiting for the lock
-    sync.run_by_name("ns", "demo", trigger="update")
-    assert kube.reads == ["demo"]

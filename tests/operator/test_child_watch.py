@@ -1,0 +1,182 @@
+"""Child watches: an event reduced to its InferenceService's key, over real HTTP.
+
+`owner_key` is pure. `ChildWatches` runs against a loopback server speaking the API
+server's list and watch protocol (JSON lines, bookmarks, 410 Gone, a plain-text 404 for a
+kind whose CRD is absent), through the real `kubernetes` client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlsplit
+
+import kopf
+import kubernetes
+import pytest
+
+from fleetserve_operator import naming
+from fleetserve_operator.child_watch import CHILD_KINDS, ChildWatches, owner_key
+from fleetserve_operator.handlers import QueueWorkers, register
+from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.records import Manifest
+from fleetserve_operator.sync import Sync
+from fleetserve_operator.testing import FakeKube, serve_http
+
+OURS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
+
+
+def _child(name: str, owner: str | None, *, kind: str = naming.KIND, rv: str = "1") -> Manifest:
+    refs = [
+        {"apiVersion": naming.API_VERSION, "kind": kind, "name": owner, "controller": True,
+         "uid": "u"},
+    ] if owner else []  # fmt: skip
+    return {
+        "metadata": {
+            "name": name, "namespace": "ns", "resourceVersion": rv, "labels": OURS,
+            "ownerReferences": refs,
+        }
+    }  # fmt: skip
+
+
+def test_a_child_maps_to_its_controlling_inference_service() -> None:
+    assert owner_key("Deployment", _child("demo-stable", "demo")) == ("ns", "demo")
+
+
+def test_an_object_owned_by_another_kind_or_not_controlled_is_ignored() -> None:
+    assert owner_key("Deployment", _child("x", "demo", kind="Application")) is None
+    assert owner_key("Service", _child("x", None)) is None
+    foreign = _child("x", "demo")
+    foreign["metadata"]["ownerReferences"][0]["controller"] = False
+    assert owner_key("Service", foreign) is None
+    other_group = _child("x", "demo")
+    other_group["metadata"]["ownerReferences"][0]["apiVersion"] = "example.com/v1"
+    assert owner_key("Service", other_group) is None
+
+
+def test_a_pod_maps_by_its_instance_label_only_when_the_operator_manages_it() -> None:
+    labels = {**OURS, naming.INSTANCE_LABEL: "demo"}
+    pod = {"metadata": {"name": "demo-stable-x", "namespace": "ns", "labels": labels}}
+    assert owner_key("Pod", pod) == ("ns", "demo")
+    pod["metadata"]["labels"] = {naming.INSTANCE_LABEL: "demo"}
+    assert owner_key("Pod", pod) is None
+
+
+class _ApiServer(BaseHTTPRequestHandler):
+    """Deployments: list, a watch with events and a bookmark, 410 Gone, re-list, an open watch.
+
+    HTTPRoutes: a plain-text 404, as for a CRD that is not installed.
+    """
+
+    requests: ClassVar[list[tuple[str, dict[str, list[str]]]]] = []
+    release: ClassVar[threading.Event] = threading.Event()
+    listed: ClassVar[int] = 0
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        type(self).requests.append((url.path, query))
+        if url.path.endswith("/httproutes"):
+            self._send(404, b"404 page not found", "text/plain")
+        elif "watch" not in query:
+            type(self).listed += 1
+            owner = "a" if self.listed == 1 else "c"
+            items = [_child(f"{owner}-stable", owner)]
+            rv = "10" if self.listed == 1 else "20"
+            self._json({"metadata": {"resourceVersion": rv}, "items": items})
+        else:
+            self._watch(query["resourceVersion"][0])
+
+    def _watch(self, version: str) -> None:
+        events: list[Manifest] = []
+        if version == "10":
+            events = [
+                {"type": "ADDED", "object": _child("b-stable", "b", rv="11")},
+                {"type": "MODIFIED", "object": _child("foreign", None, rv="12")},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "13"}}},
+            ]
+        elif version == "13":
+            events = [{"type": "ERROR", "object": {"kind": "Status", "code": 410}}]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(json.dumps(event).encode() + b"\n")
+        self.wfile.flush()
+        if version == "20":
+            type(self).release.wait(timeout=20.0)  # held open until the test ends
+
+    def _json(self, body: Manifest) -> None:
+        self._send(200, json.dumps(body).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _paths(server: type[_ApiServer], suffix: str) -> list[dict[str, list[str]]]:
+    return [query for path, query in server.requests if path.endswith(suffix)]
+
+
+@pytest.mark.timeout(60)
+def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
+    kinds = [k for k in CHILD_KINDS if k.kind in ("Deployment", "HTTPRoute")]
+    keys: list[tuple[str, str]] = []
+    seen_c = threading.Event()
+
+    def on_owner(key: tuple[str, str]) -> None:
+        keys.append(key)
+        if key == ("ns", "c"):
+            seen_c.set()
+
+    with serve_http(_ApiServer) as url:
+        client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
+        watches = ChildWatches(
+            client, namespaces=["ns"], on_owner=on_owner, kinds=kinds, retry_s=0.1,
+            absent_retry_s=3600.0,
+        )  # fmt: skip
+        watches.start()
+        try:
+            assert seen_c.wait(timeout=20.0)
+            for _ in range(200):
+                if len(_paths(_ApiServer, "/deployments")) == 5:
+                    break
+                threading.Event().wait(0.05)
+        finally:
+            watches.stop()
+            _ApiServer.release.set()
+    deployments = _paths(_ApiServer, "/deployments")
+    assert all(q["labelSelector"] == [f"{naming.MANAGED_BY_LABEL}={naming.MANAGER}"]
+               for q in deployments)  # fmt: skip
+    versions = [q.get("resourceVersion", ["list"])[0] for q in deployments]
+    # Every list queues its owners, the re-list after 410 too (events may have been lost);
+    # the bookmark's version is resumed from; the foreign object queues nothing.
+    assert versions == ["list", "10", "13", "list", "20"]
+    assert keys == [("ns", "a"), ("ns", "b"), ("ns", "c")]
+    assert len(_paths(_ApiServer, "/httproutes")) == 1
+    assert _paths(_ApiServer, "/httproutes")[0].get("watch") is None
+
+
+def test_kopf_watches_only_inference_services_and_runs_the_queue_with_itself() -> None:
+    """No per-object kopf handler for children: their events reach the queue's workers."""
+    sync = Sync(FakeKube(), metrics=OperatorMetrics())
+    workers = QueueWorkers(sync, OperatorMetrics(), workers=1)
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
+    watches = ChildWatches(client, namespaces=["ns"], on_owner=workers.add)
+    registry = kopf.OperatorRegistry()
+    register(registry, sync, resync_interval_s=60, rollout_tick_s=5, retry_delay_s=30,
+             children=(workers, watches))  # fmt: skip
+    # kopf offers no public lookup of registered handlers; its own tests read these.
+    groups = {selector.group for selector in registry._watching.get_all_selectors()}
+    assert groups == {naming.GROUP}
+    startup = [str(h.id) for h in registry._activities.get_all_handlers()
+               if h.activity == "startup"]  # fmt: skip
+    assert startup.index("queue-start") < startup.index("watch-start")
