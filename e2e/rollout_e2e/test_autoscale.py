@@ -10,10 +10,16 @@ track from 1 to at least 3 replicas, and after the ramp the track must return to
 failed request; the load driver spreads over the ready pods it finds in the pod map, so
 replicas appearing mid-ramp take traffic as they become ready. The test prints
 ``time_to_scale_up_s=`` and ``time_to_scale_down_s=``.
+
+A second test runs a canary step while the HPA grows the stable track: the canary's size
+must follow the stable Deployment's current size (weight x replicas, not the spec's minimum),
+and the sequential analysis, watching replicas of both tracks appear mid-step, must promote
+the good version with no failed request.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -62,17 +68,22 @@ def keda(local_cluster: LocalCluster) -> Iterator[LocalKeda]:
         yield running
 
 
-def _service(prometheus: LocalPrometheus) -> dict[str, Any]:
+def _model(version: str) -> dict[str, str]:
+    return {"name": NAME, "version": version, "uri": f"builtin://synthetic?latency_ms={LATENCY_MS}"}
+
+
+def _service(
+    prometheus: LocalPrometheus, scaling: dict[str, Any] = SCALING, **rollout: Any
+) -> dict[str, Any]:
     return synthetic_service(
         NAME,
-        model={
-            "name": NAME,
-            "version": "1",
-            "uri": f"builtin://synthetic?latency_ms={LATENCY_MS}",
-        },
+        model=_model("1"),
         traffic={"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]},
-        rollout={"analysis": {"prometheusUrl": prometheus.url}},
-        scaling=SCALING,
+        rollout={
+            **rollout,
+            "analysis": {"prometheusUrl": prometheus.url, **rollout.pop("analysis", {})},
+        },
+        scaling=scaling,
     )
 
 
@@ -81,8 +92,8 @@ def _ready_replicas(kube: KubeClient, namespace: str) -> int:
     return sum(map(is_pod_ready, list_pods(kube, namespace, selector)))
 
 
-def _wanted_replicas(kube: KubeClient, namespace: str) -> int:
-    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
+def _wanted_replicas(kube: KubeClient, namespace: str, track: str = "stable") -> int:
+    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-{track}"))
     replicas: int = deployment["spec"].get("replicas", 1)
     return replicas
 
@@ -155,3 +166,84 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
         f"time_to_scale_up_s={time_to_scale_up_s:.1f} "
         f"time_to_scale_down_s={time_to_scale_down_s:.1f}"
     )
+
+
+STEP_WEIGHT = 50
+"""One canary step at 50 %, long enough for the HPA to grow the stable track within it."""
+STEP_S = 50.0
+
+
+def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
+    keda: LocalKeda,
+    local_cluster: LocalCluster,
+    local_prometheus: LocalPrometheus,
+    kube: KubeClient,
+    namespace: str,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """Mid-step, stable grows to ≥ 3; the canary holds ceil(50 % x stable); v2 is promoted."""
+    rollout_operator()
+    # One request in flight per replica: half of the ~7 in flight on each track asks for 4.
+    scaling = {**SCALING, "target": 1}
+    service = _service(
+        local_prometheus,
+        scaling,
+        steps=[STEP_WEIGHT, 100],
+        interval=f"{STEP_S:g}s",
+        progressDeadline="5m",
+        analysis={"mode": "sequential", "window": "10s", "minRequests": 5},
+    )
+    kube.create(fsvc_path(namespace), service)
+    wait_until(
+        lambda: (
+            _ready_replicas(kube, namespace) == 1
+            and get_or_none(kube, child_path("HTTPRoute", namespace, NAME))
+            and kube.get(fsvc_path(namespace, NAME)).get("status", {}).get("phase") == "Succeeded"
+        ),
+        timeout_s=90.0,
+        what="version 1 serving from one ready replica",
+    )
+    followed: list[tuple[int, int]] = []
+
+    def canary_follows_a_grown_stable() -> bool:
+        status = kube.get(fsvc_path(namespace, NAME)).get("status", {})
+        if status.get("phase") != "Progressing":
+            return False
+        stable = _wanted_replicas(kube, namespace)
+        canary = get_or_none(kube, child_path("Deployment", namespace, f"{NAME}-canary"))
+        if canary is None or stable < 3:
+            return False
+        followed.append((stable, canary["spec"].get("replicas", 1)))
+        return followed[-1][1] == math.ceil(STEP_WEIGHT / 100 * stable)
+
+    with LoadDriver(
+        local_cluster,
+        namespace,
+        NAME,
+        NAME,
+        rate_rps=RAMP_RPS,
+        duration_s=RAMP_S,
+        concurrency=RAMP_WORKERS,
+    ) as load:
+        kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": _model("2")}})
+        wait_until(
+            canary_follows_a_grown_stable,
+            timeout_s=STEP_S,
+            what="the canary to follow a grown stable track within the step",
+            interval_s=0.5,
+        )
+        promoted = wait_until(
+            lambda: (
+                (s := kube.get(fsvc_path(namespace, NAME)).get("status", {})).get("stableVersion")
+                == "2"
+                and s.get("phase") == "Succeeded"
+                and s
+            ),
+            timeout_s=RAMP_S + STEP_S,
+            what="version 2 promoted",
+        )
+    statuses = [record.status for record in load.records]
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    verdicts = [a["verdict"] for a in promoted["rollout"]["analyses"]]
+    assert "Failed" not in verdicts, promoted["rollout"]["analyses"]
+    print(f"requests={len(statuses)} stable_and_canary_replicas={followed[-1]}")
