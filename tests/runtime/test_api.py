@@ -7,9 +7,8 @@ sockets is in test_http_security).
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,18 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app, create_apps, json_media_refusal
+from fleetserve_runtime.api import create_app, json_media_refusal
 from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
+# The `serve_with_admin` fixture (conftest.py).
+ServeWithAdmin = Callable[
+    ..., AbstractAsyncContextManager[tuple[httpx.AsyncClient, httpx.AsyncClient, Runtime]]
+]
+
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
 JSON = {"content-type": "application/json"}
-ADMIN_TOKEN = "admin-secret-0123456789"
 
 
 @asynccontextmanager
@@ -38,35 +41,6 @@ async def serve(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Runt
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
             yield client, runtime
-
-
-@asynccontextmanager
-async def serve_with_admin(
-    allowed: str = "builtin://synthetic", **overrides: Any
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Runtime]]:
-    """Like `serve`, with model control on and a client for the admin app (token sent)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        token_file = Path(tmp) / "admin-token"
-        token_file.write_text(ADMIN_TOKEN)
-        config = make_config(
-            model_control="explicit",
-            admin_token_file=token_file,
-            allowed_model_uris=allowed,
-            **overrides,
-        )
-        apps = create_apps(config)
-        assert apps.admin is not None
-        async with LifespanManager(apps.inference, startup_timeout=60) as manager:
-            runtime: Runtime = apps.inference.state.runtime
-            await runtime.wait_ready()
-            inference = httpx.ASGITransport(app=manager.app)
-            admin = httpx.ASGITransport(app=apps.admin)
-            headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-            async with (
-                httpx.AsyncClient(transport=inference, base_url="http://rt") as client,
-                httpx.AsyncClient(transport=admin, base_url="http://admin", headers=headers) as ctl,
-            ):
-                yield client, ctl, runtime
 
 
 def v2(texts: list[Any], **parameters: Any) -> dict[str, Any]:
@@ -356,7 +330,7 @@ async def test_concurrent_requests_are_batched() -> None:
     assert batches <= 8
 
 
-async def test_hot_swap_and_instant_switch_back() -> None:
+async def test_hot_swap_and_instant_switch_back(serve_with_admin: ServeWithAdmin) -> None:
     """A new version loads and takes traffic; the old one stays callable and switches back."""
     async with serve_with_admin() as (client, ctl, runtime):
         load = await ctl.post(
@@ -380,7 +354,9 @@ async def test_hot_swap_and_instant_switch_back() -> None:
     assert runtime.registry.versions() == ["v1"]
 
 
-async def test_reusing_a_loaded_label_for_another_model_is_refused() -> None:
+async def test_reusing_a_loaded_label_for_another_model_is_refused(
+    serve_with_admin: ServeWithAdmin,
+) -> None:
     """A loaded version label cannot silently point at a different URI."""
     async with serve_with_admin() as (_, ctl, _):
         response = await ctl.post(
@@ -391,7 +367,7 @@ async def test_reusing_a_loaded_label_for_another_model_is_refused() -> None:
     assert "already loaded" in response.json()["error"]
 
 
-async def test_loading_an_unimportable_factory_is_400() -> None:
+async def test_loading_an_unimportable_factory_is_400(serve_with_admin: ServeWithAdmin) -> None:
     """A module:factory that cannot be imported is the caller's error, not a 500."""
     async with serve_with_admin(allowed="no_such_module_here:factory") as (_, ctl, _):
         response = await ctl.post(
@@ -402,7 +378,7 @@ async def test_loading_an_unimportable_factory_is_400() -> None:
     assert "cannot load" in response.json()["error"]
 
 
-async def test_bad_load_request_is_400() -> None:
+async def test_bad_load_request_is_400(serve_with_admin: ServeWithAdmin) -> None:
     """Loading an unknown model URI is refused and the active version keeps serving."""
     async with serve_with_admin(allowed="builtin://") as (client, ctl, _):
         response = await ctl.post(
@@ -415,7 +391,7 @@ async def test_bad_load_request_is_400() -> None:
     assert still.json()["model_version"] == "v1"
 
 
-async def test_a_malformed_uri_is_refused_with_a_reason() -> None:
+async def test_a_malformed_uri_is_refused_with_a_reason(serve_with_admin: ServeWithAdmin) -> None:
     """A URI that does not parse is 403 naming the problem, never a 500."""
     async with serve_with_admin() as (_, ctl, runtime):
         response = await ctl.post(
@@ -438,7 +414,9 @@ def create_handler(name, version, max_sequence_length):
 """
 
 
-async def test_concurrent_loads_of_one_version_load_it_once(tmp_path: Path) -> None:
+async def test_concurrent_loads_of_one_version_load_it_once(
+    tmp_path: Path, serve_with_admin: ServeWithAdmin
+) -> None:
     """Two loads of one label at once: the second waits and finds it loaded; one handler."""
     (tmp_path / "handler.py").write_text(COUNTING_HANDLER)
     uri = f"file://{tmp_path}"
@@ -467,7 +445,7 @@ async def test_a_bad_timeout_header_is_a_400_naming_it(value: bytes) -> None:
     )
 
 
-async def test_cache_hits_and_never_crosses_versions() -> None:
+async def test_cache_hits_and_never_crosses_versions(serve_with_admin: ServeWithAdmin) -> None:
     """A repeated input is served from the cache; after a version switch it is recomputed."""
     async with serve_with_admin(cache={"max_entries": 100}) as (client, ctl, _):
         await client.post("/v2/models/test/infer", json=v2(["same"]))
@@ -614,7 +592,7 @@ async def test_v1_instances_are_bounded(body: dict[str, Any], status: int, messa
     assert message in response.json()["error"]
 
 
-async def test_repository_api_follows_model_control() -> None:
+async def test_repository_api_follows_model_control(serve_with_admin: ServeWithAdmin) -> None:
     """`/v2` lists model_repository only with model control, which lives on the admin app."""
     async with serve() as (client, _):
         plain = (await client.get("/v2")).json()["extensions"]

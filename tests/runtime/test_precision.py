@@ -8,19 +8,15 @@ activate. A refused version must never reach the registry.
 from __future__ import annotations
 
 import logging
-import tempfile
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import torch
-from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.api import create_apps
 from fleetserve_runtime.models import quantize
 from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
@@ -35,42 +31,13 @@ from fleetserve_runtime.models.registry import resolve_handler
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
-ADMIN_TOKEN = "admin-secret-0123456789"
+# The `serve_with_admin` fixture (conftest.py).
+ServeWithAdmin = Callable[
+    ..., AbstractAsyncContextManager[tuple[httpx.AsyncClient, httpx.AsyncClient, Runtime]]
+]
+
 MINILM = "builtin://minilm-l6"
 CPU = torch.device("cpu")
-
-
-@asynccontextmanager
-async def serve_with_admin(
-    **overrides: Any,
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Runtime]]:
-    """A started runtime (synthetic v1) with a client and a model-control client."""
-    with tempfile.TemporaryDirectory() as tmp:
-        token_file = Path(tmp) / "admin-token"
-        token_file.write_text(ADMIN_TOKEN)
-        config = make_config(
-            model_control="explicit",
-            admin_token_file=token_file,
-            allowed_model_uris=MINILM,
-            **overrides,
-        )
-        apps = create_apps(config)
-        assert apps.admin is not None
-        async with LifespanManager(apps.inference, startup_timeout=60) as manager:
-            runtime: Runtime = apps.inference.state.runtime
-            await runtime.wait_ready()
-            headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-            async with (
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=manager.app), base_url="http://rt"
-                ) as client,
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=apps.admin),
-                    base_url="http://admin",
-                    headers=headers,
-                ) as ctl,
-            ):
-                yield client, ctl, runtime
 
 
 def load_v2() -> dict[str, Any]:
@@ -90,12 +57,15 @@ def infer_body(texts: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 async def test_reduced_precision_loads_and_serves_close_to_fp32(
-    precision: str, fp32_guard: np.ndarray, caplog: pytest.LogCaptureFixture
+    precision: str,
+    fp32_guard: np.ndarray,
+    caplog: pytest.LogCaptureFixture,
+    serve_with_admin: ServeWithAdmin,
 ) -> None:
     """A version loaded in int8 or bf16 passes the guard, keeps the figure, embeds like fp32."""
     caplog.set_level(logging.INFO, logger="fleetserve.runtime")
     texts = list(GUARD_TEXTS[:6])
-    async with serve_with_admin(precision=precision) as (client, ctl, runtime):
+    async with serve_with_admin(allowed=MINILM, precision=precision) as (client, ctl, runtime):
         loaded = await ctl.post("/v2/repository/models/test/load", json=load_v2())
         response = await client.post("/v2/models/test/infer", json=infer_body(texts))
         metadata = runtime.registry.active.metadata
@@ -133,13 +103,13 @@ def zeroing_first_feed_forward(real: Callable[..., BertEncoder]) -> Callable[...
 
 
 async def test_a_broken_quantisation_is_refused_and_never_ready(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, serve_with_admin: ServeWithAdmin
 ) -> None:
     """A quantiser that wrecks a layer fails the guard: 400 naming the figure, v1 stays."""
     monkeypatch.setattr(
         quantize, "quantize_encoder", zeroing_first_feed_forward(quantize.quantize_encoder)
     )
-    async with serve_with_admin(precision="int8") as (client, ctl, runtime):
+    async with serve_with_admin(allowed=MINILM, precision="int8") as (client, ctl, runtime):
         refused = await ctl.post("/v2/repository/models/test/load", json=load_v2())
         still = await client.post("/v2/models/test/infer", json=infer_body(["x"]))
         versions = runtime.registry.versions()
