@@ -43,10 +43,12 @@ def _exit_on_lost(reason: str) -> None:
     os._exit(1)
 
 
-def _lead(config: OperatorConfig, metrics: OperatorMetrics) -> LeaderElector:
+def _lead(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> LeaderElector:
     """Block until this replica holds the leader Lease, then keep renewing it."""
     elector = LeaderElector(
-        KubeLeases.from_environment(config.leader_election_namespace, config.leader_election_lease),
+        KubeLeases.over(
+            kube.api_client, config.leader_election_namespace, config.leader_election_lease
+        ),
         identity=candidate_identity(config.pod_name),
         timing=config.lease_timing,
         registry=metrics.registry,
@@ -69,16 +71,16 @@ def _run(config: OperatorConfig) -> None:
         start_http_server(
             config.metrics_port, addr=config.listen_address, registry=metrics.registry
         )
-    elector = _lead(config, metrics) if config.leader_election else None
+    kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
+    elector = _lead(config, metrics, kube) if config.leader_election else None
     try:
-        _operate(config, metrics)
+        _operate(config, metrics, kube)
     finally:
         if elector is not None:
             elector.release()
 
 
-def _operate(config: OperatorConfig, metrics: OperatorMetrics) -> None:
-    kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
+def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> None:
     allowlist = config.prometheus_allowlist
     sync = Sync(
         kube,

@@ -229,19 +229,9 @@ class KubeLeases:
         self.name = name
 
     @classmethod
-    def from_environment(cls, namespace: str, name: str) -> KubeLeases:
-        """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG)."""
-        configuration = kubernetes.client.Configuration()
-        try:
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped
-                client_configuration=configuration
-            )
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped
-                client_configuration=configuration
-            )
-        api = kubernetes.client.CoordinationV1Api(kubernetes.client.ApiClient(configuration))
-        return cls(api, namespace, name)
+    def over(cls, client: kubernetes.client.ApiClient, namespace: str, name: str) -> KubeLeases:
+        """The Lease `namespace/name`, through an authenticated client (`KubeApi.api_client`)."""
+        return cls(kubernetes.client.CoordinationV1Api(client), namespace, name)
 
     def _body(self, spec: LeaseSpec, resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, str] = {"name": self.name, "namespace": self.namespace}
