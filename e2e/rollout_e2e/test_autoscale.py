@@ -92,10 +92,23 @@ def _ready_replicas(kube: KubeClient, namespace: str) -> int:
     return sum(map(is_pod_ready, list_pods(kube, namespace, selector)))
 
 
-def _wanted_replicas(kube: KubeClient, namespace: str, track: str = "stable") -> int:
-    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-{track}"))
+def _wanted_replicas(kube: KubeClient, namespace: str) -> int:
+    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
     replicas: int = deployment["spec"].get("replicas", 1)
     return replicas
+
+
+def _ramp(cluster: LocalCluster, namespace: str) -> LoadDriver:
+    """The bounded ramp both tests drive: ~7 slow requests in flight for `RAMP_S`."""
+    return LoadDriver(
+        cluster,
+        namespace,
+        NAME,
+        NAME,
+        rate_rps=RAMP_RPS,
+        duration_s=RAMP_S,
+        concurrency=RAMP_WORKERS,
+    )
 
 
 def test_inflight_ramp_scales_stable_track_up_and_back_down(
@@ -126,15 +139,7 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
         what="one ready stable replica and the route",
     )
 
-    with LoadDriver(
-        local_cluster,
-        namespace,
-        NAME,
-        NAME,
-        rate_rps=RAMP_RPS,
-        duration_s=RAMP_S,
-        concurrency=RAMP_WORKERS,
-    ) as load:
+    with _ramp(local_cluster, namespace) as load:
         started = time.monotonic()
         scaled_up_to = wait_until(
             lambda: (n := _ready_replicas(kube, namespace)) >= 3 and n,
@@ -216,15 +221,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
         followed.append((stable, canary["spec"].get("replicas", 1)))
         return followed[-1][1] == math.ceil(STEP_WEIGHT / 100 * stable)
 
-    with LoadDriver(
-        local_cluster,
-        namespace,
-        NAME,
-        NAME,
-        rate_rps=RAMP_RPS,
-        duration_s=RAMP_S,
-        concurrency=RAMP_WORKERS,
-    ) as load:
+    with _ramp(local_cluster, namespace) as load:
         kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": _model("2")}})
         wait_until(
             canary_follows_a_grown_stable,

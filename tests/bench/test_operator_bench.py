@@ -1,7 +1,7 @@
 """The operator benchmark's report: the harness's JSON read strictly, the headline, the targets.
 
-The run itself needs a control plane and KWOK; its smoke test is in the e2e harness tier
-(`e2e/harness/test_kwok.py`).
+The run itself needs a control plane and KWOK (`make bench-operator`); the harness's pure parts
+(audit counting, percentiles, KWOK's stages) are tested in `e2e/harness/test_operator_scale.py`.
 """
 
 from __future__ import annotations
