@@ -157,8 +157,13 @@ def test_unknown_model_is_not_found(server: str) -> None:
 
 @pytest.fixture(scope="module")
 def slow_server() -> Iterator[str]:
-    """One sequence at a time, one waiting, 20 ms a token: easy to fill, slow to finish."""
-    slow = "builtin://synthetic-generate?per_token_ms=20&output_tokens=20&context_length=4096"
+    """One sequence at a time, one waiting, 20 ms a token: easy to fill, slow to finish.
+
+    60 tokens keep a sequence running 1.2 s: long enough that a second client, started once
+    the first runs, is still queued behind it on a busy machine (at 20 tokens the first could
+    finish before the second arrived, and the queue was never seen full).
+    """
+    slow = "builtin://synthetic-generate?per_token_ms=20&output_tokens=60&context_length=4096"
     with running(
         slow,
         "--generation-max-running-sequences", "1",
