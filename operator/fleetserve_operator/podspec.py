@@ -22,6 +22,7 @@ from fleetserve_operator import contract
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.scaling import topology_spread
 from fleetserve_operator.spec import (
+    Backend,
     GenerationSpec,
     GpuTrackSpec,
     Precision,
@@ -77,6 +78,8 @@ class TrackPlan:
     """The engine's knobs of a generative model on this track; None for an encoder."""
     precision: Precision = "fp32"
     """The model's numeric precision on this track (`--precision`)."""
+    backend: Backend = "auto"
+    """What runs the model on this track (`--backend`)."""
     spread: TopologySpread = TopologySpread.SCHEDULE_ANYWAY
     """How the track's pods spread across nodes and zones."""
     priority_class_name: str | None = None
@@ -97,6 +100,10 @@ def runtime_args(plan: TrackPlan) -> list[str]:
     # flag starting.
     if plan.precision != "fp32":
         args.append(f"--precision={plan.precision}")
+    # Likewise `auto`; it also leaves the pods of services that never set a backend as they
+    # were, so an operator upgrade starts no rollout.
+    if plan.backend != "auto":
+        args.append(f"--backend={plan.backend}")
     knobs = plan.generation
     if knobs is None:
         return args

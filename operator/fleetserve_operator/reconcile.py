@@ -192,6 +192,7 @@ def _gpu_plan(
         spec_hash=pods.digest,
         generation=pods.generation_knobs,
         precision=runtime.precision,
+        backend=runtime.backend,
         spread=spec.topology_spread,
         priority_class_name=spec.priority_class_name,
     )
@@ -236,6 +237,7 @@ def plan_tracks(
             pods=stable,
             generation=fallback_generation(spec, stable.generation_knobs),
             precision=fallback.precision,
+            backend=fallback.backend,
             spread=fallback.topology_spread,
             priority_class_name=fallback.priority_class_name,
         )

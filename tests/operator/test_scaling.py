@@ -1,4 +1,4 @@
-"""Autoscaling, disruption budgets, spreading, priority and precision of a track's children."""
+"""Autoscaling, disruption budgets, spreading, priority, precision and backend of a track."""
 
 from __future__ import annotations
 
@@ -276,6 +276,121 @@ def test_precision_change_is_a_rollout_but_defaults_are_not() -> None:
     assert make_spec(runtime={"precision": "fp32"}).gpu_track.digest == before
     assert make_spec(runtime={"precision": "int8"}).gpu_track.digest != before
     assert make_spec(scaling=SCALING, topologySpread="Off").gpu_track.digest == before
+
+
+def _backend_args(**sections: Any) -> dict[Track, list[str]]:
+    spec = make_spec(**sections)
+    return {
+        plan.config.track: [arg for arg in runtime_args(plan) if arg.startswith("--backend")]
+        for plan in plan_tracks(spec, InferenceServiceStatus())
+    }
+
+
+def test_backend_is_a_runtime_flag_per_track() -> None:
+    """runtime.backend and fallback.backend become --backend per track; auto is left implicit."""
+    minilm = MODEL | {"uri": "builtin://minilm-l6"}
+    pinned = _backend_args(
+        model=minilm,
+        runtime={"backend": "torch"},
+        fallback={"enabled": True, "backend": "onnxruntime"},
+    )
+    assert pinned == {Track.STABLE: ["--backend=torch"], Track.FALLBACK: ["--backend=onnxruntime"]}
+    fallback_only = _backend_args(model=minilm, fallback={"enabled": True, "backend": "torch"})
+    assert fallback_only == {Track.STABLE: [], Track.FALLBACK: ["--backend=torch"]}
+    explicit_auto = _backend_args(runtime={"backend": "auto"}, fallback={"enabled": True})
+    assert explicit_auto == {Track.STABLE: [], Track.FALLBACK: []}
+
+
+def test_backend_change_is_a_rollout_but_auto_is_not() -> None:
+    """A pinned backend changes the GPU tracks' digest; `auto`, the default, does not."""
+    before = make_spec().gpu_track.digest
+    assert make_spec(runtime={"backend": "auto"}).gpu_track.digest == before
+    assert make_spec(runtime={"backend": "torch"}).gpu_track.digest != before
+    assert make_spec(fallback={"enabled": True, "backend": "torch"}).gpu_track.digest == before
+
+
+ONNX = {"name": "enc", "version": "1", "uri": "pvc://models/enc/model.onnx"}
+GPU = {"limits": {"nvidia.com/gpu": 1}}
+
+
+@pytest.mark.parametrize(
+    ("sections", "location", "message"),
+    [
+        (
+            {"runtime": {"backend": "tensorrt"}},
+            ("runtime", "backend"),
+            "'auto', 'torch' or 'onnxruntime'",
+        ),
+        (
+            {"runtime": {"backend": "onnxruntime", "precision": "bf16"}},
+            ("runtime",),
+            "runtime.backend onnxruntime serves fp32 or int8, not bf16",
+        ),
+        (
+            {"fallback": {"backend": "onnxruntime", "precision": "bf16"}},
+            ("fallback",),
+            "fallback.backend onnxruntime serves fp32 or int8, not bf16",
+        ),
+        (
+            {"runtime": {"backend": "onnxruntime", "device": "cuda"}},
+            ("runtime",),
+            "runtime.backend onnxruntime runs on the CPU only",
+        ),
+        (
+            {"runtime": {"backend": "onnxruntime", "resources": GPU}},
+            ("runtime",),
+            "runtime.backend onnxruntime runs on the CPU only",
+        ),
+        (
+            {"model": ONNX, "runtime": {"backend": "torch"}},
+            (),
+            "runtime.backend torch does not apply to an .onnx model",
+        ),
+        (
+            {"runtime": {"backend": "onnxruntime", "device": "cpu"}},
+            (),
+            "runtime.backend onnxruntime applies to builtin://minilm-l6 and .onnx models only",
+        ),
+        (
+            {"model": ONNX | {"uri": "file:///models/enc/model.onnx?x=1"},
+             "fallback": {"backend": "torch"}},
+            (),
+            "fallback.backend torch does not apply to an .onnx model",
+        ),
+        (
+            {"fallback": {"backend": "onnxruntime"}},
+            (),
+            "fallback.backend onnxruntime applies to builtin://minilm-l6 and .onnx models only",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_backends_are_refused_naming_them(
+    sections: dict[str, Any], location: tuple[str, ...], message: str
+) -> None:
+    """A backend the track's device, precision or model rules out is refused, naming it."""
+    with pytest.raises(ValidationError) as caught:
+        make_spec(**sections)
+    error = caught.value.errors()[0]
+    assert tuple(str(part) for part in error["loc"]) == location
+    assert message in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"model": MODEL | {"uri": "builtin://minilm-l6"},
+         "runtime": {"backend": "onnxruntime", "precision": "int8", "device": "cpu",
+                     "resources": GPU}},
+        {"model": MODEL | {"uri": "builtin://minilm-l6?x=1"}, "runtime": {"backend": "onnxruntime"},
+         "fallback": {"backend": "onnxruntime", "precision": "int8"}},
+        {"model": ONNX, "runtime": {"backend": "onnxruntime"}, "fallback": {"backend": "auto"}},
+        {"model": MODEL | {"uri": "builtin://minilm-l6"}, "runtime": {"backend": "torch",
+         "precision": "bf16", "device": "cuda"}, "fallback": {"backend": "torch"}},
+    ],
+)  # fmt: skip
+def test_backends_that_can_serve_the_model_are_accepted(sections: dict[str, Any]) -> None:
+    """ONNX Runtime on MiniLM or an .onnx file on the CPU, torch on anything but .onnx."""
+    make_spec(**sections)
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,34 @@ def test_new_version_runs_as_canary_and_stable_stays() -> None:
     assert cluster.weights() == {"demo-stable": 100, "demo-canary": 0}
 
 
+def _args(cluster: Cluster, name: str) -> list[str]:
+    """The runtime container's args in Deployment `name`'s pod template."""
+    deployment = cluster.deployment(name)
+    assert deployment is not None
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_backend_change_runs_as_canary_and_stable_keeps_its_backend() -> None:
+    """A new runtime.backend at the same version is a rollout: only the canary gets the flag."""
+    cluster = _running(_spec())
+    cluster.edit(**_spec(runtime={"backend": "torch"}))
+    assert cluster.reconcile().phase == "Starting"
+    assert "--backend=torch" in _args(cluster, "demo-canary")
+    assert not [arg for arg in _args(cluster, "demo-stable") if arg.startswith("--backend")]
+
+
+def test_fallback_backend_change_replaces_the_fallback_pods_without_a_rollout() -> None:
+    """fallback.backend, like fallback.precision, re-renders the fallback and starts no canary."""
+    cluster = _running(_spec(fallback={"enabled": True}))
+    stable_before = _args(cluster, "demo-stable")
+    cluster.edit(**_spec(fallback={"enabled": True, "backend": "torch"}))
+    assert cluster.reconcile().phase == "Succeeded"
+    assert "--backend=torch" in _args(cluster, "demo-fallback")
+    assert cluster.deployment("demo-canary") is None
+    assert _args(cluster, "demo-stable") == stable_before
+
+
 def test_healthy_canary_is_promoted_through_every_step() -> None:
     """Ready canary → 50% → 100% → stable rolls to version 2 → canary gone, counted once."""
     cluster = _started()

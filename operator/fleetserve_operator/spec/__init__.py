@@ -34,6 +34,7 @@ from fleetserve_operator.spec.delivery import (
     TrafficSpec,
 )
 from fleetserve_operator.spec.scaling import (
+    Backend,
     DisruptionSpec,
     Precision,
     ScalingMetric,
@@ -41,6 +42,7 @@ from fleetserve_operator.spec.scaling import (
     TopologySpread,
 )
 from fleetserve_operator.spec.serving import (
+    BACKEND_RULES,
     GENERATIVE_CEL,
     KV_FIT_RULE,
     BatchingOverrides,
@@ -58,6 +60,7 @@ from fleetserve_operator.spec.serving import (
     RuntimeSpec,
     Task,
     Toleration,
+    backend_problem,
     kv_fit_problem,
 )
 from fleetserve_operator.spec.status import (
@@ -88,6 +91,7 @@ __all__ = [
     "AnalysisMode",
     "AnalysisResult",
     "AnalysisSpec",
+    "Backend",
     "BatchingOverrides",
     "BatchingSpec",
     "CheckEvidence",
@@ -181,6 +185,7 @@ class InferenceServiceSpec(Wire):
                     ".traffic.hostnames",
                 ),
                 KV_FIT_RULE,
+                *BACKEND_RULES,
                 *(
                     cel(
                         f"!has(self{path}.scaling) || "
@@ -263,6 +268,17 @@ class InferenceServiceSpec(Wire):
         knobs = self.gpu_track.generation_knobs
         if knobs is not None:
             problem = kv_fit_problem(self.model, self.memory, knobs)
+            if problem is not None:
+                raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_backends(self) -> InferenceServiceSpec:
+        for track, backend in (
+            ("runtime", self.runtime.backend),
+            ("fallback", self.fallback.backend),
+        ):
+            problem = backend_problem(self.model, backend, track)
             if problem is not None:
                 raise ValueError(problem)
         return self

@@ -1,4 +1,4 @@
-"""How a track is sized and placed: autoscaling, disruption budget, spreading, precision.
+"""How a track is sized and placed: autoscaling, disruption budget, spreading, precision, backend.
 
 `spec.scaling` / `spec.fallback.scaling` are rendered by `scaling` as a KEDA ScaledObject;
 `disruption`, `topologySpread` and `priorityClassName` as a PodDisruptionBudget and pod
@@ -17,6 +17,7 @@ from fleetserve_operator.spec.base import Wire, cel
 
 __all__ = [
     "MAX_SCALED_REPLICAS",
+    "Backend",
     "DisruptionSpec",
     "MaxUnavailable",
     "Precision",
@@ -33,6 +34,11 @@ _MAX_WINDOW_S = 3600
 Precision = Literal["fp32", "bf16", "int8"]
 """The runtime's numeric precision (`--precision`): `int8` quantises the encoder's linear
 layers dynamically, `bf16` halves weights and activations on hardware that has it."""
+
+Backend = Literal["auto", "torch", "onnxruntime"]
+"""What runs the model (`--backend`): `auto` lets the runtime pick (ONNX Runtime for
+`builtin://minilm-l6` on the CPU in fp32, torch otherwise); ONNX Runtime runs on the CPU
+only and serves fp32 or int8."""
 
 
 class ScalingMetric(StrEnum):

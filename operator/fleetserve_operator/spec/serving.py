@@ -22,6 +22,7 @@ from fleetserve_operator.spec.base import (
     parse_quantity,
 )
 from fleetserve_operator.spec.scaling import (
+    Backend,
     DisruptionSpec,
     Precision,
     ScalingSpec,
@@ -29,6 +30,7 @@ from fleetserve_operator.spec.scaling import (
 )
 
 __all__ = [
+    "BACKEND_RULES",
     "BUILTIN_TASKS",
     "GENERATIVE_CEL",
     "KV_FIT_RULE",
@@ -52,6 +54,7 @@ __all__ = [
     "RuntimeSpec",
     "Task",
     "Toleration",
+    "backend_problem",
     "builtin_context_length",
     "kv_fit_problem",
 ]
@@ -86,6 +89,47 @@ GENERATIVE_CEL = (
     f"has(self.model.uri) && self.model.uri.matches('{_builtin_pattern('generate')}'))"
 )
 """CEL, on the spec: true when the service generates text (`ModelSpec.effective_task`)."""
+
+# What the runtime serves on ONNX Runtime: MiniLM (either backend) and `.onnx` files (only
+# it); everything else runs on torch. A `pvc://` model becomes a file of the same name.
+_MINILM_URI = r"^builtin://minilm-l6([?].*)?$"
+_ONNX_FILE_URI = r"^(file|pvc)://[^?#]*[.]onnx([?#].*)?$"
+
+
+def _gpu_requested_cel(section: str) -> str:
+    """CEL: the `resources` of `section` (`self`, `self.runtime`) ask for a GPU (`has_gpu`)."""
+    resources = f"{section}.resources"
+    return (
+        f"has({resources}) && ((has({resources}.limits) && '{GPU_RESOURCE}' in "
+        f"{resources}.limits) || (has({resources}.requests) && '{GPU_RESOURCE}' in "
+        f"{resources}.requests))"
+    )
+
+
+def _onnxruntime_bf16(track: str) -> str:
+    return (
+        f"{track}.backend onnxruntime serves fp32 or int8, not bf16: set {track}.backend to "
+        f"torch or auto, or {track}.precision to fp32 or int8"
+    )
+
+
+_ONNXRUNTIME_ON_GPU = (
+    "runtime.backend onnxruntime runs on the CPU only, but runtime.device is cuda, or auto "
+    f"with {GPU_RESOURCE} in runtime.resources (auto picks CUDA when the pod has a GPU): set "
+    "runtime.backend to torch or auto, or runtime.device to cpu"
+)
+
+
+def _backend_contradicts(track: str, backend: Backend) -> str:
+    if backend == "torch":
+        return (
+            f"{track}.backend torch does not apply to an .onnx model, which only ONNX Runtime "
+            f"serves: set {track}.backend to auto or onnxruntime"
+        )
+    return (
+        f"{track}.backend onnxruntime applies to builtin://minilm-l6 and .onnx models only; "
+        f"torch serves this one: set {track}.backend to auto or torch"
+    )
 
 
 class ModelSpec(Wire):
@@ -289,6 +333,22 @@ class RuntimeSpec(Wire):
     except the canary, which runs the spec's: changing it is a rollout."""
     precision: Precision = "fp32"
     """Numeric precision of the GPU tracks' model (`--precision`); changing it is a rollout."""
+    backend: Backend = "auto"
+    """What runs the GPU tracks' model (`--backend`): `auto` lets the runtime pick (ONNX
+    Runtime for `builtin://minilm-l6` on the CPU in fp32 and torch for it otherwise; `.onnx`
+    files on ONNX Runtime, every other model on torch); `torch` or `onnxruntime` pins it. ONNX
+    Runtime runs on the CPU only and serves fp32 or int8, and a backend that cannot serve
+    the model is refused. Changing it is a rollout."""
+
+    @model_validator(mode="after")
+    def _backend_fits(self) -> RuntimeSpec:
+        if self.backend != "onnxruntime":
+            return self
+        if self.precision == "bf16":
+            raise ValueError(_onnxruntime_bf16("runtime"))
+        if self.device == "cuda" or (self.device == "auto" and self.resources.has_gpu):
+            raise ValueError(_ONNXRUNTIME_ON_GPU)
+        return self
 
 
 class BatchingSpec(Wire):
@@ -507,10 +567,7 @@ class FallbackSpec(Wire):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    f"!has(self.resources) || ((!has(self.resources.limits) || "
-                    f"!('{GPU_RESOURCE}' in self.resources.limits)) && "
-                    f"(!has(self.resources.requests) || "
-                    f"!('{GPU_RESOURCE}' in self.resources.requests)))",
+                    f"!({_gpu_requested_cel('self')})",
                     f"fallback.resources must not request {GPU_RESOURCE}: "
                     "the fallback track runs on CPU",
                     ".resources",
@@ -550,6 +607,11 @@ class FallbackSpec(Wire):
     precision: Precision = "fp32"
     """Numeric precision of the fallback's model (`--precision`); `int8` is usually the
     fastest on CPU."""
+    backend: Backend = "auto"
+    """What runs the fallback's model (`--backend`): `auto` lets the runtime pick (ONNX
+    Runtime for `builtin://minilm-l6` in fp32, torch for it in int8); `torch` or
+    `onnxruntime` pins it. ONNX Runtime serves fp32 or int8, and a backend that cannot serve
+    the model is refused. Changing it replaces the fallback's pods, without a canary."""
     scaling: ScalingSpec | None = None
     """Autoscale the fallback track on an inference signal (a KEDA ScaledObject); it then
     replaces `replicas`, also while the fallback carries the traffic."""
@@ -571,6 +633,8 @@ class FallbackSpec(Wire):
                 "remove fallback.scaling, or give fallback.replicas min = max"
             )
             raise ValueError(msg)
+        if self.backend == "onnxruntime" and self.precision == "bf16":
+            raise ValueError(_onnxruntime_bf16("fallback"))
         return self
 
 
@@ -659,6 +723,56 @@ def kv_fit_problem(model: ModelSpec, memory: MemorySpec, generation: GenerationS
         "256Mi of weights and generation.kvCacheFraction; raise memory.budget or "
         "generation.kvCacheFraction, or lower generation.maxContext"
     )
+
+
+def _backend_fits_cel(track: str, backend: Backend) -> str:
+    onnx_file = f"(has(self.model.uri) && self.model.uri.matches('{_ONNX_FILE_URI}'))"
+    if backend == "torch":
+        return f"self.{track}.backend != 'torch' || !{onnx_file}"
+    minilm = f"(has(self.model.uri) && self.model.uri.matches('{_MINILM_URI}'))"
+    return f"self.{track}.backend != 'onnxruntime' || {onnx_file} || {minilm}"
+
+
+# On the spec, not on its sections: the rules that read the model must be there, and a
+# section with rules of its own would carry its whole default in the CRD (see `crdgen`).
+BACKEND_RULES = [
+    *(
+        cel(
+            f"self.{track}.backend != 'onnxruntime' || self.{track}.precision != 'bf16'",
+            _onnxruntime_bf16(track),
+            f".{track}.backend",
+        )
+        for track in ("runtime", "fallback")
+    ),
+    cel(
+        "self.runtime.backend != 'onnxruntime' || self.runtime.device == 'cpu' || "
+        f"(self.runtime.device == 'auto' && !({_gpu_requested_cel('self.runtime')}))",
+        _ONNXRUNTIME_ON_GPU,
+        ".runtime.backend",
+    ),
+    *(
+        cel(
+            _backend_fits_cel(track, backend),
+            _backend_contradicts(track, backend),
+            f".{track}.backend",
+        )
+        for track in ("runtime", "fallback")
+        for backend in ("torch", "onnxruntime")
+    ),
+]
+"""CEL, on the spec: each track's `backend` can serve the model on its device and precision
+(`RuntimeSpec`, `FallbackSpec` and `backend_problem` in Python)."""
+
+
+def backend_problem(model: ModelSpec, backend: Backend, track: str) -> str | None:
+    """`BACKEND_RULES` in Python: why `backend` cannot serve `model` on `track`, or None."""
+    uri = model.uri or ""
+    onnx_file = re.fullmatch(_ONNX_FILE_URI, uri) is not None
+    if backend == "torch" and onnx_file:
+        return _backend_contradicts(track, backend)
+    if backend == "onnxruntime" and not (onnx_file or re.fullmatch(_MINILM_URI, uri)):
+        return _backend_contradicts(track, backend)
+    return None
 
 
 class GpuTrackSpec(Wire):
