@@ -278,6 +278,10 @@ class RuntimeConfig(BaseSettings):
     precision_min_cosine: float = Field(0.99, ge=0.9, le=1.0)
     """Accuracy guard floor: smallest cosine to fp32 a reduced precision may reach on a
     guard text, else the load fails."""
+    backend: Literal["auto", "torch", "onnxruntime"] = "auto"
+    """What runs `builtin://minilm-l6`: `auto` picks ONNX Runtime on the CPU in fp32 (its fused
+    kernels cost less CPU per request) and torch otherwise; `onnxruntime` refuses CUDA and bf16.
+    Other models run on what their URI implies; a contradicting choice is refused."""
     warmup: bool = True
     """Run batches across the length buckets before reporting ready."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)

@@ -31,7 +31,13 @@ import torch
 from fleetserve_runtime.batcher import Batch
 from fleetserve_runtime.errors import BatchFailed, DeadlineExceeded, FleetserveError, OutOfMemory
 from fleetserve_runtime.liveness import RunningBatch
-from fleetserve_runtime.memory import BufferLease, BufferPool, MemoryProfile, measure_bytes
+from fleetserve_runtime.memory import (
+    BufferLease,
+    BufferPool,
+    MeasuresMemory,
+    MemoryProfile,
+    measure_bytes,
+)
 from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
 from fleetserve_runtime.request_queue import PendingItem
@@ -444,7 +450,8 @@ class Executor:
 
         Used for warmup and, with `measure`, for memory calibration: returns
         (padded tokens, peak bytes) per shape that fit (peak 0 when not measuring); shapes
-        that run out of memory are left out.
+        that run out of memory are left out. A handler that allocates outside torch
+        (`MeasuresMemory`) measures its own batches.
         """
         samples: list[tuple[int, int]] = []
         for size, length in shapes:
@@ -461,7 +468,9 @@ class Executor:
 
             peak = 0
             try:
-                if measure:
+                if measure and isinstance(handler, MeasuresMemory):
+                    peak = handler.batch_peak_bytes(run)
+                elif measure:
                     peak = measure_bytes(run, self.device)[0]
                 else:
                     run()

@@ -4,7 +4,9 @@ At warmup the executor measures what a batch costs (`measure_bytes`) at a few sh
 `MemoryProfile` fits fixed overhead and bytes per padded token to those measurements, and
 `max_batch_tokens` turns a per-replica budget into the largest safe batch. On CPU the
 measurement reads the allocator events of `torch.profiler` (real allocations, not an
-estimate); on CUDA it reads the caching allocator's peak.
+estimate); on CUDA it reads the caching allocator's peak. A handler whose batches allocate
+outside torch (ONNX Runtime's arena) measures them itself (`MeasuresMemory`), typically with
+`resident_peak_bytes`: the growth of the process's resident memory across the batch.
 
 `BufferPool` keeps input buffers in power-of-two size classes. A batch leases buffers through
 a `BufferLease`; they go back to the pool only when the lease is released, after the batch's
@@ -13,11 +15,15 @@ results were delivered, so a buffer is never reused while a batch may still read
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -27,10 +33,19 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 __all__ = [
     "BufferLease",
     "BufferPool",
+    "MeasuresMemory",
     "MemoryProfile",
     "measure_bytes",
     "model_bytes",
+    "resident_peak_bytes",
 ]
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_RESET_PEAK = "5"
+"""Written to `clear_refs`, resets the high-water mark VmHWM to the current VmRSS (Linux)."""
+_COUNTER_BATCH_PAGES = 64
+"""Most pages a thread's (or CPU's) share of the kernel's RSS counter may lag behind."""
 
 
 def model_bytes(module: torch.nn.Module) -> int:
@@ -61,6 +76,60 @@ def measure_bytes(run: Callable[[], object], device: torch.device) -> tuple[int,
             live += event.self_cpu_memory_usage
             peak = max(peak, live)
     return peak, max(0, live)
+
+
+@runtime_checkable
+class MeasuresMemory(Protocol):
+    """A handler whose batches allocate where torch's measurement cannot see (ONNX Runtime).
+
+    The executor's calibration asks it, rather than `measure_bytes`, what a batch costs.
+    """
+
+    def batch_peak_bytes(self, run: Callable[[], object]) -> int:
+        """Peak bytes `run()` (one batch) allocates above what was allocated before it."""
+
+
+def resident_peak_bytes(run: Callable[[], object]) -> int:
+    """Peak growth of this process's resident memory while `run()` runs (Linux), in bytes.
+
+    Conservative by construction: free heap pages are handed back to the system first
+    (glibc's `malloc_trim`), so what `run` allocates is faulted in afresh and shows as growth
+    instead of reusing pages already resident; memory other threads touch meanwhile counts
+    too. VmHWM is reset to VmRSS through `/proc/self/clear_refs`; where that is refused, the
+    process's lifetime high-water mark is used, which can only over-estimate. The kernel
+    counts resident pages lazily, in batches of up to 64 pages per thread (or per CPU), so
+    that much per thread or CPU, whichever are more, is added.
+
+    Raises:
+        OSError: `/proc/self/status` cannot be read (not Linux).
+    """
+    _trim_heap()
+    # Where the reset is refused, the lifetime peak stands in: larger, never smaller.
+    with contextlib.suppress(OSError):
+        _CLEAR_REFS.write_text(_RESET_PEAK)
+    start = _status_bytes("VmRSS")
+    run()
+    growth = max(0, _status_bytes("VmHWM") - start)
+    counters = max(_status_count("Threads"), os.cpu_count() or 1)
+    return growth + counters * _COUNTER_BATCH_PAGES * os.sysconf("SC_PAGE_SIZE")
+
+
+def _status_bytes(field: str) -> int:
+    return _status_count(field) * 1024  # the kernel reports kB
+
+
+def _status_count(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    msg = f"{_STATUS} has no {field}"
+    raise OSError(msg)
+
+
+def _trim_heap() -> None:
+    # Without glibc (no malloc_trim) freed heap pages may stay resident and be reused.
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 @dataclass(frozen=True, slots=True)

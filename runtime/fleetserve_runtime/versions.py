@@ -63,10 +63,15 @@ CALIBRATION_TOKENS = 1024
 
 
 def calibration_shapes(max_len: int) -> list[tuple[int, int]]:
-    """(batch size, length) shapes whose peak memory fits the per-token cost."""
+    """(batch size, length) shapes whose peak memory fits the per-token cost, smallest first.
+
+    Smallest first, so memory a larger batch leaves behind cannot hide a smaller one's cost
+    from a measurement of resident memory (`memory.resident_peak_bytes`).
+    """
     short = min(8, max_len)
     mid = min(64, max_len)
-    return [(1, short), (max(1, CALIBRATION_TOKENS // (4 * mid)), mid), (2, max_len)]
+    shapes = [(1, short), (max(1, CALIBRATION_TOKENS // (4 * mid)), mid), (2, max_len)]
+    return sorted(shapes, key=lambda shape: shape[0] * shape[1])
 
 
 def warmup_shapes(edges: Sequence[int], max_batch_size: int) -> list[tuple[int, int]]:
@@ -175,6 +180,7 @@ class VersionLoader:
             extra={
                 "version": version,
                 "load_seconds": round(loaded.load_seconds, 3),
+                "platform": loaded.metadata.platform,
                 "precision": loaded.metadata.precision,
                 # The accuracy guard's figure: how close a reduced precision came to fp32.
                 "min_cosine": loaded.metadata.min_cosine,
@@ -244,6 +250,8 @@ class VersionLoader:
                 dtype=self._config.generation.dtype,
             ),
             precision=PrecisionOptions(self._config.precision, self._config.precision_min_cosine),
+            backend=self._config.backend,
+            device=self._executor.device.type,
         )
         if isinstance(handler, GenerativeHandler):
             return self._load_generative(handler, started)

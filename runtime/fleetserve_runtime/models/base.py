@@ -54,7 +54,8 @@ class ModelMetadata:
     precision: str = "fp32"
     """Numeric precision the model is served in (`fp32`, `bf16`, `int8`)."""
     min_cosine: float | None = None
-    """Smallest cosine to fp32 on the accuracy guard's texts; None when served in fp32."""
+    """Smallest cosine to fp32 torch on the accuracy guard's texts; None when nothing was
+    guarded (a model served as its own fp32 weights)."""
 
 
 @dataclass(frozen=True, slots=True)

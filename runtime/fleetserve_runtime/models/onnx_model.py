@@ -17,8 +17,14 @@ take no packed layout), to the bucket edge the batcher chose.
 
 Memory: ONNX Runtime allocates from its own arena, which the runtime's torch-based memory
 measurement does not see, so the weights are declared as the bytes of the model file(s)
-loaded (`weights_bytes`), and the arena's per-token activations are not measured; set
-`batching.max_batch_tokens` explicitly when a memory budget must also bound activations.
+loaded (`weights_bytes`), and the handler measures its batches' activations itself
+(`batch_peak_bytes`, the executor's calibration prefers it): the growth of the process's
+resident memory across the batch (`memory.resident_peak_bytes`). To make that growth the
+batch's own need, every session allocates from one process-wide CPU arena that extends by
+exactly what is requested (`kSameAsRequested`, not the next power of two), and a measured
+batch runs with arena shrinkage, so it starts and ends with the arena at its initial size
+(a one-token batch shrinks it before the first). The figure is an upper bound: anything
+else the process touches meanwhile counts too.
 
 `precision: int8` rewrites the graph's MatMuls at load into ONNX Runtime's `MatMulNBits`
 with 8-bit weights in blocks of 32 and `accuracy_level` 4, which quantises activations to
@@ -33,10 +39,12 @@ runs against the fp32 graph.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,6 +54,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 import torch
 from tokenizers import Tokenizer
 
+from fleetserve_runtime.memory import resident_peak_bytes
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
     BatchLayout,
@@ -57,13 +66,56 @@ from fleetserve_runtime.models.base import (
 )
 from fleetserve_runtime.models.text_input import sample_text, text_token_ids
 
-__all__ = ["OnnxEncoderHandler", "quantized_path"]
+__all__ = [
+    "OnnxEncoderHandler",
+    "build_once",
+    "file_digest",
+    "private_cache",
+    "quantized_path",
+]
 
 _TEXT_INPUTS = {"input_ids", "attention_mask", "token_type_ids"}
 _BLOCK = 32
 """Weights and activations share one int8 scale per 32 values along the reduced axis."""
 _INT8_COMPUTE = 4
 """MatMulNBits `accuracy_level` 4: activations quantised to int8 block by block, int8 GEMM."""
+_SAME_AS_REQUESTED = 1
+"""`OrtArenaCfg`'s arena_extend_strategy: grow by the request, so growth tracks need."""
+
+
+def private_cache(cache_dir: Path, what: str) -> Path:
+    """`cache_dir`, created owner-only; `ValueError` when another user owns it.
+
+    A graph planted in someone else's directory under a shared temp dir would be run.
+    """
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if cache_dir.stat().st_uid != os.getuid():
+        msg = f"{what} cache {cache_dir} belongs to another user; set TMPDIR to a private one"
+        raise ValueError(msg)
+    return cache_dir
+
+
+def build_once(target: Path, build: Callable[[Path], Path]) -> Path:
+    """`target` (a file or a directory), built on first use.
+
+    `build(scratch)` writes it under a fresh scratch directory beside `target` and returns
+    what it wrote, which is renamed to `target` whole, so a concurrent or interrupted load
+    never sees half of it; when two loads race, the first rename wins and both use it.
+    """
+    if target.exists():
+        return target
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, suffix=".partial"))
+    try:
+        built = build(scratch)
+        try:
+            built.replace(target)
+        except OSError:
+            # A directory cannot replace a non-empty one: another load finished first.
+            if not target.exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def quantized_path(source: Path, cache_dir: Path) -> Path:
@@ -72,19 +124,24 @@ def quantized_path(source: Path, cache_dir: Path) -> Path:
     The digest covers the graph and any external-data files named after it, so new weights
     under an old graph are quantised afresh.
     """
-    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if cache_dir.stat().st_uid != os.getuid():
-        # A graph planted in someone else's directory under a shared temp dir would be run.
-        msg = f"int8 cache {cache_dir} belongs to another user; set TMPDIR to a private one"
-        raise ValueError(msg)
+    private_cache(cache_dir, "int8")
+    target = cache_dir / f"{file_digest(_graph_files(source))}.int8.onnx"
+    return build_once(target, lambda scratch: _quantize(source, scratch / target.name))
+
+
+def file_digest(paths: Sequence[Path], *extra: str) -> str:
+    """Hex digest (32 characters) of the files' bytes, in order, then of `extra` strings."""
     digest = hashlib.sha256()
-    for part in _graph_files(source):
+    for part in paths:
         with part.open("rb") as file:
             for chunk in iter(lambda: file.read(1 << 20), b""):
                 digest.update(chunk)
-    target = cache_dir / f"{digest.hexdigest()[:32]}.int8.onnx"
-    if target.is_file():
-        return target
+    for text in extra:
+        digest.update(text.encode())
+    return digest.hexdigest()[:32]
+
+
+def _quantize(source: Path, target: Path) -> Path:
     # Only int8 loads need onnx and the quantiser, which are slow to import.
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (  # type: ignore[import-untyped]
@@ -97,15 +154,7 @@ def quantized_path(source: Path, cache_dir: Path) -> Path:
     )
     quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
     quantizer.process()
-    handle, name = tempfile.mkstemp(dir=cache_dir, suffix=".partial")
-    os.close(handle)
-    partial = Path(name)
-    try:
-        quantizer.model.save_model_to_file(str(partial), False)
-        # Renamed into place whole, so a concurrent or interrupted load never sees half a file.
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+    quantizer.model.save_model_to_file(str(target), False)
     return target
 
 
@@ -135,6 +184,8 @@ class OnnxEncoderHandler:
         self._precision = precision
         self._cache_dir = cache_dir or Path(tempfile.gettempdir()) / "fleetserve-onnx-int8"
         self._session: ort.InferenceSession | None = None
+        self._run_options: ort.RunOptions | None = None
+        """Options of every run; arena shrinkage while a batch's memory is measured."""
         self._tokenizer: Tokenizer | None = None
         self._inputs: tuple[str, ...] = ()
         self._output = ""
@@ -169,6 +220,12 @@ class OnnxEncoderHandler:
         if device.type != "cpu":
             msg = f"ONNX models run on the CPU only, not on {device.type}"
             raise ValueError(msg)
+        self._open_graph()
+        if self._precision.precision == "int8":
+            self._quantise(embed_texts(self, GUARD_TEXTS, device), device)
+
+    def _open_graph(self) -> None:
+        """Open the tokenizer beside `self._path` and a session on the graph."""
         if not self._path.is_file():
             msg = f"ONNX model {self._path} does not exist"
             raise ValueError(msg)
@@ -182,19 +239,44 @@ class OnnxEncoderHandler:
         tokenizer.no_truncation()
         self._tokenizer = tokenizer
         self._open(self._path)
-        if self._precision.precision == "int8":
-            reference = embed_texts(self, GUARD_TEXTS, device)
-            self._open(quantized_path(self._path, self._cache_dir))
-            candidate = embed_texts(self, GUARD_TEXTS, device)
-            report = check("int8", reference, candidate, floor=self._precision.min_cosine)
-            self._metadata = replace(
-                self._metadata, precision="int8", min_cosine=round(report.min_cosine, 6)
-            )
+
+    def _quantise(self, reference: npt.NDArray[np.float32], device: torch.device) -> None:
+        """Serve the int8 graph if its guard embeddings reach the floor to `reference`."""
+        self._open(quantized_path(self._path, self._cache_dir))
+        candidate = embed_texts(self, GUARD_TEXTS, device)
+        report = check("int8", reference, candidate, floor=self._precision.min_cosine)
+        self._metadata = replace(
+            self._metadata, precision="int8", min_cosine=round(report.min_cosine, 6)
+        )
+
+    def batch_peak_bytes(self, run: Callable[[], object]) -> int:
+        """Peak resident-memory growth of one batch, `run()`, with the arena shrunk around it.
+
+        Raises:
+            RuntimeError: `load` has not been called.
+        """
+        session = self._session
+        if session is None:
+            raise RuntimeError("OnnxEncoderHandler.load() has not been called")
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        # A one-token run hands back what earlier batches left in the arena.
+        tiny = {name: np.ones((1, 1), dtype=np.int64) for name in self._inputs}
+        if "token_type_ids" in tiny:
+            tiny["token_type_ids"] = np.zeros((1, 1), dtype=np.int64)
+        session.run([self._output], tiny, shrink)
+        self._run_options = shrink
+        try:
+            return resident_peak_bytes(run)
+        finally:
+            self._run_options = None
 
     def _open(self, path: Path) -> None:
+        _share_arena()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = torch.get_num_threads()
+        options.add_session_config_entry("session.use_env_allocators", "1")
         try:
             session = ort.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
@@ -280,7 +362,7 @@ class OnnxEncoderHandler:
         if session is None:
             raise RuntimeError("OnnxEncoderHandler.load() has not been called")
         feeds = {name: batch[name] for name in self._inputs}
-        out = np.asarray(session.run([self._output], feeds)[0], dtype=np.float32)
+        out = np.asarray(session.run([self._output], feeds, self._run_options)[0], dtype=np.float32)
         if not self._pooled:
             weights = batch["attention_mask"].astype(np.float32)[:, :, None]
             out = (out * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
@@ -297,6 +379,16 @@ class OnnxEncoderHandler:
         if output.shape[0] != count:
             raise ValueError(f"expected {count} embeddings, got {output.shape[0]}")
         return list(output)
+
+
+@functools.cache
+def _share_arena() -> None:
+    """Register, once per process, the CPU arena every session allocates from."""
+    cpu = ort.OrtMemoryInfo(
+        "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+    )
+    # max_mem 0 and -1 for the chunk sizes keep ONNX Runtime's defaults.
+    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, _SAME_AS_REQUESTED, -1, -1))
 
 
 def _graph_files(path: Path) -> list[Path]:
