@@ -1,6 +1,7 @@
 """``make bench-peers``: the runtime beside the servers a user would pick instead, same MiniLM.
 
-Serves all-MiniLM-L6-v2 (the same safetensors and tokenizer) with the runtime and with each
+Serves all-MiniLM-L6-v2 (the same safetensors and tokenizer) with the runtime — as it runs
+by default (ONNX Runtime on the CPU) and on the torch backend the peers use — and with each
 peer in ``bench/peers/`` — LitServe, Ray Serve, MLServer, BentoML, PyTriton and plain FastAPI —
 one at a time, each in a fresh process group pinned to the server core, each peer in its own
 virtualenv built from its hash-pinned requirements. Every server must first embed a fixed text
@@ -8,8 +9,9 @@ set with cosine > 0.99 to the runtime's embeddings; a server that does not is re
 and not timed. Then the same closed-loop load as ``make bench-runtime`` (``bench.loadgen``,
 64 clients on the client core) runs once per length profile.
 
-The last two lines are ``best_peer=<name>`` and ``vs_best_peer=<ours / best peer's req/s>``
-for the first profile (``mixed`` by default).
+The last three lines are ``vs_best_peer_torch=`` (the torch row over the best peer),
+``best_peer=<name>`` and ``vs_best_peer=<ours / best peer's req/s>`` for the first profile
+(``mixed`` by default).
 
 Usage: ``.venv/bin/python -m bench.peers_bench [--peers a,b] [--profile mixed,short] [--quick]``
 """
@@ -44,7 +46,7 @@ from rich.table import Table
 from bench.loadgen import LoadResult, run_closed_loop
 from bench.pinning import pin_current_process
 from bench.report import RunClock
-from bench.runtime_bench import CONFIGS, MODEL_NAME, server_argv
+from bench.runtime_bench import BATCHED, MODEL_NAME, TORCH, server_argv
 from bench.runtime_bench import request_body as oip_request_body
 from bench.server_metrics import scrape
 from bench.server_proc import add_closed_loop_options, free_port, running_server
@@ -123,6 +125,8 @@ class Server:
         body: One text to its serialised request.
         embedding: Its decoded JSON answer to the text's embedding.
         venv: True when it runs in its own virtualenv built from ``bench/peers/<name>``.
+        runtime_args: For the runtime itself, the options its configuration adds; None for
+            a peer.
     """
 
     name: str
@@ -133,18 +137,33 @@ class Server:
     body: Callable[[str], bytes]
     embedding: Callable[[Any], list[float]]
     venv: bool = True
+    runtime_args: tuple[str, ...] | None = None
 
 
 OURS = Server(
     "fleetserve",
     "fleetserve-runtime",
-    "length buckets + packing, max 32, 10 ms",
+    "length buckets, max 32, 10 ms (default backend: ONNX Runtime on CPU)",
     "/v2/health/ready",
     f"/v2/models/{MODEL_NAME}/infer",
     oip_request_body,
     oip_output,
     venv=False,
+    runtime_args=BATCHED,
 )
+OURS_TORCH = Server(
+    "fleetserve-torch",
+    "fleetserve-runtime",
+    "length buckets + packing, max 32, 10 ms (torch backend)",
+    OURS.ready_path,
+    OURS.infer_path,
+    oip_request_body,
+    oip_output,
+    venv=False,
+    runtime_args=(*BATCHED, *TORCH),
+)
+"""The runtime on the peers' own engine, torch eager: its lead is the batching design alone."""
+OUR_NAMES = (OURS.name, OURS_TORCH.name)
 
 PEERS = {
     peer.name: peer
@@ -293,8 +312,8 @@ def installed_versions(python: Path, packages: Sequence[str]) -> dict[str, str]:
 
 def server_command(server: Server, python: Path, port: int, args: argparse.Namespace) -> list[str]:
     """Return the command line that starts ``server`` on 127.0.0.1:``port``."""
-    if server is OURS:
-        return [*server_argv(shlex.split(args.runtime), port=port, args=args), *CONFIGS[0].args]
+    if server.runtime_args is not None:
+        return [*server_argv(shlex.split(args.runtime), port=port, args=args), *server.runtime_args]
     # `env` puts the repository on the path: the peer imports bench.peers.* from the tree.
     return [
         "env",
@@ -461,7 +480,7 @@ def measure_window(
 ) -> Window:
     """Run the closed loop; read the batch sizes from the runtime's metrics or the peer's log."""
     url = f"{base_url}{server.infer_path}"
-    counters_before = scrape(base_url) if server is OURS else None
+    counters_before = scrape(base_url) if server.runtime_args is not None else None
     log_offset = log_path.stat().st_size
     cpu_before = tree_cpu_seconds(pid)
     load = asyncio.run(
@@ -574,6 +593,16 @@ def measure_all(args: argparse.Namespace, log_dir: Path) -> list[Row]:
         args=args,
         log_dir=log_dir,
     )
+    torch_rows, _ = run_server(
+        OURS_TORCH,
+        python=own_python,
+        label=version_label(OURS_TORCH, own_python),
+        reference=reference,
+        workloads=workloads,
+        args=args,
+        log_dir=log_dir,
+    )
+    rows.extend(torch_rows)
     for name in args.peers:
         peer = PEERS[name]
         try:
@@ -605,20 +634,29 @@ def log_tail(log_path: Path, lines: int = 20) -> str:
 
 def best_peer(rows: Sequence[Row], profile: str) -> Row | None:
     """Return the peer with the highest req/s under ``profile`` among those that passed."""
-    candidates = [r for r in rows if r.profile == profile and r.ok and r.server != OURS.name]
+    candidates = [r for r in rows if r.profile == profile and r.ok and r.server not in OUR_NAMES]
     return max(candidates, key=lambda r: r.throughput_rps, default=None)
 
 
 def closing_lines(rows: Sequence[Row], profile: str, *, suffix: str = "") -> list[str]:
-    """``best_peer<suffix>=`` and ``vs_best_peer<suffix>=`` (ours / best peer's req/s)."""
-    ours = next(r for r in rows if r.profile == profile and r.server == OURS.name)
+    """``vs_best_peer_torch<suffix>=``, ``best_peer<suffix>=`` and ``vs_best_peer<suffix>=``.
+
+    Each ratio is that runtime configuration's req/s over the best peer's; the torch line
+    is left out when that row is missing or failed.
+    """
     best = best_peer(rows, profile)
+    mine = {r.server: r for r in rows if r.profile == profile and r.ok}
+    torch_row = mine.get(OURS_TORCH.name)
     if best is None or best.throughput_rps <= 0:
         return [f"best_peer{suffix}=none", f"vs_best_peer{suffix}=nan"]
-    return [
-        f"best_peer{suffix}={best.server}",
-        f"vs_best_peer{suffix}={ours.throughput_rps / best.throughput_rps:.2f}",
-    ]
+    lines = (
+        []
+        if torch_row is None
+        else [f"vs_best_peer_torch{suffix}={torch_row.throughput_rps / best.throughput_rps:.2f}"]
+    )
+    ours = mine.get(OURS.name)
+    ratio = "nan" if ours is None else f"{ours.throughput_rps / best.throughput_rps:.2f}"
+    return [*lines, f"best_peer{suffix}={best.server}", f"vs_best_peer{suffix}={ratio}"]
 
 
 def _table(rows: Sequence[Row], profile: str) -> Table:

@@ -4,9 +4,10 @@ The same seeded closed-loop workload as ``bench.runtime_bench`` (its request set
 start and load generator), against MiniLM served four ways, each in a fresh process pinned
 to the server core, with dynamic batching (length buckets, max batch 32):
 
-fp32      the torch encoder in fp32 (the baseline);
+fp32      the torch encoder in fp32 (``--backend torch``, the baseline);
 int8      the torch encoder with int8 Linear layers (``--precision int8``);
-ort       MiniLM exported to ONNX (``models.onnx_export``) run by ONNX Runtime in fp32;
+ort       MiniLM exported to ONNX (``models.onnx_export``) run by ONNX Runtime in fp32, the
+          engine ``--backend auto`` picks for MiniLM in fp32 on a CPU;
 ort-int8  the same graph quantised at load (``--precision int8``).
 
 Every int8 server passes the accuracy guard before it serves. The last two lines are
@@ -34,14 +35,13 @@ from rich.table import Table
 from bench.gemm import measure_peak_flops
 from bench.pinning import pin_current_process
 from bench.report import ConfigResult, RunClock, summarise
-from bench.runtime_bench import ServerConfig, build_requests, measure_config
+from bench.runtime_bench import BATCHED, TORCH, ServerConfig, build_requests, measure_config
 from bench.server_proc import add_closed_loop_options
 from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
 from fleetserve_runtime.models.onnx_export import export_minilm
 from fleetserve_runtime.models.registry import resolve_handler
 
-BATCHING = ("--buckets", "auto", "--max-batch-size", "32")
 LABELS = ("fp32", "int8", "ort", "ort-int8")
 INT8_LABELS = ("int8", "ort-int8")
 
@@ -52,10 +52,10 @@ def server_configs(onnx_uri: str, *, floor: float) -> dict[str, ServerConfig]:
     onnx = (f"--model={onnx_uri}",)
     int8 = ("--precision=int8", *guard)
     return {
-        "fp32": ServerConfig("fp32", "torch fp32", BATCHING),
-        "int8": ServerConfig("int8", "torch int8 (per-token, smoothed)", (*BATCHING, *int8)),
-        "ort": ServerConfig("ort", "ONNX Runtime fp32", (*BATCHING, *onnx)),
-        "ort-int8": ServerConfig("ort-int8", "ONNX Runtime int8", (*BATCHING, *onnx, *int8)),
+        "fp32": ServerConfig("fp32", "torch fp32", (*BATCHED, *TORCH)),
+        "int8": ServerConfig("int8", "torch int8 (per-token, smoothed)", (*BATCHED, *TORCH, *int8)),
+        "ort": ServerConfig("ort", "ONNX Runtime fp32", (*BATCHED, *onnx)),
+        "ort-int8": ServerConfig("ort-int8", "ONNX Runtime int8", (*BATCHED, *onnx, *int8)),
     }
 
 

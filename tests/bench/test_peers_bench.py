@@ -19,6 +19,7 @@ from bench.peers_bench import (
     CHECK_TEXTS,
     MIN_COSINE,
     OURS,
+    OURS_TORCH,
     PEERS,
     Row,
     batch_sizes,
@@ -62,11 +63,13 @@ def test_fastapi_peer_is_checked_then_timed_beside_the_runtime(
     lines = out.strip().splitlines()
     assert lines[-2] == "best_peer=fastapi"
     assert lines[-1].startswith("vs_best_peer=")
+    assert lines[-3].startswith("vs_best_peer_torch=")
     ratio = float(lines[-1].removeprefix("vs_best_peer="))
+    torch_ratio = float(lines[-3].removeprefix("vs_best_peer_torch="))
     assert ratio > 0
     document = json.loads(out[out.index("\n{") : out.rindex("}") + 1])
     rows = {r["server"]: r for r in document["results"]}
-    assert set(rows) == {OURS.name, "fastapi"}
+    assert set(rows) == {OURS.name, OURS_TORCH.name, "fastapi"}
     for row in rows.values():
         assert row["ok"], row["reason"]
         assert row["profile"] == "short"
@@ -80,6 +83,9 @@ def test_fastapi_peer_is_checked_then_timed_beside_the_runtime(
     assert rows["fastapi"]["mean_batch"] == 1.0
     assert ratio == pytest.approx(
         rows[OURS.name]["throughput_rps"] / rows["fastapi"]["throughput_rps"], rel=0.01
+    )
+    assert torch_ratio == pytest.approx(
+        rows[OURS_TORCH.name]["throughput_rps"] / rows["fastapi"]["throughput_rps"], rel=0.01
     )
 
 
@@ -150,6 +156,18 @@ def test_closing_lines_divide_by_the_fastest_peer_that_passed() -> None:
     rows = [_row(OURS.name, 300.0), _row("litserve", 100.0), _row("pytriton", 900.0, ok=False)]
     assert closing_lines(rows, "mixed") == ["best_peer=litserve", "vs_best_peer=3.00"]
     assert closing_lines(rows[:1], "mixed") == ["best_peer=none", "vs_best_peer=nan"]
+
+
+def test_closing_lines_never_count_the_torch_row_as_a_peer() -> None:
+    """The runtime's torch row gets its own ratio and is never the best peer, even if faster."""
+    rows = [_row(OURS.name, 300.0), _row(OURS_TORCH.name, 200.0), _row("litserve", 100.0)]
+    assert closing_lines(rows, "mixed", suffix="_short") == [
+        "vs_best_peer_torch_short=2.00",
+        "best_peer_short=litserve",
+        "vs_best_peer_short=3.00",
+    ]
+    faster_torch = [_row(OURS.name, 300.0), _row(OURS_TORCH.name, 900.0), _row("fastapi", 150.0)]
+    assert closing_lines(faster_torch, "mixed")[1:] == ["best_peer=fastapi", "vs_best_peer=2.00"]
 
 
 def test_unknown_peer_is_refused() -> None:
