@@ -12,9 +12,11 @@ the Dockerfile writes it, with a stand-in for pip that records what it was asked
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -304,3 +306,39 @@ def test_runtime_image_refuses_an_unverifiable_build(
     assert rc != 0
     assert message in stderr
     assert calls == []
+
+
+_LOADED_DISTRIBUTIONS = """
+import json, sys, tempfile
+from importlib.metadata import packages_distributions
+from pathlib import Path
+import torch
+from fleetserve_runtime.models.minilm_onnx import MiniLMOnnxHandler
+with tempfile.TemporaryDirectory() as cache:
+    MiniLMOnnxHandler("m", "1", cache_dir=Path(cache)).load(torch.device("cpu"))
+owners = packages_distributions()
+loaded = {name.partition(".")[0] for name in sys.modules}
+print(json.dumps(sorted({d for name in loaded for d in owners.get(name, [])})))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_runtime_image_lock_holds_what_the_cpu_default_imports_while_exporting() -> None:
+    """Exporting and serving MiniLM on ONNX Runtime (the CPU default) needs only locked wheels.
+
+    The export runs in a fresh interpreter; every distribution whose modules it imported must
+    be in the runtime image's lock, or the first load on a CPU pod fails where the dev venv
+    (which also holds the test tools) hides it.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED_DISTRIBUTIONS],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=True,
+    )
+    image = read_lock(IMAGE_LOCKS["runtime"])
+    loaded = {canonicalize_name(name) for name in json.loads(done.stdout.splitlines()[-1])}
+    missing = sorted(loaded - set(image) - OWN_PACKAGES)
+    assert "onnxruntime" in loaded
+    assert not missing, f"the CPU default imports {missing}, not in requirements-runtime.lock"
