@@ -3,12 +3,14 @@
 The graph takes `input_ids` and `attention_mask` (int64, dynamic batch and sequence) and
 returns `last_hidden_state` `[batch, sequence, 384]`, the shape Hugging Face exports have,
 so the ONNX handler pools it itself. `tokenizer.json` is copied from the MiniLM package.
-Used by the tests and the precision benchmark; a team bringing its own encoder exports it
-with its own tooling to the same layout.
+The CPU default backend exports with it at first load (`models.minilm_onnx`), as do the
+tests and the precision benchmark; a team bringing its own encoder exports it with its own
+tooling to the same layout.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import warnings
 from importlib import resources
@@ -21,6 +23,8 @@ from fleetserve_runtime.models.bert import BertEncoder, PaddedBatch
 from fleetserve_runtime.models.minilm import MODEL_PACKAGE, MiniLMHandler
 
 __all__ = ["export_minilm"]
+
+_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 
 
 class _LastHiddenState(nn.Module):
@@ -41,19 +45,27 @@ def export_minilm(directory: Path) -> Path:
     example = (torch.full((2, 8), 1000, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64))
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     axes = {0: batch, 1: sequence}
+    registry_log = logging.getLogger(_REGISTRY_LOGGER)
+    level = registry_log.level
+    # The exporter lists each torchvision operator it cannot register, a warning per line in
+    # every pod's first load; MiniLM uses none of them.
+    registry_log.setLevel(logging.ERROR)
     with warnings.catch_warnings():
         # Both inputs share the batch and sequence axes on purpose; the exporter says so.
         warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
-        torch.onnx.export(
-            _LastHiddenState(handler.encoder).eval(),
-            example,
-            str(target),
-            output_names=["last_hidden_state"],
-            dynamic_shapes={"input_ids": axes, "attention_mask": axes},
-            external_data=False,
-            dynamo=True,
-            verbose=False,
-        )
+        try:
+            torch.onnx.export(
+                _LastHiddenState(handler.encoder).eval(),
+                example,
+                str(target),
+                output_names=["last_hidden_state"],
+                dynamic_shapes={"input_ids": axes, "attention_mask": axes},
+                external_data=False,
+                dynamo=True,
+                verbose=False,
+            )
+        finally:
+            registry_log.setLevel(level)
     tokenizer = resources.files(MODEL_PACKAGE) / "model" / "tokenizer.json"
     with resources.as_file(tokenizer) as source:
         shutil.copyfile(source, directory / "tokenizer.json")
