@@ -1,10 +1,10 @@
 """Watches of the operator's children: one thread per kind and namespace, feeding a work queue.
 
-Every event of a child (Deployment, Service, HTTPRoute, ScaledObject, PodDisruptionBudget)
-or of a pod of one only says which InferenceService to re-converge, so the event is reduced
-to its owner's key (`owner_key`) and added to the `WorkQueue`; nothing of the object is
-kept. kopf would instead start a worker and an event queue per watched object: thousands of
-each at 1000 services, and every event kept until its worker ran.
+Every event of a child (Deployment, Service, HTTPRoute, GRPCRoute, ScaledObject,
+PodDisruptionBudget) or of a pod of one only says which InferenceService to re-converge, so
+the event is reduced to its owner's key (`owner_key`) and added to the `WorkQueue`; nothing
+of the object is kept. kopf would instead start a worker and an event queue per watched
+object: thousands of each at 1000 services, and every event kept until its worker ran.
 
 A watch is label-selected to the operator's own children (`managed-by`), resumes from the
 last resourceVersion it saw (bookmarks included) when the server ends it, and re-lists when
@@ -57,11 +57,12 @@ class ChildKind:
 
 # Pods: a container that crashes at start, or whose image cannot be pulled, changes neither
 # its Deployment nor its ReplicaSet; only its pod says so. HTTPRoutes: a weight edited by
-# hand would otherwise send users to a canary until the next resync.
+# hand would otherwise send users to a canary until the next resync (a GRPCRoute's too).
 CHILD_KINDS = (
     ChildKind("apps/v1", "Deployment", "deployments"),
     ChildKind("v1", "Service", "services"),
     ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    ChildKind("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ChildKind("v1", "Pod", "pods"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fleetserve_operator.naming import Track
-from fleetserve_operator.spec import BatchingSpec, GpuTrackSpec, ModelSpec
+from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
 
 __all__ = [
     "AUTH_MOUNT",
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 COMMAND = ("fleetserve-runtime", "serve")
-HTTP_PORT = 8080
+HTTP_PORT = RUNTIME_HTTP_PORT
 READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
 METRICS_PATH = "/metrics"
@@ -168,6 +168,10 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
     }
     if pods.runtime.auth_secret_ref is not None:
         flags["auth-token-file"] = AUTH_TOKEN_FILE
+    # Only when enabled: the pods of services that never asked for gRPC keep their args, so
+    # an operator upgrade starts no rollout.
+    if pods.runtime.grpc.enabled:
+        flags["grpc-port"] = pods.runtime.grpc.port
     args: list[str] = []
     for flag, value in flags.items():
         args += [f"--{flag}", str(value)]

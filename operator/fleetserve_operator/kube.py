@@ -47,6 +47,7 @@ _PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
     "HTTPRoute": "httproutes",
+    "GRPCRoute": "grpcroutes",
     "ScaledObject": "scaledobjects",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
@@ -58,6 +59,7 @@ _CHILD_KINDS = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ("gateway.networking.k8s.io/v1", "GRPCRoute"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("policy/v1", "PodDisruptionBudget"),
 )
@@ -67,6 +69,12 @@ _OPTIONAL_KINDS = {
     "HTTPRoute": (
         "spec.traffic.provider",
         "gateway-api needs the Gateway API CRDs (HTTPRoute v1) in the cluster",
+    ),
+    # GRPCRoute reached v1 after HTTPRoute: a cluster may serve one without the other.
+    "GRPCRoute": (
+        "spec.runtime.grpc",
+        "gRPC with gateway-api needs the Gateway API's GRPCRoute CRD (v1, Gateway API 1.1 "
+        "or later) in the cluster",
     ),
     "ScaledObject": (
         "spec.scaling",
@@ -81,6 +89,7 @@ _DRY_RUN = [("dryRun", "All")]
 # The spec section a child is rendered from, for the field a refusal names.
 _SOURCE_FIELDS = {
     "HTTPRoute": "spec.traffic",
+    "GRPCRoute": "spec.traffic",
     "Service": "spec.traffic",
     "ScaledObject": "spec.scaling",
     "PodDisruptionBudget": "spec.disruption",

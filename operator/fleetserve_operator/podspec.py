@@ -6,7 +6,8 @@ container runs `fleetserve-runtime serve` with flags from `contract`; the pod is
 the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
 escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label
 namespaces `restricted`. The track's pods spread over nodes and zones
-(`scaling.topology_spread`) and may carry a PriorityClass.
+(`scaling.topology_spread`) and may carry a PriorityClass. The container's port `http` is
+always there; `grpc` only when `spec.runtime.grpc` is enabled on the track's pods.
 
 A generative model's pods also get the engine's `--generation-*` flags, and a terminating
 pod keeps serving for `generation.drainSeconds`: Gateway API and Services move only new
@@ -180,6 +181,17 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
     return volumes, mounts
 
 
+def _ports(spec: GpuTrackSpec) -> list[Manifest]:
+    """The container's ports: `http`, and `grpc` when the pods serve gRPC."""
+    ports: list[Manifest] = [
+        {"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}
+    ]
+    grpc = spec.runtime.grpc
+    if grpc.enabled:
+        ports.append({"name": "grpc", "containerPort": grpc.port, "protocol": "TCP"})
+    return ports
+
+
 def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     spec = plan.pods
     container: Manifest = {
@@ -188,7 +200,7 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.COMMAND),
         "args": runtime_args(plan),
-        "ports": [{"name": "http", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}],
+        "ports": _ports(spec),
         "startupProbe": _probe(contract.READY_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
         "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),
         "livenessProbe": _probe(contract.LIVE_PATH, period_s=10, failures=3),

@@ -11,7 +11,9 @@ track's Deployment leaves its replica count to the HPA of the KEDA ScaledObject 
 beside it, and a track of 2 or more replicas (or autoscaled) gets a PodDisruptionBudget
 (both from `scaling`). The HTTPRoute exposes only the inference paths of the model's task
 (`INFERENCE_PATHS` for an encoder, `GENERATION_PATHS` for a generative model), never the
-runtime's admin endpoints.
+runtime's admin endpoints. When a track's pods serve gRPC (`spec.runtime.grpc`) its Service
+gains an h2c `grpc` port, and with `gateway-api` a GRPCRoute beside the HTTPRoute sends
+`inference.GRPCInferenceService` calls to the same tracks with the same weights.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fleetserve_operator.spec import (
     DisruptionSpec,
     GenerationSpec,
     GpuTrackSpec,
+    GrpcSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
     ScalingSpec,
@@ -42,6 +45,7 @@ from fleetserve_operator.spec import (
 __all__ = [
     "APPLIED_HASH_ANNOTATION",
     "GENERATION_PATHS",
+    "GRPC_SERVICE",
     "HTTPROUTE_API_VERSION",
     "INFERENCE_PATHS",
     "Owner",
@@ -60,6 +64,9 @@ __all__ = [
 ]
 
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
+GRPC_SERVICE = "inference.GRPCInferenceService"
+"""The one gRPC service the GRPCRoute sends to the runtime (the inference RPCs only: the
+runtime serves no model control over gRPC)."""
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 APPLIED_HASH_ANNOTATION = f"{naming.GROUP}/applied-hash"
 """A hash of everything the operator applies to a child, so that a field the spec no longer
@@ -272,9 +279,25 @@ def _deployment(owner: Owner, plan: TrackPlan) -> Manifest:
 
 
 def _service(
-    owner: Owner, spec: InferenceServiceSpec, name: str, selector: dict[str, str]
+    owner: Owner, spec: InferenceServiceSpec, name: str, selector: dict[str, str], grpc: GrpcSpec
 ) -> Manifest:
+    """A ClusterIP Service: `http`, and `grpc` (h2c) when the pods it selects serve gRPC."""
     track = selector.get(naming.TRACK_LABEL)
+    ports: list[Manifest] = [
+        {"name": "http", "port": spec.traffic.port, "targetPort": "http", "protocol": "TCP"}
+    ]
+    if grpc.enabled:
+        # A named target: a pod of the pool without the port (a canary turning gRPC off)
+        # is simply no endpoint of it.
+        ports.append(
+            {
+                "name": "grpc",
+                "port": grpc.port,
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "kubernetes.io/h2c",
+            }
+        )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -284,9 +307,7 @@ def _service(
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
-            "ports": [
-                {"name": "http", "port": spec.traffic.port, "targetPort": "http", "protocol": "TCP"}
-            ],
+            "ports": ports,
         },
     }
 
@@ -317,33 +338,55 @@ def route_matches(spec: InferenceServiceSpec) -> list[Manifest]:
     return [{"path": {"type": kind, "value": path.format(model=spec.model.name)}} for path in paths]
 
 
-def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, int]) -> Manifest:
+def _route(owner: Owner, spec: InferenceServiceSpec, kind: str, rule: Manifest) -> Manifest:
+    """An HTTPRoute or GRPCRoute of one `rule` on the spec's Gateways and hostnames."""
     route: Manifest = {
         "parentRefs": [
             ref.model_dump(by_alias=True, exclude_none=True) for ref in spec.traffic.parent_refs
         ],
-        "rules": [
-            {
-                "matches": route_matches(spec),
-                "backendRefs": [
-                    {
-                        "name": naming.child_name(owner.name, track),
-                        "port": spec.traffic.port,
-                        "weight": weight,
-                    }
-                    for track, weight in weights.items()
-                ],
-            }
-        ],
+        "rules": [rule],
     }
     if spec.traffic.hostnames:
         route["hostnames"] = list(spec.traffic.hostnames)
     return {
         "apiVersion": HTTPROUTE_API_VERSION,
-        "kind": "HTTPRoute",
+        "kind": kind,
         "metadata": owner.metadata(owner.name, naming.labels(owner.name)),
         "spec": route,
     }
+
+
+def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, int]) -> Manifest:
+    backends = [
+        {"name": naming.child_name(owner.name, track), "port": spec.traffic.port, "weight": weight}
+        for track, weight in weights.items()
+    ]
+    return _route(
+        owner, spec, "HTTPRoute", {"matches": route_matches(spec), "backendRefs": backends}
+    )
+
+
+def _grpc_route(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    weights: dict[Track, int],
+    grpc: dict[Track, GrpcSpec],
+) -> Manifest | None:
+    """The GRPCRoute: the HTTPRoute's weights, to the `grpc` port of each track serving it.
+
+    A track whose pods do not serve gRPC (the stable track while a canary turns it on) is
+    left out rather than listed at its weight, since every call sent to it would fail. None
+    when no track serves gRPC.
+    """
+    backends = [
+        {"name": naming.child_name(owner.name, track), "port": grpc[track].port, "weight": weight}
+        for track, weight in weights.items()
+        if grpc[track].enabled
+    ]
+    if not backends:
+        return None
+    matches = [{"method": {"type": "Exact", "service": GRPC_SERVICE}}]
+    return _route(owner, spec, "GRPCRoute", {"matches": matches, "backendRefs": backends})
 
 
 def _track_scaling(
@@ -422,6 +465,7 @@ def desired_children(
         observed_stable_replicas=observed_stable_replicas,
         prometheus_url=prometheus_url,
     )
+    grpc = {plan.config.track: plan.pods.runtime.grpc for plan in plans}
     for plan in plans:
         track = plan.config.track
         children.append(
@@ -430,6 +474,7 @@ def desired_children(
                 spec,
                 naming.child_name(owner.name, track),
                 naming.selector(owner.name, track),
+                grpc[track],
             )
         )
     pool = Track.FALLBACK.pool if fallback_active(status) else Track.STABLE.pool
@@ -438,9 +483,14 @@ def desired_children(
         naming.INSTANCE_LABEL: owner.name,
         naming.POOL_LABEL: pool,
     }
-    children.append(_service(owner, spec, owner.name, umbrella))
+    # The fallback runs the stable track's pods, so both pools serve gRPC as stable does.
+    children.append(_service(owner, spec, owner.name, umbrella, grpc[Track.STABLE]))
     if spec.traffic.provider is TrafficProvider.GATEWAY_API:
-        children.append(_http_route(owner, spec, traffic_weights(spec, status)))
+        weights = traffic_weights(spec, status)
+        children.append(_http_route(owner, spec, weights))
+        grpc_route = _grpc_route(owner, spec, weights, grpc)
+        if grpc_route is not None:
+            children.append(grpc_route)
     return [_with_applied_hash(child) for child in children]
 
 

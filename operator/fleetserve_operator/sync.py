@@ -353,7 +353,7 @@ class Sync:
         Raises:
             ChildConflict: a name is taken by an object this service does not control.
             ChildRefused: the API server refused a child.
-            DependencyMissing: the HTTPRoute API is missing.
+            DependencyMissing: the HTTPRoute or GRPCRoute API is missing.
         """
         current = {reconcile.child_key(child): child for child in observed}
         writes: list[_Write] = []

@@ -390,7 +390,7 @@ def allowed(
 
 
 def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
-    """Runtime pods take connections on `http` from the gateway and Prometheus only."""
+    """Runtime pods take `http` and `grpc` from the gateway, `http` from Prometheus, no more."""
     manifests = render(*NETWORK_POLICY)
     policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
     assert sorted(p["metadata"]["namespace"] for p in policies) == [
@@ -399,7 +399,8 @@ def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
         "search",
     ]
     runtime = runtime_pod("ml")
-    assert allowed(policies, "Ingress", runtime, GATEWAY, "http")
+    for port in ("http", "grpc"):
+        assert allowed(policies, "Ingress", runtime, GATEWAY, port), port
     assert allowed(policies, "Ingress", runtime, PROMETHEUS, "http")
     refused = [
         runtime_pod("search"),  # another tenant's model
@@ -408,7 +409,8 @@ def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
         Pod("gateway-canary", GATEWAY.labels),  # a namespace named like the gateway's
     ]
     for source in refused:
-        assert not allowed(policies, "Ingress", runtime, source, "http"), source
+        for port in ("http", "grpc"):
+            assert not allowed(policies, "Ingress", runtime, source, port), (source, port)
     assert not allowed(policies, "Ingress", runtime, GATEWAY, "debug")
 
 

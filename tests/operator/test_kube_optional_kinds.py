@@ -68,3 +68,51 @@ def test_writing_a_scaled_object_without_keda_names_spec_scaling(unserved: KubeA
         unserved.validate(_scaled_object(), current=None)
     assert caught.value.field == "spec.scaling"
     assert "KEDA" in caught.value.message
+
+
+def _grpc_route() -> dict[str, Any]:
+    spec = make_spec(
+        runtime={"grpc": {"enabled": True}},
+        traffic={
+            "provider": "gateway-api",
+            "parentRefs": [{"name": "gw"}],
+            "hostnames": ["oip.example"],
+        },
+    )
+    children = desired_children(OWNER, spec, InferenceServiceStatus())
+    (route,) = [child for child in children if child["kind"] == "GRPCRoute"]
+    return route
+
+
+def test_writing_a_grpc_route_without_its_crd_names_spec_runtime_grpc(unserved: KubeApi) -> None:
+    """A Gateway API older than GRPCRoute v1: the dry-run names spec.runtime.grpc."""
+    with pytest.raises(DependencyMissing) as caught:
+        unserved.validate(_grpc_route(), current=None)
+    assert caught.value.field == "spec.runtime.grpc"
+    assert "GRPCRoute" in caught.value.message
+
+
+def test_children_are_listed_where_grpc_routes_are_not_served() -> None:
+    """Only GRPCRoutes unserved: every other kind is listed, the missing one is skipped."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path.split("?", 1)[0])
+            grpc = "/grpcroutes" in self.path
+            payload = b"404 page not found\n" if grpc else b'{"items": []}'
+            self.send_response(404 if grpc else 200)
+            self.send_header("Content-Type", "text/plain" if grpc else "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    with serve_http(Handler) as url:
+        configuration = kubernetes.client.Configuration(host=url)
+        kube = KubeApi(kubernetes.client.ApiClient(configuration), timeout_s=5.0)
+        assert kube.list_children("ns", "demo") == []
+    assert "/apis/gateway.networking.k8s.io/v1/namespaces/ns/grpcroutes" in asked
+    assert "/apis/gateway.networking.k8s.io/v1/namespaces/ns/httproutes" in asked

@@ -44,7 +44,9 @@ from fleetserve_operator.spec.scaling import (
 from fleetserve_operator.spec.serving import (
     BACKEND_RULES,
     GENERATIVE_CEL,
+    GRPC_RULES,
     KV_FIT_RULE,
+    RUNTIME_HTTP_PORT,
     BatchingOverrides,
     BatchingSpec,
     EnvVar,
@@ -52,6 +54,7 @@ from fleetserve_operator.spec.serving import (
     GenerationOverrides,
     GenerationSpec,
     GpuTrackSpec,
+    GrpcSpec,
     KeySelector,
     MemorySpec,
     ModelSpec,
@@ -61,6 +64,7 @@ from fleetserve_operator.spec.serving import (
     Task,
     Toleration,
     backend_problem,
+    grpc_port_problem,
     kv_fit_problem,
 )
 from fleetserve_operator.spec.status import (
@@ -106,6 +110,7 @@ __all__ = [
     "GenerationOverrides",
     "GenerationSpec",
     "GpuTrackSpec",
+    "GrpcSpec",
     "InconclusiveReason",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
@@ -115,6 +120,7 @@ __all__ = [
     "ModelSpec",
     "ParentRef",
     "Precision",
+    "RUNTIME_HTTP_PORT",
     "Replicas",
     "Resources",
     "RolloutCommand",
@@ -143,6 +149,13 @@ _HOSTNAMES_NEEDED = (
     "a generative model with traffic.provider gateway-api needs traffic.hostnames: its "
     "OpenAI routes (/v1/chat/completions, /v1/completions, /v1/models) carry no model name, "
     "so the hostname tells two generative services on one Gateway apart"
+)
+
+
+_GRPC_HOSTNAMES_NEEDED = (
+    "runtime.grpc with traffic.provider gateway-api needs traffic.hostnames: a gRPC call "
+    "names its model inside the message, not in a path a route can match, so the hostname "
+    "tells two services on one Gateway apart"
 )
 
 
@@ -186,6 +199,14 @@ class InferenceServiceSpec(Wire):
                 ),
                 KV_FIT_RULE,
                 *BACKEND_RULES,
+                *GRPC_RULES,
+                cel(
+                    "!self.runtime.grpc.enabled || "
+                    f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
+                    "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
+                    _GRPC_HOSTNAMES_NEEDED,
+                    ".traffic.hostnames",
+                ),
                 *(
                     cel(
                         f"!has(self{path}.scaling) || "
@@ -281,6 +302,20 @@ class InferenceServiceSpec(Wire):
             problem = backend_problem(self.model, backend, track)
             if problem is not None:
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_grpc_port(self) -> InferenceServiceSpec:
+        problem = grpc_port_problem(self.runtime.grpc, self.traffic.port)
+        if problem is not None:
+            raise ValueError(problem)
+        traffic = self.traffic
+        if (
+            self.runtime.grpc.enabled
+            and traffic.provider is TrafficProvider.GATEWAY_API
+            and not traffic.hostnames
+        ):
+            raise ValueError(_GRPC_HOSTNAMES_NEEDED)
         return self
 
     @property

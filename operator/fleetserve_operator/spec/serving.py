@@ -33,6 +33,7 @@ __all__ = [
     "BACKEND_RULES",
     "BUILTIN_TASKS",
     "GENERATIVE_CEL",
+    "GRPC_RULES",
     "KV_FIT_RULE",
     "SMOLLM2_CONTEXT",
     "SMOLLM2_KV_BYTES_PER_TOKEN",
@@ -45,10 +46,12 @@ __all__ = [
     "GenerationOverrides",
     "GenerationSpec",
     "GpuTrackSpec",
+    "GrpcSpec",
     "KeyRef",
     "KeySelector",
     "MemorySpec",
     "ModelSpec",
+    "RUNTIME_HTTP_PORT",
     "Replicas",
     "Resources",
     "RuntimeSpec",
@@ -56,6 +59,7 @@ __all__ = [
     "Toleration",
     "backend_problem",
     "builtin_context_length",
+    "grpc_port_problem",
     "kv_fit_problem",
 ]
 
@@ -303,6 +307,19 @@ class EnvVar(Wire):
     """Value from a Secret or ConfigMap key."""
 
 
+class GrpcSpec(Wire):
+    """The runtime's Open Inference Protocol gRPC listener (`inference.GRPCInferenceService`)."""
+
+    enabled: bool = False
+    """Serve OIP over gRPC beside HTTP (`--grpc-port`): each track's pods get a container
+    port and their Services a port named `grpc`, and with `gateway-api` a GRPCRoute splits
+    gRPC traffic with the HTTPRoute's weights, on `traffic.hostnames` (required: a gRPC call
+    names its model inside the message). Changing it is a rollout."""
+    port: int = Field(9000, ge=1, le=65535)
+    """Port of the gRPC listener in the pods and of the Services' `grpc` port; it must
+    differ from the runtime's HTTP port (8080) and from `traffic.port`."""
+
+
 class RuntimeSpec(Wire):
     """How the GPU tracks (stable and canary) run the Fleetserve runtime."""
 
@@ -339,6 +356,9 @@ class RuntimeSpec(Wire):
     files on ONNX Runtime, every other model on torch); `torch` or `onnxruntime` pins it. ONNX
     Runtime runs on the CPU only and serves fp32 or int8, and a backend that cannot serve
     the model is refused. Changing it is a rollout."""
+    grpc: GrpcSpec = GrpcSpec()
+    """OIP over gRPC (off by default); the CPU fallback serves it whenever the stable track
+    does, so gRPC clients keep working through a failover."""
 
     @model_validator(mode="after")
     def _backend_fits(self) -> RuntimeSpec:
@@ -762,6 +782,40 @@ BACKEND_RULES = [
 ]
 """CEL, on the spec: each track's `backend` can serve the model on its device and precision
 (`RuntimeSpec`, `FallbackSpec` and `backend_problem` in Python)."""
+
+
+RUNTIME_HTTP_PORT = 8080
+"""The port the runtime's HTTP listener takes in every pod (`--port`)."""
+GRPC_RULES = [
+    cel(
+        f"!self.runtime.grpc.enabled || self.runtime.grpc.port != {RUNTIME_HTTP_PORT}",
+        f"runtime.grpc.port must differ from {RUNTIME_HTTP_PORT}, the runtime's HTTP port",
+        ".runtime.grpc.port",
+    ),
+    cel(
+        "!self.runtime.grpc.enabled || self.runtime.grpc.port != self.traffic.port",
+        "runtime.grpc.port must differ from traffic.port: the Services expose both",
+        ".runtime.grpc.port",
+    ),
+]
+"""CEL, on the spec: the gRPC port collides with neither HTTP port (`grpc_port_problem`)."""
+
+
+def grpc_port_problem(grpc: GrpcSpec, service_port: int) -> str | None:
+    """`GRPC_RULES` in Python: why `grpc` cannot take its port, or None."""
+    if not grpc.enabled:
+        return None
+    if grpc.port == RUNTIME_HTTP_PORT:
+        return (
+            f"runtime.grpc.port ({grpc.port}) must differ from {RUNTIME_HTTP_PORT}, the "
+            "runtime's HTTP port"
+        )
+    if grpc.port == service_port:
+        return (
+            f"runtime.grpc.port ({grpc.port}) must differ from traffic.port ({service_port}): "
+            "the Services expose both"
+        )
+    return None
 
 
 def backend_problem(model: ModelSpec, backend: Backend, track: str) -> str | None:
