@@ -48,6 +48,7 @@ CHILD_APIS = {
     "Deployment": ("apps/v1", "deployments"),
     "Service": ("", "services"),
     "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
+    "GRPCRoute": ("gateway.networking.k8s.io/v1", "grpcroutes"),
 }
 RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
 

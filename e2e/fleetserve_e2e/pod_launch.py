@@ -12,7 +12,8 @@ of one of Fleetserve's images (:class:`Image`: the runtime or the operator) on t
 - Ports: the stand-in for a pod's own network namespace.  Every port the container declares or
   listens on maps to a free loopback port, and the process is told to listen on 127.0.0.1 at
   the mapped port, the way its image takes a listen address: the runtime's ``--host``/``--port``
-  flags are replaced; the operator gets ``FLEETSERVE_LISTEN_ADDRESS=127.0.0.1`` and its
+  (and ``--grpc-port``, when the pod turns gRPC on) flags are replaced; the operator gets
+  ``FLEETSERVE_LISTEN_ADDRESS=127.0.0.1`` and its
   ``FLEETSERVE_METRICS_PORT``/``FLEETSERVE_LIVENESS_PORT`` set to the mapped ports of the
   container ports they name.  The readiness probe's port, by name or number, resolves through
   the same map.
@@ -31,7 +32,7 @@ from fleetserve_e2e.identity import isolated_env
 from fleetserve_e2e.kubeapi import JsonObject
 
 LOOPBACK = "127.0.0.1"
-_LISTEN_FLAGS = ("--host", "--port")
+_LISTEN_FLAGS = ("--host", "--port", "--grpc-port")
 # Where each image listens unless told otherwise: the runtime's RuntimeConfig.port, and the
 # operator's OperatorConfig.metrics_port / liveness_port (0 turns an endpoint off).
 RUNTIME_DEFAULT_PORT = 8080
@@ -71,6 +72,8 @@ class LaunchPlan:
     serving_port: int | None
     """The runtime's inference port on the host, which the pod map publishes; None for the
     operator, which serves no inference."""
+    grpc_port: int | None = None
+    """The runtime's gRPC port on the host; None unless the pod passes ``--grpc-port``."""
 
 
 def prestop_sleep_s(pod: JsonObject) -> float:
@@ -100,7 +103,7 @@ def fleetserve_container(pod: JsonObject) -> JsonObject | None:
 
 
 def without_listen_flags(args: Sequence[str]) -> list[str]:
-    """Drop ``--host``/``--port`` in both ``--flag value`` and ``--flag=value`` forms."""
+    """Drop ``--host``/``--port``/``--grpc-port`` as ``--flag value`` and ``--flag=value``."""
     kept: list[str] = []
     skip_value = False
     for arg in args:
@@ -172,7 +175,9 @@ def container_env(pod: JsonObject, container: JsonObject) -> dict[str, str]:
 def listen_ports(image: Image, args: Sequence[str], env: Mapping[str, str]) -> dict[str, int]:
     """The container ports the process would bind, keyed by the flag or variable that sets each."""
     if image is Image.RUNTIME:
-        return {"--port": int(flag_value(args, "--port") or RUNTIME_DEFAULT_PORT)}
+        ports = {"--port": int(flag_value(args, "--port") or RUNTIME_DEFAULT_PORT)}
+        grpc = flag_value(args, "--grpc-port")
+        return ports if grpc is None else {**ports, "--grpc-port": int(grpc)}
     return {name: int(env.get(name, default)) for name, default in OPERATOR_PORT_ENV.items()}
 
 
@@ -236,6 +241,8 @@ def launch_plan(
     moved = {key: host_ports.get(port, 0) for key, port in listening.items()}
     if image is Image.RUNTIME:
         args = [*without_listen_flags(args), "--host", LOOPBACK, "--port", str(moved["--port"])]
+        if "--grpc-port" in moved:
+            args += ["--grpc-port", str(moved["--grpc-port"])]
     else:
         env.update({name: str(port) for name, port in moved.items()})
         env[OPERATOR_LISTEN_ENV] = LOOPBACK
@@ -249,4 +256,5 @@ def launch_plan(
         host_ports=host_ports,
         readiness=readiness_probe(container, host_ports),
         serving_port=moved["--port"] if image is Image.RUNTIME else None,
+        grpc_port=moved.get("--grpc-port"),
     )

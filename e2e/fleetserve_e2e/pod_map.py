@@ -32,6 +32,8 @@ class PodAddress:
     ready: bool
     pid: int
     labels: dict[str, str] = field(default_factory=dict)
+    grpc_address: str | None = None
+    """``127.0.0.1:<port>`` of the runtime's gRPC listener; None when the pod has none."""
 
     @property
     def url(self) -> str:

@@ -76,6 +76,12 @@ class PodProcess:
         port = self.plan.serving_port
         return None if port is None else f"{LOOPBACK}:{port}"
 
+    @property
+    def grpc_address(self) -> str | None:
+        """``127.0.0.1:<port>`` of a runtime's gRPC listener; None when it has none."""
+        port = self.plan.grpc_port
+        return None if port is None else f"{LOOPBACK}:{port}"
+
 
 @dataclass
 class RunnerConfig:
@@ -324,6 +330,7 @@ class PodRunner:
                 ready=running.seen.ready,
                 pid=running.process.pid,
                 labels=dict(pods_by_uid[uid]["metadata"].get("labels", {})),
+                grpc_address=running.grpc_address,
             )
             for uid, running in sorted(self._processes.items())
             if uid in pods_by_uid

@@ -75,6 +75,7 @@ def _container(pod: JsonObject) -> JsonObject:
         pytest.param(["--port", "8080", "--name", "x"], ["--name", "x"], id="separate-value"),
         pytest.param(["--port=8080", "--host=0.0.0.0"], [], id="equals-form"),
         pytest.param(["--model", "m"], ["--model", "m"], id="nothing-to-drop"),
+        pytest.param(["--grpc-port", "9000", "--grpc-port=9001", "-v"], ["-v"], id="grpc"),
     ],
 )
 def test_listen_flags_are_dropped(args: list[str], expected: list[str]) -> None:
@@ -134,9 +135,23 @@ def test_runtime_plan_keeps_args_and_env_and_maps_its_port() -> None:
     assert "8080" not in plan.argv
     assert plan.host_ports == {8080: 40000}
     assert plan.serving_port == 40000
+    assert plan.grpc_port is None
     assert plan.readiness == HttpProbe(port=40000, path="/v2/health/ready")
     assert plan.env["FLEETSERVE_LOG_LEVEL"] == "info"
     assert plan.env["PATH"] == "/bin"
+
+
+def test_runtime_grpc_listener_gets_its_own_host_port() -> None:
+    """--grpc-port 9000 (as the operator renders it) moves to a host port of its own."""
+    pod = _runtime_pod()
+    container = _container(pod)
+    container["args"] = [*container["args"], "--grpc-port=9000"]
+    container["ports"] = [*container["ports"], {"name": "grpc", "containerPort": 9000}]
+    plan = launch_plan(pod, container, commands=COMMANDS, base_env={}, allocate_port=_ports())
+    assert plan.host_ports == {8080: 40000, 9000: 40001}
+    assert plan.argv[-6:] == ("--host", "127.0.0.1", "--port", "40000", "--grpc-port", "40001")
+    assert "--grpc-port=9000" not in plan.argv
+    assert (plan.serving_port, plan.grpc_port) == (40000, 40001)
 
 
 def test_runtime_without_port_flag_is_mapped_from_its_default_port() -> None:
