@@ -127,6 +127,7 @@ class Server:
         venv: True when it runs in its own virtualenv built from ``bench/peers/<name>``.
         runtime_args: For the runtime itself, the options its configuration adds; None for
             a peer.
+        engine: The distribution that runs the model's forward pass.
     """
 
     name: str
@@ -138,6 +139,7 @@ class Server:
     embedding: Callable[[Any], list[float]]
     venv: bool = True
     runtime_args: tuple[str, ...] | None = None
+    engine: str = "torch"
 
 
 OURS = Server(
@@ -150,6 +152,7 @@ OURS = Server(
     oip_output,
     venv=False,
     runtime_args=BATCHED,
+    engine="onnxruntime",
 )
 OURS_TORCH = Server(
     "fleetserve-torch",
@@ -565,11 +568,11 @@ def _row(server: Server, label: str, profile: str, cosine: float, window: Window
 
 
 def version_label(server: Server, python: Path) -> str:
-    """Return e.g. ``2.1.0 (torch 2.15.0)`` for the server's package as it is installed."""
+    """Return e.g. ``2.1.0 (torch 2.15.0)``: the server's package and the engine it runs on."""
     if server.venv:
-        found = installed_versions(python, [server.package, "torch"])
-        return f"{found[server.package]} (torch {found['torch']})"
-    return f"{version(server.package)} (torch {version('torch')})"
+        found = installed_versions(python, [server.package, server.engine])
+        return f"{found[server.package]} ({server.engine} {found[server.engine]})"
+    return f"{version(server.package)} ({server.engine} {version(server.engine)})"
 
 
 def failed_rows(server: Server, reason: str, profiles: Sequence[str]) -> list[Row]:

@@ -79,6 +79,9 @@ def test_fastapi_peer_is_checked_then_timed_beside_the_runtime(
         # The server's process group did the work: CPU time was charged to it.
         assert row["cpu_ms_per_request"] > 0
     assert rows["fastapi"]["version"].startswith("0.")
+    assert "(torch " in rows["fastapi"]["version"]
+    assert "(onnxruntime " in rows[OURS.name]["version"]
+    assert "(torch " in rows[OURS_TORCH.name]["version"]
     # The FastAPI peer logs one text per forward pass: no batching to report.
     assert rows["fastapi"]["mean_batch"] == 1.0
     assert ratio == pytest.approx(

@@ -2,7 +2,7 @@
 
 The same packaged weights as `models.minilm`, exported once to an ONNX graph
 (`models.onnx_export`) and served by `OnnxEncoderHandler`, whose fused CPU kernels cost
-about 1.6x less CPU per request than our torch encoder at identical precision.
+about 1.46x less CPU per request than our torch encoder at identical precision.
 
 The graph is cached in `$TMPDIR/fleetserve-onnx-minilm/<key>/` (`model.onnx` and
 `tokenizer.json`), a directory only its owner may use (`onnx_model.private_cache`), where

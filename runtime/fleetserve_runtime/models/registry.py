@@ -67,7 +67,7 @@ def choose_backend(
     """What runs `uri` on `device` (the resolved device type, `cpu` or `cuda`).
 
     MiniLM runs on either: `auto` picks ONNX Runtime on the CPU in fp32, where its fused
-    kernels cost 1.6x less CPU per request than our torch encoder, and torch otherwise (our
+    kernels cost 1.46x less CPU per request than our torch encoder, and torch otherwise (our
     int8 beats ONNX Runtime's, bf16 is torch's, and the ONNX Runtime wheel is CPU-only). Any
     other model runs on what its URI implies (`.onnx` files on ONNX Runtime, the rest on torch).
 
