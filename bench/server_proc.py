@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from bench.pinning import pinned_command, single_thread_env
@@ -140,6 +140,7 @@ def running_server(
     log_path: Path,
     ready_timeout_s: float = 180.0,
     ready_path: str = "/v2/health/ready",
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[int]:
     """Run ``argv`` pinned to ``core`` until the ``with`` block ends.
 
@@ -150,6 +151,7 @@ def running_server(
         log_path: File that receives the server's stdout and stderr.
         ready_timeout_s: How long model loading and warm-up may take.
         ready_path: Path under ``base_url`` that answers 200 once the server is ready.
+        env: Variables set for the server on top of the one-thread environment.
 
     Yields:
         The server's process id; the server is ready when the block starts.
@@ -157,7 +159,7 @@ def running_server(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             pinned_command(argv, core=core),
-            env=single_thread_env(),
+            env={**single_thread_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -27,6 +25,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.cli import EXIT_LOAD_FAILED
 from fleetserve_runtime.memory import MemoryProfile, resident_peak_bytes
 from fleetserve_runtime.models.accuracy import (
@@ -134,43 +133,17 @@ def cached_graph(tmp: Path) -> Path:
     return tmp / "fleetserve-onnx-minilm" / graph_key() / "model.onnx"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serving(tmp: Path, log: Path, *args: str) -> Iterator[str]:
-    """`fleetserve-runtime serve` of MiniLM on loopback with `TMPDIR=tmp`, stderr to `log`."""
+    """`fleetserve-runtime serve` of MiniLM on loopback with `TMPDIR=tmp`, its output to `log`."""
     port = free_port()
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [str(CLI), "serve", "--port", str(port), "--device", "cpu", "--name", "minilm"]
-            + ["--model", MINILM, "--max-sequence-length", str(MAX_LEN), "--log-format", "text"]
-            + list(args),
-            env={**os.environ, "TMPDIR": str(tmp)},
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited {proc.returncode}: {log.read_text()}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("server did not become ready")
+    argv = runtime_serve_argv([str(CLI)], model=MINILM, name="minilm", port=port)
+    flags = ["--max-sequence-length", str(MAX_LEN), "--log-format", "text", *args]
+    with running_server(
+        [*argv, *flags], base_url=url, core=0, log_path=log, env={"TMPDIR": str(tmp)}
+    ):
         yield url
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def served(url: str) -> tuple[npt.NDArray[np.float32], dict[str, object]]:

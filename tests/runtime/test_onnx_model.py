@@ -8,10 +8,8 @@ with the torch MiniLM handler's.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +21,7 @@ import onnx
 import pytest
 import torch
 
+from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.cli import EXIT_LOAD_FAILED
 from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
@@ -54,44 +53,16 @@ def torch_embeddings() -> npt.NDArray[np.float32]:
     return embed_texts(handler, TEXTS, CPU)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
-def serving(model: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def serving(model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`fleetserve-runtime serve` of `model` on loopback until the block ends; its URL."""
     port = free_port()
-    proc = subprocess.Popen(
-        [str(CLI), "serve", "--port", str(port), "--device", "cpu", "--name", "onnx"]
-        + ["--model", f"file://{model}", "--log-format", "text", *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                assert proc.stderr is not None
-                pytest.fail(f"server exited {proc.returncode}: {proc.stderr.read().decode()}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("server did not become ready")
+    argv = runtime_serve_argv([str(CLI)], model=f"file://{model}", name="onnx", port=port)
+    with running_server(
+        [*argv, "--log-format", "text", *args], base_url=url, core=0, log_path=log, env=env
+    ):
         yield url
-    finally:
-        proc.kill()
-        proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
 
 
 def infer(url: str, texts: list[str]) -> npt.NDArray[np.float32]:
@@ -106,10 +77,10 @@ def infer(url: str, texts: list[str]) -> npt.NDArray[np.float32]:
 
 
 def test_onnx_model_serves_embeddings_like_torch(
-    onnx_model: Path, torch_embeddings: npt.NDArray[np.float32]
+    onnx_model: Path, torch_embeddings: npt.NDArray[np.float32], tmp_path: Path
 ) -> None:
     """Over loopback, the ONNX graph's pooled embeddings match the torch path (cos ≥ 0.999)."""
-    with serving(onnx_model, "--max-sequence-length", str(MAX_LEN)) as url:
+    with serving(onnx_model, tmp_path / "log", "--max-sequence-length", str(MAX_LEN)) as url:
         served = infer(url, TEXTS)
         metadata = httpx.get(f"{url}/v2/models/onnx", timeout=10).json()
     cosines = (served * torch_embeddings).sum(axis=1)
@@ -127,7 +98,7 @@ def test_int8_onnx_model_is_quantised_guarded_and_cached(
     """`--precision int8` quantises at load into the temp dir, passes the guard, serves."""
     env = {"TMPDIR": str(tmp_path)}
     args = ("--precision", "int8", "--no-warmup", "--max-sequence-length", str(MAX_LEN))
-    with serving(onnx_model, *args, env=env) as url:
+    with serving(onnx_model, tmp_path / "log", *args, env=env) as url:
         served = infer(url, TEXTS[:5])
     cached = list((tmp_path / "fleetserve-onnx-int8").glob("*.int8.onnx"))
     assert len(cached) == 1
