@@ -39,6 +39,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -222,15 +223,11 @@ def _scheduling(
 def _call(
     request: Request, instances: list[object], version: str | None, params: RequestParameters | None
 ) -> InferenceCall:
-    params = params or RequestParameters()
+    if params is None:
+        priority, timeout_ms = _scheduling(request, None, None)
+        return InferenceCall(instances, version, priority, timeout_ms)
     priority, timeout_ms = _scheduling(request, params.priority, params.timeout_ms)
-    return InferenceCall(
-        instances=instances,
-        version=version,
-        priority=priority,
-        timeout_ms=timeout_ms,
-        truncate=params.truncate,
-    )
+    return InferenceCall(instances, version, priority, timeout_ms, params.truncate)
 
 
 def _timing_headers(result: InferenceResult, total_s: float) -> dict[str, str]:
@@ -419,6 +416,48 @@ class _Routes:
 # -- middleware ----------------------------------------------------------------------------
 
 
+class _IndexedHeaders(Headers):
+    """Starlette's request headers, looked up in a dict.
+
+    Starlette scans the header list on every look-up, and raises and catches a `KeyError`
+    for each absent one; the infer routes ask for about eight headers, most of them absent.
+    As in Starlette, the first of repeated headers is the one found.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__(scope=scope)
+        index: dict[bytes, bytes] = {}
+        for key, value in self.raw:
+            index.setdefault(key, value)
+        self._index = index
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The header's value, or `default` when absent."""
+        value = self._index.get(key.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    def __getitem__(self, key: str) -> str:
+        value = self._index.get(key.lower().encode("latin-1"))
+        if value is None:
+            raise KeyError(key)
+        return value.decode("latin-1")
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, str) and key.lower().encode("latin-1") in self._index
+
+
+class _InferRequest(Request):
+    """The `Request` the infer fast path hands its route: headers looked up in a dict."""
+
+    @property
+    def headers(self) -> Headers:
+        """The request's headers, indexed once."""
+        headers = self.__dict__.get("_indexed_headers")
+        if headers is None:
+            headers = self.__dict__["_indexed_headers"] = _IndexedHeaders(self.scope)
+        return headers
+
+
 class _RequestContextMiddleware:
     """Binds each request's ids to its log records and returns them as `X-Request-ID`.
 
@@ -433,7 +472,7 @@ class _RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
+        headers = _IndexedHeaders(scope)
         context = RequestContext(
             request_id=request_id_from(headers.get("x-request-id")),
             traceparent=traceparent_from(headers.get("traceparent")),
@@ -509,7 +548,7 @@ class _InferFastPath:
         if target is None:
             await self.app(scope, receive, send)
             return
-        response = await self.routes.infer_v2(Request(scope, receive), *target)
+        response = await self.routes.infer_v2(_InferRequest(scope, receive), *target)
         await response(scope, receive, send)
 
 
@@ -575,6 +614,13 @@ async def _serve_grpc(routes: _Routes, config: RuntimeConfig) -> Callable[[], Aw
     return await serve_grpc(routes, config, server_version=__version__)
 
 
+def _telemetry(config: RuntimeConfig) -> TelemetryConfig:
+    """FastAPI's native OpenTelemetry settings: its defaults, or every signal off."""
+    if config.http.opentelemetry:
+        return {}
+    return {"tracing": False, "metrics": False, "logs": False}
+
+
 def create_apps(
     config: RuntimeConfig,
     *,
@@ -625,10 +671,12 @@ def create_apps(
         else []
     )
     docs = config.http.api_docs
+    telemetry = _telemetry(config)
     inference = FastAPI(
         title="fleetserve-runtime",
         version=__version__,
         lifespan=lifespan,
+        telemetry=telemetry,
         docs_url="/docs" if docs else None,
         redoc_url=None,
         openapi_url="/openapi.json" if docs else None,
@@ -647,6 +695,7 @@ def create_apps(
         admin = FastAPI(
             title="fleetserve-runtime model control",
             version=__version__,
+            telemetry=telemetry,
             docs_url=None,
             redoc_url=None,
             openapi_url=None,

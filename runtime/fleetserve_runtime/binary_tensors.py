@@ -197,6 +197,9 @@ def _length_prefixed(value: Any) -> bytes:
 
 def stack_results(results: list[Any]) -> tuple[Any, list[int]]:
     """The flat values and shape of a request's per-instance results (arrays stack)."""
+    if len(results) == 1 and isinstance(only := results[0], np.ndarray):
+        # Most requests carry one instance: its row is the stack, without `np.stack`'s copy.
+        return only.reshape(-1), [1, *only.shape]
     if results and all(isinstance(r, np.ndarray) for r in results):
         stacked = np.stack(results)
         return stacked.reshape(-1), list(stacked.shape)

@@ -238,6 +238,12 @@ class HttpConfig(_Section):
     """Most bytes of request line and headers; larger requests get 431."""
     api_docs: bool = False
     """Serve `/docs` and `/openapi.json` (off: they describe the API to anyone who asks)."""
+    opentelemetry: bool = False
+    """FastAPI's native OpenTelemetry spans and metrics for every HTTP request, to the
+    providers the process configures (e.g. under `opentelemetry-instrument`). Off by default:
+    the runtime's own Prometheus series and request logs cover the same, and FastAPI asks
+    the global providers on every request whether any is configured, which costs a zero-cost
+    request about a tenth of its CPU."""
 
 
 class RuntimeConfig(BaseSettings):

@@ -21,9 +21,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fleetserve_runtime.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
 from fleetserve_runtime.cache import ResultCache, cache_key
@@ -98,12 +97,51 @@ class InferenceResult:
 
 
 @dataclass(slots=True, eq=False)
+class _Request:
+    """The queued items of one call, answered through one future.
+
+    The future is done when every item has its result, or failed by the first item that
+    fails. One future (and at most one timer) per request, however many instances it carries:
+    a future and a waiting set per item cost a zero-cost request a fifth of its engine time.
+    """
+
+    future: asyncio.Future[None]
+    results: list[ItemResult]
+    timings: StageTimings
+    pending: int = 0
+    timer: asyncio.TimerHandle | None = None
+    """The deadline, then the grace for items already computing; None once answered."""
+
+
+@dataclass(slots=True, eq=False)
 class _Ticket:
-    future: asyncio.Future[tuple[ItemResult, StageTimings]]
+    """One item's place in its request."""
+
+    request: _Request
+    slot: int
     key: bytes | None
     job: BatchJob | None = None
     """The batch the item was formed into, and its index there; None while queued."""
     index: int = 0
+    answered: bool = False
+
+    def resolve(self, result: ItemResult, timings: StageTimings) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        request = self.request
+        request.results[self.slot] = result
+        request.timings.merge(timings)
+        request.pending -= 1
+        if request.pending == 0 and not request.future.done():
+            request.future.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        if not self.request.future.done():
+            self.request.future.set_exception(error)
 
 
 _Item = PendingItem[LoadedModel]
@@ -186,8 +224,7 @@ class EncoderEngine:
         model = self._registry.get(call.version)
         now = self._clock()
         deadline = now + self._timeout_s(call.timeout_ms)
-        results: list[ItemResult] = [None] * len(call.instances)
-        tickets: list[tuple[int, _Ticket]] = []
+        request = _Request(self._loop.create_future(), [None] * len(call.instances), StageTimings())
         items: list[_Item] = []
         max_chars = self._config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
         context = current_request()
@@ -198,10 +235,9 @@ class EncoderEngine:
             key = self._cache_key(model, instance, call.truncate)
             cached = self._cache_lookup(model, key)
             if cached is not None:
-                results[index] = cached
+                request.results[index] = cached
                 continue
-            ticket = _Ticket(self._loop.create_future(), key)
-            tickets.append((index, ticket))
+            ticket = _Ticket(request, index, key)
             self._buckets.observe(prepared.length)
             items.append(
                 PendingItem(
@@ -216,57 +252,46 @@ class EncoderEngine:
                     request_id=request_id,
                 )
             )
-        timings = StageTimings()
         if items:
+            request.pending = len(items)
             self.queue.push(items)
             self._wake()
-            await self._await_items(items, tickets, results, timings)
-        return InferenceResult(model, results, timings)
+            await self._await_items(request, items, deadline)
+        return InferenceResult(model, request.results, request.timings)
 
-    async def _await_items(
-        self,
-        items: list[_Item],
-        tickets: list[tuple[int, _Ticket]],
-        results: list[ItemResult],
-        timings: StageTimings,
-    ) -> None:
+    async def _await_items(self, request: _Request, items: list[_Item], deadline: float) -> None:
         self._inflight_requests += 1
-        deadline = max(item.deadline for item in items)
-        futures = [ticket.future for _, ticket in tickets]
+        request.timer = self._loop.call_later(
+            max(0.0, deadline - self._clock()), self._on_deadline, request, items
+        )
         try:
-            pending = await _settle(futures, deadline - self._clock())
-            if pending and _first_error(futures) is None:
-                now = self._clock()
-                for item in self._withdraw(items):
-                    _expire(item, now)
-                pending = await _settle(pending, RESULT_GRACE_S)
-            if (error := _first_error(futures)) is not None:
-                raise error
-            if pending:
-                msg = f"no result {RESULT_GRACE_S:.0f}s after the deadline; the model may be stuck"
-                raise DeadlineExceeded(msg)
-            for index, ticket in tickets:
-                result, item_timings = ticket.future.result()
-                results[index] = result
-                timings.merge(item_timings)
+            await request.future
         finally:
             self._inflight_requests -= 1
+            if request.timer is not None:
+                request.timer.cancel()
+                request.timer = None
             # A caller that went away (or an error in a sibling item) must not leave work
-            # behind that still costs compute, nor sibling errors nobody will ever read
-            # (asyncio would log each as "exception was never retrieved").
+            # behind that still costs compute.
             self._withdraw(items)
-            for future in futures:
-                if not future.done():
-                    future.cancel()
-                elif not future.cancelled():
-                    future.exception()
+
+    def _on_deadline(self, request: _Request, items: list[_Item]) -> None:
+        """At the deadline: withdraw what is not computing; the rest gets `RESULT_GRACE_S`."""
+        now = self._clock()
+        for item in self._withdraw(items):
+            _expire(item, now)
+        request.timer = (
+            None
+            if request.future.done()
+            else self._loop.call_later(RESULT_GRACE_S, _give_up, request)
+        )
 
     def _withdraw(self, items: list[_Item]) -> list[_Item]:
         """Take unanswered items that are not computing yet out of the queue or their batch."""
         withdrawn: list[_Item] = []
         for item in items:
             ticket: _Ticket = item.ticket
-            if ticket.future.done():
+            if ticket.answered:
                 continue
             if item.live:
                 self.queue.take(item)
@@ -389,15 +414,14 @@ class EncoderEngine:
         for item, result in computed:
             ticket: _Ticket = item.ticket
             waits.append(batch.formed_at - item.enqueued_at)
-            if ticket.future.done():
+            if ticket.answered:
                 continue
-            timings = StageTimings(waits[-1], batch_s, compute_s, len(computed))
             if isinstance(result, FleetserveError):
-                ticket.future.set_exception(result)
+                ticket.fail(result)
             elif isinstance(result, ItemError):
-                ticket.future.set_exception(ItemFailed(result.message))
+                ticket.fail(ItemFailed(result.message))
             else:
-                ticket.future.set_result((result, timings))
+                ticket.resolve(result, StageTimings(waits[-1], batch_s, compute_s, len(computed)))
                 if ticket.key is not None:
                     self._cache_put(ticket.key, result)
         self._wake()
@@ -439,26 +463,15 @@ def _bounded(instance: object, max_chars: int, *, truncate: bool) -> object:
 
 def _fail(item: _Item, error: FleetserveError) -> None:
     ticket: _Ticket = item.ticket
-    if not ticket.future.done():
-        ticket.future.set_exception(error)
+    ticket.fail(error)
 
 
-async def _settle(
-    futures: Collection[asyncio.Future[Any]], timeout_s: float
-) -> set[asyncio.Future[Any]]:
-    """Wait until every future is done, one fails, or `timeout_s` passes; returns the pending."""
-    _, pending = await asyncio.wait(
-        futures, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_EXCEPTION
-    )
-    return pending
-
-
-def _first_error(futures: Sequence[asyncio.Future[Any]]) -> BaseException | None:
-    """The error of the first future (in request order) that failed, if any."""
-    for future in futures:
-        if future.done() and not future.cancelled() and (error := future.exception()):
-            return error
-    return None
+def _give_up(request: _Request) -> None:
+    """The grace past the deadline ran out with items still computing."""
+    request.timer = None
+    if not request.future.done():
+        msg = f"no result {RESULT_GRACE_S:.0f}s after the deadline; the model may be stuck"
+        request.future.set_exception(DeadlineExceeded(msg))
 
 
 def _expire(item: _Item, now: float) -> None:
