@@ -284,6 +284,10 @@ class RuntimeConfig(BaseSettings):
     precision_min_cosine: float = Field(0.99, ge=0.9, le=1.0)
     """Accuracy guard floor: smallest cosine to fp32 a reduced precision may reach on a
     guard text, else the load fails."""
+    precision_min_speedup: float = Field(1.0, ge=0.0, le=100.0)
+    """Speed guard floor for the built-in MiniLM on torch: a reduced precision must run the guard
+    texts at least this many times as fast as fp32, else the load fails (CPUs without
+    int8 or bf16 instructions run them many times slower); 0 turns the guard off."""
     backend: Literal["auto", "torch", "onnxruntime"] = "auto"
     """What runs `builtin://minilm-l6`: `auto` picks ONNX Runtime on the CPU in fp32 (its fused
     kernels cost less CPU per request) and torch otherwise; `onnxruntime` refuses CUDA and bf16.

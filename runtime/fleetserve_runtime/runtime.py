@@ -363,8 +363,9 @@ class Runtime:
             "bytes_per_token": profile.bytes_per_token if profile else None,
             "load_seconds": model.load_seconds,
             "precision": model.metadata.precision,
-            # The accuracy guard's figure: how close a reduced precision came to fp32.
+            # The guards' figures: how close to fp32 a reduced precision came, how fast.
             "min_cosine": model.metadata.min_cosine,
+            "speedup": model.metadata.speedup,
         }
         if model.generative is None or model.kv is None:
             return {

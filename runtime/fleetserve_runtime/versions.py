@@ -182,8 +182,9 @@ class VersionLoader:
                 "load_seconds": round(loaded.load_seconds, 3),
                 "platform": loaded.metadata.platform,
                 "precision": loaded.metadata.precision,
-                # The accuracy guard's figure: how close a reduced precision came to fp32.
+                # The guards' figures: how close to fp32 a reduced precision came, how fast.
                 "min_cosine": loaded.metadata.min_cosine,
+                "speedup": loaded.metadata.speedup,
             },
         )
         return loaded
@@ -249,7 +250,11 @@ class VersionLoader:
                 max_context=self._config.generation.max_context,
                 dtype=self._config.generation.dtype,
             ),
-            precision=PrecisionOptions(self._config.precision, self._config.precision_min_cosine),
+            precision=PrecisionOptions(
+                self._config.precision,
+                self._config.precision_min_cosine,
+                self._config.precision_min_speedup,
+            ),
             backend=self._config.backend,
             device=self._executor.device.type,
         )

@@ -22,7 +22,9 @@ from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
     AccuracyError,
     PrecisionOptions,
+    SpeedError,
     check,
+    check_speed,
     embed_texts,
 )
 from fleetserve_runtime.models.bert import BertEncoder
@@ -65,7 +67,12 @@ async def test_reduced_precision_loads_and_serves_close_to_fp32(
     """A version loaded in int8 or bf16 passes the guard, keeps the figure, embeds like fp32."""
     caplog.set_level(logging.INFO, logger="fleetserve.runtime")
     texts = list(GUARD_TEXTS[:6])
-    async with serve_with_admin(allowed=MINILM, precision=precision) as (client, ctl, runtime):
+    # The speed guard is off: these tests are about accuracy, on whatever CPU runs them.
+    async with serve_with_admin(allowed=MINILM, precision=precision, precision_min_speedup=0) as (
+        client,
+        ctl,
+        runtime,
+    ):
         loaded = await ctl.post("/v2/repository/models/test/load", json=load_v2())
         response = await client.post("/v2/models/test/infer", json=infer_body(texts))
         metadata = runtime.registry.active.metadata
@@ -75,6 +82,8 @@ async def test_reduced_precision_loads_and_serves_close_to_fp32(
     assert metadata.min_cosine is not None
     assert 0.99 <= metadata.min_cosine < 1.0
     assert (described["precision"], described["min_cosine"]) == (precision, metadata.min_cosine)
+    assert metadata.speedup is not None
+    assert described["speedup"] == metadata.speedup
     ready = [r for r in caplog.records if r.getMessage() == "model ready"]
     assert [(r.__dict__["precision"], r.__dict__["min_cosine"]) for r in ready][-1] == (
         precision,
@@ -109,7 +118,11 @@ async def test_a_broken_quantisation_is_refused_and_never_ready(
     monkeypatch.setattr(
         quantize, "quantize_encoder", zeroing_first_feed_forward(quantize.quantize_encoder)
     )
-    async with serve_with_admin(allowed=MINILM, precision="int8") as (client, ctl, runtime):
+    async with serve_with_admin(allowed=MINILM, precision="int8", precision_min_speedup=0) as (
+        client,
+        ctl,
+        runtime,
+    ):
         refused = await ctl.post("/v2/repository/models/test/load", json=load_v2())
         still = await client.post("/v2/models/test/infer", json=infer_body(["x"]))
         versions = runtime.registry.versions()
@@ -124,12 +137,35 @@ async def test_a_broken_quantisation_is_refused_and_never_ready(
 
 def test_the_floor_is_configurable_and_bounded() -> None:
     """A floor of 1.0 refuses int8; floors outside [0.9, 1.0] are configuration errors."""
-    handler = MiniLMHandler("m", "1", precision=PrecisionOptions("int8", 1.0))
+    handler = MiniLMHandler("m", "1", precision=PrecisionOptions("int8", 1.0, 0.0))
     with pytest.raises(AccuracyError, match=r"min cosine 0\.99\d+ to fp32"):
         handler.load(CPU)
     for floor in (0.5, 1.01):
         with pytest.raises(ValueError, match="precision_min_cosine"):
             make_config(precision_min_cosine=floor)
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_a_precision_slower_than_asked_is_refused_naming_both_times(precision: str) -> None:
+    """Under precision_min_speedup the load fails with both timings; no CPU is 100x faster."""
+    handler = MiniLMHandler("m", "1", precision=PrecisionOptions(precision, 0.99, 100.0))
+    with pytest.raises(SpeedError, match=rf"precision {precision} failed the speed guard: the "
+                       r"guard texts took \d+ ms against \d+ ms in fp32 \(\d+\.\d\dx, under "
+                       r"precision_min_speedup 100\.0\)"):  # fmt: skip
+        handler.load(CPU)
+    for floor in (-0.5, 101.0):
+        with pytest.raises(ValueError, match="precision_min_speedup"):
+            make_config(precision_min_speedup=floor)
+
+
+def test_check_speed_divides_fp32_time_by_the_reduced_one() -> None:
+    """The speed-up is fp32 time / reduced time; a floor of 0 accepts even a slowdown."""
+    assert check_speed("int8", fp32_s=0.3, reduced_s=0.1, floor=1.0) == pytest.approx(3.0)
+    assert check_speed("bf16", fp32_s=0.1, reduced_s=4.0, floor=0.0) == pytest.approx(0.025)
+    with pytest.raises(SpeedError, match=r"took 4000 ms against 100 ms in fp32 \(0\.03x"):
+        check_speed("int8", fp32_s=0.1, reduced_s=4.0, floor=1.0)
+    with pytest.raises(SpeedError, match="int8 needs VNNI or AMX"):
+        check_speed("int8", fp32_s=0.1, reduced_s=0.11, floor=1.0)
 
 
 def test_check_names_the_worst_text() -> None:

@@ -86,6 +86,8 @@ class PrecisionOptions:
     precision: Precision = "fp32"
     min_cosine: float = 0.99
     """Smallest cosine to the fp32 embeddings a reduced precision may reach on a guard text."""
+    min_speedup: float = 1.0
+    """Least speed-up over fp32 a reduced precision must show on the guard texts (0: any)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,34 @@ class AccuracyReport:
 
 class AccuracyError(ValueError):
     """A reduced-precision model strayed too far from fp32; the load is refused."""
+
+
+class SpeedError(ValueError):
+    """A reduced precision ran no faster than fp32 on this device; the load is refused."""
+
+
+def check_speed(precision: Precision, *, fp32_s: float, reduced_s: float, floor: float) -> float:
+    """The speed-up of `precision` over fp32 on the guard texts; `SpeedError` under `floor`.
+
+    CPUs without int8 dot-product instructions (VNNI, AMX) or bf16 ones (`avx512_bf16`,
+    AMX) run those precisions through slow generic kernels: measured on an AVX2-only CPU,
+    torch's int8 matrix product took 30-50 times as long as fp32's. Such a precision would
+    serve correct answers, far slower than the fp32 it was meant to beat.
+
+    Raises:
+        SpeedError: the speed-up is under `floor` (a floor of 0 accepts any).
+    """
+    speedup = fp32_s / max(reduced_s, 1e-9)
+    if speedup < floor:
+        msg = (
+            f"precision {precision} failed the speed guard: the guard texts took "
+            f"{reduced_s * 1000:.0f} ms against {fp32_s * 1000:.0f} ms in fp32 "
+            f"({speedup:.2f}x, under precision_min_speedup {floor}); this device lacks fast "
+            f"{precision} kernels (int8 needs VNNI or AMX, bf16 avx512_bf16 or AMX on a CPU): "
+            "serve this model in fp32"
+        )
+        raise SpeedError(msg)
+    return speedup
 
 
 def check(
