@@ -98,15 +98,15 @@ def _wanted_replicas(kube: KubeClient, namespace: str) -> int:
     return replicas
 
 
-def _ramp(cluster: LocalCluster, namespace: str) -> LoadDriver:
-    """The bounded ramp both tests drive: ~7 slow requests in flight for `RAMP_S`."""
+def _ramp(cluster: LocalCluster, namespace: str, duration_s: float = RAMP_S) -> LoadDriver:
+    """The bounded ramp both tests drive: ~7 slow requests in flight for `duration_s`."""
     return LoadDriver(
         cluster,
         namespace,
         NAME,
         NAME,
         rate_rps=RAMP_RPS,
-        duration_s=RAMP_S,
+        duration_s=duration_s,
         concurrency=RAMP_WORKERS,
     )
 
@@ -176,6 +176,7 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
 STEP_WEIGHT = 50
 """One canary step at 50 %, long enough for the HPA to grow the stable track within it."""
 STEP_S = 50.0
+PROMOTION_S = RAMP_S + 2 * STEP_S
 
 
 def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
@@ -221,7 +222,9 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
         followed.append((stable, canary["spec"].get("replicas", 1)))
         return followed[-1][1] == math.ceil(STEP_WEIGHT / 100 * stable)
 
-    with _ramp(local_cluster, namespace) as load:
+    # The analysis needs traffic until promotion: on a slow machine the canary's pods take
+    # part of the step to start, so the load lasts two steps past the ramp.
+    with _ramp(local_cluster, namespace, PROMOTION_S) as load:
         kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": _model("2")}})
         wait_until(
             canary_follows_a_grown_stable,
@@ -236,7 +239,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
                 and s.get("phase") == "Succeeded"
                 and s
             ),
-            timeout_s=RAMP_S + STEP_S,
+            timeout_s=PROMOTION_S,
             what="version 2 promoted",
         )
     statuses = [record.status for record in load.records]
