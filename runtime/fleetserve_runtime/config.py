@@ -174,6 +174,14 @@ class GenerationConfig(_Section):
     milliseconds; a whole answer takes far longer than one encoder request."""
     max_timeout_ms: int = Field(600_000, ge=1)
     """Longest deadline a generation may ask for, in milliseconds."""
+    default_max_tokens: int = Field(512, ge=1, le=1_048_576)
+    """Output tokens of a request that sets no `max_tokens` (OpenAI's own default is the
+    rest of the context, which lets one caller hold a sequence slot for minutes)."""
+    max_output_tokens: int = Field(4096, ge=1, le=1_048_576)
+    """Most output tokens one request may ask for; a larger `max_tokens` gets 400."""
+    allow_ignore_eos: bool = False
+    """Accept `ignore_eos` (generate exactly `max_tokens`, as benchmarks do) from callers;
+    off, a request setting it gets 400."""
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> GenerationConfig:
@@ -181,6 +189,16 @@ class GenerationConfig(_Section):
             msg = (
                 f"generation.max_timeout_ms ({self.max_timeout_ms}) must be >= "
                 f"generation.default_timeout_ms ({self.default_timeout_ms})"
+            )
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
+    def _check_max_tokens(self) -> GenerationConfig:
+        if self.max_output_tokens < self.default_max_tokens:
+            msg = (
+                f"generation.max_output_tokens ({self.max_output_tokens}) must be >= "
+                f"generation.default_max_tokens ({self.default_max_tokens})"
             )
             raise ValueError(msg)
         return self
@@ -325,6 +343,14 @@ class RuntimeConfig(BaseSettings):
     """TCP port of the admin listener (model control)."""
     admin_token_file: Path | None = None
     """File holding the bearer token every model-control request must send."""
+    priority_token_file: Path | None = None
+    """File holding the bearer token that grants the `X-Fleetserve-Priority` and
+    `X-Fleetserve-Timeout-Ms` headers (and the body's priority and timeout beyond the
+    defaults); it also authenticates inference requests. Unset: no caller may raise them."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain the HTTP and gRPC listeners serve TLS with; unset means plain."""
+    tls_key_file: Path | None = None
+    """PEM private key of `tls_cert_file`."""
 
     batching: BatchingConfig = BatchingConfig()
     queue: QueueConfig = QueueConfig()
@@ -357,7 +383,7 @@ class RuntimeConfig(BaseSettings):
                 raise ValueError(problem)
         return value
 
-    @field_validator("auth_token_file", "admin_token_file")
+    @field_validator("auth_token_file", "admin_token_file", "priority_token_file")
     @classmethod
     def _check_token_file(cls, value: Path | None) -> Path | None:
         if value is not None:
@@ -367,6 +393,13 @@ class RuntimeConfig(BaseSettings):
                 msg = f"cannot read token file {value}: {exc.strerror}"
                 raise ValueError(msg) from None
         return value
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> RuntimeConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            msg = "tls_cert_file and tls_key_file go together: set both or neither"
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _check_grpc_port(self) -> RuntimeConfig:
