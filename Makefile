@@ -13,7 +13,7 @@ BENCH_OPERATOR_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
         bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
-        crds crds-check docs chart-sync proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
+        crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
 
 ## help: list the targets
 help:
@@ -99,8 +99,17 @@ mutate: setup
 	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
 	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
 
-## test: lint, then every test tier (the README's test command; CI runs it)
-test: lint unit e2e
+E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo
+# `prepare` first, so the table shows what installing and building cost apart from the tests.
+TIERS := prepare lint unit $(E2E_TIERS)
+
+## test: lint, then every test tier (the README's test command; CI runs it), with a table of
+##       each tier's time and result at the end
+test:
+	@MAKE="$(MAKE)" scripts/test-tiers.sh $(TIERS)
+
+# Everything the tiers need that is installed or built once and cached.
+prepare: setup tools keda-tools prometheus-install
 
 ## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
 ##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
@@ -231,4 +240,4 @@ e2e-demo: setup tools prometheus-install
 	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
 
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo
+e2e: $(E2E_TIERS)
