@@ -198,15 +198,44 @@ def test_namespaced_install_splits_role_yaml_rules() -> None:
     cluster = only(manifests, "ClusterRole", "fs-fleetserve-cluster")["rules"]
     namespaced = only(manifests, "ClusterRole", "fs-fleetserve-namespaced")["rules"]
     assert sorted(map(json.dumps, cluster + namespaced)) == sorted(map(json.dumps, role_rules()))
-    assert {r for rule in cluster for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
-    }
+    assert {r for rule in cluster for r in rule["resources"]} == {"customresourcedefinitions"}
     bindings = [
         m for m in manifests if m["kind"] == "RoleBinding" and m["roleRef"]["kind"] == "ClusterRole"
     ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "search"]
     assert {b["roleRef"]["name"] for b in bindings} == {"fs-fleetserve-namespaced"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([], id="cluster-wide"),
+        pytest.param(["--set", "watchNamespaces={ml}"], id="namespaced"),
+    ],
+)
+def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None:
+    """No ClusterRole grants Leases (the control plane's leader leases, the nodes' heartbeats).
+
+    The operator's one Lease is a Role's, by name, in the release's namespace.
+    """
+    manifests = render(*values)
+    cluster_roles = [m for m in manifests if m["kind"] == "ClusterRole"]
+    assert cluster_roles
+    for role in cluster_roles:
+        for rule in role["rules"]:
+            assert not {"leases", "namespaces"} & set(rule["resources"]), role["metadata"]
+            assert "coordination.k8s.io" not in rule["apiGroups"], role["metadata"]
+    (lease_role,) = [m for m in manifests if m["kind"] == "Role"]
+    assert lease_role["metadata"]["namespace"] == "fleetserve-system"
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["fs-fleetserve"],
+            "verbs": ["get", "update"],
+        },
+    ]
 
 
 def test_chart_copies_are_byte_identical_to_their_sources() -> None:
