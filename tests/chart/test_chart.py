@@ -464,7 +464,7 @@ def test_network_policies_confine_the_operator() -> None:
     assert allowed(policies, "Ingress", operator, PROMETHEUS, "metrics")
     assert not allowed(policies, "Ingress", operator, runtime_pod("ml"), "metrics")
     assert not allowed(policies, "Ingress", operator, PROMETHEUS, "health")
-    # Each policy selects its own pods only: runtime pods' egress is left alone.
+    # Each policy selects its own pods only (the runtime pods' egress is their own policy's).
     for policy in policies:
         targets = [
             p
@@ -472,6 +472,40 @@ def test_network_policies_confine_the_operator() -> None:
             if selects(policy["spec"]["podSelector"], p.labels)
         ]
         assert len(targets) == 1, policy["metadata"]
+
+
+def test_network_policies_confine_runtime_pods_egress() -> None:
+    """Runtime pods reach the cluster DNS only: no API server, metadata service or tenant."""
+    manifests = render(*NETWORK_POLICY)
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    runtime = runtime_pod("ml")
+    assert allowed(policies, "Egress", runtime, DNS, 53)
+    refused = [
+        (Pod("default", {}, ip="10.0.0.1"), 443),  # the API server
+        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (runtime_pod("search"), 8080),  # another tenant's model
+        (PROMETHEUS, 9090),
+        (Pod("ml", {"app": "notebook"}), 8888),  # its own namespace
+        (Pod("default", {}, ip="52.1.2.3"), 443),  # the internet: no model store by default
+    ]
+    for destination, port in refused:
+        assert not allowed(policies, "Egress", runtime, destination, port), destination
+
+
+def test_a_model_store_opens_runtime_egress_to_it_only() -> None:
+    """networkPolicy.modelStore: its CIDRs on its ports, nothing else besides DNS."""
+    manifests = render(
+        *NETWORK_POLICY,
+        "--set", "networkPolicy.modelStore.cidrs={10.9.0.0/16}",
+        "--set", "networkPolicy.modelStore.ports={443,9000}",
+    )  # fmt: skip
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    runtime = runtime_pod("search")
+    store = Pod("storage", {}, ip="10.9.1.2")
+    assert allowed(policies, "Egress", runtime, store, 443)
+    assert allowed(policies, "Egress", runtime, store, 9000)
+    assert not allowed(policies, "Egress", runtime, store, 22)
+    assert not allowed(policies, "Egress", runtime, Pod("default", {}, ip="10.0.0.1"), 443)
 
 
 @pytest.mark.parametrize(
