@@ -625,6 +625,12 @@ class GenerationOverrides(Wire):
         return GenerationSpec.model_validate(values)
 
 
+_NO_FALLBACK_CAPACITY = (
+    "fallback.replicas.max is {max}, but an enabled fallback needs at least 1 replica to take "
+    "the traffic: raise fallback.replicas.max, or set fallback.enabled to false"
+)
+
+
 class FallbackSpec(Wire):
     """A CPU Deployment kept warm, to take traffic when the GPU track cannot."""
 
@@ -643,6 +649,16 @@ class FallbackSpec(Wire):
                     "remove fallback.scaling, or give fallback.replicas min = max",
                     ".scaling",
                 ),
+                {
+                    **cel(
+                        "!self.enabled || has(self.scaling) || self.replicas.max >= 1",
+                        _NO_FALLBACK_CAPACITY.format(max="0"),
+                        ".replicas.max",
+                    ),
+                    "messageExpression": "'"
+                    + _NO_FALLBACK_CAPACITY.replace("{max}", "' + string(self.replicas.max) + '")
+                    + "'",
+                },
             ]
         }
     )
@@ -700,6 +716,8 @@ class FallbackSpec(Wire):
             raise ValueError(msg)
         if self.backend == "onnxruntime" and self.precision == "bf16":
             raise ValueError(_onnxruntime_bf16("fallback"))
+        if self.enabled and self.scaling is None and self.replicas.max < 1:
+            raise ValueError(_NO_FALLBACK_CAPACITY.format(max=self.replicas.max))
         return self
 
 
