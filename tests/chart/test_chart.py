@@ -102,7 +102,7 @@ def test_lint_passes_with_strict() -> None:
 
 
 def test_default_render_has_the_core_objects_only() -> None:
-    """Defaults: CRD, operator, its PDB, ServiceAccount, RBAC, metrics Service, dashboard."""
+    """Defaults: CRD, operator, PDB, ServiceAccount, RBAC, Service, dashboard, admission."""
     kinds = sorted(m["kind"] for m in render())
     assert kinds == [
         "ClusterRole",
@@ -115,6 +115,8 @@ def test_default_render_has_the_core_objects_only() -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 
@@ -236,6 +238,35 @@ def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None
             "verbs": ["get", "update"],
         },
     ]
+
+
+def test_admission_policy_binds_the_operator_account_only() -> None:
+    """The policy matches Deployments the operator's account writes, and the binding denies."""
+    manifests = render("--set-json", 'admissionPolicy.allowedServiceAccounts=["model-reader"]')
+    policy = only(manifests, "ValidatingAdmissionPolicy")
+    binding = only(manifests, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["apps"], ["deployments"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    (condition,) = spec["matchConditions"]
+    account = "system:serviceaccount:fleetserve-system:fs-fleetserve"
+    assert condition["expression"] == f'request.userInfo.username == "{account}"'
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert json.loads(variables["serviceAccounts"]) == ["default", "model-reader"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    for field in ("hostNetwork", "hostPID", "hostIPC", "privileged", "hostPath",
+                  "serviceAccountName"):  # fmt: skip
+        assert field in checks, field
+    for validation in spec["validations"]:
+        assert validation["messageExpression"], validation["expression"]
+    kinds = {m["kind"] for m in render("--set", "admissionPolicy.enabled=false")}
+    assert "ValidatingAdmissionPolicy" not in kinds
 
 
 def test_chart_copies_are_byte_identical_to_their_sources() -> None:
