@@ -218,7 +218,8 @@ def test_namespaced_install_splits_role_yaml_rules() -> None:
 def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None:
     """No ClusterRole grants Leases (the control plane's leader leases, the nodes' heartbeats).
 
-    The operator's one Lease is a Role's, by name, in the release's namespace.
+    The operator's one Lease is a Role's, by name, in the release's namespace
+    (test_chart_ha checks that Role).
     """
     manifests = render(*values)
     cluster_roles = [m for m in manifests if m["kind"] == "ClusterRole"]
@@ -227,17 +228,6 @@ def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None
         for rule in role["rules"]:
             assert not {"leases", "namespaces"} & set(rule["resources"]), role["metadata"]
             assert "coordination.k8s.io" not in rule["apiGroups"], role["metadata"]
-    (lease_role,) = [m for m in manifests if m["kind"] == "Role"]
-    assert lease_role["metadata"]["namespace"] == "fleetserve-system"
-    assert lease_role["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["fs-fleetserve"],
-            "verbs": ["get", "update"],
-        },
-    ]
 
 
 def test_admission_policy_binds_the_operator_account_only() -> None:
