@@ -275,3 +275,61 @@ def test_tenancy_values_reach_the_cluster_and_the_operator(
     for name in ("inside", "outside"):
         wait_for_deletion(kube, fsvc_path(namespace, name), timeout_s=60.0)
     assert_operator_ran_cleanly(local_cluster, namespace, release)
+
+
+def _deployment(pod: dict[str, object]) -> dict[str, object]:
+    """A Deployment of one `busybox` container, its pod spec updated with `pod`."""
+    spec: dict[str, object] = {"containers": [{"name": "runtime", "image": "busybox"}], **pod}
+    labels = {"app": "probe"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+
+
+PRIVILEGED = {"containers": [{"name": "sidecar", "image": "busybox",
+                              "securityContext": {"privileged": True}}]}  # fmt: skip
+HOST_PATH = {"volumes": [{"name": "host-root", "hostPath": {"path": "/"}}]}
+
+
+# Pod specs no InferenceService makes, and what the API server says of each.
+DANGEROUS = [
+    ({"hostNetwork": True}, "spec.template.spec.hostNetwork is true"),
+    ({"hostPID": True}, "spec.template.spec.hostPID is true"),
+    ({"hostIPC": True}, "spec.template.spec.hostIPC is true"),
+    (PRIVILEGED, "container sidecar has securityContext.privileged true"),
+    (HOST_PATH, "volume host-root is a hostPath (/)"),
+    ({"serviceAccountName": "cluster-admin-sa"},
+     "spec.template.spec.serviceAccountName cluster-admin-sa is not one"),
+]  # fmt: skip
+
+
+def test_the_operator_account_cannot_write_a_dangerous_deployment(
+    local_cluster: LocalCluster, namespace: str, release: str, tmp_path: Path
+) -> None:
+    """The chart's admission policy refuses it for the operator's account, naming the field.
+
+    The same Deployment from another account (the admin) is not the policy's business, and a
+    plain one from the operator's account passes: the policy takes no right the operator uses.
+    """
+    account = f"system:serviceaccount:{namespace}:{release}-fleetserve"
+    manifest = tmp_path / "deployment.yaml"
+
+    def create(body: dict[str, object], *identity: str) -> subprocess.CompletedProcess[str]:
+        manifest.write_text(yaml.safe_dump(body), encoding="utf-8")
+        return local_cluster.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", str(manifest), *identity
+        )
+
+    for pod, message in DANGEROUS:
+        refused = create(_deployment(pod), f"--as={account}")
+        assert refused.returncode != 0, pod
+        assert message in refused.stderr, refused.stderr
+        assert create(_deployment(pod)).returncode == 0, pod
+    plain = create(_deployment({}), f"--as={account}")
+    assert plain.returncode == 0, plain.stderr

@@ -214,6 +214,7 @@ class Story:
             suffix=NAMESPACE,
             kubeconfig=cluster.work_dir / "operator-kubeconfig",
         )
+        identity.grant_leader_lease(cluster.client, NAMESPACE)
         operator = OperatorProcess.start(
             kubeconfig=identity.kubeconfig,
             namespace=NAMESPACE,

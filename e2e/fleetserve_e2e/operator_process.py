@@ -100,6 +100,7 @@ class OperatorIdentity:
     """
 
     namespace: str
+    account: str
     role_name: str
     kubeconfig: Path
 
@@ -140,7 +141,40 @@ class OperatorIdentity:
         write_token_kubeconfig(
             kubeconfig, server=cluster.server, ca_cert=cluster.pki.ca_cert, token=token
         )
-        return cls(namespace=namespace, role_name=name, kubeconfig=kubeconfig)
+        return cls(
+            namespace=namespace,
+            account=account["metadata"]["name"],
+            role_name=name,
+            kubeconfig=kubeconfig,
+        )
+
+    def grant_leader_lease(
+        self, kube: KubeClient, namespace: str, lease: str = "fleetserve-operator"
+    ) -> None:
+        """Let the account hold the leader Lease `lease` in `namespace`, and no other Lease.
+
+        The RBAC file has no Lease rule (a ClusterRole would reach every Lease in the
+        cluster); this is the chart's leader-election Role, in the namespace the operator
+        elects in. It goes with the namespace.
+        """
+        name = f"{self.role_name}-leader-election"
+        leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+        role = {
+            "metadata": {"name": name},
+            "rules": [
+                {**leases, "verbs": ["create"]},
+                {**leases, "resourceNames": [lease], "verbs": ["get", "update"]},
+            ],
+        }
+        binding = {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": self.account, "namespace": self.namespace}
+            ],
+        }
+        kube.create(f"{RBAC_API}/namespaces/{namespace}/roles", role)
+        kube.create(f"{RBAC_API}/namespaces/{namespace}/rolebindings", binding)
 
     def delete(self, kube: KubeClient) -> None:
         """Delete the binding, the role and the account's namespace."""

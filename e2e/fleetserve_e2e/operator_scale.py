@@ -384,6 +384,7 @@ def _measure(
     account = next(yaml.safe_load_all(ROLE.read_text(encoding="utf-8")))["metadata"]["name"]
     username = f"system:serviceaccount:{identity.namespace}:{account}"
     kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    identity.grant_leader_lease(kube, NAMESPACE)
     operator = OperatorProcess.start(
         kubeconfig=identity.kubeconfig,
         namespace=NAMESPACE,

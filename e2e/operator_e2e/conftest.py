@@ -12,6 +12,6 @@ from pathlib import Path
 # Nothing here imports pydantic or fleetserve_operator: the operator runs as a subprocess.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from opfixtures import crd, operator, operator_kubeconfig, start_operator
+from opfixtures import crd, operator, operator_identity, operator_kubeconfig, start_operator
 
-__all__ = ["crd", "operator", "operator_kubeconfig", "start_operator"]
+__all__ = ["crd", "operator", "operator_identity", "operator_kubeconfig", "start_operator"]

@@ -44,18 +44,30 @@ def crd(local_cluster: LocalCluster) -> LocalCluster:
 
 
 @pytest.fixture(scope="session")
-def operator_kubeconfig(
+def operator_identity(
     crd: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Path]:
-    """A kubeconfig that authenticates as the operator's ServiceAccount, bound to role.yaml."""
+) -> Iterator[OperatorIdentity]:
+    """The operator's ServiceAccount, bound to role.yaml, and a kubeconfig with its token."""
     identity = OperatorIdentity.create(
         crd,
         rbac_file=ROLE,
         suffix=uuid.uuid4().hex[:5],
         kubeconfig=tmp_path_factory.mktemp("operator") / "kubeconfig",
     )
-    yield identity.kubeconfig
+    yield identity
     identity.delete(crd.client)
+
+
+@pytest.fixture
+def operator_kubeconfig(
+    crd: LocalCluster, operator_identity: OperatorIdentity, namespace: str
+) -> Path:
+    """The identity's kubeconfig, allowed the leader Lease in the test's namespace.
+
+    The operators elect there; the chart grants the Lease in the release's namespace.
+    """
+    operator_identity.grant_leader_lease(crd.client, namespace)
+    return operator_identity.kubeconfig
 
 
 def _delete_services(kube: KubeClient, namespace: str) -> None:

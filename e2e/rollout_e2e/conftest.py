@@ -18,12 +18,18 @@ import pytest
 # opfixtures).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator_e2e"))
 
-from opfixtures import crd, operator_kubeconfig, start_operator
+from opfixtures import crd, operator_identity, operator_kubeconfig, start_operator
 
 from fleetserve_e2e import LocalPrometheus
 from fleetserve_e2e.operator_process import OperatorProcess
 
-__all__ = ["crd", "operator_kubeconfig", "rollout_operator", "start_operator"]
+__all__ = [
+    "crd",
+    "operator_identity",
+    "operator_kubeconfig",
+    "rollout_operator",
+    "start_operator",
+]
 
 ROLLOUT_SETTINGS = {
     # Steps fall due by the clock: tick well inside the tests' 4 s intervals.

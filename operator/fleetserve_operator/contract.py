@@ -33,11 +33,17 @@ __all__ = [
     "METRICS_PATH",
     "MODEL_MOUNT",
     "PREEMPTIONS_METRIC",
+    "PRIORITY_MOUNT",
+    "PRIORITY_TOKEN_FILE",
+    "PRIVILEGED_HEADERS",
     "QUEUE_WAIT_METRIC",
     "READY_PATH",
     "REQUESTS_METRIC",
     "REQUEST_DURATION_METRIC",
     "TIME_TO_FIRST_TOKEN_METRIC",
+    "TLS_CERT_FILE",
+    "TLS_KEY_FILE",
+    "TLS_MOUNT",
     "MemoryMetric",
     "PvcSource",
     "TrackConfig",
@@ -57,6 +63,17 @@ AUTH_MOUNT = "/var/run/secrets/fleetserve/auth"
 so that the kubelet swaps in a rotated token without restarting the pod."""
 AUTH_TOKEN_KEY = "token"
 AUTH_TOKEN_FILE = f"{AUTH_MOUNT}/{AUTH_TOKEN_KEY}"
+PRIORITY_MOUNT = "/var/run/secrets/fleetserve/priority"
+"""Where `spec.runtime.priorityTokenSecretRef`'s Secret is mounted (a directory, as AUTH_MOUNT)."""
+PRIORITY_TOKEN_FILE = f"{PRIORITY_MOUNT}/{AUTH_TOKEN_KEY}"
+TLS_MOUNT = "/var/run/secrets/fleetserve/tls"
+"""Where `spec.runtime.tls`'s Secret is mounted: a directory, so a renewed certificate is
+swapped in by the kubelet."""
+TLS_CERT_FILE = f"{TLS_MOUNT}/tls.crt"
+TLS_KEY_FILE = f"{TLS_MOUNT}/tls.key"
+PRIVILEGED_HEADERS = ("X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms")
+"""Request headers the runtime honours only from a caller holding the priority token; the
+HTTPRoute removes them from every request it forwards."""
 KNOWN_BUILTINS = frozenset({"minilm-l6", "synthetic", "smollm2-135m", "synthetic-generate"})
 """`builtin://` models the runtime image ships; anything else is an invalid spec."""
 # The runtime refuses max_instances > max_queue_size (a request larger than the queue could
@@ -168,6 +185,11 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
     }
     if pods.runtime.auth_secret_ref is not None:
         flags["auth-token-file"] = AUTH_TOKEN_FILE
+    if pods.runtime.priority_token_secret_ref is not None:
+        flags["priority-token-file"] = PRIORITY_TOKEN_FILE
+    if pods.runtime.tls is not None:
+        flags["tls-cert-file"] = TLS_CERT_FILE
+        flags["tls-key-file"] = TLS_KEY_FILE
     # Only when enabled: the pods of services that never asked for gRPC keep their args, so
     # an operator upgrade starts no rollout.
     if pods.runtime.grpc.enabled:

@@ -78,11 +78,20 @@ def _map_keys(node: Schema, path: str) -> Schema:
         wanted.append(f"match {pattern}")
         node["additionalProperties"] = values
     if checks:
-        rule = cel(
-            f"self.all(k, {' && '.join(checks)})", f"{path} keys must {' and '.join(wanted)}"
-        )
+        condition = " && ".join(checks)
+        rule = cel(f"self.all(k, {condition})", f"{path} keys must {' and '.join(wanted)}")
+        # The API server prints only the message: name the first offending key, or a user
+        # with a long map cannot tell which entry it refuses.
+        head = _cel_string(f"{path} key '")
+        tail = _cel_string(f"' must {' and '.join(wanted)}")
+        rule["messageExpression"] = f"{head} + self.filter(k, !({condition}))[0] + {tail}"
         node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), rule]
     return node
+
+
+def _cel_string(text: str) -> str:
+    """`text` as a double-quoted CEL string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _inline(node: Schema, defs: dict[str, Schema]) -> Schema:

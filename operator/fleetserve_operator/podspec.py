@@ -53,7 +53,10 @@ RUNTIME_UID = 65532
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
 AUTH_VOLUME = "auth"
-# Owner and group may read the token (the pod's fsGroup is the runtime's group); nobody writes.
+PRIORITY_VOLUME = "priority"
+TLS_VOLUME = "tls"
+# Owner and group may read the tokens and the TLS key (the pod's fsGroup is the runtime's
+# group); nobody writes.
 AUTH_FILE_MODE = 0o440
 # Loading and warming a model can take minutes; the startup probe waits up to 10 minutes for
 # readiness before the liveness probe takes over. It asks readiness, not liveness: a replica is
@@ -120,12 +123,35 @@ def runtime_args(plan: TrackPlan) -> list[str]:
     for flag, value in values.items():
         args += [f"--generation-{flag}", str(value)]
     caching = "" if knobs.prefix_caching else "no-"
-    return [*args, f"--{caching}generation-prefix-caching"]
+    args.append(f"--{caching}generation-prefix-caching")
+    # Only when set away from the runtime's defaults (equal to the spec's): the pods of
+    # services that never set them keep their args, so an operator upgrade restarts none.
+    defaults = GenerationSpec()
+    for flag, value, default in (
+        ("default-max-tokens", knobs.default_max_tokens, defaults.default_max_tokens),
+        ("max-output-tokens", knobs.max_output_tokens, defaults.max_output_tokens),
+    ):
+        if value != default:
+            args += [f"--generation-{flag}", str(value)]
+    if knobs.allow_ignore_eos:
+        args.append("--generation-allow-ignore-eos")
+    return args
 
 
-def _probe(path: str, *, period_s: int, failures: int) -> Manifest:
+def _serves_tls(spec: GpuTrackSpec) -> bool:
+    """Whether the pods serve TLS (`spec.runtime.tls`): probes and scrapes then use HTTPS."""
+    return spec.runtime.tls is not None
+
+
+def _probe(path: str, tls: bool, *, period_s: int, failures: int) -> Manifest:
+    get: Manifest = {"path": path, "port": "http"}
+    # Plain HTTP is the API server's default scheme: left out, the pods of services without
+    # TLS keep their template across an operator upgrade. The kubelet does not verify the
+    # certificate of an HTTPS probe.
+    if tls:
+        get["scheme"] = "HTTPS"
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": get,
         "periodSeconds": period_s,
         "timeoutSeconds": 2,
         "failureThreshold": failures,
@@ -165,20 +191,28 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
             }
         )
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
-    auth = spec.runtime.auth_secret_ref
-    if auth is not None:
-        volumes.append(
-            {
-                "name": AUTH_VOLUME,
-                "secret": {
-                    "secretName": auth.name,
-                    "items": [{"key": auth.key, "path": contract.AUTH_TOKEN_KEY}],
-                    "defaultMode": AUTH_FILE_MODE,
-                },
-            }
-        )
-        mounts.append({"name": AUTH_VOLUME, "mountPath": contract.AUTH_MOUNT, "readOnly": True})
+    runtime = spec.runtime
+    secrets = [
+        (AUTH_VOLUME, contract.AUTH_MOUNT, runtime.auth_secret_ref),
+        (PRIORITY_VOLUME, contract.PRIORITY_MOUNT, runtime.priority_token_secret_ref),
+    ]
+    for name, mount, ref in secrets:
+        if ref is not None:
+            items = [{"key": ref.key, "path": contract.AUTH_TOKEN_KEY}]
+            volumes.append(_secret_volume(name, ref.name, items))
+            mounts.append({"name": name, "mountPath": mount, "readOnly": True})
+    if runtime.tls is not None:
+        keys = [{"key": key, "path": key} for key in ("tls.crt", "tls.key")]
+        volumes.append(_secret_volume(TLS_VOLUME, runtime.tls.secret_name, keys))
+        mounts.append({"name": TLS_VOLUME, "mountPath": contract.TLS_MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def _secret_volume(name: str, secret: str, items: list[Manifest]) -> Manifest:
+    return {
+        "name": name,
+        "secret": {"secretName": secret, "items": items, "defaultMode": AUTH_FILE_MODE},
+    }
 
 
 def _ports(spec: GpuTrackSpec) -> list[Manifest]:
@@ -194,6 +228,7 @@ def _ports(spec: GpuTrackSpec) -> list[Manifest]:
 
 def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     spec = plan.pods
+    tls = _serves_tls(spec)
     container: Manifest = {
         "name": CONTAINER_NAME,
         "image": spec.runtime.image,
@@ -201,9 +236,11 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         "command": list(contract.COMMAND),
         "args": runtime_args(plan),
         "ports": _ports(spec),
-        "startupProbe": _probe(contract.READY_PATH, period_s=5, failures=STARTUP_PROBE_FAILURES),
-        "readinessProbe": _probe(contract.READY_PATH, period_s=5, failures=2),
-        "livenessProbe": _probe(contract.LIVE_PATH, period_s=10, failures=3),
+        "startupProbe": _probe(
+            contract.READY_PATH, tls, period_s=5, failures=STARTUP_PROBE_FAILURES
+        ),
+        "readinessProbe": _probe(contract.READY_PATH, tls, period_s=5, failures=2),
+        "livenessProbe": _probe(contract.LIVE_PATH, tls, period_s=10, failures=3),
         "securityContext": _security_context(),
         # The runtime writes why it stopped (a model that cannot load) to stderr; the kubelet
         # puts the log's tail into the container's termination message, which the operator
@@ -259,14 +296,11 @@ def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, st
         pod["topologySpreadConstraints"] = spread
     if plan.priority_class_name:
         pod["priorityClassName"] = plan.priority_class_name
-    return {
-        "metadata": {
-            "labels": dict(labels),
-            "annotations": {
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(contract.HTTP_PORT),
-                "prometheus.io/path": contract.METRICS_PATH,
-            },
-        },
-        "spec": pod,
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(contract.HTTP_PORT),
+        "prometheus.io/path": contract.METRICS_PATH,
     }
+    if _serves_tls(spec):
+        annotations["prometheus.io/scheme"] = "https"
+    return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": pod}

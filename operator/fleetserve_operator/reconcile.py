@@ -361,9 +361,15 @@ def _http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, i
         {"name": naming.child_name(owner.name, track), "port": spec.traffic.port, "weight": weight}
         for track, weight in weights.items()
     ]
-    return _route(
-        owner, spec, "HTTPRoute", {"matches": route_matches(spec), "backendRefs": backends}
-    )
+    # Beside the runtime's own check of the priority token: no client behind the gateway
+    # reaches the pods with the priority or deadline headers, whatever token it holds (a
+    # leaked token then serves only callers inside the cluster).
+    strip = {
+        "type": "RequestHeaderModifier",
+        "requestHeaderModifier": {"remove": list(contract.PRIVILEGED_HEADERS)},
+    }
+    rule = {"matches": route_matches(spec), "filters": [strip], "backendRefs": backends}
+    return _route(owner, spec, "HTTPRoute", rule)
 
 
 def _grpc_route(

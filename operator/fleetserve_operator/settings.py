@@ -6,8 +6,10 @@ naming the variable; nothing falls back) and `apply_kopf_settings` tunes kopf wi
 
 from __future__ import annotations
 
+import hashlib
 import socket
-from typing import Annotated, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 import kopf
 from pydantic import AfterValidator, AliasChoices, Field, model_validator
@@ -17,7 +19,7 @@ from fleetserve_operator import naming
 from fleetserve_operator.allowlist import PrometheusAllowlist, parse_base_url
 from fleetserve_operator.leader import LeaseTiming
 
-__all__ = ["OperatorConfig", "apply_kopf_settings"]
+__all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings"]
 
 
 def _base_url(url: str) -> str:
@@ -124,13 +126,36 @@ class OperatorConfig(BaseSettings):
         return PrometheusAllowlist([*self.allowed_prometheus_urls, *own])
 
 
+class RedactedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """The last-handled configuration kopf keeps, each literal env value replaced by a digest.
+
+    kopf keeps the spec it last handled in an annotation, to tell an update from a resync.
+    `spec.runtime.env[].value` may be a credential put there by hand: an annotation is
+    copied into `kubectl describe`, audit logs and backups far more readily than the spec
+    is read. The digest still changes with the value, so a new value is still an update;
+    the operator's handlers read the body, never kopf's diff.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        """The essence kopf compares and stores (a copy), its env values as `sha256:<hex>`."""
+        essence = super().build(body=body, extra_fields=extra_fields)
+        runtime = essence.get("spec", {}).get("runtime", {})
+        for variable in runtime.get("env", []) if isinstance(runtime, dict) else []:
+            if isinstance(variable, dict) and isinstance(variable.get("value"), str):
+                digest = hashlib.sha256(variable["value"].encode()).hexdigest()
+                variable["value"] = f"sha256:{digest}"
+        return essence
+
+
 def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Tune kopf for this operator; each choice says why."""
     prefix = naming.GROUP
     # Keep kopf's bookkeeping in annotations of our own group: status belongs to the CRD's
     # schema (anything else there would be pruned), and kopf.zalando.org is not ours.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = RedactedDiffBaseStorage(
         prefix=prefix, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{prefix}/finalizer"

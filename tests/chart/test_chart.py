@@ -102,7 +102,7 @@ def test_lint_passes_with_strict() -> None:
 
 
 def test_default_render_has_the_core_objects_only() -> None:
-    """Defaults: CRD, operator, its PDB, ServiceAccount, RBAC, metrics Service, dashboard."""
+    """Defaults: CRD, operator, PDB, ServiceAccount, RBAC, Service, dashboard, admission."""
     kinds = sorted(m["kind"] for m in render())
     assert kinds == [
         "ClusterRole",
@@ -115,6 +115,8 @@ def test_default_render_has_the_core_objects_only() -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 
@@ -198,15 +200,63 @@ def test_namespaced_install_splits_role_yaml_rules() -> None:
     cluster = only(manifests, "ClusterRole", "fs-fleetserve-cluster")["rules"]
     namespaced = only(manifests, "ClusterRole", "fs-fleetserve-namespaced")["rules"]
     assert sorted(map(json.dumps, cluster + namespaced)) == sorted(map(json.dumps, role_rules()))
-    assert {r for rule in cluster for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
-    }
+    assert {r for rule in cluster for r in rule["resources"]} == {"customresourcedefinitions"}
     bindings = [
         m for m in manifests if m["kind"] == "RoleBinding" and m["roleRef"]["kind"] == "ClusterRole"
     ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "search"]
     assert {b["roleRef"]["name"] for b in bindings} == {"fs-fleetserve-namespaced"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param([], id="cluster-wide"),
+        pytest.param(["--set", "watchNamespaces={ml}"], id="namespaced"),
+    ],
+)
+def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None:
+    """No ClusterRole grants Leases (the control plane's leader leases, the nodes' heartbeats).
+
+    The operator's one Lease is a Role's, by name, in the release's namespace
+    (test_chart_ha checks that Role).
+    """
+    manifests = render(*values)
+    cluster_roles = [m for m in manifests if m["kind"] == "ClusterRole"]
+    assert cluster_roles
+    for role in cluster_roles:
+        for rule in role["rules"]:
+            assert not {"leases", "namespaces"} & set(rule["resources"]), role["metadata"]
+            assert "coordination.k8s.io" not in rule["apiGroups"], role["metadata"]
+
+
+def test_admission_policy_binds_the_operator_account_only() -> None:
+    """The policy matches Deployments the operator's account writes, and the binding denies."""
+    manifests = render("--set-json", 'admissionPolicy.allowedServiceAccounts=["model-reader"]')
+    policy = only(manifests, "ValidatingAdmissionPolicy")
+    binding = only(manifests, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["apps"], ["deployments"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    (condition,) = spec["matchConditions"]
+    account = "system:serviceaccount:fleetserve-system:fs-fleetserve"
+    assert condition["expression"] == f'request.userInfo.username == "{account}"'
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert json.loads(variables["serviceAccounts"]) == ["default", "model-reader"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    for field in ("hostNetwork", "hostPID", "hostIPC", "privileged", "hostPath",
+                  "serviceAccountName"):  # fmt: skip
+        assert field in checks, field
+    for validation in spec["validations"]:
+        assert validation["messageExpression"], validation["expression"]
+    kinds = {m["kind"] for m in render("--set", "admissionPolicy.enabled=false")}
+    assert "ValidatingAdmissionPolicy" not in kinds
 
 
 def test_chart_copies_are_byte_identical_to_their_sources() -> None:
@@ -435,7 +485,7 @@ def test_network_policies_confine_the_operator() -> None:
     assert allowed(policies, "Ingress", operator, PROMETHEUS, "metrics")
     assert not allowed(policies, "Ingress", operator, runtime_pod("ml"), "metrics")
     assert not allowed(policies, "Ingress", operator, PROMETHEUS, "health")
-    # Each policy selects its own pods only: runtime pods' egress is left alone.
+    # Each policy selects its own pods only (the runtime pods' egress is their own policy's).
     for policy in policies:
         targets = [
             p
@@ -443,6 +493,40 @@ def test_network_policies_confine_the_operator() -> None:
             if selects(policy["spec"]["podSelector"], p.labels)
         ]
         assert len(targets) == 1, policy["metadata"]
+
+
+def test_network_policies_confine_runtime_pods_egress() -> None:
+    """Runtime pods reach the cluster DNS only: no API server, metadata service or tenant."""
+    manifests = render(*NETWORK_POLICY)
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    runtime = runtime_pod("ml")
+    assert allowed(policies, "Egress", runtime, DNS, 53)
+    refused = [
+        (Pod("default", {}, ip="10.0.0.1"), 443),  # the API server
+        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (runtime_pod("search"), 8080),  # another tenant's model
+        (PROMETHEUS, 9090),
+        (Pod("ml", {"app": "notebook"}), 8888),  # its own namespace
+        (Pod("default", {}, ip="52.1.2.3"), 443),  # the internet: no model store by default
+    ]
+    for destination, port in refused:
+        assert not allowed(policies, "Egress", runtime, destination, port), destination
+
+
+def test_a_model_store_opens_runtime_egress_to_it_only() -> None:
+    """networkPolicy.modelStore: its CIDRs on its ports, nothing else besides DNS."""
+    manifests = render(
+        *NETWORK_POLICY,
+        "--set", "networkPolicy.modelStore.cidrs={10.9.0.0/16}",
+        "--set", "networkPolicy.modelStore.ports={443,9000}",
+    )  # fmt: skip
+    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    runtime = runtime_pod("search")
+    store = Pod("storage", {}, ip="10.9.1.2")
+    assert allowed(policies, "Egress", runtime, store, 443)
+    assert allowed(policies, "Egress", runtime, store, 9000)
+    assert not allowed(policies, "Egress", runtime, store, 22)
+    assert not allowed(policies, "Egress", runtime, Pod("default", {}, ip="10.0.0.1"), 443)
 
 
 @pytest.mark.parametrize(

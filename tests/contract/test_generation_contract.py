@@ -39,10 +39,12 @@ SPECS = {
         "model": SYNTHETIC,
         "generation": {"kvCacheFraction": 0.5, "blockSize": 32, "maxRunningSequences": 8,
                        "maxStepTokens": 64, "maxContext": 2048, "prefixCaching": False,
-                       "defaultTimeoutMs": 1000, "maxTimeoutMs": 2000, "drainSeconds": 30},
+                       "defaultTimeoutMs": 1000, "maxTimeoutMs": 2000, "drainSeconds": 30,
+                       "defaultMaxTokens": 64, "maxOutputTokens": 256, "allowIgnoreEos": True},
         "memory": {"budget": "2Gi"},
         "fallback": {"enabled": True, "generation": {"maxRunningSequences": 2,
-                                                     "maxStepTokens": 16}},
+                                                     "maxStepTokens": 16,
+                                                     "maxOutputTokens": 128}},
     },
     "checkpoint": {"model": {"name": "llama", "version": "1", "uri": "pvc://w/llama.gguf",
                              "task": "generate"},
@@ -69,6 +71,7 @@ def test_generation_flags_round_trip(name: str) -> None:
     if name == "tuned":
         fallback = [p for p in plans if p.config.track is Track.FALLBACK][0]
         assert parse_config(runtime_args(fallback)).generation.max_running_sequences == 2
+        assert parse_config(runtime_args(fallback)).generation.max_output_tokens == 128
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -36,6 +36,9 @@ SPECS = {
     "pvc": {"model": {"name": "enc", "version": "2024.1_b", "uri": "pvc://w/enc/v1"}},
     "auth": {"runtime": {"authSecretRef": {"name": "tokens", "key": "current"}},
              "fallback": {"enabled": True}},
+    "tls-and-priority": {"runtime": {"tls": {"secretName": "demo-cert"},
+                                     "priorityTokenSecretRef": {"name": "tokens", "key": "vip"}},
+                         "fallback": {"enabled": True}},
 }  # fmt: skip
 
 
@@ -45,17 +48,19 @@ def _plans(sections: dict[str, Any]) -> list[tuple[Any, Any]]:
 
 
 def _as_mounted(args: list[str], token_file: Path) -> list[str]:
-    """`args` with the Secret's file where the kubelet would mount it (here: `token_file`)."""
-    return [str(token_file) if arg == contract.AUTH_TOKEN_FILE else arg for arg in args]
+    """`args` with the Secrets' token files where the kubelet would mount them (`token_file`)."""
+    tokens = (contract.AUTH_TOKEN_FILE, contract.PRIORITY_TOKEN_FILE)
+    return [str(token_file) if arg in tokens else arg for arg in args]
 
 
 @pytest.mark.parametrize("name", SPECS)
 def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
     """Every track's flags parse into a RuntimeConfig holding exactly the spec's values.
 
-    With `runtime.authSecretRef` every track's runtime reads its token from the file the
-    Secret is mounted as (the runtime refuses to start on an unreadable one); without it,
-    none does.
+    With `runtime.authSecretRef` (and `priorityTokenSecretRef`) every track's runtime reads
+    its token from the file the Secret is mounted as (the runtime refuses to start on an
+    unreadable one); without it, none does. With `runtime.tls` every track serves TLS with
+    the mounted certificate and key.
     """
     token_file = tmp_path / "token"
     # As `openssl rand -hex 32` makes one: the runtime refuses short, guessable tokens.
@@ -84,6 +89,11 @@ def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
         assert config.auth_token_file == (None if auth is None else token_file)
         rendered = contract.AUTH_TOKEN_FILE if auth else None
         assert dict(zip(args, args[1:], strict=False)).get("--auth-token-file") == rendered
+        priority = spec.runtime.priority_token_secret_ref
+        assert config.priority_token_file == (None if priority is None else token_file)
+        tls = spec.runtime.tls is not None
+        assert config.tls_cert_file == (Path(contract.TLS_CERT_FILE) if tls else None)
+        assert config.tls_key_file == (Path(contract.TLS_KEY_FILE) if tls else None)
 
 
 @pytest.mark.parametrize("name", SPECS)

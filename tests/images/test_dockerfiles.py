@@ -238,3 +238,45 @@ def test_runtime_entrypoint_serves_and_passes_its_healthcheck(
             return
         assert time.monotonic() < deadline, proc.stderr.decode()
         time.sleep(0.2)
+
+
+def stage_commands(path: Path, stage: str) -> list[str]:
+    """The shell commands of the RUN steps of stage `stage` (`FROM ... AS stage`), in order."""
+    runs: list[str] = []
+    current = None
+    for item in parse(path).structure:
+        if item["instruction"] == "FROM":
+            current = item["value"].split()[-1] if " AS " in item["value"].upper() else None
+        elif item["instruction"] == "RUN" and current == stage:
+            runs.append(item["value"])
+    return [c.strip() for run in runs for c in re.split(r"&&|\|\||;|\bthen\b", run)]
+
+
+INSTALLERS_OUT = "python -m pip uninstall --yes pip setuptools wheel"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_the_shipped_venv_holds_no_installer(path: Path) -> None:
+    """pip, setuptools and wheel leave the venv after the last install, before it is copied.
+
+    The final stage takes only the build stage's venv and installs nothing itself.
+    """
+    copies = instructions(path, "COPY", final_stage=True)
+    assert [c for c in copies if c.startswith("--from=")] == ["--from=build /opt/venv /opt/venv"]
+    assert not [c for c in instructions(path, "RUN", final_stage=True) if "pip" in c]
+    commands = stage_commands(path, "build")
+    installs = [i for i, command in enumerate(commands) if "pip install" in command]
+    assert INSTALLERS_OUT in commands, "the build stage never uninstalls the installers"
+    assert installs[-1] < commands.index(INSTALLERS_OUT), "an install runs after the uninstall"
+    # A check that fails the build if any of them is still there (or came back as a dependency).
+    assert any("find_spec(m) for m in ('pip', 'setuptools', 'wheel')" in c for c in commands)
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_the_image_carries_oci_labels_from_build_args(path: Path) -> None:
+    """source, revision and version labels, each set from a build ARG of the final stage."""
+    args = {value.split("=", 1)[0] for value in instructions(path, "ARG", final_stage=True)}
+    labels = " ".join(instructions(path, "LABEL", final_stage=True))
+    for key, arg in (("source", "SOURCE"), ("revision", "REVISION"), ("version", "VERSION")):
+        assert f'org.opencontainers.image.{key}="${{{arg}}}"' in labels, key
+        assert arg in args, f"ARG {arg} is not declared in the final stage"

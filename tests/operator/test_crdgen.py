@@ -144,3 +144,17 @@ def test_map_keys_become_a_cel_rule_naming_the_field() -> None:
     assert rule["rule"].startswith("self.all(k, size(k) <= 317 && k.matches(")
     assert rule["message"].startswith("spec.runtime.nodeSelector keys must")
     assert node["additionalProperties"]["maxLength"] == 63
+
+
+def test_map_key_rules_name_the_offending_key() -> None:
+    """Every key rule's message is an expression that names the first key it refuses."""
+    rules = [
+        (path, rule)
+        for path, node in _walk(_schema())
+        for rule in node.get("x-kubernetes-validations", [])
+        if rule["rule"].startswith("self.all(k, ")
+    ]
+    assert any(path.endswith("nodeSelector") for path, _ in rules), [p for p, _ in rules]
+    for path, rule in rules:
+        condition = rule["rule"].removeprefix("self.all(k, ").removesuffix(")")
+        assert f"self.filter(k, !({condition}))[0]" in rule["messageExpression"], path

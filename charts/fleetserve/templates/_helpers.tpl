@@ -49,11 +49,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 The operator's RBAC rules, read from files/operator-rbac.yaml (a byte-for-byte copy of
 operator/rbac/role.yaml, which the operator's e2e tier runs under) so the chart never grants
 more or less than what was tested. Returns a YAML document {all, cluster, namespaced}: "all"
-is role.yaml's list as it stands; rules on cluster-scoped resources (CRDs, namespaces: kopf's start-up scans) go to "cluster",
+is role.yaml's list as it stands; rules on cluster-scoped resources (CRDs: kopf's start-up scan) go to "cluster",
 the rest to "namespaced"; role.yaml's order is kept in each.
 */}}
 {{- define "fleetserve.rbacRules" -}}
-{{- $clusterScoped := list "customresourcedefinitions" "namespaces" -}}
+{{- $clusterScoped := list "customresourcedefinitions" -}}
 {{- $rules := list -}}
 {{- range $doc := splitList "\n---\n" (.Files.Get "files/operator-rbac.yaml") -}}
 {{- $object := fromYaml $doc -}}

@@ -56,6 +56,7 @@ __all__ = [
     "Resources",
     "RuntimeSpec",
     "Task",
+    "TlsSpec",
     "Toleration",
     "backend_problem",
     "builtin_context_length",
@@ -307,6 +308,14 @@ class EnvVar(Wire):
     """Value from a Secret or ConfigMap key."""
 
 
+class TlsSpec(Wire):
+    """The certificate the runtime pods serve HTTPS and gRPC over TLS with."""
+
+    secret_name: DnsSubdomain
+    """A `kubernetes.io/tls` Secret in the InferenceService's namespace (keys `tls.crt` and
+    `tls.key`, as cert-manager writes them)."""
+
+
 class GrpcSpec(Wire):
     """The runtime's Open Inference Protocol gRPC listener (`inference.GRPCInferenceService`)."""
 
@@ -348,6 +357,17 @@ class RuntimeSpec(Wire):
     read-only Secret volume (`--auth-token-file`), so a rotated Secret takes effect without
     a restart. Unset: no authentication. Every track runs with the stable track's setting
     except the canary, which runs the spec's: changing it is a rollout."""
+    priority_token_secret_ref: KeySelector | None = None
+    """Secret key holding the token that lets a caller set the `X-Fleetserve-Priority` and
+    `X-Fleetserve-Timeout-Ms` headers (`--priority-token-file`, read from a read-only Secret
+    volume like `authSecretRef`'s); it also authenticates inference requests. Unset: no
+    caller may raise them. The HTTPRoute strips both headers from every request it forwards,
+    so only a caller inside the cluster that holds the token can use them."""
+    tls: TlsSpec | None = None
+    """Serve HTTP and gRPC over TLS with this Secret's certificate (`--tls-cert-file`,
+    `--tls-key-file`, mounted read-only; every track). The probes then use HTTPS, and
+    Prometheus must scrape the pods with `scheme: https` (see docs/security.md). Unset:
+    plain text. Changing it is a rollout."""
     precision: Precision = "fp32"
     """Numeric precision of the GPU tracks' model (`--precision`); changing it is a rollout."""
     backend: Backend = "auto"
@@ -500,6 +520,11 @@ class GenerationSpec(Wire):
                     "generation.maxContext must be 0 (the model's) or >= generation.blockSize",
                     ".maxContext",
                 ),
+                cel(
+                    "self.maxOutputTokens >= self.defaultMaxTokens",
+                    "generation.maxOutputTokens must be >= generation.defaultMaxTokens",
+                    ".maxOutputTokens",
+                ),
             ]
         }
     )
@@ -522,6 +547,14 @@ class GenerationSpec(Wire):
     """Deadline of a generation that names none (queue, prompt and every token), in ms."""
     max_timeout_ms: int = Field(600_000, ge=1)
     """Longest deadline a generation may ask for, in milliseconds."""
+    default_max_tokens: int = Field(512, ge=1, le=1_048_576)
+    """Output tokens of a request that sets no `max_tokens` (OpenAI's own default, the rest
+    of the context, lets one caller hold a sequence slot for minutes)."""
+    max_output_tokens: int = Field(4096, ge=1, le=1_048_576)
+    """Most output tokens one request may ask for; a larger `max_tokens` gets 400."""
+    allow_ignore_eos: bool = False
+    """Accept `ignore_eos` (generate exactly `max_tokens`, as benchmarks do) from callers;
+    off, a request setting it gets 400, so no caller keeps a slot past its answer's end."""
     drain_seconds: int = Field(120, ge=0, le=3600)
     """How long a terminating pod (an old version after a promotion, a rolled-back canary,
     a scale-down) keeps serving the streams it has started; it takes no new request.
@@ -541,6 +574,12 @@ class GenerationSpec(Wire):
             msg = (
                 f"generation.maxTimeoutMs ({self.max_timeout_ms}) must be >= "
                 f"generation.defaultTimeoutMs ({self.default_timeout_ms})"
+            )
+            raise ValueError(msg)
+        if self.max_output_tokens < self.default_max_tokens:
+            msg = (
+                f"generation.maxOutputTokens ({self.max_output_tokens}) must be >= "
+                f"generation.defaultMaxTokens ({self.default_max_tokens})"
             )
             raise ValueError(msg)
         if 0 < self.max_context < self.block_size:
@@ -571,6 +610,12 @@ class GenerationOverrides(Wire):
     """Default generation deadline, in milliseconds (CPU is slower per token)."""
     max_timeout_ms: int | None = Field(None, ge=1)
     """Longest generation deadline, in milliseconds."""
+    default_max_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    """Output tokens of a request that sets no `max_tokens`."""
+    max_output_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    """Most output tokens one request may ask for."""
+    allow_ignore_eos: bool | None = None
+    """Accept `ignore_eos` from callers."""
     drain_seconds: int | None = Field(None, ge=0, le=3600)
     """How long a terminating fallback pod keeps serving its streams."""
 
@@ -578,6 +623,12 @@ class GenerationOverrides(Wire):
         """`base` with the fields set here replaced; `ValueError` if the result is invalid."""
         values = base.model_dump() | self.model_dump(exclude_none=True)
         return GenerationSpec.model_validate(values)
+
+
+_NO_FALLBACK_CAPACITY = (
+    "fallback.replicas.max is {max}, but an enabled fallback needs at least 1 replica to take "
+    "the traffic: raise fallback.replicas.max, or set fallback.enabled to false"
+)
 
 
 class FallbackSpec(Wire):
@@ -598,6 +649,16 @@ class FallbackSpec(Wire):
                     "remove fallback.scaling, or give fallback.replicas min = max",
                     ".scaling",
                 ),
+                {
+                    **cel(
+                        "!self.enabled || has(self.scaling) || self.replicas.max >= 1",
+                        _NO_FALLBACK_CAPACITY.format(max="0"),
+                        ".replicas.max",
+                    ),
+                    "messageExpression": "'"
+                    + _NO_FALLBACK_CAPACITY.replace("{max}", "' + string(self.replicas.max) + '")
+                    + "'",
+                },
             ]
         }
     )
@@ -655,6 +716,8 @@ class FallbackSpec(Wire):
             raise ValueError(msg)
         if self.backend == "onnxruntime" and self.precision == "bf16":
             raise ValueError(_onnxruntime_bf16("fallback"))
+        if self.enabled and self.scaling is None and self.replicas.max < 1:
+            raise ValueError(_NO_FALLBACK_CAPACITY.format(max=self.replicas.max))
         return self
 
 

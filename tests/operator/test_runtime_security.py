@@ -1,0 +1,112 @@
+"""The runtime's security settings reach every track's pods; the route strips its headers.
+
+TLS, the priority token and the generation limits become volumes, flags and probes; the
+HTTPRoute removes the headers only the priority token grants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from fleetserve_operator import contract
+from fleetserve_operator.reconcile import Owner, child_key, desired_children
+from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.testing import make_spec
+
+OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
+GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}], "hostnames": ["a.example"]}
+CHAT = {"name": "chat", "version": "1", "uri": "builtin://synthetic-generate"}
+TRACKS = ("demo-stable", "demo-fallback")
+
+
+def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    spec = make_spec(**sections)
+    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+
+
+def _pod(children: dict[tuple[str, str], Any], name: str) -> Any:
+    return children[("Deployment", name)]["spec"]["template"]
+
+
+@pytest.mark.parametrize("model", [None, CHAT], ids=["encoder", "generative"])
+def test_every_route_rule_strips_the_privileged_headers(model: dict[str, str] | None) -> None:
+    """A client behind the gateway cannot claim X-Fleetserve-Priority or -Timeout-Ms."""
+    sections: dict[str, Any] = {"traffic": GATEWAY, "fallback": {"enabled": True}}
+    if model is not None:
+        sections["model"] = model
+    route = _children(**sections)[("HTTPRoute", "demo")]
+    assert route["spec"]["rules"]
+    for rule in route["spec"]["rules"]:
+        assert {"type": "RequestHeaderModifier", "requestHeaderModifier": {
+            "remove": ["X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms"]
+        }} in rule["filters"]  # fmt: skip
+
+
+def test_tls_mounts_the_secret_and_probes_over_https_on_every_track() -> None:
+    """`runtime.tls`: the Secret read-only, both files as flags, HTTPS probes and scrapes."""
+    children = _children(runtime={"tls": {"secretName": "demo-cert"}}, fallback={"enabled": True})
+    for name in TRACKS:
+        pod = _pod(children, name)
+        (container,) = pod["spec"]["containers"]
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tls")
+        assert volume["secret"]["secretName"] == "demo-cert"
+        assert {i["key"] for i in volume["secret"]["items"]} == {"tls.crt", "tls.key"}
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+        assert mount == {"name": "tls", "mountPath": contract.TLS_MOUNT, "readOnly": True}
+        args = container["args"]
+        assert args[args.index("--tls-cert-file") + 1] == contract.TLS_CERT_FILE
+        assert args[args.index("--tls-key-file") + 1] == contract.TLS_KEY_FILE
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+        assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+
+
+def test_without_tls_the_pods_are_as_before() -> None:
+    """No TLS: no volume, no flags, probes at the API server's default scheme, no annotation."""
+    pod = _pod(_children(), "demo-stable")
+    (container,) = pod["spec"]["containers"]
+    assert not any(arg.startswith("--tls") for arg in container["args"])
+    assert "scheme" not in container["readinessProbe"]["httpGet"]
+    assert "prometheus.io/scheme" not in pod["metadata"]["annotations"]
+
+
+def test_priority_token_is_a_read_only_secret_file_on_every_track() -> None:
+    """`runtime.priorityTokenSecretRef`: its key mounted as a file, `--priority-token-file`."""
+    ref = {"name": "tokens", "key": "priority"}
+    children = _children(runtime={"priorityTokenSecretRef": ref}, fallback={"enabled": True})
+    for name in TRACKS:
+        pod = _pod(children, name)
+        (container,) = pod["spec"]["containers"]
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "priority")
+        assert volume["secret"]["secretName"] == "tokens"
+        assert volume["secret"]["items"] == [{"key": "priority", "path": "token"}]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "priority")
+        assert mount["readOnly"] is True
+        assert contract.PRIORITY_TOKEN_FILE.startswith(mount["mountPath"] + "/")
+        args = container["args"]
+        assert args[args.index("--priority-token-file") + 1] == contract.PRIORITY_TOKEN_FILE
+
+
+def test_generation_limits_render_as_flags_only_when_set() -> None:
+    """Set: `--generation-default-max-tokens` etc.; defaults: no new flag (no restart)."""
+    tuned = {"defaultMaxTokens": 64, "maxOutputTokens": 128, "allowIgnoreEos": True}
+    (container,) = _pod(_children(model=CHAT, generation=tuned), "demo-stable")["spec"][
+        "containers"
+    ]
+    args = container["args"]
+    assert args[args.index("--generation-default-max-tokens") + 1] == "64"
+    assert args[args.index("--generation-max-output-tokens") + 1] == "128"
+    assert "--generation-allow-ignore-eos" in args
+    (plain,) = _pod(_children(model=CHAT), "demo-stable")["spec"]["containers"]
+    assert not {"--generation-default-max-tokens", "--generation-allow-ignore-eos"} & set(
+        plain["args"]
+    )
+
+
+def test_max_output_tokens_below_the_default_is_refused() -> None:
+    """The runtime would refuse to start; the spec names both fields and values first."""
+    with pytest.raises(ValidationError, match=r"maxOutputTokens \(100\) must be >= .*\(512\)"):
+        make_spec(model=CHAT, generation={"maxOutputTokens": 100})
