@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -149,7 +150,16 @@ class PrometheusSource:
         return MetricsUnavailable(f"Prometheus {self.url}: {reason}")
 
     def _get(self, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
-        """(status code, body) of one GET; raises `MetricsUnavailable` when none came."""
+        """(status code, body) of one GET; raises `MetricsUnavailable` when none came in time.
+
+        Every wait (to connect, for the headers, for each part of the body) lasts at most
+        `timeout_s`, and the body is given up once `timeout_s` have passed since the request
+        began: a frozen Prometheus (stopped, or hung: the kernel accepts the connection and
+        nothing answers) fails a query after `timeout_s`, one that trickles its answer after
+        at most twice that. So a reconcile never waits on Prometheus for long, and a query
+        that ran out of time is a failed query, never an answer.
+        """
+        deadline = time.monotonic() + self._timeout_s
         try:
             # No retries: a failed query is an inconclusive check, and the next reconcile
             # asks again; retrying here would only stall the reconcile.
@@ -160,8 +170,16 @@ class PrometheusSource:
                 allow_redirects=False,
                 stream=True,
             ) as response:
-                body = response.raw.read(self.MAX_BODY_BYTES + 1, decode_content=True)
-                return response.status_code, body
+                body = bytearray()
+                while len(body) <= self.MAX_BODY_BYTES:
+                    left = self.MAX_BODY_BYTES + 1 - len(body)
+                    chunk = response.raw.read1(left, decode_content=True)
+                    if not chunk:
+                        break
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise self._failure(f"no whole answer within {self._timeout_s:g} s")
+                return response.status_code, bytes(body)
         except (requests.Timeout, urllib3.exceptions.TimeoutError):
             raise self._failure(f"no answer within {self._timeout_s:g} s") from None
         except requests.ConnectionError:
@@ -948,6 +966,10 @@ def watch(
     The result is Failed as soon as a test rejects, whether or not the interval is over;
     at the end of the interval (`due`) it is the step's verdict; else None. A failed read
     leaves the evidence as it was (the next look takes the whole increment).
+
+    The step's verdict rests on this look: when its reads fail, time out, or find no
+    series of a track (a Prometheus restarted without its data), it is inconclusive, never
+    a pass on the evidence gathered before.
     """
     generative = target.generative
     try:
@@ -969,4 +991,9 @@ def watch(
         return evidence, _verdict(_evidence_checks(evidence), samples or 0.0, tokens)
     if not due:
         return evidence, None
+    read = {Track.CANARY: canary, Track.STABLE: stable}
+    unseen = [track.value for track, counts in read.items() if counts is None]
+    if unseen:
+        message = f"no series of the {' and '.join(unseen)} track at the interval's end"
+        return evidence, _inconclusive(InconclusiveReason.NO_DATA, message, samples)
     return evidence, _judged_at_interval_end(source, spec, target, evidence)

@@ -51,6 +51,7 @@ __all__ = [
     "Owner",
     "check_semantics",
     "child_key",
+    "converge_phase",
     "desired_children",
     "fallback_generation",
     "is_controlled_by",
@@ -548,6 +549,38 @@ def needs_write(desired: Manifest, observed: Manifest) -> bool:
     between): until it is applied, a field later dropped from `desired` would stay behind.
     """
     return is_drifted(desired, observed) or not _is_applied_by_operator(observed)
+
+
+_ROUTE_KINDS = frozenset({"HTTPRoute", "GRPCRoute"})
+
+
+def _drops_port(desired: Manifest, current: Manifest | None) -> bool:
+    """True when `desired` applied over the Service `current` takes away one of its ports."""
+    if current is None or desired["kind"] != "Service":
+        return False
+    kept = {port["port"] for port in desired["spec"]["ports"]}
+    return any(port.get("port") not in kept for port in current["spec"].get("ports") or [])
+
+
+def converge_phase(child: Manifest, current: Manifest | None, *, stale: bool = False) -> int:
+    """When a converge writes `child` over `current`, or deletes it (`stale`): lowest first.
+
+    A route may only name what is there, at every moment and whichever write the operator
+    dies after: whatever a route is about to name is written before the routes (0), and
+    whatever routes stop naming is changed or removed after them (3, 4). So a promotion
+    moves the routes to the stable track before the canary goes, and a Service loses a
+    port (the GRPCRoute's, when a version stops serving gRPC) only once no route names it.
+
+    0: creates and applies that add or keep (Deployments, Services keeping every port,
+    scalers, budgets); 1: routes written; 2: routes deleted; 3: Services losing a port;
+    4: every other deletion.
+    """
+    route = child["kind"] in _ROUTE_KINDS
+    if stale:
+        return 2 if route else 4
+    if route:
+        return 1
+    return 3 if _drops_port(child, current) else 0
 
 
 def stale_children(

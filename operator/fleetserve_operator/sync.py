@@ -16,10 +16,13 @@ phase (`Failed`, from `rollout.next_step` without a spec). Then:
    checked before any is: a name taken by an object this InferenceService does not control
    stops the reconcile (`ChildConflict`, the object is left alone), and every write is
    dry-run on the API server, so a refused child (`ChildRefused`) leaves nothing half built;
-4. write-ahead: when children are to be written, the new status is written first, so a
-   restarted operator renders them from the step they were written for and traffic never
-   runs ahead of status (weights only move forward, or to 0 on a rollback);
-5. the children are created or applied where they drifted, stale ones deleted;
+4. write-ahead: when children are to be written or deleted, the new status is written
+   first, so a restarted operator renders them from the step they were written for and
+   traffic never runs ahead of status (weights only move forward, or to 0 on a rollback);
+5. the children are created or applied where they drifted, stale ones deleted, in
+   `reconcile.converge_phase` order: what a route is to name before the routes, what it
+   stops naming after them, so that whichever write the operator dies after, no route
+   names a missing backend (a promotion moves the routes to stable before the canary goes);
 6. the status is written (with what failed after the children were applied: crashing
    pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges,
    then the transition's side effects (Events, counters, clearing a command annotation)
@@ -235,11 +238,12 @@ class Sync:
             problem = facts.workload_problem(deployments, pods) or self._memory_problem(
                 ref.namespace, spec, reconcile.stable_pods(spec, previous)
             )
-            if writes:
+            stale = reconcile.stale_children(owner, desired, observed)
+            if writes or stale:
                 ahead = observe.compute_status(status, observation(observed, problem))
                 self._report(ref, previous, ahead)
                 previous = ahead
-            observed = self._converge(ref, owner, desired, writes, observed)
+            observed = self._converge(ref, writes, stale, observed)
         except SpecError as exc:
             error = exc
             problem = Problem(exc.reason, str(exc))
@@ -371,27 +375,27 @@ class Sync:
         return writes
 
     def _converge(
-        self,
-        ref: ObjectRef,
-        owner: Owner,
-        desired: list[Manifest],
-        writes: list[_Write],
-        observed: list[Manifest],
+        self, ref: ObjectRef, writes: list[_Write], stale: list[Manifest], observed: list[Manifest]
     ) -> list[Manifest]:
-        """Make the checked writes, delete what is no longer wanted; returns the children."""
+        """Make the checked writes, delete the `stale` children; returns the children.
+
+        In `reconcile.converge_phase` order: routes never name what is not there.
+        """
         written = {reconcile.child_key(write.manifest) for write in writes}
         result = [child for child in observed if reconcile.child_key(child) not in written]
-        for write in writes:
-            if write.current is None:
-                result.append(self._kube.create(write.manifest))
-                self._write(ref, write.manifest, "Created")
+        steps: list[_Write | Manifest] = [*writes, *stale]
+        for step in sorted(steps, key=_phase):
+            if isinstance(step, _Write):
+                if step.current is None:
+                    result.append(self._kube.create(step.manifest))
+                    self._write(ref, step.manifest, "Created")
+                else:
+                    result.append(self._kube.apply(step.manifest, current=step.current))
+                    self._write(ref, step.manifest, "Updated")
             else:
-                result.append(self._kube.apply(write.manifest, current=write.current))
-                self._write(ref, write.manifest, "Updated")
-        for child in reconcile.stale_children(owner, desired, observed):
-            self._kube.delete(child)
-            self._write(ref, child, "Deleted")
-            result.remove(child)
+                self._kube.delete(step)
+                self._write(ref, step, "Deleted")
+                result.remove(step)
         return result
 
     def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
@@ -450,6 +454,12 @@ class Sync:
             for note in observe.transitions(previous, status):
                 self._kube.post_event(ref, note)
         self._metrics.observe_status(ref.namespace, ref.name, status)
+
+
+def _phase(step: _Write | Manifest) -> int:
+    if isinstance(step, _Write):
+        return reconcile.converge_phase(step.manifest, step.current)
+    return reconcile.converge_phase(step, step, stale=True)
 
 
 def _deployments_by_track(children: list[Manifest]) -> dict[Track, Manifest]:

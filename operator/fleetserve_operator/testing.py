@@ -75,7 +75,9 @@ class FakeKube:
     `objects` maps (kind, namespace, name) to the stored object; `writes` lists
     (action, kind, name) for every create, apply, delete and status write, in order.
     `refusals` maps (kind, name) to the message the API server refuses that child with
-    (on its dry-run as on its write).
+    (on its dry-run as on its write). `on_write` runs after every write has been stored,
+    the way another client would see the cluster then (a crash test raises there to stop
+    the operator between two writes).
     """
 
     objects: dict[tuple[str, str, str], Manifest] = field(default_factory=dict)
@@ -83,6 +85,7 @@ class FakeKube:
     events: list[EventNote] = field(default_factory=list)
     claims: set[tuple[str, str]] = field(default_factory=set)
     refusals: dict[tuple[str, str], str] = field(default_factory=dict)
+    on_write: Callable[[], None] | None = None
 
     def add_service(self, body: Manifest) -> None:
         """Store an InferenceService."""
@@ -107,7 +110,7 @@ class FakeKube:
             meta = manifest["metadata"]
             raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"])
         stored = self._store(manifest, None)
-        self.writes.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+        self._wrote("create", manifest["kind"], manifest["metadata"]["name"])
         return stored
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
@@ -116,8 +119,13 @@ class FakeKube:
         old = self.objects[_key(manifest)]
         assert old["metadata"]["uid"] == current["metadata"]["uid"], "applied to a replaced object"
         stored = self._store(manifest, old)
-        self.writes.append(("apply", manifest["kind"], manifest["metadata"]["name"]))
+        self._wrote("apply", manifest["kind"], manifest["metadata"]["name"])
         return stored
+
+    def _wrote(self, action: str, kind: str, name: str) -> None:
+        self.writes.append((action, kind, name))
+        if self.on_write is not None:
+            self.on_write()
 
     def _store(self, manifest: Manifest, old: Manifest | None) -> Manifest:
         meta = manifest["metadata"]
@@ -138,12 +146,12 @@ class FakeKube:
     def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
         """Replace the InferenceService's status."""
         self.objects[(naming.KIND, ref.namespace, ref.name)]["status"] = copy.deepcopy(status)
-        self.writes.append(("status", naming.KIND, ref.name))
+        self._wrote("status", naming.KIND, ref.name)
 
     def delete(self, manifest: Manifest) -> None:
         """Remove a stored object."""
         self.objects.pop(_key(manifest), None)
-        self.writes.append(("delete", manifest["kind"], manifest["metadata"]["name"]))
+        self._wrote("delete", manifest["kind"], manifest["metadata"]["name"])
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
         """The stored InferenceService, or None."""
@@ -175,7 +183,7 @@ class FakeKube:
         """Drop an annotation of the stored InferenceService."""
         body = self.objects[(naming.KIND, ref.namespace, ref.name)]
         body["metadata"].get("annotations", {}).pop(annotation, None)
-        self.writes.append(("annotate", naming.KIND, ref.name))
+        self._wrote("annotate", naming.KIND, ref.name)
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Record the event."""

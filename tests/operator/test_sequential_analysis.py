@@ -175,7 +175,21 @@ def test_too_few_samples_at_the_interval_end_are_inconclusive() -> None:
     )
     _, nothing = watch(ScriptedMetricSource(), SPEC, TARGET, None, due=True)
     assert nothing is not None
-    assert nothing.reason is InconclusiveReason.TOO_FEW_REQUESTS
+    assert nothing.reason is InconclusiveReason.NO_DATA
+
+
+def test_no_series_at_the_interval_end_never_passes_on_earlier_evidence() -> None:
+    """A Prometheus that lost its data answers no series: the evidence is kept, no pass."""
+    start = accumulate(SPEC, None, _counts(0, 0), _counts(1000, 0))
+    healthy = accumulate(SPEC, start, _counts(300, 0), _counts(4000, 0))
+    _, read = watch(_source(_counts(300, 0), _counts(4000, 0)), SPEC, TARGET, healthy, due=True)
+    assert read is not None
+    assert read.verdict is Verdict.PASSED, "the same evidence passes when Prometheus answers"
+    evidence, result = watch(ScriptedMetricSource(), SPEC, TARGET, healthy, due=True)
+    assert evidence == healthy
+    assert result is not None
+    assert (result.verdict, result.reason) == (Verdict.INCONCLUSIVE, InconclusiveReason.NO_DATA)
+    assert "canary and stable" in result.message
 
 
 def test_prometheus_down_keeps_the_evidence() -> None:
