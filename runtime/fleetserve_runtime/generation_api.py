@@ -27,6 +27,7 @@ from typing import Protocol
 
 from fastapi import FastAPI, Request, Response
 
+from fleetserve_runtime.config import GenerationConfig
 from fleetserve_runtime.errors import FleetserveError, InputTooLong, InvalidInput, ModelNotFound
 from fleetserve_runtime.facade import GenerationStream, ServingFacade
 from fleetserve_runtime.generate.contracts import FinishEvent
@@ -61,7 +62,7 @@ from fleetserve_runtime.http_errors import (
     request_id,
     status_of,
 )
-from fleetserve_runtime.request_queue import Priority
+from fleetserve_runtime.scheduling_rights import Scheduling
 from fleetserve_runtime.schemas import decode_body
 from fleetserve_runtime.sse import DONE, Format, GenerationResponse
 
@@ -105,10 +106,23 @@ class RouteHost(Protocol):
         """The served model's name."""
         ...
 
+    @property
+    def generation(self) -> GenerationConfig:
+        """The generation settings: output-token default and cap, streaming bounds."""
+        ...
+
     def scheduling(
-        self, request: Request, priority: str | None, timeout_ms: int | None
-    ) -> tuple[Priority, int | None]:
-        """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values."""
+        self,
+        request: Request,
+        priority: str | None,
+        timeout_ms: int | None,
+        *,
+        default_timeout_ms: int | None = None,
+    ) -> Scheduling:
+        """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values.
+
+        Raising either above the defaults needs the priority token (`scheduling_rights`).
+        """
         ...
 
     def count(self, version: str | None, code: int, seconds: float) -> None:
@@ -347,10 +361,15 @@ class _Routes:
     def controls(
         self, request: Request, priority: str | None = None, timeout_ms: int | None = None
     ) -> RequestControls:
-        level, timeout = self.host.scheduling(request, priority, timeout_ms)
+        granted = self.host.scheduling(
+            request,
+            priority,
+            timeout_ms,
+            default_timeout_ms=self.host.generation.default_timeout_ms,
+        )
         return RequestControls(
-            priority=level,
-            timeout_s=None if timeout is None else timeout / 1000,
+            priority=granted.priority,
+            timeout_s=None if granted.timeout_ms is None else granted.timeout_ms / 1000,
             request_id=request_id(),
         )
 
@@ -358,7 +377,9 @@ class _Routes:
         async def admit() -> tuple[GenerationStream, Format, bool]:
             body = decode_body(await self.host.body(request), ChatCompletionRequest)
             self.host.check_name(body.model)
-            generation = chat_generation(body, controls=self.controls(request))
+            generation = chat_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
             fmt = ChatFormat(
                 id_=f"chatcmpl-{request_id()}",
                 created=int(time.time()),
@@ -373,7 +394,9 @@ class _Routes:
         async def admit() -> tuple[GenerationStream, Format, bool]:
             body = decode_body(await self.host.body(request), CompletionRequest)
             self.host.check_name(body.model)
-            generation = completion_generation(body, controls=self.controls(request))
+            generation = completion_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
             fmt = CompletionFormat(
                 id_=f"cmpl-{request_id()}",
                 created=int(time.time()),
@@ -395,6 +418,7 @@ class _Routes:
             generation = oip_generation(
                 body,
                 controls=self.controls(request, params.priority, params.timeout_ms),
+                limits=self.host.generation,
                 version=version,
             )
             fmt = GenerateFormat(model=name, version=version or info.version, id_=body.id)

@@ -103,6 +103,9 @@ class EngineLimits:
     """Tokens per model step (decodes first, then prefill chunks): the TTFT / inter-token
     latency knob. Larger prefills prompts in fewer steps; smaller keeps steps short."""
     max_queue_size: int = 256
+    default_max_tokens: int = 512
+    """Output tokens of a request that sets none, fewer where the context leaves less room:
+    running to the full context would let one caller hold a sequence slot for minutes."""
     default_timeout_s: float = 60.0
     max_timeout_s: float = 600.0
     priority_aging_s: float = 5.0
@@ -117,6 +120,7 @@ class EngineLimits:
             "max_running_sequences": self.max_running_sequences,
             "max_step_tokens": self.max_step_tokens,
             "max_queue_size": self.max_queue_size,
+            "default_max_tokens": self.default_max_tokens,
         }
         for name, value in positive.items():
             if value < 1:
@@ -276,7 +280,7 @@ class _Work:
     decoder: IncrementalDecoder
     stops: StopMatcher
     max_tokens: int
-    """`params.max_tokens`, or the room the prompt leaves when the request set none."""
+    """`params.max_tokens`, or the default (at most the room the prompt leaves) when unset."""
     generated: int = 0
     last_token_at: float | None = None
     counted: bool = False
@@ -420,7 +424,7 @@ class GenerationEngine:
         max_tokens = params.max_tokens
         if max_tokens is None:
             room = min(self.context_length, self.limits.num_blocks * self.limits.block_size)
-            max_tokens = max(1, room - len(prompt))
+            max_tokens = max(1, min(self.limits.default_max_tokens, room - len(prompt)))
         self._check_fits(len(prompt), max_tokens)
         timeout_s = self._timeout_s(request.timeout_s)
         self._check_queue()  # again: others may have queued while a long prompt was tokenised
