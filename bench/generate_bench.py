@@ -229,6 +229,8 @@ def server_argv(config: ServerConfig, *, port: int, args: argparse.Namespace) ->
             "--max-queue-size=4096",
             f"--generation-default-timeout-ms={timeout_ms}",
             f"--generation-max-timeout-ms={timeout_ms}",
+            # Exact output lengths: the benchmark asks for `ignore_eos`, off by default.
+            "--generation-allow-ignore-eos",
             f"--generation-block-size={args.block_size}",
             f"--generation-max-step-tokens={args.max_step_tokens}",
             *config.args,

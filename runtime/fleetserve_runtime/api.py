@@ -57,7 +57,7 @@ from fleetserve_runtime.binary_tensors import (
     stack_results,
     wants_binary_output,
 )
-from fleetserve_runtime.config import RuntimeConfig
+from fleetserve_runtime.config import GenerationConfig, RuntimeConfig
 from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.errors import (
     FleetserveError,
@@ -90,8 +90,13 @@ from fleetserve_runtime.logs import (
     unbind_request,
 )
 from fleetserve_runtime.models.base import TensorSpec
-from fleetserve_runtime.request_queue import Priority
 from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.scheduling_rights import (
+    PRIORITY_HEADER,
+    TIMEOUT_HEADER,
+    Scheduling,
+    scheduling,
+)
 from fleetserve_runtime.schemas import (
     InferenceRequest,
     LoadRequest,
@@ -108,8 +113,6 @@ __all__ = ["STATUS_OF", "Apps", "create_app", "create_apps", "json_media_refusal
 
 log = logging.getLogger("fleetserve.api")
 
-PRIORITY_HEADER = "x-fleetserve-priority"
-TIMEOUT_HEADER = "x-fleetserve-timeout-ms"
 BINARY_TENSOR_HEADER = "inference-header-content-length"
 """Marks a request (or response) in the OIP binary tensor data extension (`binary_tensors`)."""
 
@@ -194,40 +197,14 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def _timeout_header(value: str) -> int:
-    """The `X-Fleetserve-Timeout-Ms` value: at most 18 decimal digits (no sign, `_`, spaces)."""
-    shown = value[:40]
-    if not (value.isascii() and value.isdigit() and len(value) <= 18):
-        msg = (
-            f"{TIMEOUT_HEADER} must be a whole number of milliseconds (digits only), got {shown!r}"
-        )
-        raise InvalidInput(msg)
-    return int(value)
-
-
-def _scheduling(
-    request: Request, priority: str | None, timeout_ms: int | None
-) -> tuple[Priority, int | None]:
-    """Priority and timeout (ms): the `X-Fleetserve-*` headers beat the body's values."""
-    priority_name = request.headers.get(PRIORITY_HEADER) or priority or "normal"
-    timeout_raw = request.headers.get(TIMEOUT_HEADER)
-    try:
-        level = Priority.parse(priority_name)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    if timeout_raw is not None:
-        timeout_ms = _timeout_header(timeout_raw)
-    return level, timeout_ms
-
-
 def _call(
-    request: Request, instances: list[object], version: str | None, params: RequestParameters | None
+    instances: list[object],
+    version: str | None,
+    params: RequestParameters | None,
+    granted: Scheduling,
 ) -> InferenceCall:
-    if params is None:
-        priority, timeout_ms = _scheduling(request, None, None)
-        return InferenceCall(instances, version, priority, timeout_ms)
-    priority, timeout_ms = _scheduling(request, params.priority, params.timeout_ms)
-    return InferenceCall(instances, version, priority, timeout_ms, params.truncate)
+    truncate = params is not None and params.truncate
+    return InferenceCall(instances, version, granted.priority, granted.timeout_ms, truncate)
 
 
 def _timing_headers(result: InferenceResult, total_s: float) -> dict[str, str]:
@@ -254,6 +231,11 @@ class _Routes:
             max_instances=config.max_instances,
         )
         self.runtime: ServingFacade | None = None
+        self.priority_token = (
+            TokenFile(config.priority_token_file)
+            if config.priority_token_file is not None
+            else None
+        )
 
     @property
     def rt(self) -> ServingFacade:
@@ -321,11 +303,45 @@ class _Routes:
         """The served model's name."""
         return self.config.name
 
+    @property
+    def generation(self) -> GenerationConfig:
+        """The generation settings (output-token defaults and caps, streaming bounds)."""
+        return self.config.generation
+
+    def privileged(self, request: Request) -> bool:
+        """Whether `request` bears the priority token (`priority_token_file`)."""
+        if self.priority_token is None:
+            return False
+        presented = bearer_token(request.headers.get("authorization"))
+        return token_matches(presented, self.priority_token.current())
+
     def scheduling(
-        self, request: Request, priority: str | None, timeout_ms: int | None
-    ) -> tuple[Priority, int | None]:
-        """Priority and timeout (ms) of a request: its headers, else these values."""
-        return _scheduling(request, priority, timeout_ms)
+        self,
+        request: Request,
+        priority: str | None,
+        timeout_ms: int | None,
+        *,
+        default_timeout_ms: int | None = None,
+    ) -> Scheduling:
+        """Priority and timeout (ms) of a request: its headers, else these values.
+
+        Raising either above the defaults needs the priority token (`scheduling_rights`);
+        the default timeout is the encoder queue's unless `default_timeout_ms` says otherwise.
+        """
+        headers = request.headers
+        return scheduling(
+            priority_header=headers.get(PRIORITY_HEADER),
+            timeout_header=headers.get(TIMEOUT_HEADER),
+            priority=priority,
+            timeout_ms=timeout_ms,
+            default_timeout_ms=default_timeout_ms or self.config.queue.default_timeout_ms,
+            privileged=self.privileged(request),
+        )
+
+    def _granted(self, request: Request, params: RequestParameters | None) -> Scheduling:
+        if params is None:
+            return self.scheduling(request, None, None)
+        return self.scheduling(request, params.priority, params.timeout_ms)
 
     def _version_label(self, version: str | None) -> str:
         """The metrics label: the loaded version asked for, else the active one.
@@ -350,7 +366,8 @@ class _Routes:
                 limits=self.limits,
             )
             started = time.perf_counter()
-            result = await self.rt.infer(_call(request, instances, version, body.parameters))
+            granted = self._granted(request, body.parameters)
+            result = await self.rt.infer(_call(instances, version, body.parameters, granted))
             data, shape = stack_results(result.results)
             output: dict[str, Any] = {
                 "name": spec_out.name,
@@ -385,7 +402,8 @@ class _Routes:
             body = decode_body(raw, V1Request)
             check_instances(body.instances, self.limits)
             started = time.perf_counter()
-            result = await self.rt.infer(_call(request, body.instances, None, body.parameters))
+            granted = self._granted(request, body.parameters)
+            result = await self.rt.infer(_call(body.instances, None, body.parameters, granted))
             headers = _timing_headers(result, time.perf_counter() - started)
             return json_response({"predictions": result.results}, headers=headers)
 
@@ -553,11 +571,17 @@ class _InferFastPath:
 
 
 class _BearerAuthMiddleware:
-    """401 with `WWW-Authenticate: Bearer` unless the request carries the file's token."""
+    """401 with `WWW-Authenticate: Bearer` unless the request carries one of the files' tokens.
 
-    def __init__(self, app: ASGIApp, *, token: TokenFile, exempt: frozenset[str]) -> None:
+    The inference listener takes the inference token or the priority token (whoever may
+    raise priority may also infer); the admin listener only the admin token.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, tokens: tuple[TokenFile, ...], exempt: frozenset[str]
+    ) -> None:
         self.app = app
-        self.token = token
+        self.tokens = tokens
         self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -565,7 +589,7 @@ class _BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         presented = bearer_token(Headers(scope=scope).get("authorization"))
-        if token_matches(presented, self.token.current()):
+        if any(token_matches(presented, token.current()) for token in self.tokens):
             await self.app(scope, receive, send)
             return
         if presented is None:
@@ -663,7 +687,10 @@ def create_apps(
         [
             Middleware(
                 _BearerAuthMiddleware,
-                token=TokenFile(config.auth_token_file),
+                tokens=(
+                    TokenFile(config.auth_token_file),
+                    *([routes.priority_token] if routes.priority_token is not None else []),
+                ),
                 exempt=frozenset(config.auth_exempt_paths),
             )
         ]
@@ -703,7 +730,7 @@ def create_apps(
                 Middleware(_RequestContextMiddleware),
                 Middleware(
                     _BearerAuthMiddleware,
-                    token=TokenFile(config.admin_token_file),
+                    tokens=(TokenFile(config.admin_token_file),),
                     exempt=frozenset(),
                 ),
             ],

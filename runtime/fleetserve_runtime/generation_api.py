@@ -9,12 +9,13 @@
   generate extension (`text_input`, `parameters`; `text_output`), errors in the runtime's
   shape `{"error": message, "request_id"}`.
 
-Both take the same path: read the body (`api`'s limits), validate it
-(`generation_schemas`), admit it (`ServingFacade.generate`, which raises before any event
-when it cannot), then let `sse.GenerationResponse` answer with a `Format` of this module.
-A prompt over the context is a 400 here (`GENERATION_STATUS_OF`); full queue 503 with
-`Retry-After`, deadline 504. Every answer counts in `fleetserve_requests_total` like an
-inference request, under its final status (see `sse`).
+Both take the same path: read the body (`api`'s limits), parse it and bound its nesting
+(`json_limits`; a token-id prompt longer than the context is refused here, before it is
+converted), validate it (`generation_schemas`), admit it (`ServingFacade.generate`, which
+raises before any event when it cannot), then let `sse.GenerationResponse` answer with a
+`Format` of this module. A prompt over the context is a 400 here (`GENERATION_STATUS_OF`);
+full queue 503 with `Retry-After`, deadline 504. Every answer counts in
+`fleetserve_requests_total` like an inference request, under its final status (see `sse`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Protocol
 
 from fastapi import FastAPI, Request, Response
 
+from fleetserve_runtime.config import GenerationConfig
 from fleetserve_runtime.errors import FleetserveError, InputTooLong, InvalidInput, ModelNotFound
 from fleetserve_runtime.facade import GenerationStream, ServingFacade
 from fleetserve_runtime.generate.contracts import FinishEvent
@@ -61,8 +63,9 @@ from fleetserve_runtime.http_errors import (
     request_id,
     status_of,
 )
-from fleetserve_runtime.request_queue import Priority
-from fleetserve_runtime.schemas import decode_body
+from fleetserve_runtime.json_limits import check_depth
+from fleetserve_runtime.scheduling_rights import Scheduling
+from fleetserve_runtime.schemas import parse_json, validate_body
 from fleetserve_runtime.sse import DONE, Format, GenerationResponse
 
 __all__ = [
@@ -105,10 +108,23 @@ class RouteHost(Protocol):
         """The served model's name."""
         ...
 
+    @property
+    def generation(self) -> GenerationConfig:
+        """The generation settings: output-token default and cap, streaming bounds."""
+        ...
+
     def scheduling(
-        self, request: Request, priority: str | None, timeout_ms: int | None
-    ) -> tuple[Priority, int | None]:
-        """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values."""
+        self,
+        request: Request,
+        priority: str | None,
+        timeout_ms: int | None,
+        *,
+        default_timeout_ms: int | None = None,
+    ) -> Scheduling:
+        """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values.
+
+        Raising either above the defaults needs the priority token (`scheduling_rights`).
+        """
         ...
 
     def count(self, version: str | None, code: int, seconds: float) -> None:
@@ -316,6 +332,27 @@ class GenerateFormat:
         return oip_failure(error)
 
 
+def _check_token_ids(data: object, context_length: int) -> None:
+    """`InputTooLong` for a token-id `prompt` longer than the context, before it is converted.
+
+    Validating a list of a million ints into the schema, then into the engine's tuple, costs
+    far more than counting it; a prompt that cannot fit is refused first.
+    """
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if not isinstance(prompt, list) or not prompt:
+        return
+    rows = (
+        [prompt] if isinstance(prompt[0], int) else [row for row in prompt if isinstance(row, list)]
+    )
+    longest = max((len(row) for row in rows), default=0)
+    if longest > context_length:
+        msg = (
+            f"prompt of {longest} token ids cannot fit the model's context of "
+            f"{context_length} tokens"
+        )
+        raise InputTooLong(msg)
+
+
 Admit = Callable[[], Awaitable[tuple[GenerationStream, Format, bool]]]
 """Reads, validates and admits one request: its stream, how to write it, whether to stream."""
 
@@ -347,18 +384,31 @@ class _Routes:
     def controls(
         self, request: Request, priority: str | None = None, timeout_ms: int | None = None
     ) -> RequestControls:
-        level, timeout = self.host.scheduling(request, priority, timeout_ms)
+        granted = self.host.scheduling(
+            request,
+            priority,
+            timeout_ms,
+            default_timeout_ms=self.host.generation.default_timeout_ms,
+        )
         return RequestControls(
-            priority=level,
-            timeout_s=None if timeout is None else timeout / 1000,
+            priority=granted.priority,
+            timeout_s=None if granted.timeout_ms is None else granted.timeout_ms / 1000,
             request_id=request_id(),
         )
 
+    async def parsed(self, request: Request) -> object:
+        """The body's JSON, its nesting bounded before any schema (or `repr`) walks it."""
+        data = parse_json(await self.host.body(request))
+        check_depth(data)
+        return data
+
     async def chat(self, request: Request) -> Response:
         async def admit() -> tuple[GenerationStream, Format, bool]:
-            body = decode_body(await self.host.body(request), ChatCompletionRequest)
+            body = validate_body(await self.parsed(request), ChatCompletionRequest)
             self.host.check_name(body.model)
-            generation = chat_generation(body, controls=self.controls(request))
+            generation = chat_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
             fmt = ChatFormat(
                 id_=f"chatcmpl-{request_id()}",
                 created=int(time.time()),
@@ -371,9 +421,13 @@ class _Routes:
 
     async def completions(self, request: Request) -> Response:
         async def admit() -> tuple[GenerationStream, Format, bool]:
-            body = decode_body(await self.host.body(request), CompletionRequest)
+            data = await self.parsed(request)
+            _check_token_ids(data, self.host.rt.generation_info().context_length)
+            body = validate_body(data, CompletionRequest)
             self.host.check_name(body.model)
-            generation = completion_generation(body, controls=self.controls(request))
+            generation = completion_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
             fmt = CompletionFormat(
                 id_=f"cmpl-{request_id()}",
                 created=int(time.time()),
@@ -389,12 +443,13 @@ class _Routes:
     ) -> Response:
         async def admit() -> tuple[GenerationStream, Format, bool]:
             self.host.check_name(name)
-            body = decode_body(await self.host.body(request), GenerateRequest)
+            body = validate_body(await self.parsed(request), GenerateRequest)
             params = body.parameters
             info = self.host.rt.generation_info()
             generation = oip_generation(
                 body,
                 controls=self.controls(request, params.priority, params.timeout_ms),
+                limits=self.host.generation,
                 version=version,
             )
             fmt = GenerateFormat(model=name, version=version or info.version, id_=body.id)

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from fleetserve_runtime.config import GenerationConfig
 from fleetserve_runtime.errors import InvalidInput
 from fleetserve_runtime.generate.contracts import (
     ChatMessage,
@@ -246,12 +247,30 @@ class RequestControls:
     request_id: str | None = None
 
 
-def _sampling(fields: SamplingFields, *, max_tokens: int | None) -> SamplingParams:
+def _sampling(
+    fields: SamplingFields,
+    *,
+    max_tokens: int | None,
+    limits: GenerationConfig,
+    prefix: str = "",
+    max_tokens_field: str = "max_tokens",
+) -> SamplingParams:
     """The engine's `SamplingParams`; OpenAI's defaults (temperature 1, top-p 1).
 
-    An unset `max_tokens` stays unset: the engine, which knows the prompt's length, lets
-    the generation run until the context is full, as OpenAI does.
+    An unset `max_tokens` stays unset: the engine, which knows the prompt's length, takes
+    `generation.default_max_tokens` or what the context leaves, whichever is less. A larger
+    `max_tokens` than `limits` allow, or `ignore_eos` where it is off, is an `InvalidInput`
+    naming the field (`prefix` + its name) and the setting.
     """
+    if max_tokens is not None and max_tokens > limits.max_output_tokens:
+        msg = (
+            f"{prefix}{max_tokens_field} {max_tokens} is over this server's limit of "
+            f"{limits.max_output_tokens} output tokens (generation.max_output_tokens)"
+        )
+        raise InvalidInput(msg, param=prefix + max_tokens_field)
+    if fields.ignore_eos and not limits.allow_ignore_eos:
+        msg = f"{prefix}ignore_eos is not allowed on this server (generation.allow_ignore_eos)"
+        raise InvalidInput(msg, param=prefix + "ignore_eos")
     stops = [fields.stop] if isinstance(fields.stop, str) else fields.stop or []
     return SamplingParams(
         max_tokens=max_tokens,
@@ -270,7 +289,9 @@ def _check_stream_options(body: _OpenAIRequest) -> None:
         raise InvalidInput(msg, param="stream_options")
 
 
-def chat_generation(body: ChatCompletionRequest, *, controls: RequestControls) -> GenerationRequest:
+def chat_generation(
+    body: ChatCompletionRequest, *, controls: RequestControls, limits: GenerationConfig
+) -> GenerationRequest:
     """The generation a chat request asks for; `InvalidInput` (naming the field) if refused."""
     _check_stream_options(body)
     _refuse_unsupported(body)
@@ -281,9 +302,10 @@ def chat_generation(body: ChatCompletionRequest, *, controls: RequestControls) -
         ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
         for m in body.messages
     )
+    field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
     return GenerationRequest(
-        sampling=_sampling(body, max_tokens=max_tokens),
+        sampling=_sampling(body, max_tokens=max_tokens, limits=limits, max_tokens_field=field),
         messages=messages,
         priority=controls.priority,
         timeout_s=controls.timeout_s,
@@ -306,7 +328,7 @@ def _single_prompt(
 
 
 def completion_generation(
-    body: CompletionRequest, *, controls: RequestControls
+    body: CompletionRequest, *, controls: RequestControls, limits: GenerationConfig
 ) -> GenerationRequest:
     """The generation a legacy completion request asks for; one prompt (text or token ids)."""
     _check_stream_options(body)
@@ -315,7 +337,7 @@ def completion_generation(
     if len(prompt) == 0:
         msg = "prompt must not be empty"
         raise InvalidInput(msg, param="prompt")
-    sampling = _sampling(body, max_tokens=body.max_tokens)
+    sampling = _sampling(body, max_tokens=body.max_tokens, limits=limits)
     text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, tuple(prompt))
     return GenerationRequest(
         sampling=sampling,
@@ -328,7 +350,11 @@ def completion_generation(
 
 
 def oip_generation(
-    body: GenerateRequest, *, controls: RequestControls, version: str | None
+    body: GenerateRequest,
+    *,
+    controls: RequestControls,
+    limits: GenerationConfig,
+    version: str | None,
 ) -> GenerationRequest:
     """The generation an OIP generate request asks for (of `version`, or the active one).
 
@@ -336,7 +362,9 @@ def oip_generation(
     """
     params = body.parameters
     return GenerationRequest(
-        sampling=_sampling(params, max_tokens=params.max_tokens),
+        sampling=_sampling(
+            params, max_tokens=params.max_tokens, limits=limits, prefix="parameters."
+        ),
         prompt=body.text_input,
         priority=controls.priority,
         timeout_s=controls.timeout_s,

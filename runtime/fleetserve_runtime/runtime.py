@@ -142,6 +142,7 @@ class Runtime:
             max_running_sequences=generation.max_running_sequences,
             max_step_tokens=generation.max_step_tokens,
             max_queue_size=queue.max_queue_size,
+            default_max_tokens=generation.default_max_tokens,
             default_timeout_s=generation.default_timeout_ms / 1000,
             max_timeout_s=generation.max_timeout_ms / 1000,
             priority_aging_s=queue.priority_aging_ms / 1000,

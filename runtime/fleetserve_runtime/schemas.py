@@ -30,6 +30,7 @@ __all__ = [
     "check_instances",
     "check_shape",
     "decode_body",
+    "parse_json",
     "tensor_instances",
     "validate_body",
 ]
@@ -122,6 +123,11 @@ def _describe(exc: ValidationError) -> str:
 
 def decode_body(raw: bytes, model: type[Body]) -> Body:
     """Parse a JSON body strictly (UTF-8, JSON, then `model`); `InvalidInput` says what is wrong."""
+    return validate_body(parse_json(raw), model)
+
+
+def parse_json(raw: bytes) -> Any:
+    """A body's JSON value (UTF-8, JSON); `InvalidInput` says what is wrong."""
     if not raw:
         msg = "request body is empty"
         raise InvalidInput(msg)
@@ -135,7 +141,7 @@ def decode_body(raw: bytes, model: type[Body]) -> Body:
     except orjson.JSONDecodeError as exc:
         msg = f"request body is not valid JSON: {exc}"
         raise InvalidInput(msg) from None
-    return validate_body(data, model)
+    return data
 
 
 def validate_body(data: Any, model: type[Body]) -> Body:

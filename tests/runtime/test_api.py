@@ -133,7 +133,7 @@ BAD_REQUESTS = [
     pytest.param(
         b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'
         b'"parameters":{"timeout_ms":999999}}',
-        400, "timeout_ms", id="timeout-over-max",
+        403, "parameters.timeout_ms 999999 is above the default", id="timeout-over-default",
     ),
     pytest.param(
         b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'

@@ -97,7 +97,7 @@ async def test_versioned_routes_serve_the_loaded_version_only() -> None:
         pytest.param(request(stop=["a"] * 5), 400, "stop", id="stops"),
         pytest.param(request(beam_width=4), 400, "beam_width", id="unknown-parameter"),
         pytest.param(request(priority="urgent"), 400, "priority", id="priority"),
-        pytest.param(request(timeout_ms=10**9), 400, "timeout", id="timeout-over-max"),
+        pytest.param(request(timeout_ms=10**9), 403, "priority token", id="timeout-unprivileged"),
         pytest.param(
             request(" ".join(["w"] * CONTEXT)), 400, f"context of {CONTEXT}", id="over-context"
         ),

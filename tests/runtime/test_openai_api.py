@@ -22,6 +22,7 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.api import create_app
+from fleetserve_runtime.config import GenerationConfig
 from fleetserve_runtime.errors import InvalidInput
 from fleetserve_runtime.generate.contracts import ChatMessage, SamplingParams
 from fleetserve_runtime.generation_schemas import (
@@ -263,15 +264,16 @@ async def test_prompt_over_the_context_is_400_naming_the_limit() -> None:
         ),
     ],
 )
-async def test_unset_max_tokens_runs_to_the_end_of_the_context(
+async def test_unset_max_tokens_stops_at_the_end_of_the_context(
     path: str, body: dict[str, Any]
 ) -> None:
-    """No `max_tokens`: a prompt over half the context is served, to the context's end.
+    """No `max_tokens`, a default beyond the context: served up to the context's end.
 
     The finish reason is "length" exactly when prompt plus completion fill it, as OpenAI's.
     """
     sampling = {"ignore_eos": True, "temperature": 0}
-    async with serve() as client:
+    generation = {"allow_ignore_eos": True, "default_max_tokens": 4 * CONTEXT}
+    async with serve(generation=generation) as client:
         if "messages" in body:
             response = await client.post(path, json={**body, **sampling})
         else:
@@ -426,6 +428,7 @@ async def test_infer_on_a_generative_model_names_the_generate_endpoints() -> Non
 # -- the translation to the engine's request, pure ---------------------------------------
 
 CONTROLS = RequestControls(priority=Priority.HIGH, timeout_s=2.5, request_id="r-9")
+LIMITS = GenerationConfig()
 
 
 def test_chat_translation_maps_roles_parts_and_limits() -> None:
@@ -446,7 +449,7 @@ def test_chat_translation_maps_roles_parts_and_limits() -> None:
             "top_k": -1,
         }
     )
-    generation = chat_generation(body, controls=CONTROLS)
+    generation = chat_generation(body, controls=CONTROLS, limits=LIMITS)
     assert generation.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "a\nb"))
     assert generation.sampling == SamplingParams(max_tokens=7, stop=("END",), seed=-5)
     assert (generation.priority, generation.timeout_s, generation.request_id) == (
@@ -455,7 +458,7 @@ def test_chat_translation_maps_roles_parts_and_limits() -> None:
     unset = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     )
-    assert chat_generation(unset, controls=CONTROLS).sampling.max_tokens is None
+    assert chat_generation(unset, controls=CONTROLS, limits=LIMITS).sampling.max_tokens is None
 
 
 def test_chat_translation_refuses_both_token_limits() -> None:
@@ -469,7 +472,7 @@ def test_chat_translation_refuses_both_token_limits() -> None:
         }
     )
     with pytest.raises(InvalidInput) as caught:
-        chat_generation(body, controls=CONTROLS)
+        chat_generation(body, controls=CONTROLS, limits=LIMITS)
     assert caught.value.param == "max_completion_tokens"
 
 
@@ -487,7 +490,7 @@ def test_completion_prompt_forms(
 ) -> None:
     """A completion prompt is one text or one list of token ids; `max_tokens` defaults to 16."""
     body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
-    generation = completion_generation(body, controls=CONTROLS)
+    generation = completion_generation(body, controls=CONTROLS, limits=LIMITS)
     assert (generation.prompt, generation.prompt_token_ids) == (text, ids)
     assert generation.sampling.max_tokens == 16
 
@@ -497,5 +500,5 @@ def test_completion_refuses_batched_or_empty_prompts(prompt: Any) -> None:
     """One prompt per request: a batch of prompts (or none) is a 400 naming `prompt`."""
     body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
     with pytest.raises(InvalidInput) as caught:
-        completion_generation(body, controls=CONTROLS)
+        completion_generation(body, controls=CONTROLS, limits=LIMITS)
     assert caught.value.param == "prompt"

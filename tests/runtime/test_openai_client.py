@@ -173,6 +173,8 @@ def slow_server() -> Iterator[str]:
         "--retry-after-s", str(RETRY_AFTER_S),
         "--default-timeout-ms", "60000",
         "--max-timeout-ms", "60000",
+        "--generation-allow-ignore-eos",
+        "--generation-max-output-tokens", "2000",
     ) as url:  # fmt: skip
         yield url
 

@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -156,21 +157,29 @@ async def test_requests_of_very_different_lengths_are_batched_apart() -> None:
     assert tokens(runtime, "padded") == tokens(runtime, "real")
 
 
-async def test_a_high_priority_request_is_computed_before_queued_low_ones() -> None:
+async def test_a_high_priority_request_is_computed_before_queued_low_ones(
+    tmp_path: Path,
+) -> None:
     """`X-Fleetserve-Priority: high` overtakes low-priority requests that queued before it.
 
     One batch holds the executor; the first low request fills its second slot and four more
-    queue, then the high one arrives. Aging is slowed so that waiting cannot promote them.
+    queue, then the high one arrives, with the priority token that grants it. Aging is slowed
+    so that waiting cannot promote them.
     """
+    token = tmp_path / "priority-token"
+    token.write_text("priority-secret-0123456789")
     config: dict[str, Any] = {
         "batching": {"max_batch_size": 1, "max_queue_delay_ms": 0},
         "queue": {"priority_aging_ms": 600_000},
+        "priority_token_file": token,
     }
     lows = [f"low {i}" for i in range(5)]
     async with served(**config) as (client, runtime, model):
 
         def post(text: str, priority: str) -> asyncio.Task[httpx.Response]:
             headers = {"x-fleetserve-priority": priority}
+            if priority == "high":
+                headers["authorization"] = f"Bearer {token.read_text()}"
             return asyncio.create_task(client.post(INFER, json=v2(text), headers=headers))
 
         held = post(HOLD, "normal")

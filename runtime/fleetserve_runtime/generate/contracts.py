@@ -208,7 +208,8 @@ class SamplingParams:
     """Per-request decoding; the API validates the ranges before building one."""
 
     max_tokens: int | None
-    """None: until the context (or the KV pool, if smaller) is full."""
+    """None: the engine's default (`EngineLimits.default_max_tokens`), at most the room the
+    context (or the KV pool, if smaller) leaves."""
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0

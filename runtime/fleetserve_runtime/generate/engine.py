@@ -80,6 +80,10 @@ IDLE_POLL_S = 0.05
 `submit` refuses what cannot fit alone); it keeps such a bug from spinning a core."""
 
 
+_CONTROL_TOKEN_BYTES = 32
+"""Floor of `_longest_token_bytes`: a chat template's control tokens (`<|im_start|>`) are
+single tokens of up to this many bytes of rendered text, and decode to nothing."""
+
 INLINE_PROMPT_CHARS = 4096
 """Prompts up to this many characters are tokenised on the event loop (well under a
 millisecond); longer ones on a helper thread, which the tokenizer's GIL-free encoding lets
@@ -103,6 +107,9 @@ class EngineLimits:
     """Tokens per model step (decodes first, then prefill chunks): the TTFT / inter-token
     latency knob. Larger prefills prompts in fewer steps; smaller keeps steps short."""
     max_queue_size: int = 256
+    default_max_tokens: int = 512
+    """Output tokens of a request that sets none, fewer where the context leaves less room:
+    running to the full context would let one caller hold a sequence slot for minutes."""
     default_timeout_s: float = 60.0
     max_timeout_s: float = 600.0
     priority_aging_s: float = 5.0
@@ -117,6 +124,7 @@ class EngineLimits:
             "max_running_sequences": self.max_running_sequences,
             "max_step_tokens": self.max_step_tokens,
             "max_queue_size": self.max_queue_size,
+            "default_max_tokens": self.default_max_tokens,
         }
         for name, value in positive.items():
             if value < 1:
@@ -276,7 +284,7 @@ class _Work:
     decoder: IncrementalDecoder
     stops: StopMatcher
     max_tokens: int
-    """`params.max_tokens`, or the room the prompt leaves when the request set none."""
+    """`params.max_tokens`, or the default (at most the room the prompt leaves) when unset."""
     generated: int = 0
     last_token_at: float | None = None
     counted: bool = False
@@ -336,6 +344,7 @@ class GenerationEngine:
         """Preemptions, prefix hit and query tokens already counted into the metrics."""
         self._stats = self._snapshot()
         self._open_streams = 0
+        self._token_bytes = _longest_token_bytes(codec, lm.vocab_size)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -420,7 +429,7 @@ class GenerationEngine:
         max_tokens = params.max_tokens
         if max_tokens is None:
             room = min(self.context_length, self.limits.num_blocks * self.limits.block_size)
-            max_tokens = max(1, room - len(prompt))
+            max_tokens = max(1, min(self.limits.default_max_tokens, room - len(prompt)))
         self._check_fits(len(prompt), max_tokens)
         timeout_s = self._timeout_s(request.timeout_s)
         self._check_queue()  # again: others may have queued while a long prompt was tokenised
@@ -471,6 +480,12 @@ class GenerationEngine:
             msg = "give exactly one of prompt, messages or prompt token ids"
             raise InvalidInput(msg)
         if request.prompt_token_ids is not None:
+            if len(request.prompt_token_ids) > self.context_length:
+                msg = (
+                    f"prompt of {len(request.prompt_token_ids)} token ids cannot fit the "
+                    f"model's context of {self.context_length} tokens"
+                )
+                raise InputTooLong(msg)
             ids = list(request.prompt_token_ids)
             vocab = self._lm.vocab_size
             if any(not 0 <= token < vocab for token in ids):
@@ -478,6 +493,8 @@ class GenerationEngine:
                 # Token ids come only from the completions API's `prompt`.
                 raise InvalidInput(msg, param="prompt")
         elif request.messages is not None:
+            # The template only adds to the messages' text: bound it before rendering too.
+            self._bounded("".join(message.content for message in request.messages))
             try:
                 text = self._codec.render_chat(request.messages)
             except ValueError as exc:
@@ -492,14 +509,26 @@ class GenerationEngine:
         return ids
 
     def _bounded(self, text: str) -> str:
-        """Refuse a text that cannot fit before the tokenizer spends the event loop on it."""
-        if len(text) > self.context_length * MAX_CHARS_PER_TOKEN:
-            msg = (
-                f"prompt of {len(text)} characters cannot fit the model's context of "
-                f"{self.context_length} tokens"
-            )
-            raise InputTooLong(msg)
-        return text
+        """Refuse a text that cannot fit before the tokenizer spends the event loop on it.
+
+        Two sound bounds, both cheaper than tokenising: characters against
+        `MAX_CHARS_PER_TOKEN`, and UTF-8 bytes against the most bytes one token stands for
+        (`_longest_token_bytes`), which catches text of many-byte characters (emoji) that
+        passes the first.
+        """
+        size = len(text)
+        if size <= self.context_length * MAX_CHARS_PER_TOKEN:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size <= self.context_length * self._token_bytes:
+                return text
+            unit = f"bytes (a token of this model stands for at most {self._token_bytes})"
+        else:
+            unit = "characters"
+        msg = (
+            f"prompt of {size} {unit} cannot fit the model's context of "
+            f"{self.context_length} tokens"
+        )
+        raise InputTooLong(msg)
 
     def _check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         total = prompt_tokens + max_tokens
@@ -691,6 +720,19 @@ class GenerationEngine:
             prefix_cache_query_tokens=pool.query_tokens,
             steps=self._steps,
         )
+
+
+def _longest_token_bytes(codec: TextCodec, vocab_size: int) -> int:
+    """Most UTF-8 bytes of prompt text one token can stand for, so more cannot fit.
+
+    Each vocabulary entry is decoded alone. That shows a partial UTF-8 sequence as U+FFFD
+    (3 bytes, more than it stands for) and may drop SentencePiece's leading space, hence one
+    byte more; control tokens decode to nothing, and every one of them a chat template adds
+    stands for at least `_CONTROL_TOKEN_BYTES`. Sound for the byte-level and byte-fallback
+    BPE tokenizers served here, which never shrink text while normalising it.
+    """
+    longest = max(len(codec.decode([token]).encode("utf-8")) for token in range(vocab_size))
+    return max(longest + 1, _CONTROL_TOKEN_BYTES)
 
 
 def _post(stream: GenerationStream, events: list[GenerationEvent]) -> None:
