@@ -31,7 +31,13 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches
-from fleetserve_runtime.binary_tensors import DTYPES, decode_tensor, encode_tensor, stack_results
+from fleetserve_runtime.binary_tensors import (
+    DTYPES,
+    declared_elements,
+    decode_tensor,
+    encode_tensor,
+    stack_results,
+)
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.encoder_engine import InferenceCall
 from fleetserve_runtime.errors import DeadlineExceeded, FleetserveError, InvalidInput, Unauthorized
@@ -45,7 +51,6 @@ from fleetserve_runtime.request_queue import Priority
 from fleetserve_runtime.schemas import (
     RequestInput,
     TensorLimits,
-    check_shape,
     tensor_instances,
     validate_body,
 )
@@ -303,7 +308,8 @@ def _request_input(request: pb.ModelInferRequest, limits: TensorLimits) -> Reque
     if tensor.datatype not in _CONTENTS_FIELD and tensor.datatype not in DTYPES:
         msg = f"input {tensor.name!r} has an unknown datatype {tensor.datatype!r}"
         raise InvalidInput(msg, param="inputs.0.datatype")
-    elements = check_shape(list(tensor.shape), limits)
+    # Counts first: a message over a limit is refused before any value is decoded.
+    elements = declared_elements(tensor.name, list(tensor.shape), tensor.datatype, limits)
     if request.raw_input_contents:
         raw = memoryview(request.raw_input_contents[0])
         values = decode_tensor(tensor.name, tensor.datatype, elements, raw)
