@@ -142,17 +142,24 @@ def _unexpected() -> Response:
     return _error(500, f"internal error (error id {log_unexpected()})")
 
 
-def json_media_refusal(content_type: str | None, *, binary_extension: bool) -> str | None:
+def json_media_refusal(
+    content_type: str | None, *, binary_extension: bool, missing_is_json: bool = False
+) -> str | None:
     """Why a body with this `Content-Type` is not accepted as JSON, or None when it is.
 
     Only `application/json` (UTF-8) is: HTML forms cannot send it without a CORS preflight,
-    so a cross-site form post never reaches a model.
+    so a cross-site form post never reaches a model. With `missing_is_json` (the inference
+    routes), a body without any `Content-Type` is JSON too: NVIDIA's `tritonclient.http` in
+    JSON mode sends none, and Triton takes it. The media types a browser may send cross-site
+    without a preflight (`text/plain`, forms) stay refused.
     """
     if binary_extension:
         return (
             "the binary tensor data extension (Inference-Header-Content-Length) is accepted "
             "on the v2 infer routes only; send JSON with Content-Type: application/json"
         )
+    if content_type is None and missing_is_json:
+        return None
     media, _, parameters = (content_type or "").partition(";")
     if media.strip().lower() != "application/json":
         shown = media.strip()[:80] or "none"
@@ -164,10 +171,11 @@ def json_media_refusal(content_type: str | None, *, binary_extension: bool) -> s
     return None
 
 
-def _require_json(request: Request) -> None:
+def _require_json(request: Request, *, missing_is_json: bool) -> None:
     refusal = json_media_refusal(
         request.headers.get("content-type"),
         binary_extension=BINARY_TENSOR_HEADER in request.headers,
+        missing_is_json=missing_is_json,
     )
     if refusal is not None:
         raise UnsupportedMediaType(refusal)
@@ -249,9 +257,14 @@ class _Routes:
             msg = f"model {name!r} is not served here (this server serves {self.config.name!r})"
             raise ModelNotFound(msg)
 
-    async def body(self, request: Request) -> bytes:
-        """The request's JSON body, unparsed: media type, size and deadline checked."""
-        _require_json(request)
+    async def body(self, request: Request, *, missing_is_json: bool = False) -> bytes:
+        """The request's JSON body, unparsed: media type, size and deadline checked.
+
+        `missing_is_json` takes a body without `Content-Type` as JSON (`json_media_refusal`):
+        the OIP and KServe inference routes do, as Triton does; generation and model control
+        keep requiring `application/json`.
+        """
+        _require_json(request, missing_is_json=missing_is_json)
         return await _read_body(
             request, self.config.max_body_bytes, self.config.http.body_timeout_s
         )
@@ -263,7 +276,7 @@ class _Routes:
         header already makes a browser ask for a CORS preflight, as `application/json` does.
         """
         if BINARY_TENSOR_HEADER not in request.headers:
-            return await self.body(request)
+            return await self.body(request, missing_is_json=True)
         return await _read_body(
             request, self.config.max_body_bytes, self.config.http.body_timeout_s
         )
@@ -398,7 +411,7 @@ class _Routes:
     async def predict_v1(self, request: Request, name: str) -> Response:
         async def run() -> Response:
             self.check_name(name)
-            raw = await self.body(request)
+            raw = await self.body(request, missing_is_json=True)
             body = decode_body(raw, V1Request)
             check_instances(body.instances, self.limits)
             started = time.perf_counter()

@@ -11,6 +11,10 @@ One uvicorn server runs with one socket per listener: `host:port` for inference 
 tells them apart). Both sockets are bound before anything starts, so a taken port stops
 start-up with a message instead of leaving a half-started server; so is `grpc_port`'s, then
 released for the gRPC server (`grpc_api`), which binds it in the inference app's lifespan.
+
+With `tls_cert_file` and `tls_key_file`, every listener (inference, model control, gRPC)
+serves TLS only. The files are read at start-up, and a bad pair stops it with a message; a
+rotated certificate is served from the next restart.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import gc
 import logging
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +38,10 @@ from fleetserve_runtime.config import RuntimeConfig, load_config
 
 EXIT_LOAD_FAILED = 3
 """Exit status when the first model load fails (2 is a bad configuration)."""
+
+TLS_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+"""TLS 1.2 cipher suites of the HTTP listeners: forward secret and authenticated only (TLS 1.3
+has only such suites). uvicorn's own default, `TLSv1`, admits CBC and SHA-1 suites too."""
 
 __all__ = ["EXIT_LOAD_FAILED", "ConfigFlag", "build_parser", "config_flags", "main", "parse_config"]
 
@@ -111,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"fleetserve-runtime: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
+    tls_problem = _tls_problem(config)
+    if tls_problem is not None:
+        print(f"fleetserve-runtime: invalid configuration: {tls_problem}", file=sys.stderr)
+        return 2
     try:
         sockets = _bind(config)
     except OSError as exc:
@@ -136,7 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, sock in zip(("inference", "model control"), sockets, strict=False):
         host, port = sock.getsockname()[:2]
         logging.getLogger("fleetserve.cli").info(
-            "listening", extra={"listener": name, "address": f"{host}:{port}"}
+            "listening",
+            extra={
+                "listener": name,
+                "address": f"{host}:{port}",
+                "tls": bool(_tls_settings(config)),
+            },
         )
     # What was imported so far (torch, FastAPI, pydantic: ~200k objects) lives as long as
     # the process; frozen, the cyclic collector stops rescanning it, so a full collection
@@ -154,6 +172,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fleetserve-runtime: model load failed: {load_failures[0]}", file=sys.stderr)
         return EXIT_LOAD_FAILED
     return 0
+
+
+def _tls_problem(config: RuntimeConfig) -> str | None:
+    """Why `tls_cert_file` and `tls_key_file` cannot serve TLS, or None (also when unset)."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            config.tls_cert_file, config.tls_key_file
+        )
+    except OSError as exc:  # ssl.SSLError is an OSError
+        reason = exc.strerror or str(exc)
+        return (
+            f"cannot load tls_cert_file {config.tls_cert_file} with tls_key_file "
+            f"{config.tls_key_file}: {reason}"
+        )
+    return None
 
 
 def _bind(config: RuntimeConfig) -> list[socket.socket]:
@@ -215,5 +250,17 @@ def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> 
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=10,
+        **_tls_settings(config),
     )
     return _FlushingServer(settings)
+
+
+def _tls_settings(config: RuntimeConfig) -> dict[str, Any]:
+    """The uvicorn TLS settings for `tls_cert_file` and `tls_key_file`; none without them."""
+    if config.tls_cert_file is None:
+        return {}
+    return {
+        "ssl_certfile": config.tls_cert_file,
+        "ssl_keyfile": config.tls_key_file,
+        "ssl_ciphers": TLS_CIPHERS,
+    }

@@ -292,6 +292,18 @@ class RuntimeConfig(BaseSettings):
     """TCP port to listen on."""
     grpc_port: int | None = Field(None, ge=0, le=65535)
     """TCP port of the OIP gRPC listener on `host` (9000 is the documented choice); unset: off."""
+    grpc_max_send_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """Largest answer the gRPC listener sends, in bytes; a larger one fails with
+    RESOURCE_EXHAUSTED (the largest request is `max_body_bytes`)."""
+    grpc_max_concurrent_streams: int = Field(100, ge=1, le=100_000)
+    """Most RPCs one gRPC connection may have in flight at once; further calls wait."""
+    grpc_idle_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """A gRPC connection without an RPC in flight for this long is closed (GOAWAY); clients
+    connect again on their next call."""
+    grpc_min_ping_interval_s: float = Field(60.0, gt=0, le=86_400)
+    """Shortest interval between the keepalive pings a gRPC client may send while no data
+    flows; a third ping that comes sooner, or a ping while no RPC is in flight, closes the
+    connection (GOAWAY `too_many_pings`)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; `auto` picks CUDA when available."""
     threads: int = Field(0, ge=0, le=1024)

@@ -10,7 +10,8 @@ liveness and readiness RPCs follow the exemptions of their HTTP probe paths.
 Domain errors become gRPC status codes through `status_of` (the HTTP table) and
 `GRPC_CODE_OF_STATUS`, with the same message and an `x-request-id` trailer. A client
 deadline becomes the request's timeout; a request over `max_body_bytes` is refused by gRPC
-itself (RESOURCE_EXHAUSTED). Tensors arrive raw (`raw_input_contents`, decoded as the binary
+itself (RESOURCE_EXHAUSTED); `server_options` lists every limit of the listener, and
+`tls_cert_file` makes it serve TLS. Tensors arrive raw (`raw_input_contents`, decoded as the binary
 HTTP extension is) or typed (`contents`); outputs go back raw, as Triton answers.
 
 The generated module registers the protocol's `inference.*` names in protobuf's default
@@ -31,7 +32,13 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches
-from fleetserve_runtime.binary_tensors import DTYPES, decode_tensor, encode_tensor, stack_results
+from fleetserve_runtime.binary_tensors import (
+    DTYPES,
+    declared_elements,
+    decode_tensor,
+    encode_tensor,
+    stack_results,
+)
 from fleetserve_runtime.config import RuntimeConfig
 from fleetserve_runtime.encoder_engine import InferenceCall
 from fleetserve_runtime.errors import DeadlineExceeded, FleetserveError, InvalidInput, Unauthorized
@@ -45,12 +52,11 @@ from fleetserve_runtime.request_queue import Priority
 from fleetserve_runtime.schemas import (
     RequestInput,
     TensorLimits,
-    check_shape,
     tensor_instances,
     validate_body,
 )
 
-__all__ = ["GRPC_CODE_OF_STATUS", "GrpcHost", "serve_grpc"]
+__all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
 
 log = logging.getLogger("fleetserve.grpc")
 
@@ -303,7 +309,8 @@ def _request_input(request: pb.ModelInferRequest, limits: TensorLimits) -> Reque
     if tensor.datatype not in _CONTENTS_FIELD and tensor.datatype not in DTYPES:
         msg = f"input {tensor.name!r} has an unknown datatype {tensor.datatype!r}"
         raise InvalidInput(msg, param="inputs.0.datatype")
-    elements = check_shape(list(tensor.shape), limits)
+    # Counts first: a message over a limit is refused before any value is decoded.
+    elements = declared_elements(tensor.name, list(tensor.shape), tensor.datatype, limits)
     if request.raw_input_contents:
         raw = memoryview(request.raw_input_contents[0])
         values = decode_tensor(tensor.name, tensor.datatype, elements, raw)
@@ -373,35 +380,85 @@ def _call(
     )
 
 
+MAX_PING_STRIKES = 2
+"""Pings sooner than `grpc_min_ping_interval_s` a connection may send before it is closed."""
+
+
+def server_options(config: RuntimeConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: every limit stated, none left to gRPC's defaults.
+
+    - messages: at most `max_body_bytes` in (larger ones: RESOURCE_EXHAUSTED before any
+      handler runs) and `grpc_max_send_bytes` out;
+    - connections: `grpc_max_concurrent_streams` RPCs at once on one, closed after
+      `grpc_idle_timeout_s` without an RPC, and the HTTP/2 handshake due within
+      `http.header_timeout_s` of connecting, as HTTP headers are;
+    - metadata: at most `http.max_header_bytes`, as HTTP headers;
+    - pings: a client may ping at most every `grpc_min_ping_interval_s` while no data flows,
+      and not at all while no RPC is in flight; `MAX_PING_STRIKES` pings more close the
+      connection, so a ping flood costs a GOAWAY, not a CPU.
+    """
+    return [
+        ("grpc.max_receive_message_length", config.max_body_bytes),
+        ("grpc.max_send_message_length", config.grpc_max_send_bytes),
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        ("grpc.max_connection_idle_ms", _ms(config.grpc_idle_timeout_s)),
+        ("grpc.server_handshake_timeout_ms", _ms(config.http.header_timeout_s)),
+        ("grpc.max_metadata_size", config.http.max_header_bytes),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.grpc_min_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _credentials(config: RuntimeConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from `tls_cert_file` and `tls_key_file`, or None to serve plain.
+
+    Read once: a rotated certificate is served after a restart, as over HTTP.
+    """
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    key, chain = config.tls_key_file.read_bytes(), config.tls_cert_file.read_bytes()
+    return grpc.ssl_server_credentials([(key, chain)])
+
+
 async def serve_grpc(
     host: GrpcHost, config: RuntimeConfig, *, server_version: str
 ) -> Callable[[], Awaitable[None]]:
     """Start the gRPC listener on `config.host:config.grpc_port`; returns its stop function.
 
     `server_version` is what ServerMetadata reports (the package's, which `api` knows).
+    With `tls_cert_file` set it serves TLS only, like the HTTP listener.
 
     Raises `OSError` when the port cannot be bound. Port reuse is off: two servers on one
     port would split its calls silently.
     """
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", config.max_body_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(config))
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         _Service(host, config, server_version), server
     )
     host_part = f"[{config.host}]" if ":" in config.host else config.host
+    address = f"{host_part}:{config.grpc_port}"
+    credentials = _credentials(config)
     try:
-        port = server.add_insecure_port(f"{host_part}:{config.grpc_port}")
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError:
         port = 0
     if not port:
         msg = f"cannot listen on {config.host}:{config.grpc_port} (grpc_port)"
         raise OSError(msg)
     await server.start()
-    log.info("listening", extra={"listener": "grpc", "address": f"{config.host}:{port}"})
+    log.info(
+        "listening",
+        extra={"listener": "grpc", "address": f"{config.host}:{port}", "tls": bool(credentials)},
+    )
 
     async def stop() -> None:
         await server.stop(STOP_GRACE_S)

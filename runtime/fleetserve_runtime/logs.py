@@ -2,8 +2,11 @@
 
 Records are put on an in-memory queue by a `QueueHandler` (cheap, non-blocking) and formatted
 and written by a `QueueListener` thread, so a slow stderr never stalls the event loop or the
-executor. JSON lines by default; plain text for a terminal. Timestamps are UTC with
-milliseconds.
+executor. The queue holds at most `LOG_QUEUE_SIZE` records: when stderr stalls (a full pipe,
+a stopped log collector) records beyond it are dropped, never waited for, so logging neither
+blocks a serving thread nor grows memory without bound; `dropped_records` counts them (the
+`fleetserve_log_records_dropped_total` metric). JSON lines by default; plain text for a
+terminal. Timestamps are UTC with milliseconds.
 
 `api` binds a `RequestContext` (the request's `X-Request-ID` and W3C `traceparent`) for the
 duration of each request; a filter on the queue handler copies it onto every record emitted
@@ -22,11 +25,14 @@ import queue
 import random
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
+    "LOG_QUEUE_SIZE",
+    "DroppingQueueHandler",
     "JsonFormatter",
     "RequestContext",
     "RequestContextFilter",
@@ -34,6 +40,7 @@ __all__ = [
     "bind_request",
     "configure_logging",
     "current_request",
+    "dropped_records",
     "new_request_id",
     "request_id_from",
     "traceparent_from",
@@ -179,18 +186,56 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+LOG_QUEUE_SIZE = 10_000
+"""Most records waiting for the writer thread; a few seconds of a busy server's logs."""
+
+_dropped = 0
+_dropped_lock = threading.Lock()
+
+
+def dropped_records() -> int:
+    """Records dropped so far in this process because the log queue was full."""
+    return _dropped
+
+
+class DroppingQueueHandler(logging.handlers.QueueHandler):
+    """A `QueueHandler` on a bounded queue that drops a record when the queue is full.
+
+    The standard handler's `put_nowait` raises on a full queue, and its error handling then
+    prints a traceback to the very stderr that is stalled; a blocking `put` would stall the
+    event loop instead.
+    """
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        """Queue `record`, or count it dropped."""
+        global _dropped  # one process-wide count, read by the metrics
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with _dropped_lock:
+                _dropped += 1
+
+
+class _Listener(logging.handlers.QueueListener):
+    """A `QueueListener` whose stop waits for room for its sentinel in the bounded queue."""
+
+    def enqueue_sentinel(self) -> None:
+        """Queue the stop sentinel; the standard `put_nowait` fails on a full queue."""
+        self.queue.put(self._sentinel)  # type: ignore[attr-defined]  # untyped upstream
+
+
 def configure_logging(level: str, fmt: str) -> logging.handlers.QueueListener:
     """Route all logging through a queue to stderr; returns the started listener to stop at exit."""
     sink = logging.StreamHandler(sys.stderr)
     sink.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    handler = logging.handlers.QueueHandler(records)
+    records: queue.Queue[logging.LogRecord] = queue.Queue(LOG_QUEUE_SIZE)
+    handler = DroppingQueueHandler(records)
     # A filter on the handler runs on the thread that logs, where the request is still bound;
     # the listener thread that formats the record later could not see it.
     handler.addFilter(RequestContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    listener = logging.handlers.QueueListener(records, sink, respect_handler_level=False)
+    listener = _Listener(records, sink, respect_handler_level=False)
     listener.start()
     return listener

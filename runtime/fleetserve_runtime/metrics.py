@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fleetserve_runtime.logs import dropped_records
+
 __all__ = ["ANSWERED_CODES", "LATENCY_BUCKETS_S", "RuntimeMetrics", "StateSnapshot"]
 
 LATENCY_BUCKETS_S = (
@@ -144,6 +146,22 @@ class LoadedVersionsCollector(Collector):
         return iter(())
 
 
+class LogDropsCollector(Collector):
+    """The log records dropped because the log queue was full (`logs`), read at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        """Nothing to describe up front, like the other scrape-time collectors."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The process-wide count, one unlabelled counter."""
+        yield CounterMetricFamily(
+            "fleetserve_log_records_dropped",
+            "Log records dropped because the log queue was full (stderr stalled).",
+            value=dropped_records(),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class _BatchSeries:
     """One version's labelled batch series, looked up once (`labels()` takes a lock)."""
@@ -218,6 +236,7 @@ class RuntimeMetrics:
             "fleetserve_batch_failures", "Batches whose forward pass raised.", LABELS, registry=reg
         )
         reg.register(StateCollector(snapshot, model, track))
+        reg.register(LogDropsCollector())
 
     def labels(self, version: str) -> tuple[str, str, str]:
         """The (model, version, track) label values for `version`."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
@@ -622,3 +623,45 @@ def test_json_media_refusal(content_type: str | None, binary: bool, refused: str
     assert (reason is None) == (refused is None)
     if refused is not None:
         assert refused in str(reason)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "refused"),
+    [
+        pytest.param(None, False, id="missing"),
+        pytest.param("application/json", False, id="json"),
+        pytest.param("", True, id="empty"),
+        pytest.param("text/plain", True, id="text"),
+        pytest.param("text/plain; charset=utf-8", True, id="text-utf8"),
+        pytest.param("application/x-www-form-urlencoded", True, id="form"),
+        pytest.param("multipart/form-data; boundary=x", True, id="multipart"),
+    ],
+)
+def test_missing_media_type_is_json_on_the_inference_routes(
+    content_type: str | None, refused: bool
+) -> None:
+    """Where a missing type counts as JSON, what a browser sends without preflight does not."""
+    reason = json_media_refusal(content_type, binary_extension=False, missing_is_json=True)
+    assert (reason is not None) == refused
+
+
+async def test_inference_routes_take_a_body_without_content_type() -> None:
+    """A JSON body without `Content-Type` is served on v2 infer and v1 predict, as by Triton.
+
+    A form or text/plain post is still 415.
+    """
+    async with serve(model=SYNTH) as (client, _):
+        for path in ["/v2/models/test/infer", "/v2/models/test/versions/v1/infer"]:
+            served = await client.post(path, content=orjson.dumps(v2(["a", "b"])))
+            assert served.status_code == 200, served.text
+            assert served.json()["outputs"][0]["shape"][0] == 2
+            for media in ["text/plain", "application/x-www-form-urlencoded"]:
+                refused = await client.post(
+                    path, content=orjson.dumps(v2(["a"])), headers={"content-type": media}
+                )
+                assert refused.status_code == 415, media
+        predicted = await client.post(
+            "/v1/models/test:predict", content=orjson.dumps({"instances": ["a"]})
+        )
+        assert predicted.status_code == 200, predicted.text
+        assert len(predicted.json()["predictions"]) == 1

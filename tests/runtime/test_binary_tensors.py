@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 import pytest
 
+from fleetserve_runtime import binary_tensors
 from fleetserve_runtime.binary_tensors import (
     DTYPES,
     attach_binary_inputs,
@@ -48,9 +49,11 @@ def test_bytes_round_trip_as_utf8_text() -> None:
 @pytest.mark.parametrize(
     ("elements", "raw", "says"),
     [
-        pytest.param(2, prefixed(b"a"), "has 1 BYTES elements, its shape needs 2", id="too-few"),
+        pytest.param(2, prefixed(b"abcd"), "has 1 BYTES elements, its shape needs 2", id="too-few"),
         pytest.param(1, prefixed(b"a", b"b"), "bytes after its 1", id="too-many"),
-        pytest.param(1, b"\x05\x00", "truncated length prefix", id="cut-prefix"),
+        pytest.param(
+            2, prefixed(b"abcd") + b"\x05\x00", "truncated length prefix", id="cut-prefix"
+        ),
         pytest.param(1, struct.pack("<I", 2**32 - 1) + b"abc", "past the end", id="huge-length"),
         pytest.param(1, prefixed(b"\xff\xfe"), "not valid UTF-8", id="not-utf8"),
     ],
@@ -113,6 +116,45 @@ def test_attach_refuses_sizes_that_lie(
 ) -> None:
     with pytest.raises(error, match=says):
         attach_binary_inputs(parsed, memoryview(tail), LIMITS)
+
+
+def refuse_to_decode(*args: object) -> NoReturn:
+    raise AssertionError("decoded a request that its declared counts already refuse")
+
+
+@pytest.mark.parametrize(
+    ("shape", "says"),
+    [
+        pytest.param([1000], "1000 instances", id="bytes-instances"),
+        pytest.param([1, 1000], "1000 BYTES elements", id="bytes-one-instance"),
+        pytest.param([1001], "max_tensor_elements", id="values"),
+    ],
+)
+def test_counts_over_a_limit_are_refused_before_decoding(
+    monkeypatch: pytest.MonkeyPatch, shape: list[int], says: str
+) -> None:
+    """The decoder never runs for a request whose declared counts are over a limit."""
+    monkeypatch.setattr(binary_tensors, "decode_tensor", refuse_to_decode)
+    tail = prefixed(*[b""] * 1000)
+    parsed = header(len(tail), shape)
+    with pytest.raises(PayloadTooLarge, match=says) as caught:
+        attach_binary_inputs(parsed, memoryview(tail), LIMITS)
+    assert "max_" in caught.value.message
+
+
+def test_too_many_instances_are_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numeric tensor of 101 instances (limit 100) is refused by name, undecoded."""
+    monkeypatch.setattr(binary_tensors, "decode_tensor", refuse_to_decode)
+    parsed = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [101, 2],
+                          "parameters": {"binary_data_size": 808}}]}  # fmt: skip
+    with pytest.raises(PayloadTooLarge, match=r"'x' declares 101 instances.*max_instances"):
+        attach_binary_inputs(parsed, memoryview(b"\0" * 808), LIMITS)
+
+
+def test_too_few_bytes_for_the_bytes_elements_are_refused_before_decoding() -> None:
+    """Each BYTES element takes at least its 4-byte length: a shorter input is refused at once."""
+    with pytest.raises(InvalidInput, match="7 bytes, too few for 2 BYTES elements"):
+        decode_tensor("text", "BYTES", 2, memoryview(b"\0" * 7))
 
 
 @pytest.mark.parametrize(

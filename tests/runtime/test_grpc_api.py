@@ -203,6 +203,49 @@ def test_message_over_the_body_limit_is_resource_exhausted(server: Server) -> No
     assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
 
 
+UNDECODED = """
+from fleetserve_runtime import grpc_api
+from fleetserve_runtime.errors import PayloadTooLarge
+from fleetserve_runtime.oip import inference_pb2 as pb
+from fleetserve_runtime.schemas import TensorLimits
+
+def refuse_to_decode(*args):
+    raise AssertionError("decoded a request that its declared counts already refuse")
+
+grpc_api.decode_tensor = grpc_api._typed_values = refuse_to_decode
+limits = TensorLimits(max_rank=8, max_elements=1_048_576, max_instances=256)
+n = 1_000_000
+raw = pb.ModelInferRequest(model_name="test", raw_input_contents=[bytes(4 * n)])
+raw.inputs.add(name="text", datatype="BYTES", shape=[n])
+typed = pb.ModelInferRequest(model_name="test")
+typed.inputs.add(name="text", datatype="BYTES", shape=[1, n]).contents.bytes_contents.extend(
+    [b""] * n
+)
+for request in (raw, typed):
+    try:
+        grpc_api._request_input(request, limits)
+    except PayloadTooLarge as exc:
+        print(exc.message)
+"""
+
+
+def test_bytes_over_the_limits_are_refused_before_decoding() -> None:
+    """A million BYTES elements, raw or typed: refused by their declared counts, undecoded.
+
+    In a process of its own: this one holds tritonclient's protobuf names, which the
+    runtime's generated code would claim again.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", UNDECODED], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    refusals = done.stdout.splitlines()
+    assert len(refusals) == 2
+    assert "declares 1000000 instances" in refusals[0]
+    assert "1000000 BYTES elements" in refusals[1]
+    assert all("(max_instances)" in refusal for refusal in refusals)
+
+
 def test_client_deadline_is_deadline_exceeded_and_counted_as_504(server: Server) -> None:
     """A request still computing at the client's deadline: DEADLINE_EXCEEDED, a 504 in metrics."""
     client = triton.InferenceServerClient(server.grpc)

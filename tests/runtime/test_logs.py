@@ -3,24 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import logging.handlers
 import re
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import generate_latest
 
 from fleetserve_runtime.logs import (
+    LOG_QUEUE_SIZE,
     JsonFormatter,
     RequestContext,
     RequestContextFilter,
     TextFormatter,
     bind_request,
+    configure_logging,
+    dropped_records,
     request_id_from,
     traceparent_from,
     unbind_request,
 )
+from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 
+SNAPSHOT = StateSnapshot(
+    queue_depth=0,
+    inflight_requests=0,
+    memory_allocated_bytes=0,
+    memory_reserved_bytes=0,
+    pool_hits=0,
+    pool_misses=0,
+    models={},
+)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -97,3 +115,45 @@ def test_traceparent_from() -> None:
     assert traceparent_from(TRACEPARENT.upper()) == TRACEPARENT
     assert traceparent_from("00-xyz") is None
     assert traceparent_from(None) is None
+
+
+class _StalledStream(io.StringIO):
+    """A stderr whose writes wait until released (a full pipe, a stopped log collector)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.released.wait(timeout=30)
+        return super().write(text)
+
+
+def test_a_stalled_stderr_bounds_the_queue_and_counts_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Records past `LOG_QUEUE_SIZE` are dropped at once and counted in the metrics."""
+    stream = _StalledStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    kept_handlers, kept_level = root.handlers[:], root.level
+    listener = configure_logging("info", "json")
+    try:
+        (handler,) = root.handlers
+        assert isinstance(handler, logging.handlers.QueueHandler)
+        before = dropped_records()
+        extra = 500
+        for i in range(LOG_QUEUE_SIZE + extra):
+            logging.getLogger("fleetserve.test-logs").info("record %d", i)
+        assert handler.queue.qsize() <= LOG_QUEUE_SIZE
+        # The writer holds one record while it waits; every other one past the bound is lost.
+        assert dropped_records() - before >= extra - 1
+        metrics = RuntimeMetrics(model="m", track="stable", snapshot=lambda: SNAPSHOT)
+        text = generate_latest(metrics.registry).decode()
+        assert f"fleetserve_log_records_dropped_total {float(dropped_records())}" in text
+    finally:
+        stream.released.set()
+        listener.stop()
+        root.handlers[:] = kept_handlers
+        root.setLevel(kept_level)
+    assert '"msg": "record 0"' in stream.getvalue()

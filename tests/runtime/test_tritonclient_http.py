@@ -112,6 +112,26 @@ def test_an_output_asked_for_as_json_comes_back_as_json(synthetic: str) -> None:
     )
 
 
+@pytest.mark.parametrize("version", ["", "v1"], ids=["infer", "versioned-infer"])
+def test_json_mode_is_served_like_the_binary_one(synthetic: str, version: str) -> None:
+    """The client's JSON mode (`binary_data=False` on input and output) is served.
+
+    It sends the body without a `Content-Type`, as Triton takes it, and gets JSON data back,
+    equal to the binary answer.
+    """
+    client = triton.InferenceServerClient(synthetic)
+    tensor = triton.InferInput("text", [len(TEXTS)], "BYTES")
+    texts = np.array([t.encode() for t in TEXTS], dtype=np.object_)
+    tensor.set_data_from_numpy(texts, binary_data=False)
+    wanted = triton.InferRequestedOutput("embedding", binary_data=False)
+    result = client.infer("test", [tensor], outputs=[wanted], model_version=version)
+    output = result.get_output("embedding")
+    assert output is not None
+    assert len(output["data"]) == len(TEXTS) * 16
+    binary = client.infer("test", [text_input(TEXTS)], model_version=version)
+    np.testing.assert_array_equal(result.as_numpy("embedding"), binary.as_numpy("embedding"))
+
+
 def test_minilm_embeddings_equal_the_json_path(minilm: str) -> None:
     """MiniLM's real 384-float embeddings, bit for bit, either way."""
     client = triton.InferenceServerClient(minilm, network_timeout=60)
@@ -207,14 +227,24 @@ def test_binary_body_over_the_limit_is_413(synthetic: str) -> None:
     assert "limit" in response.json()["error"]
 
 
-def test_json_infer_still_needs_json_media_type_without_the_header(synthetic: str) -> None:
-    """Only the extension's header lifts the JSON media type rule; a plain form post is 415."""
+@pytest.mark.parametrize(
+    "media", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/plain"]
+)
+def test_json_infer_still_needs_json_media_type_without_the_header(
+    synthetic: str, media: str
+) -> None:
+    """What a browser may post cross-site without a preflight is 415, even with a JSON body.
+
+    Only the extension's header lifts the rule, and a missing type counts as JSON.
+    """
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
     response = httpx.post(
         f"http://{synthetic}/v2/models/test/infer",
-        content=b"inputs=1",
-        headers={"content-type": "application/x-www-form-urlencoded"},
+        content=orjson.dumps(body),
+        headers={"content-type": media},
     )
     assert response.status_code == 415
+    assert "application/json" in response.json()["error"]
 
 
 def test_binary_requests_need_the_token_like_json_ones(tmp_path: Path) -> None:
