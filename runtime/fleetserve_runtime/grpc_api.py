@@ -5,7 +5,9 @@ on the event loop uvicorn runs, so an RPC goes through the same `ServingFacade` 
 request: the same queue, batcher, deadlines and request metrics (counted under the HTTP
 status the answer stands for, so dashboards and canary analysis see both protocols as one).
 The bearer token is the HTTP one, sent as metadata `authorization: Bearer <token>`; the
-liveness and readiness RPCs follow the exemptions of their HTTP probe paths.
+liveness and readiness RPCs follow the exemptions of their HTTP probe paths. The `priority`
+and `timeout_ms` parameters take the HTTP routes' one decision (`scheduling_rights`): above
+the defaults only with the priority token, and a client deadline only ever shortens.
 
 Domain errors become gRPC status codes through `status_of` (the HTTP table) and
 `GRPC_CODE_OF_STATUS`, with the same message and an `x-request-id` trailer. A client
@@ -48,7 +50,7 @@ from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.logs import RequestContext, bind_request, request_id_from, unbind_request
 from fleetserve_runtime.oip import inference_pb2 as pb
 from fleetserve_runtime.oip import inference_pb2_grpc
-from fleetserve_runtime.request_queue import Priority
+from fleetserve_runtime.scheduling_rights import Scheduling, scheduling
 from fleetserve_runtime.schemas import (
     RequestInput,
     TensorLimits,
@@ -128,6 +130,9 @@ class _Service:
         self.config = config
         self.server_version = server_version
         self.token = TokenFile(config.auth_token_file) if config.auth_token_file else None
+        self.priority_token = (
+            TokenFile(config.priority_token_file) if config.priority_token_file else None
+        )
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: Any
@@ -208,7 +213,9 @@ class _Service:
             version = request.model_version or None
             started = time.perf_counter()
             try:
-                response = await self._infer_in_time(request, version, context.time_remaining())
+                response = await self._infer_in_time(
+                    request, version, context.time_remaining(), self._privileged(context)
+                )
             except FleetserveError as exc:
                 self.host.count(version, status_of(exc), time.perf_counter() - started)
                 await _abort(context, exc)
@@ -222,20 +229,37 @@ class _Service:
             return response
 
     async def _infer_in_time(
-        self, request: pb.ModelInferRequest, version: str | None, remaining_s: float | None
+        self,
+        request: pb.ModelInferRequest,
+        version: str | None,
+        remaining_s: float | None,
+        privileged: bool,
     ) -> pb.ModelInferResponse:
         """`_infer`, given up at the client's deadline: a batch computing then is not awaited."""
         try:
             async with asyncio.timeout(remaining_s):
-                return await self._infer(request, version, remaining_s)
+                return await self._infer(request, version, remaining_s, privileged)
         except TimeoutError:
             msg = "the client's deadline passed before the answer was ready"
             raise DeadlineExceeded(msg) from None
 
     async def _infer(
-        self, request: pb.ModelInferRequest, version: str | None, remaining_s: float | None
+        self,
+        request: pb.ModelInferRequest,
+        version: str | None,
+        remaining_s: float | None,
+        privileged: bool,
     ) -> pb.ModelInferResponse:
         self.host.check_name(request.model_name)
+        default_timeout_ms = self.config.queue.default_timeout_ms
+        granted = scheduling(
+            priority_header=None,
+            timeout_header=None,
+            priority=_parameter(request, "priority", "string_param"),
+            timeout_ms=_parameter(request, "timeout_ms", "int64_param"),
+            default_timeout_ms=default_timeout_ms,
+            privileged=privileged,
+        )
         rt = self.host.rt
         meta = rt.model(version).handler.metadata
         spec_in, spec_out = meta.inputs[0], meta.outputs[0]
@@ -246,7 +270,8 @@ class _Service:
             expected_datatype=spec_in.datatype,
             limits=self.host.limits,
         )
-        result = await rt.infer(_call(request, instances, version, remaining_s))
+        call = _call(request, instances, version, remaining_s, granted, default_timeout_ms)
+        result = await rt.infer(call)
         data, shape = stack_results(result.results)
         output = pb.ModelInferResponse.InferOutputTensor(
             name=spec_out.name, datatype=spec_out.datatype, shape=shape
@@ -259,14 +284,24 @@ class _Service:
             raw_output_contents=[encode_tensor(data, spec_out.datatype)],
         )
 
+    def _privileged(self, context: Any) -> bool:
+        """Whether the metadata carries the priority token (`priority_token_file`)."""
+        if self.priority_token is None:
+            return False
+        presented = bearer_token(_metadata(context).get("authorization"))
+        return token_matches(presented, self.priority_token.current())
+
     async def _authorize(self, context: Any, probe_path: str | None) -> None:
-        """Abort UNAUTHENTICATED unless the metadata carries the token (or this is exempt)."""
+        """Abort UNAUTHENTICATED unless the metadata carries a token (or this is exempt).
+
+        The priority token authenticates too, as it does over HTTP.
+        """
         if self.token is None:
             return
         if probe_path is not None and probe_path in self.config.auth_exempt_paths:
             return
         presented = bearer_token(_metadata(context).get("authorization"))
-        if token_matches(presented, self.token.current()):
+        if token_matches(presented, self.token.current()) or self._privileged(context):
             return
         why = "a bearer token is required" if presented is None else "the bearer token is not valid"
         await _abort(context, Unauthorized(why, challenge='Bearer realm="fleetserve"'))
@@ -355,13 +390,15 @@ def _call(
     instances: list[object],
     version: str | None,
     remaining_s: float | None,
+    granted: Scheduling,
+    default_timeout_ms: int,
 ) -> InferenceCall:
-    """The runtime call: `priority`, `timeout_ms`, `truncate` parameters; the client deadline."""
-    try:
-        priority = Priority.parse(_parameter(request, "priority", "string_param") or "normal")
-    except ValueError as exc:
-        raise InvalidInput(str(exc), param="parameters.priority") from None
-    timeout_ms: int | None = _parameter(request, "timeout_ms", "int64_param")
+    """The runtime call: the `granted` priority and timeout, cut to the client's deadline.
+
+    A client deadline only ever shortens the timeout (the granted one, else the default): a
+    long one is no request for more time, which only the priority token grants.
+    """
+    timeout_ms = granted.timeout_ms
     if timeout_ms is not None and timeout_ms < 1:
         msg = f"parameter 'timeout_ms' must be at least 1, got {timeout_ms}"
         raise InvalidInput(msg, param="parameters.timeout_ms")
@@ -370,11 +407,11 @@ def _call(
             msg = "the client's deadline passed before the request was queued"
             raise DeadlineExceeded(msg)
         deadline_ms = math.ceil(remaining_s * 1000)
-        timeout_ms = deadline_ms if timeout_ms is None else min(timeout_ms, deadline_ms)
+        timeout_ms = min(timeout_ms or default_timeout_ms, deadline_ms)
     return InferenceCall(
         instances=instances,
         version=version,
-        priority=priority,
+        priority=granted.priority,
         timeout_ms=timeout_ms,
         truncate=bool(_parameter(request, "truncate", "bool_param")),
     )

@@ -32,6 +32,9 @@ PROTO = "fleetserve_runtime/oip/inference.proto"
 CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TOKEN = "grpc-test-token-0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+PRIORITY_TOKEN = "grpc-priority-token-0123456789"
+PRIORITY_AUTH = {"authorization": f"Bearer {PRIORITY_TOKEN}"}
+DEFAULT_TIMEOUT_MS = 5000
 METADATA = tuple(AUTH.items())
 LYING = b"\xff\x00\x00\x00abc"
 """One BYTES element whose length prefix (255) runs past the 3 bytes that follow it."""
@@ -53,6 +56,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("grpc")
     token_file = tmp / "token"
     token_file.write_text(TOKEN)
+    priority_token_file = tmp / "priority-token"
+    priority_token_file.write_text(PRIORITY_TOKEN)
     port, grpc_port = free_port(), free_port()
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=16&stall_ms=1500"
     argv = runtime_serve_argv([CLI], model=model, name="test", port=port)
@@ -60,6 +65,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--no-warmup",
         f"--grpc-port={grpc_port}",
         f"--auth-token-file={token_file}",
+        f"--priority-token-file={priority_token_file}",
+        f"--default-timeout-ms={DEFAULT_TIMEOUT_MS}",
         f"--max-body-bytes={MAX_BODY}",
     ]
     with running_server(
@@ -187,6 +194,59 @@ def test_bad_input_is_invalid_argument(server: Server) -> None:
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(lying, metadata=METADATA)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "past the end" in caught.value.details()
+
+
+def raw_infer(
+    server: Server,
+    headers: dict[str, str],
+    parameters: dict[str, str | int],
+    timeout_s: float | None = None,
+) -> service_pb2.ModelInferResponse:
+    """ModelInfer through the generated stub, with these request parameters.
+
+    tritonclient reserves the `priority` parameter for Triton's integer levels, while this
+    server takes the level's name, as over HTTP.
+    """
+    request = service_pb2.ModelInferRequest(model_name="test")
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[len(TEXTS)])
+    tensor.contents.bytes_contents.extend(t.encode() for t in TEXTS)
+    for key, value in parameters.items():
+        if isinstance(value, str):
+            request.parameters[key].string_param = value
+        else:
+            request.parameters[key].int64_param = value
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response: service_pb2.ModelInferResponse = stub.ModelInfer(
+            request, metadata=tuple(headers.items()), timeout=timeout_s
+        )
+    return response
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"priority": "high"}, {"timeout_ms": DEFAULT_TIMEOUT_MS + 1}],
+    ids=["high-priority", "long-timeout"],
+)
+def test_raising_priority_or_timeout_needs_the_priority_token(
+    server: Server, parameters: dict[str, str | int]
+) -> None:
+    """PERMISSION_DENIED naming the parameter for the inference token; served for the other."""
+    with pytest.raises(grpc.RpcError) as caught:
+        raw_infer(server, AUTH, parameters)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert f"parameters.{next(iter(parameters))}" in caught.value.details()
+    assert "priority token" in caught.value.details()
+    assert len(raw_infer(server, PRIORITY_AUTH, parameters).raw_output_contents) == 1
+
+
+def test_lowering_priority_and_a_long_client_deadline_need_no_priority_token(
+    server: Server,
+) -> None:
+    """Asking for less is open to every caller, and a client deadline only ever shortens."""
+    assert raw_infer(server, AUTH, {"priority": "low"}).raw_output_contents
+    assert raw_infer(server, AUTH, {"timeout_ms": DEFAULT_TIMEOUT_MS - 1}).raw_output_contents
+    assert raw_infer(server, AUTH, {}, timeout_s=600).raw_output_contents
 
 
 def test_unknown_model_is_not_found(server: Server) -> None:
