@@ -443,9 +443,17 @@ def _safetensors_weights(path: Path, *, tie_word_embeddings: bool) -> dict[str, 
         weight_map = read_json_object(index_file).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index_file} has no weight_map")
-        files = sorted({path / str(name) for name in weight_map.values()})
+        files = sorted(
+            {
+                _weight_file(path, name, f"{index_file}: weight_map[{tensor!r}]")
+                for tensor, name in weight_map.items()
+            }
+        )
     else:
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(
+            _weight_file(path, file.name, f"{path}: {file.name}")
+            for file in path.glob("*.safetensors")
+        )
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
@@ -463,6 +471,25 @@ def _safetensors_weights(path: Path, *, tie_word_embeddings: bool) -> dict[str, 
         # Tied models use the embedding as the output layer even where a copy was saved.
         weights.pop("lm_head.weight", None)
     return weights
+
+
+def _weight_file(directory: Path, name: object, entry: str) -> Path:
+    """`directory / name`, refused unless it is a file name that stays inside `directory`.
+
+    The index is a JSON file shipped with the weights, so its entries are input: `../`, an
+    absolute path or a symlink out of the directory would read whatever file the runtime can.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{entry} is {name!r}, not a file name")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"{entry} is {name!r}, which leads outside the checkpoint directory")
+    resolved = (directory / relative).resolve()
+    if not resolved.is_relative_to(directory.resolve()):
+        raise ValueError(
+            f"{entry} is {name!r}, which resolves to {resolved}, outside the checkpoint directory"
+        )
+    return resolved
 
 
 # --- both -------------------------------------------------------------------------------------

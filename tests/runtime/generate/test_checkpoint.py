@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,32 @@ def test_directory_missing_files_are_value_errors(
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("escape", ["../outside.safetensors", "absolute", "symlink"])
+def test_safetensors_index_entries_stay_inside_the_directory(
+    write_tiny_gguf: Callable[..., Any], tmp_path: Path, escape: str
+) -> None:
+    """A weight_map entry that leads out of the directory is refused, naming the entry."""
+    directory = tmp_path / "model"
+    _save_directory(directory, write_tiny_gguf(), max_shard_size="20KB")
+    index_file = directory / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    tensor, shard = next(iter(index["weight_map"].items()))
+    # A readable safetensors file outside: without the check it would load as a shard.
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes((directory / shard).read_bytes())
+    if escape == "absolute":
+        entry = str(outside)
+    elif escape == "symlink":
+        entry = "link.safetensors"
+        (directory / entry).symlink_to(outside)
+    else:
+        entry = escape
+    index["weight_map"][tensor] = entry
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"weight_map\['{re.escape(tensor)}'\] is .*outside"):
+        load_checkpoint(directory)
 
 
 def test_unsupported_gguf_quantisation_is_named(write_tiny_gguf: Callable[..., Any]) -> None:
