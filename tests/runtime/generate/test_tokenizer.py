@@ -7,6 +7,7 @@ a tiny one written here to reach the Llama 3 pre-tokenizer and BOS handling), an
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,73 @@ def test_broken_template_syntax_is_a_value_error() -> None:
     """A template that does not compile fails when the checkpoint loads, as a ValueError."""
     with pytest.raises(ValueError, match="does not compile"):
         ChatTemplate("{% for m in messages %}", special_tokens={})
+
+
+@pytest.mark.parametrize(
+    ("source", "bound"),
+    [
+        # A million loop steps, none of which writes anything.
+        (
+            "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}",
+            r"MAX_CHAT_TEMPLATE_CPU_SECONDS \(0\.5 s",
+        ),
+        # 2**40 macro calls, no loop at all.
+        (
+            "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+            "{{ f(40) }}",
+            "MAX_CHAT_TEMPLATE_CPU_SECONDS",
+        ),
+        # Gigabytes written in a block that is never output.
+        (
+            "{% set s %}{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}{% endset %}",
+            r"wrote more than MAX_CHAT_TEMPLATE_OUTPUT_CHARS \(16777216\)",
+        ),
+        ("{{ 'x' * 10000000000 }}", "MAX_CHAT_TEMPLATE_OUTPUT_CHARS"),
+        ("{{ 'x' | center(10000000000) }}", "passed 10000000000 to a call"),
+        ("{{ 'x'.ljust(10000000000) }}", "passed 10000000000 to a call"),
+        ("{{ '%9999999999s' % 'x' }}", "format width over MAX_CHAT_TEMPLATE_OUTPUT_CHARS"),
+        ("{{ '{:9999999999}'.format('x') }}", "format width over"),
+        ("{{ 7 ** 1000000000 }}", "raised 7 to the power 1000000000"),
+        # Doubling a string 40 times without a loop, a call or an output.
+        (
+            "{% set s = 'xxxxxxxx' %}" + "{% set s = s ~ s %}" * 40,
+            "built a value of .* over MAX_CHAT_TEMPLATE_OUTPUT_CHARS",
+        ),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursed too deeply"),
+    ],
+    ids=[
+        "loops",
+        "calls",
+        "writes",
+        "repeat",
+        "filter-width",
+        "method-width",
+        "percent-width",
+        "format-width",
+        "power",
+        "concat",
+        "recursion",
+    ],
+)
+def test_hostile_template_fails_fast_naming_the_bound(source: str, bound: str) -> None:
+    """A template from a model file may loop, recurse or grow values, but only so far.
+
+    Each of these ran for minutes, exhausted memory or escaped as a RecursionError before.
+    """
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"^the chat template .*{bound}"):
+        _render(source, ChatMessage("user", "hi"))
+    assert time.monotonic() - started < 20  # generous: "does not hang"
+
+
+def test_bounded_template_still_renders_long_conversations() -> None:
+    """The bounds leave room for real use: 5000 messages through a loop with macros and `~`."""
+    source = (
+        "{% macro turn(m) %}{{ '<|im_start|>' ~ m.role ~ '\n' ~ m.content | trim }}<|im_end|>\n"
+        "{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}<|im_start|>assistant\n"
+    )
+    messages = [ChatMessage("user", f" message {i} " + "y" * 500) for i in range(5000)]
+    rendered = _render(source + "{{ 12345678901234 }}", *messages)
+    assert rendered.count("<|im_end|>") == 5000
+    assert rendered.endswith("assistant\n12345678901234")
