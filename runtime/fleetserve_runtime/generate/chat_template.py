@@ -24,6 +24,7 @@ import functools
 import inspect
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -66,6 +67,38 @@ class ChatTemplate:
             raise ValueError(f"the chat template does not compile: {exc}") from exc
         self._special_tokens = dict(special_tokens)
         self.source = source
+
+    def content_spans(
+        self, messages: Sequence[ChatMessage], text: str
+    ) -> tuple[tuple[int, int], ...] | None:
+        """Where each message's content lies in `text`, the template's rendering of `messages`.
+
+        The template renders again with every content replaced by a unique marker; if putting
+        the contents back where the markers landed gives `text`, those are the spans. None
+        when the template transforms content (trims it, branches on it) so it cannot be
+        located.
+        """
+        nonce = secrets.token_hex(8)
+        marked = [ChatMessage(m.role, f"\x00{nonce}:{i}\x00") for i, m in enumerate(messages)]
+        try:
+            skeleton = self.render(marked)
+        except ValueError:
+            return None  # a template that branches on content may refuse the markers
+        pieces = re.split(f"\x00{nonce}:(\\d+)\x00", skeleton)
+        spans: list[tuple[int, int]] = []
+        position = 0
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:
+                if not text.startswith(piece, position):
+                    return None
+                position += len(piece)
+                continue
+            content = messages[int(piece)].content
+            if not text.startswith(content, position):
+                return None
+            spans.append((position, position + len(content)))
+            position += len(content)
+        return tuple(spans) if position == len(text) else None
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt for `messages`, ending where the assistant's reply begins.
