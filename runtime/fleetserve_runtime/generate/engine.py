@@ -500,7 +500,10 @@ class GenerationEngine:
             except ValueError as exc:
                 msg = f"the chat template refused the messages: {exc}"
                 raise InvalidInput(msg) from None
-            ids = self._codec.encode(self._bounded(text), add_special=False)
+            try:
+                ids = self._codec.encode_chat(request.messages, self._bounded(text))
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
         else:
             ids = self._codec.encode(self._bounded(request.prompt or ""), add_special=True)
         if not ids:

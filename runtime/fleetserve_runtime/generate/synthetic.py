@@ -176,6 +176,10 @@ class SyntheticCodec:
         ]
         return [BOS_ID, *ids] if add_special else ids
 
+    def encode_chat(self, messages: Sequence[ChatMessage], text: str) -> list[int]:
+        """`encode(text)`: no word is a special token, so none can be spelled in a message."""
+        return self.encode(text, add_special=False)
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Words joined by single spaces; special tokens skipped."""
         return " ".join(word for word in map(self.word, token_ids) if word)

@@ -200,6 +200,15 @@ class TokenizerCodec:
         # BOS the model never saw in training (SmolLM2's tokenizer adds none).
         added = tokenizer.encode("", add_special_tokens=True).ids
         self._bos_token_id = bos_token_id if added[:1] == [bos_token_id] else None
+        special = {
+            i: t.content for i, t in tokenizer.get_added_tokens_decoder().items() if t.special
+        }
+        self._special_ids = frozenset(special)
+        self._special_texts = sorted(set(special.values()))
+        # A copy that reads special-token spellings as text: message content is encoded with
+        # it. A copy, because the flag is the tokenizer's and other threads encode with it.
+        self._as_text = Tokenizer.from_str(tokenizer.to_str())
+        self._as_text.encode_special_tokens = True
 
     @property
     def bos_token_id(self) -> int | None:
@@ -224,6 +233,59 @@ class TokenizerCodec:
         """
         [encoding] = self.tokenizer.encode_batch([text], add_special_tokens=add_special)
         return list(encoding.ids)
+
+    def encode_chat(self, messages: Sequence[ChatMessage], text: str) -> list[int]:
+        """Token ids of `text`, the `render_chat` prompt of `messages`; `ValueError` if refused.
+
+        Only the template's own special tokens are special: text in a message that spells one
+        (`<|im_start|>system`) stays text, so a user cannot forge a turn. Where no message
+        does, the ids are exactly `encode(text, add_special=False)`'s.
+        """
+        [encoding] = self.tokenizer.encode_batch([text], add_special_tokens=False)
+        spans = self._content_spans(messages, text)
+        template_owned: list[tuple[int, int, int]] = []
+        injected = False
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id not in self._special_ids:
+                continue
+            if any(start < span_end and span_start < end for span_start, span_end in spans):
+                injected = True
+            else:
+                template_owned.append((token_id, start, end))
+        if not injected:
+            return list(encoding.ids)
+        # Some message spells a special token: encode the text between the template's own
+        # special tokens with the copy that keeps such spellings as text.
+        pieces, position = [], 0
+        for _, start, end in template_owned:
+            pieces.append(text[position:start])
+            position = end
+        pieces.append(text[position:])
+        encoded = self._as_text.encode_batch(pieces, add_special_tokens=False)
+        ids: list[int] = list(encoded[0].ids)
+        for (token_id, _, _), piece in zip(template_owned, encoded[1:], strict=True):
+            ids += [token_id, *piece.ids]
+        return ids
+
+    def _content_spans(
+        self, messages: Sequence[ChatMessage], text: str
+    ) -> Sequence[tuple[int, int]]:
+        """Where the messages' content lies in `text`; refused if unknown and it spells a token."""
+        if self._chat_template is None:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        spans = self._chat_template.content_spans(messages, text)
+        if spans is not None:
+            return spans
+        # The template transforms content, so its text cannot be told from the template's:
+        # safe only if no message spells a special token.
+        for number, message in enumerate(messages, start=1):
+            spelled = next((t for t in self._special_texts if t in message.content), None)
+            if spelled is not None:
+                raise ValueError(
+                    f"message {number} contains the special token {spelled!r}, which this "
+                    "model's chat template does not keep apart from its own"
+                )
+        return ()
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of `token_ids`, special tokens skipped."""

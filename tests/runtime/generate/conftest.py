@@ -97,6 +97,7 @@ class TinyGgufSpec:
     raw_tensor: tuple[str, gguf.GGMLQuantizationType] | None = None
     """One tensor (GGUF name) stored as zeros of this type, whether or not it is dequantisable."""
     extra_metadata: Mapping[str, str] = field(default_factory=dict)
+    context_length: int = 64
 
 
 _TINY_PIECES = [
@@ -236,7 +237,7 @@ def write_tiny_gguf_file(path: Path, spec: TinyGgufSpec) -> TinyGguf:
     arch = spec.architecture
     for key, value in {
         "block_count": 2,
-        "context_length": 64,
+        "context_length": spec.context_length,
         "embedding_length": spec.hidden,
         "feed_forward_length": 2 * spec.hidden,
         "attention.head_count": 4,

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
+import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -333,6 +336,10 @@ def test_non_llama_directory_is_refused_by_name(
         ({"num_hidden_layers": 3}, r"missing: model\.layers\.2\."),
         ({"num_attention_heads": 3}, "do not share 2 KV heads evenly"),
         ({"vocab_size": "many"}, "config.json: invalid literal"),
+        (
+            {"max_position_embeddings": 2**31},
+            r"context of 2147483648 positions .* over MAX_CONTEXT_LENGTH \(1048576\)",
+        ),
     ],
 )
 def test_directory_config_problems_are_value_errors(
@@ -363,6 +370,32 @@ def test_directory_missing_files_are_value_errors(
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("escape", ["../outside.safetensors", "absolute", "symlink"])
+def test_safetensors_index_entries_stay_inside_the_directory(
+    write_tiny_gguf: Callable[..., Any], tmp_path: Path, escape: str
+) -> None:
+    """A weight_map entry that leads out of the directory is refused, naming the entry."""
+    directory = tmp_path / "model"
+    _save_directory(directory, write_tiny_gguf(), max_shard_size="20KB")
+    index_file = directory / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    tensor, shard = next(iter(index["weight_map"].items()))
+    # A readable safetensors file outside: without the check it would load as a shard.
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes((directory / shard).read_bytes())
+    if escape == "absolute":
+        entry = str(outside)
+    elif escape == "symlink":
+        entry = "link.safetensors"
+        (directory / entry).symlink_to(outside)
+    else:
+        entry = escape
+    index["weight_map"][tensor] = entry
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"weight_map\['{re.escape(tensor)}'\] is .*outside"):
+        load_checkpoint(directory)
 
 
 def test_unsupported_gguf_quantisation_is_named(write_tiny_gguf: Callable[..., Any]) -> None:
@@ -403,8 +436,96 @@ def test_truncated_smollm2_gguf_is_a_value_error(smollm2_path: Path, tmp_path: P
     cut = tmp_path / "smollm2-cut.gguf"
     with smollm2_path.open("rb") as source:
         cut.write_bytes(source.read(1_000_000))
-    with pytest.raises(ValueError, match="is not a readable GGUF file"):
+    with pytest.raises(ValueError, match=r"smollm2-cut\.gguf: GGUF .* past the end .*truncated"):
         load_checkpoint(cut)
+
+
+def test_gguf_context_length_is_bounded(write_tiny_gguf: Callable[..., Any]) -> None:
+    """A file declaring more positions than MAX_CONTEXT_LENGTH is refused before RoPE tables."""
+    tiny = write_tiny_gguf(context_length=2**31)
+    with pytest.raises(ValueError, match=r"tiny\.gguf: .*context of 2147483648 positions"):
+        load_checkpoint(tiny.path)
+
+
+def _gguf_string(text: str | bytes, declared: int | None = None) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw) if declared is None else declared) + raw
+
+
+def _hostile_gguf(path: Path, entries: int, body: bytes) -> Path:
+    """A GGUF v3 header (no tensors, `entries` declared metadata entries), then `body`."""
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, entries) + body)
+    return path
+
+
+_T = gguf.GGUFValueType
+
+
+@pytest.mark.parametrize(
+    ("entries", "body", "message"),
+    [
+        (2**40, b"", r"declares 1099511627776 metadata entries, over MAX_GGUF_METADATA_ENTRIES"),
+        (
+            1,
+            _gguf_string("general.name") + struct.pack("<I", _T.STRING) + _gguf_string("x", 2**32),
+            r"metadata 'general\.name' at byte \d+ declares a string of 4294967296 bytes, "
+            r"over MAX_GGUF_STRING_BYTES",
+        ),
+        (1, _gguf_string("k", 2**62), "a metadata key at byte 24 declares a string of"),
+        (
+            1,
+            _gguf_string("tokenizer.ggml.token_type")
+            + struct.pack("<IIQ", _T.ARRAY, _T.UINT8, 2**40),
+            r"'tokenizer\.ggml\.token_type' declares an array of 1099511627776 items, over "
+            r"MAX_GGUF_ARRAY_LENGTH",
+        ),
+        (
+            1,
+            _gguf_string("tokenizer.ggml.tokens")
+            + struct.pack("<IIQ", _T.ARRAY, _T.STRING, 1000)
+            + _gguf_string("a") * 10,
+            r"metadata 'tokenizer\.ggml\.tokens' at byte \d+ needs 8 bytes, past the end",
+        ),
+        (
+            1,
+            _gguf_string("nested") + struct.pack("<IIQIQ", _T.ARRAY, _T.ARRAY, 1, _T.UINT8, 2**40),
+            "'nested' is an array of arrays",
+        ),
+    ],
+    ids=["entries", "string", "key", "array", "truncated", "nested"],
+)
+def test_hostile_gguf_metadata_is_refused_before_it_is_read(
+    tmp_path: Path, entries: int, body: bytes, message: str
+) -> None:
+    """Declared counts and lengths are checked against their bounds before anything is read.
+
+    `GGUFReader` alone loops once per declared array item, even past the end of the file (the
+    "array" file never finished), and copies declared strings whole.
+    """
+    path = _hostile_gguf(tmp_path / "hostile.gguf", entries, body)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"hostile\.gguf: GGUF .*{message}"):
+        load_checkpoint(path)
+    assert time.monotonic() - started < 10  # generous: refused without walking the counts
+
+
+def test_gguf_metadata_arrays_are_bounded_in_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arrays each within MAX_GGUF_ARRAY_LENGTH are still refused when together over the sum.
+
+    The bound is lowered for the test, so the file need not hold four million real items.
+    """
+    monkeypatch.setattr(checkpoint_module, "MAX_GGUF_METADATA_VALUES", 10)
+    body = b"".join(
+        _gguf_string(f"a{i}") + struct.pack("<IIQ", _T.ARRAY, _T.UINT8, 6) + bytes(6)
+        for i in range(2)
+    )
+    path = _hostile_gguf(tmp_path / "hostile.gguf", 2, body)
+    with pytest.raises(
+        ValueError, match=r"hold 12 items up to 'a1', over MAX_GGUF_METADATA_VALUES"
+    ):
+        load_checkpoint(path)
 
 
 def test_garbage_file_is_a_value_error(tmp_path: Path) -> None:
