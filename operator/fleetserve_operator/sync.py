@@ -52,8 +52,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
-from fleetserve_operator.allowlist import PrometheusAllowlist
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
+from fleetserve_operator.analysis.allowlist import PrometheusAllowlist
 from fleetserve_operator.errors import (
     ChildConflict,
     DependencyMissing,

@@ -195,7 +195,7 @@ class TrackCounts(Wire):
 
 
 class CheckEvidence(Wire):
-    """The running state of one sequential test (see `fleetserve_operator.sequential`)."""
+    """The running state of one sequential test (see `fleetserve_operator.analysis.count_tests`)."""
 
     model_config = ConfigDict(extra="ignore")
 

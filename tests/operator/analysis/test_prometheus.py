@@ -16,7 +16,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_operator.allowlist import PROMETHEUS_URL_FIELD, PrometheusAllowlist
 from fleetserve_operator.analysis import (
     AnalysisTarget,
     MetricSource,
@@ -24,6 +23,7 @@ from fleetserve_operator.analysis import (
     TrackScope,
     evaluate,
 )
+from fleetserve_operator.analysis.allowlist import PROMETHEUS_URL_FIELD, PrometheusAllowlist
 from fleetserve_operator.errors import MESSAGE_LIMIT, InvalidSpec, MetricsUnavailable
 from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
