@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetserve_operator import naming
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, parse_base_url
-from fleetserve_operator.leader import LeaseTiming
+from fleetserve_operator.controller.leader import LeaseTiming
 
 __all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings"]
 
