@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from fleetserve_operator.spec.base import Wire
-from fleetserve_operator.spec.serving import GpuTrackSpec
+from fleetserve_operator.spec.tracks import GpuTrackSpec
 
 __all__ = [
     "Acknowledgement",
