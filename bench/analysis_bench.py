@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fleetserve_operator.analysis import ERROR_TEST, LATENCY_TEST, sequential_tests
+from fleetserve_operator.analysis.count_tests import CountTest, Increment, exceedances
 from fleetserve_operator.contract import LATENCY_BOUNDS_S
-from fleetserve_operator.sequential import CountTest, Increment, exceedances
 from fleetserve_operator.spec import AnalysisSpec
 
 __all__ = ["Canary", "Outcome", "Scenario", "Threshold", "median_detection_s", "simulate"]

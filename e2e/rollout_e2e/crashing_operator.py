@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetserve_operator.__main__ import main
-from fleetserve_operator.kube import KubeApi
+from fleetserve_operator.controller.kube import KubeApi
 
 WEIGHT = int(os.environ["E2E_CRASH_AT_CANARY_WEIGHT"])
 

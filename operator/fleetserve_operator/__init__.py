@@ -1,17 +1,23 @@
 """Fleetserve operator: reconciles InferenceService objects into runtime Deployments.
 
+The folders are the architecture. `controller/` is the machinery: kopf wiring, the sync
+loop, and the adapters to the API server (work queue, child watches, leader election, the
+kube API, the operator's own metrics). Beside it, the domain decides without I/O of its
+own: `spec/` is the API (the CRD's pydantic models), `rollout/` the state machine,
+`analysis/` the canary verdicts from Prometheus, `reconcile`, `podspec` and `scaling`
+render the desired children, `observe` and `facts` read the observed ones. No domain module
+imports the controller.
+
 Layers, highest first; a module imports only from layers below its own, and modules that
-share a layer (`|`) do not import one another (import-linter checks this order):
+share a layer (`|`) do not import one another (import-linter checks this order, and that
+every top-level module has its place):
 
-    __main__ → handlers | settings → sync → allowlist → kube | analysis | metrics → facts
-    → observe | reconcile → podspec → rollout → contract → spec → naming | errors | records
+    __main__ → controller → facts → observe | reconcile → podspec
+    → rollout | analysis | scaling → contract → spec → naming | errors | records
 
-`sync` sequences one reconcile over the adapters (`kube`: the API server; `analysis`:
-Prometheus; `metrics`: the operator's own); `facts`, `observe`, `reconcile`, `podspec` and
-`rollout` decide, without I/O; `spec` is the API; `records` holds the plain data the layers
-hand each other. Outside the chain: `crdgen` and `docgen` (they generate the CRD and the
-README's reference from `spec`), `sequential` (the anytime-valid tests `analysis` runs:
-pure arithmetic, importing nothing of the operator) and `testing` (test doubles).
+`records` holds the plain data the layers hand each other. Outside the chain: `crdgen` and
+`docgen` (they generate the CRD and the README's reference from `spec`) and `testing` (test
+doubles).
 """
 
 __version__ = "0.1.0"

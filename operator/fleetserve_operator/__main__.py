@@ -23,13 +23,18 @@ import kopf
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
-from fleetserve_operator import handlers
-from fleetserve_operator.child_watch import ChildWatches
-from fleetserve_operator.kube import KubeApi
-from fleetserve_operator.leader import KubeLeases, LeaderElector, StandbyProbe, candidate_identity
-from fleetserve_operator.metrics import OperatorMetrics
-from fleetserve_operator.settings import OperatorConfig, apply_kopf_settings
-from fleetserve_operator.sync import Sync
+from fleetserve_operator.controller import handlers
+from fleetserve_operator.controller.child_watch import ChildWatches
+from fleetserve_operator.controller.kube import KubeApi
+from fleetserve_operator.controller.leader import (
+    KubeLeases,
+    LeaderElector,
+    StandbyProbe,
+    candidate_identity,
+)
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.settings import OperatorConfig, apply_kopf_settings
+from fleetserve_operator.controller.sync import Sync
 
 __all__ = ["main"]
 

@@ -32,7 +32,7 @@ from fleetserve_operator.spec import (
     TrackStatus,
     set_condition,
 )
-from fleetserve_operator.spec.serving import builtin_context_length
+from fleetserve_operator.spec.model import builtin_context_length
 
 __all__ = [
     "Observation",

@@ -17,12 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fleetserve_operator import naming
+from fleetserve_operator.controller.kube import ObjectRef
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import ChildConflict, ChildRefused, MetricsUnavailable
-from fleetserve_operator.kube import ObjectRef
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
-from fleetserve_operator.sync import Sync
 
 __all__ = [
     "FakeClock",

@@ -140,7 +140,7 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`run`, probes on kopf's /healthz, FLEETSERVE_* env read by OperatorConfig as meant."""
-    from fleetserve_operator.settings import OperatorConfig
+    from fleetserve_operator.controller.settings import OperatorConfig
 
     deployment = only(render("--set", "watchNamespaces={ml,search}"), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -163,8 +163,8 @@ def test_allowed_prometheus_urls_reach_the_operator_allowlist(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """operator.allowedPrometheusUrls becomes the allowlist OperatorConfig checks specs with."""
+    from fleetserve_operator.controller.settings import OperatorConfig
     from fleetserve_operator.errors import InvalidSpec
-    from fleetserve_operator.settings import OperatorConfig
 
     allowed = ["http://prometheus.monitoring:9090", "https://thanos.monitoring:10902/eu"]
     deployment = only(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator.settings import OperatorConfig
+from fleetserve_operator.controller.settings import OperatorConfig
 
 # --import-mode=importlib puts no test folder on sys.path: add this one for test_chart's helpers.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fleetserve"

@@ -20,7 +20,7 @@ from fleetserve_operator.naming import Track
 from fleetserve_operator.podspec import TrackPlan, runtime_args
 from fleetserve_operator.reconcile import plan_tracks
 from fleetserve_operator.spec import GenerationSpec, InferenceServiceStatus
-from fleetserve_operator.spec.serving import (
+from fleetserve_operator.spec.model import (
     SMOLLM2_KV_BYTES_PER_TOKEN,
     SMOLLM2_MIN_WEIGHTS_BYTES,
     builtin_context_length,

@@ -9,8 +9,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import InvalidSpec
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import memory_problem
 from fleetserve_operator.podspec import DRAIN_SECONDS, SHUTDOWN_SECONDS
@@ -27,7 +28,6 @@ from fleetserve_operator.spec import (
     InferenceServiceSpec,
     InferenceServiceStatus,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
 INVALID = Path(__file__).parent / "invalid"

@@ -33,6 +33,7 @@ from fleetserve_operator.spec.delivery import (
     TrafficProvider,
     TrafficSpec,
 )
+from fleetserve_operator.spec.model import GENERATIVE_CEL, ModelSpec, Task
 from fleetserve_operator.spec.scaling import (
     Backend,
     DisruptionSpec,
@@ -42,31 +43,19 @@ from fleetserve_operator.spec.scaling import (
     TopologySpread,
 )
 from fleetserve_operator.spec.serving import (
-    BACKEND_RULES,
-    GENERATIVE_CEL,
-    GRPC_RULES,
-    KV_FIT_RULE,
-    RUNTIME_HTTP_PORT,
     BatchingOverrides,
     BatchingSpec,
     EnvVar,
-    FallbackSpec,
     GenerationOverrides,
     GenerationSpec,
-    GpuTrackSpec,
     GrpcSpec,
     KeySelector,
     MemorySpec,
-    ModelSpec,
     Replicas,
     Resources,
     RuntimeSpec,
-    Task,
     TlsSpec,
     Toleration,
-    backend_problem,
-    grpc_port_problem,
-    kv_fit_problem,
 )
 from fleetserve_operator.spec.status import (
     Acknowledgement,
@@ -86,6 +75,17 @@ from fleetserve_operator.spec.status import (
     TrackStatus,
     Verdict,
     set_condition,
+)
+from fleetserve_operator.spec.tracks import (
+    BACKEND_RULES,
+    GRPC_RULES,
+    KV_FIT_RULE,
+    RUNTIME_HTTP_PORT,
+    FallbackSpec,
+    GpuTrackSpec,
+    backend_problem,
+    grpc_port_problem,
+    kv_fit_problem,
 )
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from fleetserve_operator.spec.base import Wire
-from fleetserve_operator.spec.serving import GpuTrackSpec
+from fleetserve_operator.spec.tracks import GpuTrackSpec
 
 __all__ = [
     "Acknowledgement",
@@ -195,7 +195,7 @@ class TrackCounts(Wire):
 
 
 class CheckEvidence(Wire):
-    """The running state of one sequential test (see `fleetserve_operator.sequential`)."""
+    """The running state of one sequential test (see `fleetserve_operator.analysis.count_tests`)."""
 
     model_config = ConfigDict(extra="ignore")
 

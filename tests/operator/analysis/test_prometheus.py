@@ -16,7 +16,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_operator.allowlist import PROMETHEUS_URL_FIELD, PrometheusAllowlist
 from fleetserve_operator.analysis import (
     AnalysisTarget,
     MetricSource,
@@ -24,10 +23,12 @@ from fleetserve_operator.analysis import (
     TrackScope,
     evaluate,
 )
+from fleetserve_operator.analysis.allowlist import PROMETHEUS_URL_FIELD, PrometheusAllowlist
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.settings import OperatorConfig
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import MESSAGE_LIMIT, InvalidSpec, MetricsUnavailable
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import Track
-from fleetserve_operator.settings import OperatorConfig
 from fleetserve_operator.spec import (
     AnalysisSpec,
     ConditionType,
@@ -35,7 +36,6 @@ from fleetserve_operator.spec import (
     InferenceServiceStatus,
     RolloutPhase,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, make_service, serve_http
 
 SECRET = "do-not-publish-this-body"

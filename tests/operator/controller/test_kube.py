@@ -18,13 +18,13 @@ from typing import Any
 import kubernetes
 import pytest
 
+from fleetserve_operator.controller.kube import KubeApi, ObjectRef
 from fleetserve_operator.errors import (
     MESSAGE_LIMIT,
     ChildRefused,
     ClusterUnavailable,
     FleetserveError,
 )
-from fleetserve_operator.kube import KubeApi, ObjectRef
 from fleetserve_operator.reconcile import Owner, desired_children
 from fleetserve_operator.records import EventNote
 from fleetserve_operator.spec import InferenceServiceStatus
@@ -148,7 +148,7 @@ def test_a_refused_event_is_logged_bounded(
     api_server: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Posting an Event fails only into the log, and the log line quotes a bounded refusal."""
-    with caplog.at_level(logging.WARNING, logger="fleetserve_operator.kube"):
+    with caplog.at_level(logging.WARNING, logger="fleetserve_operator.controller.kube"):
         _kube(api_server).post_event(REF, EventNote("Normal", "Created", "Created Deployment"))
     (record,) = caplog.records
     assert "422: spec.template: Invalid" in record.getMessage()

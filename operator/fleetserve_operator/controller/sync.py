@@ -52,8 +52,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
-from fleetserve_operator.allowlist import PrometheusAllowlist
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
+from fleetserve_operator.analysis.allowlist import PrometheusAllowlist
+from fleetserve_operator.controller.kube import Cluster, ObjectRef
+from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.errors import (
     ChildConflict,
     DependencyMissing,
@@ -62,8 +64,6 @@ from fleetserve_operator.errors import (
     SpecError,
     bounded,
 )
-from fleetserve_operator.kube import Cluster, ObjectRef
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
 from fleetserve_operator.reconcile import Owner
@@ -97,6 +97,23 @@ class _Write:
 
     manifest: Manifest
     current: Manifest | None
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One reconcile as it goes: what is reported at its end, wherever it stopped."""
+
+    ref: ObjectRef
+    owner: Owner
+    now: datetime
+    previous: InferenceServiceStatus
+    """The status last written (the one read, or the one written ahead of the children)."""
+    status: InferenceServiceStatus
+    """The status the rollout decided; reported at the end."""
+    observed: list[Manifest]
+    """The children this service controls, as last read or written."""
+    actions: tuple[rollout.Action, ...] = ()
+    problem: Problem | None = None
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
@@ -197,9 +214,7 @@ class Sync:
         previous = InferenceServiceStatus.model_validate(body.get("status") or {})
         owner = Owner(name=ref.name, namespace=ref.namespace, uid=ref.uid)
         now = self._clock()
-        status, actions = previous, tuple[rollout.Action, ...]()
         error: SpecError | None = None
-        problem: Problem | None = None
         # From the raw spec: a spec error (a PVC gone mid-rollout) must not change it.
         provider = body["spec"].get("traffic", {}).get("provider")
         routes_by_weight = provider == TrafficProvider.GATEWAY_API
@@ -219,43 +234,60 @@ class Sync:
                 routes_by_weight=routes_by_weight,
             )
 
+        run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
         try:
-            spec = self._checked_spec(owner, body["spec"])
-            deployments = _deployments_by_track(observed)
-            pods = self._kube.list_pods(ref.namespace, ref.name) if deployments else []
-            seen_facts = self._facts(ref, spec, previous, deployments, pods, meta, now)
-            step = rollout.next_step(spec, previous, seen_facts, now)
-            stable = seen_facts.stable
-            desired = reconcile.desired_children(
-                owner,
-                spec,
-                step.status,
-                observed_stable_replicas=stable.replicas if stable else 0,
-                prometheus_url=self._prometheus_url(spec),
-            )
-            writes = self._checked_writes(owner, desired, observed)
-            status, actions = step.status, step.actions
-            problem = facts.workload_problem(deployments, pods) or self._memory_problem(
-                ref.namespace, spec, reconcile.stable_pods(spec, previous)
-            )
-            stale = reconcile.stale_children(owner, desired, observed)
-            if writes or stale:
-                ahead = observe.compute_status(status, observation(observed, problem))
-                self._report(ref, previous, ahead)
-                previous = ahead
-            observed = self._converge(ref, writes, stale, observed)
+            self._step(run, body["spec"], meta, observation)
         except SpecError as exc:
             error = exc
-            problem = Problem(exc.reason, str(exc))
+            run.problem = Problem(exc.reason, str(exc))
             if isinstance(exc, InvalidSpec):
                 annotations = dict(meta.get("annotations") or {})
                 refused = rollout.next_step(
-                    None, status, rollout.Facts(annotations=annotations), now
+                    None, run.status, rollout.Facts(annotations=annotations), now
                 )
-                status, actions = refused.status, refused.actions
-        self._report(ref, previous, observe.compute_status(status, observation(observed, problem)))
-        self._apply_effects(ref, actions)
+                run.status, run.actions = refused.status, refused.actions
+        reported = observe.compute_status(run.status, observation(run.observed, run.problem))
+        self._report(ref, run.previous, reported)
+        self._apply_effects(ref, run.actions)
         return error
+
+    def _step(
+        self,
+        run: _Pass,
+        raw_spec: Mapping[str, Any],
+        meta: Mapping[str, Any],
+        observation: Callable[[list[Manifest], Problem | None], Observation],
+    ) -> None:
+        """Steps 1 to 5 of a reconcile, recording in `run` what is to be reported.
+
+        Raises:
+            SpecError: the spec is invalid, or the children cannot be written; `run` holds
+                what was decided and written before.
+        """
+        spec = self._checked_spec(run.owner, raw_spec)
+        deployments = _deployments_by_track(run.observed)
+        pods = self._kube.list_pods(run.ref.namespace, run.ref.name) if deployments else []
+        seen_facts = self._facts(run.ref, spec, run.previous, deployments, pods, meta, run.now)
+        step = rollout.next_step(spec, run.previous, seen_facts, run.now)
+        stable = seen_facts.stable
+        desired = reconcile.desired_children(
+            run.owner,
+            spec,
+            step.status,
+            observed_stable_replicas=stable.replicas if stable else 0,
+            prometheus_url=self._prometheus_url(spec),
+        )
+        writes = self._checked_writes(run.owner, desired, run.observed)
+        run.status, run.actions = step.status, step.actions
+        run.problem = facts.workload_problem(deployments, pods) or self._memory_problem(
+            run.ref.namespace, spec, reconcile.stable_pods(spec, run.previous)
+        )
+        stale = reconcile.stale_children(run.owner, desired, run.observed)
+        if writes or stale:
+            ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
+            self._report(run.ref, run.previous, ahead)
+            run.previous = ahead
+        run.observed = self._converge(run.ref, writes, stale, run.observed)
 
     def _facts(
         self,

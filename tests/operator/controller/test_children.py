@@ -6,10 +6,10 @@ import copy
 from typing import Any
 
 from fleetserve_operator import naming
-from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}

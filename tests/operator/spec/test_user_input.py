@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import InvalidSpec
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.spec import MAX_QUANTITY, InferenceServiceStatus, parse_quantity
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, make_service
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

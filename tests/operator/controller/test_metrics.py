@@ -10,8 +10,9 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_operator import handlers, naming
-from fleetserve_operator.metrics import (
+from fleetserve_operator import naming
+from fleetserve_operator.controller import handlers
+from fleetserve_operator.controller.metrics import (
     CANARY_WEIGHT,
     CONDITION,
     EFFECTIVE_CANARY_WEIGHT,
@@ -21,12 +22,12 @@ from fleetserve_operator.metrics import (
     OperatorMetrics,
     status_samples,
 )
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutPhase
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, make_service
 
 STAMP = "2025-01-01T00:00:00Z"
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 def _condition(kind: str, status: str) -> Condition:

@@ -16,8 +16,8 @@ from pydantic import AfterValidator, AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetserve_operator import naming
-from fleetserve_operator.allowlist import PrometheusAllowlist, parse_base_url
-from fleetserve_operator.leader import LeaseTiming
+from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, parse_base_url
+from fleetserve_operator.controller.leader import LeaseTiming
 
 __all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings"]
 

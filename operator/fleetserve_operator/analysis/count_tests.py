@@ -29,8 +29,8 @@ a weight change mid-rollout, or an uneven replica split, is accounted for exactl
 For a true ratio ψ ≤ ψ0 the expectation of exp(ℓ_t(ψ1)), ψ1 > ψ0, is at most 1: the
 hypergeometric law is less dispersed than that binomial (for ψ0 = 1 this is Hoeffding's
 comparison of sampling without and with replacement; for ψ0 > 1
-`tests/operator/test_sequential.py` checks the inequality exactly over a grid of counts,
-shares and ratios), and the score increases in `k`, so a smaller ψ only lowers it.
+`tests/operator/analysis/test_count_tests.py` checks the inequality exactly over a grid of
+counts, shares and ratios), and the score increases in `k`, so a smaller ψ only lowers it.
 Hence L_T(ψ1) = Σ_{t ≤ T} ℓ_t(ψ1) makes exp(L_T(ψ1)) a test supermartingale under the
 null, and so does any mixture with weights fixed in advance. The e-value of a check is
 the average of exp(L_T) over a grid of alternatives ψ1 = ψ0·g (`ALTERNATIVES`) and over

@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
+from fleetserve_operator.controller.handlers import QueueWorkers
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
+from fleetserve_operator.controller.workqueue import WorkQueue
 from fleetserve_operator.errors import ClusterUnavailable
-from fleetserve_operator.handlers import QueueWorkers
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, make_service
-from fleetserve_operator.workqueue import WorkQueue
 
 
 def test_a_key_added_while_queued_is_merged() -> None:

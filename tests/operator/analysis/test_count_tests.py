@@ -1,4 +1,4 @@
-"""The anytime-valid count tests (`fleetserve_operator.sequential`): validity and evidence."""
+"""The anytime-valid count tests (`analysis.count_tests`): validity and evidence."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from fleetserve_operator.sequential import ALTERNATIVES, CountTest, Increment, e_value, exceedances
+from fleetserve_operator.analysis.count_tests import (
+    ALTERNATIVES,
+    CountTest,
+    Increment,
+    e_value,
+    exceedances,
+)
 
 
 def _fisher_pmf(k: int, x: int, n_c: int, n_s: int, psi: float) -> float:

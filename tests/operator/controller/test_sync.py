@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import (
     Observation,
@@ -22,7 +23,6 @@ from fleetserve_operator.spec import (
     InferenceServiceStatus,
     TrackStatus,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

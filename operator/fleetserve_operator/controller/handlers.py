@@ -27,12 +27,12 @@ from typing import Any
 import kopf
 
 from fleetserve_operator import naming
-from fleetserve_operator.child_watch import ChildWatches
+from fleetserve_operator.controller.child_watch import ChildWatches
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
+from fleetserve_operator.controller.workqueue import WorkQueue
 from fleetserve_operator.errors import FleetserveError, InvalidSpec
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
-from fleetserve_operator.sync import Sync
-from fleetserve_operator.workqueue import WorkQueue
 
 __all__ = ["QueueWorkers", "Resyncer", "register"]
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from fleetserve_operator.controller.handlers import Resyncer, register
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import ClusterUnavailable
-from fleetserve_operator.handlers import Resyncer, register
-from fleetserve_operator.metrics import OperatorMetrics
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, make_service
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from fleetserve_operator.analysis import MetricSource, PrometheusSource
+from fleetserve_operator.analysis.prometheus import MetricSource, PrometheusSource
 from fleetserve_operator.errors import InvalidSpec
 
 __all__ = ["PROMETHEUS_URL_FIELD", "BaseUrl", "PrometheusAllowlist", "parse_base_url"]

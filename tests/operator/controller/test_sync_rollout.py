@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve_operator import analysis, facts, naming
 from fleetserve_operator.analysis import SERVER_ERRORS
-from fleetserve_operator.metrics import (
+from fleetserve_operator.controller.metrics import (
     CANARY_WEIGHT,
     EFFECTIVE_CANARY_WEIGHT,
     INFO,
@@ -16,9 +16,9 @@ from fleetserve_operator.metrics import (
     OperatorMetrics,
     ServiceGauge,
 )
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.rollout import OperatorCounter
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}

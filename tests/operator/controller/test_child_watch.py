@@ -18,11 +18,11 @@ import kubernetes
 import pytest
 
 from fleetserve_operator import naming
-from fleetserve_operator.child_watch import CHILD_KINDS, ChildWatches, owner_key
-from fleetserve_operator.handlers import QueueWorkers, register
-from fleetserve_operator.metrics import OperatorMetrics
+from fleetserve_operator.controller.child_watch import CHILD_KINDS, ChildWatches, owner_key
+from fleetserve_operator.controller.handlers import QueueWorkers, register
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import FakeKube, serve_http
 
 OURS = {naming.MANAGED_BY_LABEL: naming.MANAGER}

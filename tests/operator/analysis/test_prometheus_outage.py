@@ -35,6 +35,7 @@ from fleetserve_operator.analysis import (
     PrometheusSource,
     TrackScope,
 )
+from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import MetricsUnavailable
 from fleetserve_operator.spec import (
     InferenceServiceSpec,
@@ -42,7 +43,6 @@ from fleetserve_operator.spec import (
     RolloutPhase,
     Verdict,
 )
-from fleetserve_operator.sync import Sync
 from fleetserve_operator.testing import RollingOut, serve_http
 
 TIMEOUT_S = 0.5

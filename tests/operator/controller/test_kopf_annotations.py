@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from fleetserve_operator.settings import OperatorConfig, apply_kopf_settings
+from fleetserve_operator.controller.settings import OperatorConfig, apply_kopf_settings
 from fleetserve_operator.testing import make_service
 
 SECRET = "hunter2-db-password"

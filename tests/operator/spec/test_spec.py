@@ -14,9 +14,9 @@ from fleetserve_operator.reconcile import Owner, check_semantics
 from fleetserve_operator.spec import InferenceServiceSpec, parse_duration_s, parse_quantity
 from fleetserve_operator.testing import make_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-INVALID = sorted((Path(__file__).parent / "invalid").glob("*.yaml"))
+INVALID = sorted((Path(__file__).resolve().parents[1] / "invalid").glob("*.yaml"))
 
 
 def _header(path: Path, key: str) -> str:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from fleetserve_operator import __main__ as entry
-from fleetserve_operator.leader import (
+from fleetserve_operator.controller.leader import (
     LEADER_GAUGE,
     LeaderElector,
     LeaseConflict,
@@ -36,7 +36,7 @@ from fleetserve_operator.leader import (
     may_take,
     observe,
 )
-from fleetserve_operator.settings import OperatorConfig
+from fleetserve_operator.controller.settings import OperatorConfig
 
 TIMING = LeaseTiming(lease_duration_s=10, renew_deadline_s=8.0, retry_period_s=2.0)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
