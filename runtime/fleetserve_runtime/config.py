@@ -182,6 +182,16 @@ class GenerationConfig(_Section):
     allow_ignore_eos: bool = False
     """Accept `ignore_eos` (generate exactly `max_tokens`, as benchmarks do) from callers;
     off, a request setting it gets 400."""
+    max_streams: int = Field(256, ge=1, le=65_536)
+    """Most streamed generations (`stream: true`, `generate_stream`) open at once on this
+    server; beyond it a new stream gets 503 with `Retry-After: 1`."""
+    stream_send_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Longest one write of a stream may wait for its client to take bytes (the connection's
+    write buffer stays full); then the stream is cut and the connection reset."""
+    stream_buffer_bytes: int = Field(262_144, ge=4096, le=64 * 1024**2)
+    """Most bytes of a stream's events held for a client that reads slower than the model
+    generates; beyond it the generation is cancelled (its KV blocks freed) and the
+    connection reset."""
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> GenerationConfig:

@@ -20,6 +20,7 @@ __all__ = [
     "QueueFull",
     "RequestTimeout",
     "FleetserveError",
+    "TooManyStreams",
     "Unauthorized",
     "UnsupportedMediaType",
 ]
@@ -103,3 +104,7 @@ class ItemFailed(FleetserveError):
 
 class OutOfMemory(FleetserveError):
     """A batch did not fit the memory budget even when split down to one request."""
+
+
+class TooManyStreams(QueueFull):
+    """The server streams `generation.max_streams` generations already (503, Retry-After)."""

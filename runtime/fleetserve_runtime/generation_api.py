@@ -16,6 +16,12 @@ raises before any event when it cannot), then let `sse.GenerationResponse` answe
 `Format` of this module. A prompt over the context is a 400 here (`GENERATION_STATUS_OF`);
 full queue 503 with `Retry-After`, deadline 504. Every answer counts in
 `fleetserve_requests_total` like an inference request, under its final status (see `sse`).
+
+At most `generation.max_streams` streamed answers are open at once: one more is a 503 with
+`Retry-After` (`TooManyStreams`) before it reaches the engine. Per connection there is one:
+HTTP/1.1 answers a connection's requests in turn, and uvicorn starts a pipelined request
+only once the response before it is complete. (Served over HTTP/2, each connection's
+concurrent streams would need a cap of their own, as `SETTINGS_MAX_CONCURRENT_STREAMS`.)
 """
 
 from __future__ import annotations
@@ -29,9 +35,15 @@ from typing import Protocol
 from fastapi import FastAPI, Request, Response
 
 from fleetserve_runtime.config import GenerationConfig
-from fleetserve_runtime.errors import FleetserveError, InputTooLong, InvalidInput, ModelNotFound
-from fleetserve_runtime.facade import GenerationStream, ServingFacade
-from fleetserve_runtime.generate.contracts import FinishEvent
+from fleetserve_runtime.errors import (
+    FleetserveError,
+    InputTooLong,
+    InvalidInput,
+    ModelNotFound,
+    TooManyStreams,
+)
+from fleetserve_runtime.facade import ServingFacade
+from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
 from fleetserve_runtime.generation_schemas import (
     ChatChunk,
     ChatCompletion,
@@ -66,7 +78,7 @@ from fleetserve_runtime.http_errors import (
 from fleetserve_runtime.json_limits import check_depth
 from fleetserve_runtime.scheduling_rights import Scheduling
 from fleetserve_runtime.schemas import parse_json, validate_body
-from fleetserve_runtime.sse import DONE, Format, GenerationResponse
+from fleetserve_runtime.sse import DONE, Format, GenerationResponse, StreamLimits
 
 __all__ = [
     "OPENAI_PATHS",
@@ -80,6 +92,9 @@ __all__ = [
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models"})
 """OpenAI's routes; `/v1/models/{id}` too (but not KServe's `/v1/models/{name}:predict`)."""
 OWNER = "fleetserve"
+STREAM_RETRY_AFTER_S = 1.0
+"""`Retry-After` of a stream refused at `generation.max_streams`: a slot frees whenever any
+stream ends, so there is no better estimate."""
 
 
 def speaks_openai(path: str) -> bool:
@@ -353,8 +368,8 @@ def _check_token_ids(data: object, context_length: int) -> None:
         raise InputTooLong(msg)
 
 
-Admit = Callable[[], Awaitable[tuple[GenerationStream, Format, bool]]]
-"""Reads, validates and admits one request: its stream, how to write it, whether to stream."""
+Admit = Callable[[], Awaitable[tuple[GenerationRequest, Format, bool]]]
+"""Reads and validates one request: the generation, how to write it, whether to stream."""
 
 
 class _Routes:
@@ -363,23 +378,56 @@ class _Routes:
     def __init__(self, host: RouteHost) -> None:
         self.host = host
         self.started_at = int(time.time())
+        self.open_streams = 0
+        """Streamed answers admitted and not over, against `generation.max_streams`."""
 
     async def answer(
         self, version: str | None, admit: Admit, fail: Callable[[Exception], Failure]
     ) -> Response:
         """Admit the request and answer it; errors before admission are answered by `fail`."""
         started = time.perf_counter()
+        streaming = False
         try:
-            stream, fmt, streaming = await admit()
+            generation, fmt, streaming = await admit()
+            if streaming:
+                self.open_stream()
+            try:
+                stream = await self.host.rt.generate(generation)
+            except BaseException:
+                if streaming:
+                    self.open_streams -= 1
+                raise
         except Exception as error:  # domain errors, and bugs answered as a 500 with an error id
             failure = fail(error)
             self.host.count(version, failure.status, time.perf_counter() - started)
             return failure.response()
 
         def on_done(code: int) -> None:
+            if streaming:
+                self.open_streams -= 1
             self.host.count(version, code, time.perf_counter() - started)
 
-        return GenerationResponse(stream, fmt, streaming=streaming, on_done=on_done)
+        settings = self.host.generation
+        return GenerationResponse(
+            stream,
+            fmt,
+            streaming=streaming,
+            limits=StreamLimits(settings.stream_send_timeout_s, settings.stream_buffer_bytes),
+            on_done=on_done,
+            on_cut=self.host.rt.metrics.observe_stream_limit,
+        )
+
+    def open_stream(self) -> None:
+        """Count one more open stream; `TooManyStreams` at `generation.max_streams`."""
+        cap = self.host.generation.max_streams
+        if self.open_streams >= cap:
+            self.host.rt.metrics.observe_stream_limit("max_streams")
+            msg = (
+                f"{self.open_streams} streams are open, the most this server serves at once "
+                f"(generation.max_streams); retry after {STREAM_RETRY_AFTER_S:g}s"
+            )
+            raise TooManyStreams(msg, retry_after_s=STREAM_RETRY_AFTER_S)
+        self.open_streams += 1
 
     def controls(
         self, request: Request, priority: str | None = None, timeout_ms: int | None = None
@@ -403,7 +451,7 @@ class _Routes:
         return data
 
     async def chat(self, request: Request) -> Response:
-        async def admit() -> tuple[GenerationStream, Format, bool]:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
             body = validate_body(await self.parsed(request), ChatCompletionRequest)
             self.host.check_name(body.model)
             generation = chat_generation(
@@ -415,12 +463,12 @@ class _Routes:
                 model=body.model,
                 include_usage=body.stream_options is not None and body.stream_options.include_usage,
             )
-            return await self.host.rt.generate(generation), fmt, body.stream
+            return generation, fmt, body.stream
 
         return await self.answer(None, admit, ChatFormat.failure_of)
 
     async def completions(self, request: Request) -> Response:
-        async def admit() -> tuple[GenerationStream, Format, bool]:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
             data = await self.parsed(request)
             _check_token_ids(data, self.host.rt.generation_info().context_length)
             body = validate_body(data, CompletionRequest)
@@ -434,14 +482,14 @@ class _Routes:
                 model=body.model,
                 include_usage=body.stream_options is not None and body.stream_options.include_usage,
             )
-            return await self.host.rt.generate(generation), fmt, body.stream
+            return generation, fmt, body.stream
 
         return await self.answer(None, admit, CompletionFormat.failure_of)
 
     async def generate(
         self, request: Request, name: str, version: str | None, *, streaming: bool
     ) -> Response:
-        async def admit() -> tuple[GenerationStream, Format, bool]:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
             self.host.check_name(name)
             body = validate_body(await self.parsed(request), GenerateRequest)
             params = body.parameters
@@ -453,7 +501,7 @@ class _Routes:
                 version=version,
             )
             fmt = GenerateFormat(model=name, version=version or info.version, id_=body.id)
-            return await self.host.rt.generate(generation), fmt, streaming
+            return generation, fmt, streaming
 
         return await self.answer(version, admit, oip_failure)
 

@@ -28,8 +28,12 @@ connection is only closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
+from collections.abc import MutableMapping
 from typing import Any, ClassVar
 
 from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
@@ -44,11 +48,51 @@ from uvicorn.server import ServerState
 
 from fleetserve_runtime.logs import request_id_from
 
-__all__ = ["HardenedHttpToolsProtocol", "hardened_protocol"]
+__all__ = [
+    "STREAM_CONNECTION",
+    "HardenedHttpToolsProtocol",
+    "StreamConnection",
+    "hardened_protocol",
+    "offer_connection",
+]
 
 log = logging.getLogger("fleetserve.http")
 
 _PARSER_WARNING = "Invalid HTTP request received."
+
+STREAM_CONNECTION = "fleetserve.stream_connection"
+"""The ASGI scope extension (`offer_connection`): the request's `StreamConnection`."""
+KERNEL_SEND_BUFFER = 65_536
+"""`SO_SNDBUF` of a streaming connection (Linux doubles it): a token stream needs little."""
+
+
+class StreamConnection:
+    """What a stream may do to its HTTP/1.1 connection beyond ASGI (`sse` cuts streams with it)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def bound_kernel_buffer(self) -> None:
+        """Cap the kernel's send buffer at `KERNEL_SEND_BUFFER` for the rest of the connection."""
+        self._setsockopt(socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
+
+    def reset(self) -> None:
+        """Close the connection at once, discarding its unsent bytes, with a TCP reset."""
+        # Lingering 0 s, the kernel frees the send buffer and resets, not an orphan socket
+        # probing a zero window for minutes.
+        self._setsockopt(socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
+
+    def _setsockopt(self, option: int, value: int | bytes) -> None:
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, option, value)
+
+
+def offer_connection(scope: MutableMapping[str, Any], transport: asyncio.Transport) -> None:
+    """Offer the app `STREAM_CONNECTION` for this request's connection (a server's hook)."""
+    scope.setdefault("extensions", {})[STREAM_CONNECTION] = StreamConnection(transport)
 
 
 class _WithoutParserWarning(logging.Filter):
@@ -137,7 +181,12 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
             self._arm_header_timer()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        """Run `app` for `cycle`; a response started before the body was read closes after."""
+        """Run `app` for `cycle`; a response started before the body was read closes after.
+
+        The app is offered the connection (`offer_connection`), so a stream whose client
+        stops reading can bound the socket's send buffer and reset it when cut.
+        """
+        transport = self.transport
 
         async def close_if_body_unread(
             scope: AsgiScope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -148,6 +197,7 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
                     cycle.keep_alive = False
                 await send(message)
 
+            offer_connection(scope, transport)  # type: ignore[arg-type]  # a TypedDict is a mapping
             await app(scope, receive, send_closing)
 
         super()._start_asgi_task(cycle, close_if_body_unread)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,7 +24,14 @@ from prometheus_client.registry import Collector
 
 from fleetserve_runtime.logs import dropped_records
 
-__all__ = ["ANSWERED_CODES", "LATENCY_BUCKETS_S", "RuntimeMetrics", "StateSnapshot"]
+__all__ = [
+    "ANSWERED_CODES",
+    "LATENCY_BUCKETS_S",
+    "STREAM_LIMITS",
+    "RuntimeMetrics",
+    "StateSnapshot",
+    "StreamLimit",
+]
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -35,6 +43,9 @@ ANSWERED_CODES = (200, 400, 401, 403, 404, 408, 413, 415, 500, 503, 504)
 """Every HTTP status the runtime answers with (`api.STATUS_OF` and success), declared at 0."""
 ALLOCATED_DOC = "Bytes allocated: the CUDA allocator's figure, or weights + leased buffers on CPU."
 RESERVED_DOC = "Bytes reserved: the CUDA caching allocator's, or allocated + pooled buffers on CPU."
+StreamLimit = Literal["max_streams", "send_timeout", "buffer"]
+STREAM_LIMITS: tuple[StreamLimit, ...] = ("max_streams", "send_timeout", "buffer")
+"""The limits `fleetserve_generation_stream_limits_total` counts, declared at 0."""
 STALLED_DOC = "1 while the running batch is past its stuck limit and liveness fails, else 0."
 
 # `_created` series double the scrape size and no query of ours reads them.
@@ -235,6 +246,14 @@ class RuntimeMetrics:
         self.batch_failures = Counter(
             "fleetserve_batch_failures", "Batches whose forward pass raised.", LABELS, registry=reg
         )
+        self.stream_limits = Counter(
+            "fleetserve_generation_stream_limits",
+            "Streamed generations refused or cut by a streaming limit: max_streams (refused "
+            "with 503), send_timeout (the client took no bytes), buffer (it fell too far behind).",
+            ["model", "track", "limit"], registry=reg,
+        )  # fmt: skip
+        for limit in STREAM_LIMITS:
+            self.stream_limits.labels(model, track, limit)
         reg.register(StateCollector(snapshot, model, track))
         reg.register(LogDropsCollector())
 
@@ -270,6 +289,10 @@ class RuntimeMetrics:
         count, latency = series
         count.inc()
         latency.observe(seconds)
+
+    def observe_stream_limit(self, limit: StreamLimit) -> None:
+        """Count one stream refused or cut by `limit`."""
+        self.stream_limits.labels(self._model, self._track, limit).inc()
 
     def _batch(self, version: str) -> _BatchSeries:
         series = self._batch_series.get(version)
