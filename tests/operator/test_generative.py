@@ -14,14 +14,14 @@ from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import memory_problem
-from fleetserve_operator.podspec import DRAIN_SECONDS, SHUTDOWN_SECONDS
-from fleetserve_operator.reconcile import (
+from fleetserve_operator.records import Manifest, MemoryFigures
+from fleetserve_operator.render import (
     Owner,
     check_semantics,
     desired_children,
     plan_tracks,
 )
-from fleetserve_operator.records import Manifest, MemoryFigures
+from fleetserve_operator.render.pods import DRAIN_SECONDS, SHUTDOWN_SECONDS
 from fleetserve_operator.spec import (
     ConditionType,
     GenerationSpec,

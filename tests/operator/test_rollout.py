@@ -1,7 +1,7 @@
 """The rollout state machine, stepped with a FakeClock, scripted metrics and simulated tracks.
 
 The world renders the children from every status `next_step` returns, as `sync` does
-(`reconcile.desired_children`), and plays the Deployment controller on what it rendered;
+(`render.desired_children`), and plays the Deployment controller on what it rendered;
 the tests assert on the status and on those rendered children.
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator import analysis, naming, reconcile, rollout
+from fleetserve_operator import analysis, naming, render, rollout
 from fleetserve_operator.analysis import (
     REJECTIONS,
     SERVER_ERRORS,
 )
 from fleetserve_operator.contract import QUEUE_WAIT_METRIC, REQUEST_DURATION_METRIC
 from fleetserve_operator.naming import Track
-from fleetserve_operator.reconcile import Owner
 from fleetserve_operator.records import EventNote, Manifest, rfc3339
+from fleetserve_operator.render import Owner
 from fleetserve_operator.rollout import (
     ClearAnnotation,
     Facts,
@@ -141,9 +141,7 @@ class World:
     def children(self, status: InferenceServiceStatus) -> list[Manifest]:
         """The children `sync` renders for `status`."""
         observed = self.stable.replicas if self.stable else 0
-        return reconcile.desired_children(
-            OWNER, self.spec, status, observed_stable_replicas=observed
-        )
+        return render.desired_children(OWNER, self.spec, status, observed_stable_replicas=observed)
 
     def render(self) -> None:
         """Render the children of the current status and play the Deployment controller."""

@@ -9,7 +9,7 @@ rendered from `status`, which `rollout.next_step` wrote: the stable track runs
 follow `rollout.plan_capacity` and HTTPRoute weights `rollout.traffic_split`. An autoscaled
 track's Deployment leaves its replica count to the HPA of the KEDA ScaledObject rendered
 beside it, and a track of 2 or more replicas (or autoscaled) gets a PodDisruptionBudget
-(both from `scaling`). The HTTPRoute exposes only the inference paths of the model's task
+(both from `render.scaling`). The HTTPRoute exposes only the inference paths of the model's task
 (`INFERENCE_PATHS` for an encoder, `GENERATION_PATHS` for a generative model), never the
 runtime's admin endpoints. When a track's pods serve gRPC (`spec.runtime.grpc`) its Service
 gains an h2c `grpc` port, and with `gateway-api` a GRPCRoute beside the HTTPRoute sends
@@ -24,11 +24,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fleetserve_operator import contract, naming, scaling
+from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import TrackPlan, pod_template
 from fleetserve_operator.records import Manifest
+from fleetserve_operator.render import scaling
+from fleetserve_operator.render.pods import TrackPlan, pod_template
 from fleetserve_operator.rollout import fallback_active, plan_capacity, traffic_split
 from fleetserve_operator.spec import (
     BatchingSpec,
