@@ -1,7 +1,7 @@
 """Pure: the runtime pod template of one track (container, probes, security, volumes).
 
-`children` plans every track as a `TrackPlan` (defined here, where it is read, so this module
-needs nothing of `children`) and calls `pod_template` for the track's Deployment. The
+`tracks` plans every track as a `TrackPlan` (defined here, where it is read, so this module
+needs nothing of `tracks`) and `children` calls `pod_template` for the track's Deployment. The
 container runs `fleetserve-runtime serve` with flags from `contract`; the pod is hardened as
 the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
 escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label

@@ -85,7 +85,7 @@ def scaled_object(
     """The ScaledObject that scales Deployment `deployment` by `scaling`.
 
     `floor` raises the minimum while the operator needs the track to keep its size (the
-    stable track during a rollout, see `children.plan_tracks`), capped at the maximum.
+    stable track during a rollout, see `tracks.plan_tracks`), capped at the maximum.
 
     Raises:
         DependencyMissing: no Prometheus to read (`prometheus_url` None), naming spec.scaling.
