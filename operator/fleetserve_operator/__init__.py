@@ -17,7 +17,7 @@ every top-level module has its place):
 
 `records` holds the plain data the layers hand each other. Outside the chain: `crdgen` and
 `docgen` (they generate the CRD and the README's reference from `spec`) and `testing` (test
-doubles).
+doubles, and the simulated world the rollout's tests step through).
 """
 
 __version__ = "0.1.0"

@@ -30,7 +30,7 @@ from fleetserve_operator.spec import (
 )
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
-INVALID = Path(__file__).parent / "invalid"
+INVALID = Path(__file__).resolve().parents[1] / "invalid"
 OWNER = Owner(name="chat", namespace="ns", uid="uid")
 SMOLLM2 = {"name": "chat", "version": "1", "uri": "builtin://smollm2-135m"}
 SYNTHETIC = {"name": "chat", "version": "1", "uri": "builtin://synthetic-generate?per_token_ms=1"}
