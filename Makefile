@@ -90,7 +90,7 @@ MUTATE ?=
 
 ## mutate: mutation testing (mutmut) of the pure decision modules against their fast tests,
 ##         then the surviving mutants; MUTATE=batcher (request_queue, machine, moves, traffic,
-##         rollout, reconcile, analysis) for one; slow, so not part of `test`
+##         rollout, render, analysis) for one; slow, so not part of `test`
 mutate: setup
 	rm -rf $(MUTMUT_DIR) && mkdir $(MUTMUT_DIR)
 	ln -s ../runtime/fleetserve_runtime ../operator/fleetserve_operator ../tests ../pyproject.toml \

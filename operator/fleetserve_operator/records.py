@@ -1,9 +1,9 @@
 """Plain records the layers hand each other: manifests, problems, Events, memory figures, time.
 
 They sit below every other module so that the adapters (`kube`, `analysis`) and the pure
-decisions (`facts`, `observe`) can share them without importing one another: `analysis`
+decisions (`observe`, `rollout`) can share them without importing one another: `analysis`
 returns `MemoryFigures` that `observe` judges, `observe` and `rollout` return `EventNote`s that
-`kube` posts, and `facts` and `observe` report `Problem`s that `sync` turns into status.
+`kube` posts, and `observe` reports `Problem`s that `sync` turns into status.
 `rfc3339` is the one spelling of a timestamp the operator writes.
 """
 

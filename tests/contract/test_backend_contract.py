@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from fleetserve_operator import contract
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import runtime_args
-from fleetserve_operator.reconcile import plan_tracks
+from fleetserve_operator.render import plan_tracks
+from fleetserve_operator.render.pods import runtime_args
 from fleetserve_operator.spec import Backend, InferenceServiceStatus, Precision
 from fleetserve_operator.testing import make_spec
 from fleetserve_runtime.cli import parse_config

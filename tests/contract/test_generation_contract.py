@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_operator import analysis, contract
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import TrackPlan, runtime_args
-from fleetserve_operator.reconcile import plan_tracks
+from fleetserve_operator.render import plan_tracks
+from fleetserve_operator.render.pods import TrackPlan, runtime_args
 from fleetserve_operator.spec import GenerationSpec, InferenceServiceStatus
 from fleetserve_operator.spec.model import (
     SMOLLM2_KV_BYTES_PER_TOKEN,

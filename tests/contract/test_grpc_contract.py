@@ -7,8 +7,8 @@ container port the Services target is the port the runtime then listens on.
 from __future__ import annotations
 
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import runtime_args
-from fleetserve_operator.reconcile import Owner, desired_children, plan_tracks
+from fleetserve_operator.render import Owner, desired_children, plan_tracks
+from fleetserve_operator.render.pods import runtime_args
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
 from fleetserve_runtime.cli import parse_config

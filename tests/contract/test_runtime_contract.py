@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_operator import analysis, contract
 from fleetserve_operator.naming import Track
-from fleetserve_operator.reconcile import plan_tracks
+from fleetserve_operator.render import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config

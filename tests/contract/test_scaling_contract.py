@@ -7,7 +7,7 @@ import re
 import pytest
 
 from fleetserve_operator.naming import Track
-from fleetserve_operator.scaling import scaling_query
+from fleetserve_operator.render.scaling import scaling_query
 from fleetserve_operator.spec import ScalingMetric
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot

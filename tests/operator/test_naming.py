@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from fleetserve_operator import naming
 from fleetserve_operator.naming import Track
-from fleetserve_operator.reconcile import Owner, desired_children
+from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import (
     InferenceServiceStatus,
     ModelSpec,

@@ -1,6 +1,6 @@
 """The operator's only door to the Kubernetes API: server-side apply, status, events, reads.
 
-`sync` calls it with plain dicts rendered by `reconcile` and `observe`. Requests go through the
+`sync` calls it with plain dicts rendered by `render` and `observe`. Requests go through the
 official client's `ApiClient` by path, so every kind (Deployment, Service, HTTPRoute, the
 InferenceService itself) is handled the same way, without a discovery cache on disk (the
 operator's root filesystem is read-only). API errors are mapped to the domain errors in

@@ -1,9 +1,9 @@
 """One reconcile: parse, observe, step the rollout, render, check, record, apply, report.
 
 `handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
-(`rollout`, `reconcile`, `observe`, `facts`); this module only sequences them with the I/O
+(`rollout`, `render`, `observe`); this module only sequences them with the I/O
 of `kube` and `analysis`, so that the same steps run whatever the trigger. The spec is parsed
-first, with what the schema cannot check (`reconcile.check_semantics`, the Prometheus URL
+first, with what the schema cannot check (`render.check_semantics`, the Prometheus URL
 against the operator's allowlist, the model's PVC); a spec that fails is reported in
 status and nothing else is done, but for an invalid one the rollout's table decides the
 phase (`Failed`, from `rollout.next_step` without a spec). Then:
@@ -20,7 +20,7 @@ phase (`Failed`, from `rollout.next_step` without a spec). Then:
    first, so a restarted operator renders them from the step they were written for and
    traffic never runs ahead of status (weights only move forward, or to 0 on a rollback);
 5. the children are created or applied where they drifted, stale ones deleted, in
-   `reconcile.converge_phase` order: what a route is to name before the routes, what it
+   `render.converge_phase` order: what a route is to name before the routes, what it
    stops naming after them, so that whichever write the operator dies after, no route
    names a missing backend (a promotion moves the routes to stable before the canary goes);
 6. the status is written (with what failed after the children were applied: crashing
@@ -51,7 +51,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleetserve_operator import analysis, contract, facts, naming, observe, reconcile, rollout
+from fleetserve_operator import analysis, contract, naming, observe, render, rollout
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
@@ -66,8 +66,8 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
-from fleetserve_operator.reconcile import Owner
 from fleetserve_operator.records import EventNote, Manifest, Problem, rfc3339
+from fleetserve_operator.render import Owner
 from fleetserve_operator.spec import (
     AnalysisMode,
     AnalysisResult,
@@ -222,7 +222,7 @@ class Sync:
         observed = [
             child
             for child in self._kube.list_children(ref.namespace, ref.name)
-            if reconcile.is_controlled_by(owner, child)
+            if render.is_controlled_by(owner, child)
         ]
 
         def observation(children: list[Manifest], found: Problem | None) -> Observation:
@@ -270,7 +270,7 @@ class Sync:
         seen_facts = self._facts(run.ref, spec, run.previous, deployments, pods, meta, run.now)
         step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
-        desired = reconcile.desired_children(
+        desired = render.desired_children(
             run.owner,
             spec,
             step.status,
@@ -279,10 +279,10 @@ class Sync:
         )
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
-        run.problem = facts.workload_problem(deployments, pods) or self._memory_problem(
-            run.ref.namespace, spec, reconcile.stable_pods(spec, run.previous)
+        run.problem = observe.workload_problem(deployments, pods) or self._memory_problem(
+            run.ref.namespace, spec, render.stable_pods(spec, run.previous)
         )
-        stale = reconcile.stale_children(run.owner, desired, run.observed)
+        stale = render.stale_children(run.owner, desired, run.observed)
         if writes or stale:
             ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
             self._report(run.ref, run.previous, ahead)
@@ -302,8 +302,8 @@ class Sync:
         """What the rollout needs to know now (a due analysis queries Prometheus)."""
         evidence, result = self._analysis(ref.namespace, spec, previous, now)
         return rollout.Facts(
-            stable=facts.track_facts(deployments.get(Track.STABLE), pods),
-            canary=facts.track_facts(deployments.get(Track.CANARY), pods),
+            stable=observe.track_facts(deployments.get(Track.STABLE), pods),
+            canary=observe.track_facts(deployments.get(Track.CANARY), pods),
             stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
             annotations=dict(meta.get("annotations") or {}),
             analysis=result,
@@ -321,7 +321,7 @@ class Sync:
         fallback, url = spec.fallback, self._prometheus_url(spec)
         if not fallback.enabled or fallback.max_error_rate is None or url is None:
             return None
-        model = reconcile.stable_pods(spec, previous).model
+        model = render.stable_pods(spec, previous).model
         scope = analysis.TrackScope(namespace, model.name, model.version, Track.STABLE)
         return analysis.read_stable_error_ratio(
             self._metric_source(url), scope, fallback.error_window
@@ -367,7 +367,7 @@ class Sync:
             spec = InferenceServiceSpec.model_validate(raw)
         except ValidationError as exc:
             raise _spec_error(exc) from None
-        reconcile.check_semantics(owner, spec)
+        render.check_semantics(owner, spec)
         checks = spec.rollout.analysis
         if checks is not None and self._prometheus_allowlist is not None:
             self._prometheus_allowlist.check(checks.prometheus_url)
@@ -391,16 +391,16 @@ class Sync:
             ChildRefused: the API server refused a child.
             DependencyMissing: the HTTPRoute or GRPCRoute API is missing.
         """
-        current = {reconcile.child_key(child): child for child in observed}
+        current = {render.child_key(child): child for child in observed}
         writes: list[_Write] = []
         for child in desired:
-            seen = current.get(reconcile.child_key(child))
+            seen = current.get(render.child_key(child))
             if seen is None:
                 seen = self._kube.get_child(child)
-                if seen is not None and not reconcile.is_controlled_by(owner, seen):
-                    kind, name = reconcile.child_key(child)
+                if seen is not None and not render.is_controlled_by(owner, seen):
+                    kind, name = render.child_key(child)
                     raise ChildConflict(kind, owner.namespace, name)
-            if seen is None or reconcile.needs_write(child, seen):
+            if seen is None or render.needs_write(child, seen):
                 writes.append(_Write(child, seen))
         for write in writes:
             self._kube.validate(write.manifest, current=write.current)
@@ -411,10 +411,10 @@ class Sync:
     ) -> list[Manifest]:
         """Make the checked writes, delete the `stale` children; returns the children.
 
-        In `reconcile.converge_phase` order: routes never name what is not there.
+        In `render.converge_phase` order: routes never name what is not there.
         """
-        written = {reconcile.child_key(write.manifest) for write in writes}
-        result = [child for child in observed if reconcile.child_key(child) not in written]
+        written = {render.child_key(write.manifest) for write in writes}
+        result = [child for child in observed if render.child_key(child) not in written]
         steps: list[_Write | Manifest] = [*writes, *stale]
         for step in sorted(steps, key=_phase):
             if isinstance(step, _Write):
@@ -431,7 +431,7 @@ class Sync:
         return result
 
     def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
-        kind, name = reconcile.child_key(child)
+        kind, name = render.child_key(child)
         self._metrics.writes.labels(kind, action.lower()).inc()
         self._kube.post_event(ref, EventNote("Normal", action, f"{action} {kind} {name}"))
 
@@ -490,8 +490,8 @@ class Sync:
 
 def _phase(step: _Write | Manifest) -> int:
     if isinstance(step, _Write):
-        return reconcile.converge_phase(step.manifest, step.current)
-    return reconcile.converge_phase(step, step, stale=True)
+        return render.converge_phase(step.manifest, step.current)
+    return render.converge_phase(step, step, stale=True)
 
 
 def _deployments_by_track(children: list[Manifest]) -> dict[Track, Manifest]:

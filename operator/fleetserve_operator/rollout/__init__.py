@@ -2,7 +2,7 @@
 
 `sync` calls `next_step` on every reconcile of an InferenceService (spec change, child event,
 the resync timer). When `is_analysis_due` says so, it first runs `analysis.evaluate` and puts
-the result in `Facts`. `next_step` returns the new status, from which `reconcile` renders the
+the result in `Facts`. `next_step` returns the new status, from which `render` renders the
 children (canary, stable spec, weights, replicas), and the side effects to apply (`Action`:
 Events, counters, clearing a command annotation). It does no I/O, so a restarted operator
 that feeds in the same status gets the same step back and never restarts or double-promotes

@@ -2,7 +2,7 @@
 
 Each handler takes the `Tick` (spec, status, facts, clock) and returns a `Step`: the new
 status and its side effects (Events, counters). The canary, the stable track's spec, the
-weights and the replica counts are not actions: `reconcile` renders them from the status.
+weights and the replica counts are not actions: `render` renders them from the status.
 """
 
 from __future__ import annotations

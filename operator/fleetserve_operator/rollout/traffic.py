@@ -1,6 +1,6 @@
 """What follows from a status alone: the traffic split and the GPU-aware track sizes.
 
-`reconcile` renders HTTPRoute weights and replica counts from these, and `observe` reports
+`render` renders HTTPRoute weights and replica counts from these, and `observe` reports
 the canary's effective weight from the split.
 """
 

@@ -25,8 +25,8 @@ from fleetserve_operator.errors import (
     ClusterUnavailable,
     FleetserveError,
 )
-from fleetserve_operator.reconcile import Owner, desired_children
 from fleetserve_operator.records import EventNote
+from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec, serve_http
 

@@ -15,7 +15,7 @@ import pytest
 
 from fleetserve_operator.controller.kube import KubeApi
 from fleetserve_operator.errors import DependencyMissing
-from fleetserve_operator.reconcile import Owner, desired_children
+from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec, serve_http
 

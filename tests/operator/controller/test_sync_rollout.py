@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator import analysis, facts, naming
+from fleetserve_operator import analysis, naming, observe
 from fleetserve_operator.analysis import SERVER_ERRORS
 from fleetserve_operator.controller.metrics import (
     CANARY_WEIGHT,
@@ -331,7 +331,7 @@ def test_track_facts_count_pods_of_the_current_template(
         "status": {"containerStatuses": [{"restartCount": restarts,
                    "lastState": {"terminated": {"reason": reason}}}]},
     }  # fmt: skip
-    found = facts.track_facts(deployment, [pod])
+    found = observe.track_facts(deployment, [pod])
     assert found is not None
     assert (found.restarts, found.oom_killed) == expected
     assert (found.spec_hash, found.available, found.rolled_out) == ("h1", 1, True)

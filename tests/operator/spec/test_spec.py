@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from fleetserve_operator.errors import InvalidSpec
-from fleetserve_operator.reconcile import Owner, check_semantics
+from fleetserve_operator.render import Owner, check_semantics
 from fleetserve_operator.spec import InferenceServiceSpec, parse_duration_s, parse_quantity
 from fleetserve_operator.testing import make_spec
 

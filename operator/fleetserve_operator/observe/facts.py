@@ -4,7 +4,7 @@
 `track_facts` for the stable and the canary track (`rollout.next_step` reads the result),
 and `workload_problem` for every track: what failed after the operator applied its
 children (pods that crash at start, images that cannot be pulled, a ReplicaSet that may not
-create pods, a rollout past its progress deadline), which `observe` reports as `Degraded`.
+create pods, a rollout past its progress deadline), which `observe.status` reports as `Degraded`.
 A pod counts only when it runs the Deployment's current template (same spec-hash label), so
 restarts and OOM kills of pods being replaced by a rolling update are not held against the
 new template.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from fleetserve_operator import naming
 from fleetserve_operator.errors import bounded
 from fleetserve_operator.naming import Track
-from fleetserve_operator.observe import is_rolled_out
+from fleetserve_operator.observe.status import is_rolled_out
 from fleetserve_operator.records import Manifest, Problem
 from fleetserve_operator.rollout import TrackFacts
 

@@ -7,8 +7,8 @@ import pytest
 from fleetserve_operator import naming
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
-from fleetserve_operator.facts import MAX_MESSAGE, workload_problem
 from fleetserve_operator.naming import Track
+from fleetserve_operator.observe.facts import MAX_MESSAGE, workload_problem
 from fleetserve_operator.records import Manifest, Problem
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.testing import FakeKube, make_service

@@ -1,4 +1,4 @@
-"""Test helpers, public like `kopf.testing`: a fake cluster, fake metrics, spec factories.
+"""Test doubles: a fake cluster, fake metrics, a fake clock, spec factories.
 
 tests/operator/ drives `sync.Sync` against `FakeKube` (an in-memory API server that records
 every write) and feeds `FakeMetricSource` numbers instead of a Prometheus, so no cluster is

@@ -1,6 +1,6 @@
 """Pure: the autoscaling and disruption children of one track, and its spreading constraints.
 
-`reconcile` calls these for every track it plans. An autoscaled track (`spec.scaling`,
+`children` calls these for every track it plans. An autoscaled track (`spec.scaling`,
 `spec.fallback.scaling`) gets a KEDA `ScaledObject` whose single Prometheus trigger reads the
 runtime's own metric for that service and track, selected exactly as the rollout analysis
 selects a track (`namespace`, `model`, `track`; no `version`, so the query follows the track
@@ -85,7 +85,7 @@ def scaled_object(
     """The ScaledObject that scales Deployment `deployment` by `scaling`.
 
     `floor` raises the minimum while the operator needs the track to keep its size (the
-    stable track during a rollout, see `reconcile.plan_tracks`), capped at the maximum.
+    stable track during a rollout, see `tracks.plan_tracks`), capped at the maximum.
 
     Raises:
         DependencyMissing: no Prometheus to read (`prometheus_url` None), naming spec.scaling.

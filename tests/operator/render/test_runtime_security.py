@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_operator import contract
-from fleetserve_operator.reconcile import Owner, child_key, desired_children
+from fleetserve_operator.render import Owner, child_key, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
 

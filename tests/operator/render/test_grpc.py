@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_operator.reconcile import Owner, desired_children
 from fleetserve_operator.records import Manifest
+from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import RollingOut, make_spec
 

@@ -1,7 +1,7 @@
 """Pure: the runtime pod template of one track (container, probes, security, volumes).
 
-`reconcile` plans every track as a `TrackPlan` (defined here, where it is read, so this module
-needs nothing of `reconcile`) and calls `pod_template` for the track's Deployment. The
+`tracks` plans every track as a `TrackPlan` (defined here, where it is read, so this module
+needs nothing of `tracks`) and `children` calls `pod_template` for the track's Deployment. The
 container runs `fleetserve-runtime serve` with flags from `contract`; the pod is hardened as
 the restricted Pod Security Standard asks (non-root, read-only root filesystem, no privilege
 escalation, all capabilities dropped, RuntimeDefault seccomp), so the chart can label
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from fleetserve_operator import contract
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.scaling import topology_spread
+from fleetserve_operator.render.scaling import topology_spread
 from fleetserve_operator.spec import (
     Backend,
     GenerationSpec,

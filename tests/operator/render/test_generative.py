@@ -14,14 +14,14 @@ from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import memory_problem
-from fleetserve_operator.podspec import DRAIN_SECONDS, SHUTDOWN_SECONDS
-from fleetserve_operator.reconcile import (
+from fleetserve_operator.records import Manifest, MemoryFigures
+from fleetserve_operator.render import (
     Owner,
     check_semantics,
     desired_children,
     plan_tracks,
 )
-from fleetserve_operator.records import Manifest, MemoryFigures
+from fleetserve_operator.render.pods import DRAIN_SECONDS, SHUTDOWN_SECONDS
 from fleetserve_operator.spec import (
     ConditionType,
     GenerationSpec,
@@ -30,7 +30,7 @@ from fleetserve_operator.spec import (
 )
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
 
-INVALID = Path(__file__).parent / "invalid"
+INVALID = Path(__file__).resolve().parents[1] / "invalid"
 OWNER = Owner(name="chat", namespace="ns", uid="uid")
 SMOLLM2 = {"name": "chat", "version": "1", "uri": "builtin://smollm2-135m"}
 SYNTHETIC = {"name": "chat", "version": "1", "uri": "builtin://synthetic-generate?per_token_ms=1"}

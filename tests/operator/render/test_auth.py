@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetserve_operator import contract
-from fleetserve_operator.reconcile import Owner, child_key, desired_children
+from fleetserve_operator.render import Owner, child_key, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus, RolloutPhase, RolloutStatus
 from fleetserve_operator.testing import make_spec
 

@@ -10,10 +10,10 @@ from pydantic import ValidationError
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
-from fleetserve_operator.podspec import runtime_args
-from fleetserve_operator.reconcile import Owner, desired_children, plan_tracks
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.scaling import scaling_query
+from fleetserve_operator.render import Owner, desired_children, plan_tracks
+from fleetserve_operator.render.pods import runtime_args
+from fleetserve_operator.render.scaling import scaling_query
 from fleetserve_operator.spec import InferenceServiceStatus, ScalingMetric
 from fleetserve_operator.testing import FakeKube, make_service, make_spec
 

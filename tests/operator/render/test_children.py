@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fleetserve_operator import naming
-from fleetserve_operator.reconcile import (
+from fleetserve_operator.render import (
     APPLIED_HASH_ANNOTATION,
     INFERENCE_PATHS,
     Owner,

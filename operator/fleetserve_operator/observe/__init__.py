@@ -1,0 +1,39 @@
+"""Observing: what the cluster and Prometheus report → status, conditions, Events and facts.
+
+Pure: `sync` gathers the observations through `kube` and `analysis` and hands them here.
+Modules, highest first (a module imports only those below it):
+
+    facts       the tracks' Deployments and pods → the rollout's `TrackFacts`, and the
+                failures after the children were applied (`workload_problem`)
+    status      the observed children, problems and measured memory → `.status`, its
+                conditions, and the Events of a status change
+
+This package re-exports what the rest of the operator and the tests use.
+"""
+
+from __future__ import annotations
+
+from fleetserve_operator.observe.facts import track_facts, workload_problem
+from fleetserve_operator.observe.status import (
+    Observation,
+    compute_status,
+    effective_canary_weight,
+    generation_memory_problem,
+    is_rolled_out,
+    memory_problem,
+    track_status,
+    transitions,
+)
+
+__all__ = [
+    "Observation",
+    "compute_status",
+    "effective_canary_weight",
+    "generation_memory_problem",
+    "is_rolled_out",
+    "memory_problem",
+    "track_facts",
+    "track_status",
+    "transitions",
+    "workload_problem",
+]

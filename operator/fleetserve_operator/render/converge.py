@@ -1,0 +1,111 @@
+"""Pure: how the desired children meet the observed ones.
+
+Which observed child is the operator's (its controller reference, never its labels), which
+drifted and must be written (`needs_write`), which are stale, and in which order a converge
+writes and deletes them so that a route never names what is not there (`converge_phase`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetserve_operator import naming
+from fleetserve_operator.records import Manifest
+from fleetserve_operator.render.owner import Owner
+
+__all__ = [
+    "child_key",
+    "converge_phase",
+    "is_controlled_by",
+    "is_drifted",
+    "needs_write",
+    "stale_children",
+]
+
+
+def child_key(manifest: Manifest) -> tuple[str, str]:
+    """(kind, name): what identifies a child within its namespace."""
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
+def is_drifted(desired: Any, observed: Any) -> bool:
+    """True when `observed` lacks or changed a field of `desired` (extra fields are fine)."""
+    if isinstance(desired, dict):
+        if not isinstance(observed, dict):
+            return True
+        return any(is_drifted(value, observed.get(key)) for key, value in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(observed, list) or len(desired) != len(observed):
+            return True
+        return any(is_drifted(d, o) for d, o in zip(desired, observed, strict=True))
+    # Quantities come back as strings ("2" for 2); compare them as the API prints them.
+    return str(desired) != str(observed)
+
+
+def is_controlled_by(owner: Owner, obj: Manifest) -> bool:
+    """True when `obj` carries `owner`'s controller reference (labels alone prove nothing)."""
+    return any(
+        ref.get("uid") == owner.uid and ref.get("controller") is True
+        for ref in obj["metadata"].get("ownerReferences") or []
+    )
+
+
+def _is_applied_by_operator(obj: Manifest) -> bool:
+    """True when the operator's field manager owns `obj`'s fields through server-side apply."""
+    return any(
+        entry.get("manager") == naming.MANAGER and entry.get("operation") == "Apply"
+        for entry in obj["metadata"].get("managedFields") or []
+    )
+
+
+def needs_write(desired: Manifest, observed: Manifest) -> bool:
+    """True when `observed` drifted from `desired`, or the operator does not own its fields yet.
+
+    The latter is a child created but not yet server-side applied (the operator stopped in
+    between): until it is applied, a field later dropped from `desired` would stay behind.
+    """
+    return is_drifted(desired, observed) or not _is_applied_by_operator(observed)
+
+
+_ROUTE_KINDS = frozenset({"HTTPRoute", "GRPCRoute"})
+
+
+def _drops_port(desired: Manifest, current: Manifest | None) -> bool:
+    """True when `desired` applied over the Service `current` takes away one of its ports."""
+    if current is None or desired["kind"] != "Service":
+        return False
+    kept = {port["port"] for port in desired["spec"]["ports"]}
+    return any(port.get("port") not in kept for port in current["spec"].get("ports") or [])
+
+
+def converge_phase(child: Manifest, current: Manifest | None, *, stale: bool = False) -> int:
+    """When a converge writes `child` over `current`, or deletes it (`stale`): lowest first.
+
+    A route may only name what is there, at every moment and whichever write the operator
+    dies after: whatever a route is about to name is written before the routes (0), and
+    whatever routes stop naming is changed or removed after them (3, 4). So a promotion
+    moves the routes to the stable track before the canary goes, and a Service loses a
+    port (the GRPCRoute's, when a version stops serving gRPC) only once no route names it.
+
+    0: creates and applies that add or keep (Deployments, Services keeping every port,
+    scalers, budgets); 1: routes written; 2: routes deleted; 3: Services losing a port;
+    4: every other deletion.
+    """
+    route = child["kind"] in _ROUTE_KINDS
+    if stale:
+        return 2 if route else 4
+    if route:
+        return 1
+    return 3 if _drops_port(child, current) else 0
+
+
+def stale_children(
+    owner: Owner, desired: list[Manifest], observed: list[Manifest]
+) -> list[Manifest]:
+    """Observed children this owner controls that are no longer desired (e.g. fallback off)."""
+    wanted = {child_key(child) for child in desired}
+    return [
+        child
+        for child in observed
+        if child_key(child) not in wanted and is_controlled_by(owner, child)
+    ]
