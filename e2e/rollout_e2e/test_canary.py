@@ -8,14 +8,17 @@ threshold and in sequential mode; (b2) also prints `intervals=` (that time / the
 Prometheus scrapes every second here, so sequential mode sees a new increment each second.
 (f) and (g) roll out the synthetic generative model under `StreamingLoadDriver`'s streamed
 completions, in 8 s steps, judged on errors, time to first token and inter-token latency;
-(g) prints `itl_rollback_after_s=`, from the canary's first stream to its weight 0.
+(g) prints `itl_rollback_after_s=`, from the canary's first stream to its weight 0. (h)
+freezes the real Prometheus at a step: the step holds, nothing is passed on old evidence.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -51,6 +54,10 @@ SEQUENTIAL_INTERVAL_S = 8.0
 """(b2)'s interval. Sequential mode's time to reject does not grow with the interval (a scrape,
 a 0.5 s look, a patch, a route poll); threshold mode's does. 4 s steps left too little room on
 two loaded cores (4.6 s measured once), 8 s still tells the two modes apart."""
+FROZEN_S = 15.0
+"""(h)'s outage: several 4 s intervals, and more than a query's timeout (5 s) twice over."""
+FROZEN_MARGIN_S = 2.0
+"""A look that read Prometheus just before the freeze may still be recorded this long after."""
 # The operator's per-InferenceService gauges (README, "Operator metrics").
 PHASE = "fleetserve_operator_inferenceservice_phase"
 CANARY_WEIGHT = "fleetserve_operator_canary_weight_percent"
@@ -551,3 +558,50 @@ def test_g_a_generative_version_slower_per_token_is_rolled_back_on_itl(
     print(
         f"\n{message}\nitl_rollback_after_s={withdrawn - first:.2f} (from the first canary stream)"
     )
+
+
+def test_h_a_frozen_prometheus_holds_the_step_and_never_passes_it(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """(h) The real Prometheus stopped (SIGSTOP: it accepts and never answers) at a step.
+
+    While it is frozen the canary stays at its weight and no analysis recorded then is a pass:
+    evidence gathered before the outage must not carry a step. Once it answers again the
+    good version is promoted.
+    """
+    rollout_operator()
+    _deploy(kube, namespace, local_prometheus, "sequential")
+    assert local_prometheus.process is not None
+    pid = local_prometheus.process.pid
+    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
+        _roll_out(kube, namespace, _model("2"))
+        wait_until(
+            lambda: _status(kube, namespace).get("canaryWeight") == STEPS[0],
+            timeout_s=60.0,
+            what=f"the canary at {STEPS[0]} %",
+        )
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at = datetime.now(UTC)
+        try:
+            time.sleep(FROZEN_S)
+            status = _status(kube, namespace)
+            weights = _route_weights(kube, namespace)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert status.get("canaryWeight") == STEPS[0], status
+        assert weights == {"stable": 100 - STEPS[0], "canary": STEPS[0]}
+        during = [
+            a
+            for a in status["rollout"]["analyses"]
+            if a.get("time")
+            and datetime.fromisoformat(a["time"]) >= frozen_at + timedelta(seconds=FROZEN_MARGIN_S)
+        ]
+        assert during, f"no analysis was recorded in {FROZEN_S:g} s of outage: {status}"
+        assert all(a["verdict"] == "Inconclusive" for a in during), during
+        _wait_phase(kube, namespace, "Succeeded", ROLLOUT_S)
+    assert _status(kube, namespace)["stableVersion"] == "2"
+    assert all(r.status == 200 for r in load.records), "a request failed"
