@@ -195,12 +195,17 @@ def test_cluster_role_rules_are_role_yaml_rules() -> None:
 
 
 def test_namespaced_install_splits_role_yaml_rules() -> None:
-    """Watched namespaces: role.yaml's rules, cluster-scoped ones cluster-wide, the rest per ns."""
+    """Watched namespaces: role.yaml's rules, cluster-scoped ones cluster-wide, the rest per ns.
+
+    Cluster-wide also: list and watch on namespaces, which kopf needs only when namespaced
+    (test_no_cluster_role_reaches_leases_or_namespaces checks that rule).
+    """
     manifests = render("--set", "watchNamespaces={ml,search}")
     cluster = only(manifests, "ClusterRole", "fs-fleetserve-cluster")["rules"]
     namespaced = only(manifests, "ClusterRole", "fs-fleetserve-namespaced")["rules"]
-    assert sorted(map(json.dumps, cluster + namespaced)) == sorted(map(json.dumps, role_rules()))
-    assert {r for rule in cluster for r in rule["resources"]} == {"customresourcedefinitions"}
+    from_role = [rule for rule in cluster if rule["resources"] != ["namespaces"]]
+    assert sorted(map(json.dumps, from_role + namespaced)) == sorted(map(json.dumps, role_rules()))
+    assert {r for rule in from_role for r in rule["resources"]} == {"customresourcedefinitions"}
     bindings = [
         m for m in manifests if m["kind"] == "RoleBinding" and m["roleRef"]["kind"] == "ClusterRole"
     ]
@@ -219,15 +224,28 @@ def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None
     """No ClusterRole grants Leases (the control plane's leader leases, the nodes' heartbeats).
 
     The operator's one Lease is a Role's, by name, in the release's namespace
-    (test_chart_ha checks that Role).
+    (test_chart_ha checks that Role). Namespaces: only a namespaced install's cluster-scoped
+    role may list and watch them (kopf finds its watched namespaces so), nothing more.
     """
     manifests = render(*values)
     cluster_roles = [m for m in manifests if m["kind"] == "ClusterRole"]
     assert cluster_roles
+    namespace_rules = []
     for role in cluster_roles:
         for rule in role["rules"]:
-            assert not {"leases", "namespaces"} & set(rule["resources"]), role["metadata"]
+            assert "leases" not in rule["resources"], role["metadata"]
             assert "coordination.k8s.io" not in rule["apiGroups"], role["metadata"]
+            if "namespaces" in rule["resources"]:
+                namespace_rules.append((role["metadata"]["name"], rule))
+    if values:
+        assert namespace_rules == [
+            (
+                "fs-fleetserve-cluster",
+                {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+            )
+        ]
+    else:
+        assert namespace_rules == []
 
 
 def test_admission_policy_binds_the_operator_account_only() -> None:
