@@ -91,6 +91,10 @@ def install_crd(cluster: LocalCluster) -> None:
     cluster.apply_crds(CRD, CRD_NAME, timeout_s=60)
 
 
+NAMESPACE_LOOKUP = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+"""The chart's extra cluster-scoped rule for an operator that watches named namespaces."""
+
+
 @dataclass(frozen=True)
 class OperatorIdentity:
     """The ServiceAccount, ClusterRole and binding of an RBAC file, and a kubeconfig for them.
@@ -125,6 +129,9 @@ class OperatorIdentity:
         name = f"{role['metadata']['name']}-{suffix}"
         account["metadata"]["namespace"] = namespace
         role["metadata"]["name"] = name
+        # The harness's operators watch named namespaces (`OperatorProcess.start`), so they get
+        # what the chart adds for a namespaced install: kopf looks the watched namespaces up.
+        role["rules"] = [*role["rules"], NAMESPACE_LOOKUP]
         binding["metadata"]["name"] = name
         binding["roleRef"]["name"] = name
         binding["subjects"] = [{**binding["subjects"][0], "namespace": namespace}]
