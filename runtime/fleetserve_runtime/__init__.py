@@ -29,7 +29,7 @@ __all__ = ["ModelHandler", "RuntimeConfig", "__version__", "create_app"]
 
 if TYPE_CHECKING:
     from fleetserve_runtime.api import create_app
-    from fleetserve_runtime.config import RuntimeConfig
+    from fleetserve_runtime.core.config import RuntimeConfig
     from fleetserve_runtime.models.base import ModelHandler
 
 
@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return create_app
     if name == "RuntimeConfig":
-        from fleetserve_runtime.config import RuntimeConfig
+        from fleetserve_runtime.core.config import RuntimeConfig
 
         return RuntimeConfig
     if name == "ModelHandler":

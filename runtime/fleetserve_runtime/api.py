@@ -48,7 +48,6 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime import __version__
-from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches, uri_refusal
 from fleetserve_runtime.binary_tensors import (
     attach_binary_inputs,
     encode_tensor,
@@ -57,9 +56,9 @@ from fleetserve_runtime.binary_tensors import (
     stack_results,
     wants_binary_output,
 )
-from fleetserve_runtime.config import GenerationConfig, RuntimeConfig
-from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches, uri_refusal
+from fleetserve_runtime.core.config import GenerationConfig, RuntimeConfig
+from fleetserve_runtime.core.errors import (
     FleetserveError,
     Forbidden,
     InvalidInput,
@@ -70,6 +69,15 @@ from fleetserve_runtime.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.core.logs import (
+    RequestContext,
+    bind_request,
+    request_id_from,
+    traceparent_from,
+    unbind_request,
+)
+from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.facade import ServingFacade
 from fleetserve_runtime.generation_api import openai_failure, register_generation, speaks_openai
 from fleetserve_runtime.generation_schemas import openai_error
@@ -80,14 +88,6 @@ from fleetserve_runtime.http_errors import (
     json_response,
     log_unexpected,
     request_id,
-)
-from fleetserve_runtime.liveness import Liveness
-from fleetserve_runtime.logs import (
-    RequestContext,
-    bind_request,
-    request_id_from,
-    traceparent_from,
-    unbind_request,
 )
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.runtime import Runtime

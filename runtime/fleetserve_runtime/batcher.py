@@ -25,7 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
-from fleetserve_runtime.request_queue import Cell, G, PendingItem, Priority, RequestQueue
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.request_queue import Cell, G, PendingItem, RequestQueue
 
 __all__ = [
     "Batch",

@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
-from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
+from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
 from fleetserve_runtime.schemas import Datatype, TensorLimits, check_shape
 
 __all__ = [

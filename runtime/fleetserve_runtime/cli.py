@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from fleetserve_runtime.config import RuntimeConfig, load_config
+from fleetserve_runtime.core.config import RuntimeConfig, load_config
 
 EXIT_LOAD_FAILED = 3
 """Exit status when the first model load fails (2 is a bad configuration)."""
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fleetserve-runtime: {exc}", file=sys.stderr)
         return 1
     from fleetserve_runtime.api import create_apps, listener_app
-    from fleetserve_runtime.logs import configure_logging
+    from fleetserve_runtime.core.logs import configure_logging
 
     listener = configure_logging(config.log_level, config.log_format)
     admin_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fleetserve_runtime.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
-from fleetserve_runtime.cache import ResultCache, cache_key
-from fleetserve_runtime.config import RuntimeConfig
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.cache import ResultCache, cache_key
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.errors import (
     DeadlineExceeded,
     FleetserveError,
     InputTooLong,
@@ -35,13 +35,14 @@ from fleetserve_runtime.errors import (
     ItemFailed,
     ModelNotReady,
 )
+from fleetserve_runtime.core.limits import MAX_CHARS_PER_TOKEN
+from fleetserve_runtime.core.logs import current_request
+from fleetserve_runtime.core.metrics import RuntimeMetrics
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.executor import BatchJob, BatchOutcome, Executor
-from fleetserve_runtime.limits import MAX_CHARS_PER_TOKEN
-from fleetserve_runtime.logs import current_request
-from fleetserve_runtime.metrics import RuntimeMetrics
 from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
-from fleetserve_runtime.request_queue import PendingItem, Priority, RequestQueue
+from fleetserve_runtime.request_queue import PendingItem, RequestQueue
 
 __all__ = [
     "RESULT_GRACE_S",

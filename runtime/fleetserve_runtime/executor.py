@@ -29,9 +29,14 @@ import numpy as np
 import torch
 
 from fleetserve_runtime.batcher import Batch
-from fleetserve_runtime.errors import BatchFailed, DeadlineExceeded, FleetserveError, OutOfMemory
-from fleetserve_runtime.liveness import RunningBatch
-from fleetserve_runtime.memory import (
+from fleetserve_runtime.core.errors import (
+    BatchFailed,
+    DeadlineExceeded,
+    FleetserveError,
+    OutOfMemory,
+)
+from fleetserve_runtime.core.liveness import RunningBatch
+from fleetserve_runtime.core.memory import (
     BufferLease,
     BufferPool,
     MeasuresMemory,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.core.metrics import RuntimeMetrics
 from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
 from fleetserve_runtime.generate.contracts import GenerationEvent, GenerationRequest
-from fleetserve_runtime.liveness import Liveness
-from fleetserve_runtime.metrics import RuntimeMetrics
 from fleetserve_runtime.models.registry import LoadedModel
 
 __all__ = ["GenerationInfo", "GenerationStream", "ServingFacade"]

@@ -34,14 +34,15 @@ from typing import Protocol
 
 from fastapi import FastAPI, Request, Response
 
-from fleetserve_runtime.config import GenerationConfig
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.errors import (
     FleetserveError,
     InputTooLong,
     InvalidInput,
     ModelNotFound,
     TooManyStreams,
 )
+from fleetserve_runtime.core.json_limits import check_depth
 from fleetserve_runtime.facade import ServingFacade
 from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
 from fleetserve_runtime.generation_schemas import (
@@ -75,7 +76,6 @@ from fleetserve_runtime.http_errors import (
     request_id,
     status_of,
 )
-from fleetserve_runtime.json_limits import check_depth
 from fleetserve_runtime.scheduling_rights import Scheduling
 from fleetserve_runtime.schemas import parse_json, validate_body
 from fleetserve_runtime.sse import DONE, Format, GenerationResponse, StreamLimits

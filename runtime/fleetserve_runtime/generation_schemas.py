@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from fleetserve_runtime.config import GenerationConfig
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.errors import InvalidInput
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import (
     ChatMessage,
     FinishReason,
@@ -33,7 +34,6 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     Usage,
 )
-from fleetserve_runtime.request_queue import Priority
 
 __all__ = [
     "MAX_MESSAGES",

@@ -33,7 +33,6 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from fleetserve_runtime.auth import TokenFile, bearer_token, token_matches
 from fleetserve_runtime.binary_tensors import (
     DTYPES,
     declared_elements,
@@ -41,13 +40,24 @@ from fleetserve_runtime.binary_tensors import (
     encode_tensor,
     stack_results,
 )
-from fleetserve_runtime.config import RuntimeConfig
+from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.errors import (
+    DeadlineExceeded,
+    FleetserveError,
+    InvalidInput,
+    Unauthorized,
+)
+from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.core.logs import (
+    RequestContext,
+    bind_request,
+    request_id_from,
+    unbind_request,
+)
 from fleetserve_runtime.encoder_engine import InferenceCall
-from fleetserve_runtime.errors import DeadlineExceeded, FleetserveError, InvalidInput, Unauthorized
 from fleetserve_runtime.facade import ServingFacade
 from fleetserve_runtime.http_errors import log_unexpected, status_of
-from fleetserve_runtime.liveness import Liveness
-from fleetserve_runtime.logs import RequestContext, bind_request, request_id_from, unbind_request
 from fleetserve_runtime.oip import inference_pb2 as pb
 from fleetserve_runtime.oip import inference_pb2_grpc
 from fleetserve_runtime.scheduling_rights import Scheduling, scheduling

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.errors import (
     BatchFailed,
     DeadlineExceeded,
     FleetserveError,
@@ -34,7 +34,7 @@ from fleetserve_runtime.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
-from fleetserve_runtime.logs import current_request
+from fleetserve_runtime.core.logs import current_request
 
 __all__ = [
     "GENERATION_STATUS_OF",

@@ -46,7 +46,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from fleetserve_runtime.logs import request_id_from
+from fleetserve_runtime.core.logs import request_id_from
 
 __all__ = [
     "STREAM_CONNECTION",

@@ -16,36 +16,18 @@ import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
-from fleetserve_runtime.errors import QueueFull
+from fleetserve_runtime.core.errors import QueueFull
+from fleetserve_runtime.core.priority import Priority
 
-__all__ = ["Cell", "G", "PendingItem", "Priority", "RequestQueue"]
+__all__ = ["Cell", "G", "PendingItem", "RequestQueue"]
 
 G = TypeVar("G", bound=Hashable, default=Hashable)
 """The type of an item's group: items of different groups never share a batch. Defaults to
 any hashable, for queues built without naming it (tests, benchmarks)."""
-
-
-class Priority(IntEnum):
-    """Request priority classes; a lower value is served first."""
-
-    HIGH = 0
-    NORMAL = 1
-    LOW = 2
-
-    @classmethod
-    def parse(cls, value: str) -> Priority:
-        """Return the class named `value` (case-insensitive); raise `ValueError` otherwise."""
-        try:
-            return cls[value.strip().upper()]
-        except KeyError:
-            names = ", ".join(p.name.lower() for p in cls)
-            msg = f"priority must be one of {names}, got {value!r}"
-            raise ValueError(msg) from None
 
 
 _seq = itertools.count()

@@ -30,15 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetserve_runtime.batcher import make_bucket_policy
-from fleetserve_runtime.cache import ResultCache
-from fleetserve_runtime.config import RuntimeConfig
+from fleetserve_runtime.core.cache import ResultCache
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
+from fleetserve_runtime.core.liveness import Liveness, LoopHeartbeat, Worker, judge, judge_workers
+from fleetserve_runtime.core.memory import BufferPool
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.encoder_engine import (
     EncoderEngine,
     InferenceCall,
     InferenceResult,
     StageTimings,
 )
-from fleetserve_runtime.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.executor import (
     BatchOutcome,
     Executor,
@@ -49,9 +52,6 @@ from fleetserve_runtime.executor import (
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine import EngineLimits, GenerationEngine, GenerationStream
 from fleetserve_runtime.generate.metrics import GenerationMetrics
-from fleetserve_runtime.liveness import Liveness, LoopHeartbeat, Worker, judge, judge_workers
-from fleetserve_runtime.memory import BufferPool
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
 from fleetserve_runtime.request_queue import RequestQueue
 from fleetserve_runtime.versions import VersionLoader

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetserve_runtime.errors import Forbidden, InvalidInput
-from fleetserve_runtime.request_queue import Priority
+from fleetserve_runtime.core.errors import Forbidden, InvalidInput
+from fleetserve_runtime.core.priority import Priority
 
 __all__ = ["PRIORITY_HEADER", "TIMEOUT_HEADER", "Scheduling", "scheduling"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
+from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
 
 __all__ = [
     "Datatype",

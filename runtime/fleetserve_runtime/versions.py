@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from fleetserve_runtime.batcher import BucketPolicy
-from fleetserve_runtime.config import RuntimeConfig
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.errors import InvalidInput
+from fleetserve_runtime.core.memory import MemoryProfile, measure_bytes
 from fleetserve_runtime.executor import Executor
 from fleetserve_runtime.generate.contracts import (
     ErrorEvent,
@@ -38,7 +39,6 @@ from fleetserve_runtime.generate.contracts import (
 )
 from fleetserve_runtime.generate.engine import GenerationEngine
 from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
-from fleetserve_runtime.memory import MemoryProfile, measure_bytes
 from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.base import DeclaresWeights
 from fleetserve_runtime.models.registry import (

@@ -27,7 +27,7 @@ from onnx import numpy_helper
 
 from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.cli import EXIT_LOAD_FAILED
-from fleetserve_runtime.memory import MemoryProfile, resident_peak_bytes
+from fleetserve_runtime.core.memory import MemoryProfile, resident_peak_bytes
 from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
     AccuracyError,

@@ -12,7 +12,8 @@ from fleetserve_runtime.batcher import (
     plan_batch,
     quantile_edges,
 )
-from fleetserve_runtime.request_queue import Priority, RequestQueue
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.request_queue import RequestQueue
 from fleetserve_runtime.testing import FakeClock, make_items
 
 

@@ -19,7 +19,7 @@ from fleetserve_runtime.binary_tensors import (
     split_binary_body,
     wants_binary_output,
 )
-from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
+from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
 from fleetserve_runtime.schemas import TensorLimits
 
 LIMITS = TensorLimits(max_rank=4, max_elements=1000, max_instances=100)

@@ -265,7 +265,7 @@ def test_message_over_the_body_limit_is_resource_exhausted(server: Server) -> No
 
 UNDECODED = """
 from fleetserve_runtime import grpc_api
-from fleetserve_runtime.errors import PayloadTooLarge
+from fleetserve_runtime.core.errors import PayloadTooLarge
 from fleetserve_runtime.oip import inference_pb2 as pb
 from fleetserve_runtime.schemas import TensorLimits
 

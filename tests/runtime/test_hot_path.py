@@ -23,8 +23,8 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from fleetserve_runtime.api import create_app, create_apps
-from fleetserve_runtime.logs import request_id_from
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.logs import request_id_from
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 

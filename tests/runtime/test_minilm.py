@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from fleetserve_runtime.errors import InputTooLong, InvalidInput
+from fleetserve_runtime.core.errors import InputTooLong, InvalidInput
 from fleetserve_runtime.models.base import BatchLayout, ModelHandler, PreparedInput
 from fleetserve_runtime.models.bert import PackedBatch
 from fleetserve_runtime.models.minilm import EMBEDDING_DIM, FLOPS_PER_TOKEN, MiniLMHandler

@@ -11,7 +11,7 @@ import torch
 from asgi_lifespan import LifespanManager
 
 from fleetserve_runtime.api import create_app
-from fleetserve_runtime.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.core.errors import InvalidInput, ModelNotFound, ModelNotReady
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry, resolve_handler
 from fleetserve_runtime.models.synthetic import SyntheticHandler
 from fleetserve_runtime.testing import make_config

@@ -22,8 +22,9 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.api import create_app
-from fleetserve_runtime.config import GenerationConfig
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.errors import InvalidInput
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import ChatMessage, SamplingParams
 from fleetserve_runtime.generation_schemas import (
     ChatCompletionRequest,
@@ -32,7 +33,6 @@ from fleetserve_runtime.generation_schemas import (
     chat_generation,
     completion_generation,
 )
-from fleetserve_runtime.request_queue import Priority
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

@@ -6,8 +6,9 @@ import weakref
 
 import pytest
 
-from fleetserve_runtime.errors import QueueFull
-from fleetserve_runtime.request_queue import Priority, RequestQueue
+from fleetserve_runtime.core.errors import QueueFull
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.request_queue import RequestQueue
 from fleetserve_runtime.testing import FakeClock, make_items
 
 

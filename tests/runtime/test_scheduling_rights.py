@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from fleetserve_runtime.errors import Forbidden, InvalidInput
-from fleetserve_runtime.request_queue import Priority
+from fleetserve_runtime.core.errors import Forbidden, InvalidInput
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.scheduling_rights import Scheduling, scheduling
 
 DEFAULT_MS = 5_000

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_runtime.errors import InvalidInput, PayloadTooLarge
+from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
 from fleetserve_runtime.schemas import (
     RequestInput,
     TensorLimits,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from fleetserve_runtime.request_queue import Priority
+from fleetserve_runtime.core.priority import Priority
 
 if TYPE_CHECKING:
     import torch

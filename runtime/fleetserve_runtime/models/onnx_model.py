@@ -54,7 +54,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 import torch
 from tokenizers import Tokenizer
 
-from fleetserve_runtime.memory import resident_peak_bytes
+from fleetserve_runtime.core.memory import resident_peak_bytes
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
     BatchLayout,

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, urlparse
 
-from fleetserve_runtime.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.core.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.core.memory import MemoryProfile
 from fleetserve_runtime.generate.handler import (
     GenerativeHandler,
     GenerativeOptions,
@@ -35,7 +36,6 @@ from fleetserve_runtime.generate.handler import (
     smollm2_handler,
     synthetic_generative_handler,
 )
-from fleetserve_runtime.memory import MemoryProfile
 from fleetserve_runtime.models.accuracy import Precision, PrecisionOptions
 from fleetserve_runtime.models.base import ModelHandler, ModelMetadata
 

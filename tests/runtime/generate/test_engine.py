@@ -20,7 +20,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.errors import (
     BatchFailed,
     DeadlineExceeded,
     InputTooLong,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_runtime.errors import DeadlineExceeded
+from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.generate.contracts import (
     ErrorEvent,
     FinishEvent,

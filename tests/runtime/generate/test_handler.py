@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
 from fleetserve_runtime.generate.llama import LlamaModel
 from fleetserve_runtime.generate.synthetic import SyntheticLM

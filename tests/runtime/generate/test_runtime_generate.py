@@ -19,8 +19,9 @@ import torch
 from pydantic import ValidationError
 
 from fleetserve_runtime.cli import parse_config
+from fleetserve_runtime.core.errors import InputTooLong, InvalidInput, ModelNotReady
+from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.encoder_engine import InferenceCall
-from fleetserve_runtime.errors import InputTooLong, InvalidInput, ModelNotReady
 from fleetserve_runtime.generate.contracts import (
     Checkpoint,
     ErrorEvent,
@@ -34,7 +35,6 @@ from fleetserve_runtime.generate.contracts import (
 )
 from fleetserve_runtime.generate.engine import GenerationStream
 from fleetserve_runtime.generate.synthetic import SyntheticLM
-from fleetserve_runtime.liveness import Liveness
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

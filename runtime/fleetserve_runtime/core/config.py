@@ -21,7 +21,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from fleetserve_runtime.auth import allowlist_entry_problem, read_token
+from fleetserve_runtime.core.auth import allowlist_entry_problem, read_token
 
 __all__ = [
     "BatchingConfig",

@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from fleetserve_runtime.errors import BatchFailed
-from fleetserve_runtime.logs import (
+from fleetserve_runtime.core.errors import BatchFailed
+from fleetserve_runtime.core.logs import (
     JsonFormatter,
     RequestContext,
     TextFormatter,

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_runtime.cli import config_flags, main, parse_config
-from fleetserve_runtime.config import RuntimeConfig, load_config
+from fleetserve_runtime.core.config import RuntimeConfig, load_config
 
 
 def test_defaults_match_the_documented_contract() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fleetserve_runtime.memory import BufferPool, MemoryProfile, measure_bytes
+from fleetserve_runtime.core.memory import BufferPool, MemoryProfile, measure_bytes
 
 
 def test_measure_bytes_sees_real_allocations() -> None:

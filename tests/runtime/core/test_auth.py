@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetserve_runtime.auth import (
+from fleetserve_runtime.core.auth import (
     MIN_TOKEN_BYTES,
     TokenFile,
     bearer_token,

@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_runtime.cli import parse_config
-from fleetserve_runtime.config import HealthConfig
-from fleetserve_runtime.liveness import (
+from fleetserve_runtime.core.config import HealthConfig
+from fleetserve_runtime.core.liveness import (
     RunningBatch,
     Worker,
     judge,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import generate_latest
 
-from fleetserve_runtime.logs import (
+from fleetserve_runtime.core.logs import (
     LOG_QUEUE_SIZE,
     JsonFormatter,
     RequestContext,
@@ -28,7 +28,7 @@ from fleetserve_runtime.logs import (
     traceparent_from,
     unbind_request,
 )
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 
 SNAPSHOT = StateSnapshot(
     queue_depth=0,

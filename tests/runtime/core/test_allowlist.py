@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_runtime.auth import uri_refusal
+from fleetserve_runtime.core.auth import uri_refusal
 from fleetserve_runtime.testing import make_config
 
 

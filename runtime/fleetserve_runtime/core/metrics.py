@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetserve_runtime.logs import dropped_records
+from fleetserve_runtime.core.logs import dropped_records
 
 __all__ = [
     "ANSWERED_CODES",

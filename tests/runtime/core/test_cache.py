@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetserve_runtime.cache import ResultCache, cache_key
+from fleetserve_runtime.core.cache import ResultCache, cache_key
 
 
 def key(instance: str, version: str = "v1", truncate: bool = False) -> bytes:

@@ -9,7 +9,7 @@ deep, inside three levels of envelope. The walk is iterative and stops at the li
 
 from __future__ import annotations
 
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.errors import InvalidInput
 
 __all__ = ["MAX_JSON_DEPTH", "check_depth"]
 
