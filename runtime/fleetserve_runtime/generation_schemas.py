@@ -28,12 +28,12 @@ from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import (
-    ChatMessage,
     FinishReason,
     GenerationRequest,
     SamplingParams,
     Usage,
 )
+from fleetserve_runtime.models.causal_lm import ChatMessage
 
 __all__ = [
     "MAX_MESSAGES",

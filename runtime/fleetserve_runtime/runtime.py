@@ -81,7 +81,7 @@ class Runtime:
             set_threads(config.threads)
         self.device = resolve_device(config.device)
         batching = config.batching
-        self.registry = ModelRegistry(config.name)
+        self.registry: ModelRegistry[GenerationEngine] = ModelRegistry(config.name)
         self.buckets = make_bucket_policy(batching.buckets, batching.max_sequence_length)
         self.cache = ResultCache(
             max_entries=config.cache.max_entries, max_bytes=config.cache.max_bytes

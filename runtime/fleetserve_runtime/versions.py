@@ -30,17 +30,12 @@ from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.memory import MemoryProfile, measure_bytes
 from fleetserve_runtime.executor import Executor
-from fleetserve_runtime.generate.contracts import (
-    ErrorEvent,
-    GenerationRequest,
-    SamplingParams,
-    SeqChunk,
-    StepInput,
-)
+from fleetserve_runtime.generate.contracts import ErrorEvent, GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine import GenerationEngine
-from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
 from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.base import DeclaresWeights
+from fleetserve_runtime.models.causal_lm import SeqChunk, StepInput
+from fleetserve_runtime.models.generative import GenerativeHandler, GenerativeOptions
 from fleetserve_runtime.models.registry import (
     KVFigures,
     LoadedModel,
@@ -132,7 +127,7 @@ class VersionLoader:
         self,
         config: RuntimeConfig,
         *,
-        registry: ModelRegistry,
+        registry: ModelRegistry[GenerationEngine],
         executor: Executor,
         buckets: BucketPolicy,
         make_engine: Callable[[LoadedModel], GenerationEngine],

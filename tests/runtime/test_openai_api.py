@@ -25,7 +25,7 @@ from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.generate.contracts import ChatMessage, SamplingParams
+from fleetserve_runtime.generate.contracts import SamplingParams
 from fleetserve_runtime.generation_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -33,6 +33,7 @@ from fleetserve_runtime.generation_schemas import (
     chat_generation,
     completion_generation,
 )
+from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

@@ -21,7 +21,7 @@ import fleetserve_runtime.generation_api as generation_api
 from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import MAX_JSON_DEPTH, check_depth
-from fleetserve_runtime.generate.synthetic import SyntheticCodec
+from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
 from fleetserve_runtime.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

@@ -45,17 +45,12 @@ from fleetserve_runtime.core.limits import MAX_CHARS_PER_TOKEN
 from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.generate.blocks import BlockPool
 from fleetserve_runtime.generate.contracts import (
-    CausalLM,
     ErrorEvent,
     FinishEvent,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
-    IncrementalDecoder,
     SamplingParams,
-    SeqChunk,
-    StepInput,
-    TextCodec,
     TokenEvent,
     Usage,
 )
@@ -63,6 +58,13 @@ from fleetserve_runtime.generate.metrics import GenerationMetrics, VersionGenera
 from fleetserve_runtime.generate.sampling import RowSampling, sample
 from fleetserve_runtime.generate.scheduler import Policy, Scheduler, SchedulerLimits, Seq, StepPlan
 from fleetserve_runtime.generate.stops import StopMatcher
+from fleetserve_runtime.models.causal_lm import (
+    CausalLM,
+    IncrementalDecoder,
+    SeqChunk,
+    StepInput,
+    TextCodec,
+)
 
 __all__ = [
     "INLINE_PROMPT_CHARS",

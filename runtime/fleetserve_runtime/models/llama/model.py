@@ -15,7 +15,7 @@ itself and, when it continues a cached prefix, to the prefix's pages.
 The vocabulary projection is computed only for each chunk's last token, since the engine
 samples nothing else; for a 512-token prefill chunk that skips 511 rows of the largest GEMM.
 
-Weights come by their reference parameter names (see `contracts.Checkpoint`); Q/K/V and
+Weights come by their reference parameter names (see `config.Checkpoint`); Q/K/V and
 gate/up are concatenated here so each layer makes two GEMMs fewer per step. fp32 on CPU
 (bf16 is slow there), bf16 on CUDA; the KV pool takes the model's dtype. Logits are fp32.
 """
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 - the name every torch codebase uses
 
-from fleetserve_runtime.generate.contracts import KVLayout, LlamaConfig, StepInput
-from fleetserve_runtime.generate.kv_cache import (
+from fleetserve_runtime.models.causal_lm import KVLayout, StepInput
+from fleetserve_runtime.models.llama.config import LlamaConfig
+from fleetserve_runtime.models.llama.kv_cache import (
     DECODE_GROUP_OVERHEAD,
     PagedKVCache,
     StepPlan,
@@ -90,7 +91,7 @@ class _Layer:
 
 
 class LlamaModel:
-    """A Llama decoder that owns its paged KV pool; implements `contracts.CausalLM`."""
+    """A Llama decoder that owns its paged KV pool; implements `models.causal_lm.CausalLM`."""
 
     def __init__(
         self,

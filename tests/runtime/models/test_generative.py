@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from fleetserve_runtime.core.errors import InvalidInput
-from fleetserve_runtime.generate.handler import GenerativeHandler, GenerativeOptions
-from fleetserve_runtime.generate.llama import LlamaModel
-from fleetserve_runtime.generate.synthetic import SyntheticLM
+from fleetserve_runtime.models.generative import GenerativeHandler, GenerativeOptions
+from fleetserve_runtime.models.llama.model import LlamaModel
 from fleetserve_runtime.models.registry import LoadedModel, resolve_handler
 from fleetserve_runtime.models.synthetic import SyntheticHandler
+from fleetserve_runtime.models.synthetic_lm import SyntheticLM
 
 CPU = torch.device("cpu")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fleetserve_runtime.generate.contracts import SeqChunk, StepInput
+from fleetserve_runtime.models.causal_lm import SeqChunk, StepInput
 
 __all__ = [
     "DECODE_GROUP_OVERHEAD",

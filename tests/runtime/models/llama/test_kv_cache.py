@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fleetserve_runtime.generate.contracts import KVLayout, SeqChunk, StepInput
-from fleetserve_runtime.generate.kv_cache import PagedKVCache, group_by_length, plan_step
+from fleetserve_runtime.models.causal_lm import KVLayout, SeqChunk, StepInput
+from fleetserve_runtime.models.llama.kv_cache import PagedKVCache, group_by_length, plan_step
 
 CPU = torch.device("cpu")
 

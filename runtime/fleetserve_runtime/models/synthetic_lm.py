@@ -31,11 +31,7 @@ from collections.abc import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetserve_runtime.generate.contracts import (
-    ChatMessage,
-    KVLayout,
-    StepInput,
-)
+from fleetserve_runtime.models.causal_lm import ChatMessage, KVLayout, StepInput
 
 __all__ = [
     "BOS_ID",

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from fleetserve_runtime.generate.contracts import ChatMessage, SeqChunk, StepInput
-from fleetserve_runtime.generate.synthetic import (
+from fleetserve_runtime.models.causal_lm import ChatMessage, SeqChunk, StepInput
+from fleetserve_runtime.models.synthetic_lm import (
     EOS_ID,
     WORDS,
     SyntheticCodec,
@@ -139,8 +139,8 @@ def test_error_draws_are_fixed_by_prompt_and_seed() -> None:
 def test_step_cost_is_per_step_plus_per_prefill_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """A step asks to sleep per_token_ms once plus prefill_ms_per_token per prompt token."""
     slept: list[float] = []
-    monkeypatch.setattr("fleetserve_runtime.generate.synthetic.time.sleep", slept.append)
-    monkeypatch.setattr("fleetserve_runtime.generate.synthetic.time.perf_counter", lambda: 0.0)
+    monkeypatch.setattr("fleetserve_runtime.models.synthetic_lm.time.sleep", slept.append)
+    monkeypatch.setattr("fleetserve_runtime.models.synthetic_lm.time.perf_counter", lambda: 0.0)
     lm, codec = model(per_token_ms=20, prefill_ms_per_token=0.5)
     prompt = codec.encode("a b c d e f g h i j", add_special=True)
     lm.forward(StepInput([SeqChunk(prompt, 0, [0, 1, 2])]))

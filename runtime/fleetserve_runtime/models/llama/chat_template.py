@@ -39,7 +39,7 @@ import jinja2.utils
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from fleetserve_runtime.generate.contracts import ChatMessage
+from fleetserve_runtime.models.causal_lm import ChatMessage
 
 __all__ = ["MAX_CHAT_TEMPLATE_CPU_SECONDS", "MAX_CHAT_TEMPLATE_OUTPUT_CHARS", "ChatTemplate"]
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from fleetserve_runtime.generate.chat_template import ChatTemplate
-from fleetserve_runtime.generate.checkpoint import load_checkpoint
-from fleetserve_runtime.generate.contracts import ChatMessage, Checkpoint, TextCodec
-from fleetserve_runtime.generate.tokenizer import (
+from fleetserve_runtime.models.causal_lm import ChatMessage, TextCodec
+from fleetserve_runtime.models.llama.chat_template import ChatTemplate
+from fleetserve_runtime.models.llama.checkpoint import load_checkpoint
+from fleetserve_runtime.models.llama.config import Checkpoint
+from fleetserve_runtime.models.llama.tokenizer import (
     GgufVocabulary,
     StreamDecoder,
     TokenizerCodec,

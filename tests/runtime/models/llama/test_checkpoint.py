@@ -25,9 +25,10 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from fleetserve_runtime.generate import checkpoint as checkpoint_module
-from fleetserve_runtime.generate.checkpoint import load_checkpoint, smollm2_gguf_path
-from fleetserve_runtime.generate.contracts import ChatMessage, Checkpoint
+from fleetserve_runtime.models.causal_lm import ChatMessage
+from fleetserve_runtime.models.llama import checkpoint as checkpoint_module
+from fleetserve_runtime.models.llama.checkpoint import load_checkpoint, smollm2_gguf_path
+from fleetserve_runtime.models.llama.config import Checkpoint
 
 Q = gguf.GGMLQuantizationType
 

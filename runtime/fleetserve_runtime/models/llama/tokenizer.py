@@ -23,8 +23,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from fleetserve_runtime.generate.chat_template import ChatTemplate
-from fleetserve_runtime.generate.contracts import ChatMessage
+from fleetserve_runtime.models.causal_lm import ChatMessage
+from fleetserve_runtime.models.llama.chat_template import ChatTemplate
 
 __all__ = [
     "GgufVocabulary",
@@ -183,7 +183,7 @@ def set_special_tokens_added(tokenizer: Tokenizer, *, bos: str | None, eos: str 
 
 
 class TokenizerCodec:
-    """`contracts.TextCodec` over a `tokenizers.Tokenizer` and an optional chat template."""
+    """`models.causal_lm.TextCodec` over a `tokenizers.Tokenizer` and an optional chat template."""
 
     def __init__(
         self,

@@ -22,15 +22,14 @@ import pytest
 import torch
 import transformers
 
-from fleetserve_runtime.generate.contracts import (
-    ChatMessage,
-    Checkpoint,
-    LlamaConfig,
-    SeqChunk,
-    StepInput,
+from fleetserve_runtime.models.causal_lm import ChatMessage, SeqChunk, StepInput
+from fleetserve_runtime.models.llama.config import Checkpoint, LlamaConfig
+from fleetserve_runtime.models.llama.kv_cache import DECODE_GROUP_OVERHEAD
+from fleetserve_runtime.models.llama.model import (
+    LlamaModel,
+    default_dtype,
+    rope_inverse_frequencies,
 )
-from fleetserve_runtime.generate.kv_cache import DECODE_GROUP_OVERHEAD
-from fleetserve_runtime.generate.llama import LlamaModel, default_dtype, rope_inverse_frequencies
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 24

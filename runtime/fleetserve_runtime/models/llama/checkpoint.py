@@ -1,6 +1,6 @@
 """Llama-architecture checkpoints from disk: a GGUF file, or a Hugging Face style directory.
 
-`load_checkpoint` returns a `contracts.Checkpoint`: the architecture (`LlamaConfig`), every
+`load_checkpoint` returns a `config.Checkpoint`: the architecture (`LlamaConfig`), every
 weight as an fp32 tensor under the reference implementation's parameter name, and the
 tokenizer with its chat template. Whatever is wrong with the input (missing files, another
 architecture, a quantisation type we cannot dequantise, a truncated file, tensors of the
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from fleetserve_runtime.generate.contracts import Checkpoint, LlamaConfig
-from fleetserve_runtime.generate.tokenizer import (
+from fleetserve_runtime.models.llama.config import Checkpoint, LlamaConfig
+from fleetserve_runtime.models.llama.tokenizer import (
     GgufVocabulary,
     directory_tokenizer,
     gguf_tokenizer,
