@@ -52,7 +52,7 @@ from fleetserve_runtime.generate.contracts import (
 )
 from fleetserve_runtime.models.accuracy import Precision, PrecisionOptions, embed_texts
 from fleetserve_runtime.models.minilm import MiniLMHandler
-from fleetserve_runtime.runtime import InferenceCall, Runtime
+from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 
 SERVE_ON_CUDA = "--serve-on-cuda"

@@ -77,8 +77,7 @@ from fleetserve_runtime.core.logs import (
     traceparent_from,
     unbind_request,
 )
-from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
-from fleetserve_runtime.facade import ServingFacade
+from fleetserve_runtime.encoder.engine import InferenceCall, InferenceResult
 from fleetserve_runtime.generation_api import openai_failure, register_generation, speaks_openai
 from fleetserve_runtime.generation_schemas import openai_error
 from fleetserve_runtime.http_errors import (
@@ -90,13 +89,6 @@ from fleetserve_runtime.http_errors import (
     request_id,
 )
 from fleetserve_runtime.models.base import TensorSpec
-from fleetserve_runtime.runtime import Runtime
-from fleetserve_runtime.scheduling_rights import (
-    PRIORITY_HEADER,
-    TIMEOUT_HEADER,
-    Scheduling,
-    scheduling,
-)
 from fleetserve_runtime.schemas import (
     InferenceRequest,
     LoadRequest,
@@ -108,6 +100,14 @@ from fleetserve_runtime.schemas import (
     tensor_instances,
     validate_body,
 )
+from fleetserve_runtime.serving.admission import (
+    PRIORITY_HEADER,
+    TIMEOUT_HEADER,
+    Scheduling,
+    scheduling,
+)
+from fleetserve_runtime.serving.facade import ServingFacade
+from fleetserve_runtime.serving.runtime import Runtime
 
 __all__ = ["STATUS_OF", "Apps", "create_app", "create_apps", "json_media_refusal", "listener_app"]
 
@@ -338,7 +338,7 @@ class _Routes:
     ) -> Scheduling:
         """Priority and timeout (ms) of a request: its headers, else these values.
 
-        Raising either above the defaults needs the priority token (`scheduling_rights`);
+        Raising either above the defaults needs the priority token (`serving.admission`);
         the default timeout is the encoder queue's unless `default_timeout_ms` says otherwise.
         """
         headers = request.headers

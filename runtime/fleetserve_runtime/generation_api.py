@@ -43,7 +43,6 @@ from fleetserve_runtime.core.errors import (
     TooManyStreams,
 )
 from fleetserve_runtime.core.json_limits import check_depth
-from fleetserve_runtime.facade import ServingFacade
 from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
 from fleetserve_runtime.generation_schemas import (
     ChatChunk,
@@ -76,8 +75,9 @@ from fleetserve_runtime.http_errors import (
     request_id,
     status_of,
 )
-from fleetserve_runtime.scheduling_rights import Scheduling
 from fleetserve_runtime.schemas import parse_json, validate_body
+from fleetserve_runtime.serving.admission import Scheduling
+from fleetserve_runtime.serving.facade import ServingFacade
 from fleetserve_runtime.sse import DONE, Format, GenerationResponse, StreamLimits
 
 __all__ = [
@@ -138,7 +138,7 @@ class RouteHost(Protocol):
     ) -> Scheduling:
         """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values.
 
-        Raising either above the defaults needs the priority token (`scheduling_rights`).
+        Raising either above the defaults needs the priority token (`serving.admission`).
         """
         ...
 

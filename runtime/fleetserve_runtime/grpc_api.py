@@ -6,7 +6,7 @@ request: the same queue, batcher, deadlines and request metrics (counted under t
 status the answer stands for, so dashboards and canary analysis see both protocols as one).
 The bearer token is the HTTP one, sent as metadata `authorization: Bearer <token>`; the
 liveness and readiness RPCs follow the exemptions of their HTTP probe paths. The `priority`
-and `timeout_ms` parameters take the HTTP routes' one decision (`scheduling_rights`): above
+and `timeout_ms` parameters take the HTTP routes' one decision (`serving.admission`): above
 the defaults only with the priority token, and a client deadline only ever shortens.
 
 Domain errors become gRPC status codes through `status_of` (the HTTP table) and
@@ -55,18 +55,18 @@ from fleetserve_runtime.core.logs import (
     request_id_from,
     unbind_request,
 )
-from fleetserve_runtime.encoder_engine import InferenceCall
-from fleetserve_runtime.facade import ServingFacade
+from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.http_errors import log_unexpected, status_of
 from fleetserve_runtime.oip import inference_pb2 as pb
 from fleetserve_runtime.oip import inference_pb2_grpc
-from fleetserve_runtime.scheduling_rights import Scheduling, scheduling
 from fleetserve_runtime.schemas import (
     RequestInput,
     TensorLimits,
     tensor_instances,
     validate_body,
 )
+from fleetserve_runtime.serving.admission import Scheduling, scheduling
+from fleetserve_runtime.serving.facade import ServingFacade
 
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
 

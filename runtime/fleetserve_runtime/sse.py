@@ -43,7 +43,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from fleetserve_runtime.core.metrics import StreamLimit
-from fleetserve_runtime.facade import GenerationStream
 from fleetserve_runtime.generate.contracts import (
     ErrorEvent,
     FinishEvent,
@@ -52,6 +51,7 @@ from fleetserve_runtime.generate.contracts import (
 )
 from fleetserve_runtime.http_errors import Failure
 from fleetserve_runtime.http_protocol import STREAM_CONNECTION, StreamConnection
+from fleetserve_runtime.serving.facade import GenerationStream
 
 __all__ = [
     "CLIENT_CLOSED",

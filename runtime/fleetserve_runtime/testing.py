@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.request_queue import PendingItem
+from fleetserve_runtime.encoder.request_queue import PendingItem
 
 __all__ = ["FakeClock", "exploding_handler", "make_config", "make_items"]
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.api import create_app, json_media_refusal
 from fleetserve_runtime.core.liveness import Liveness
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 # The `serve_with_admin` fixture (conftest.py).

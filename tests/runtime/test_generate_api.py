@@ -16,7 +16,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from fleetserve_runtime.api import create_app
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 CONTEXT = 64

@@ -34,7 +34,7 @@ from fleetserve_runtime.generation_schemas import (
     completion_generation,
 )
 from fleetserve_runtime.models.causal_lm import ChatMessage
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 CONTEXT = 64

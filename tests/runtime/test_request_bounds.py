@@ -22,7 +22,7 @@ from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import MAX_JSON_DEPTH, check_depth
 from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 CONTEXT = 8192

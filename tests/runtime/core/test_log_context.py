@@ -22,7 +22,7 @@ from fleetserve_runtime.core.logs import (
     traceparent_from,
     unbind_request,
 )
-from fleetserve_runtime.runtime import InferenceCall, Runtime
+from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

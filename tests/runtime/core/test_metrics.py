@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.api import STATUS_OF, create_app
 from fleetserve_runtime.core.metrics import ANSWERED_CODES, LATENCY_BUCKETS_S
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"

@@ -38,7 +38,7 @@ from fleetserve_runtime.models.accuracy import (
 from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.minilm_onnx import MiniLMOnnxHandler, graph_key
 from fleetserve_runtime.models.registry import Backend, choose_backend, resolve_handler
-from fleetserve_runtime.versions import calibration_shapes
+from fleetserve_runtime.serving.versions import calibration_shapes
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 CPU = torch.device("cpu")

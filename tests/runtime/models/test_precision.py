@@ -30,7 +30,7 @@ from fleetserve_runtime.models.accuracy import (
 from fleetserve_runtime.models.bert import BertEncoder
 from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.registry import resolve_handler
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 # The `serve_with_admin` fixture (conftest.py).

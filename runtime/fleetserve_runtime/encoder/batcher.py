@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Generic
 
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.request_queue import Cell, G, PendingItem, RequestQueue
+from fleetserve_runtime.encoder.request_queue import Cell, G, PendingItem, RequestQueue
 
 __all__ = [
     "Batch",

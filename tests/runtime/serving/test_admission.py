@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve_runtime.core.errors import Forbidden, InvalidInput
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.scheduling_rights import Scheduling, scheduling
+from fleetserve_runtime.serving.admission import Scheduling, scheduling
 
 DEFAULT_MS = 5_000
 

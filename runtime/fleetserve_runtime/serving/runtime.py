@@ -29,32 +29,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleetserve_runtime.batcher import make_bucket_policy
 from fleetserve_runtime.core.cache import ResultCache
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import Liveness, LoopHeartbeat, Worker, judge, judge_workers
 from fleetserve_runtime.core.memory import BufferPool
 from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
-from fleetserve_runtime.encoder_engine import (
+from fleetserve_runtime.encoder.batcher import make_bucket_policy
+from fleetserve_runtime.encoder.engine import (
     EncoderEngine,
     InferenceCall,
     InferenceResult,
     StageTimings,
 )
-from fleetserve_runtime.executor import (
+from fleetserve_runtime.encoder.executor import (
     BatchOutcome,
     Executor,
     device_memory,
     resolve_device,
     set_threads,
 )
+from fleetserve_runtime.encoder.request_queue import RequestQueue
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine import EngineLimits, GenerationEngine, GenerationStream
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
-from fleetserve_runtime.request_queue import RequestQueue
-from fleetserve_runtime.versions import VersionLoader
+from fleetserve_runtime.serving.versions import VersionLoader
 
 __all__ = ["GenerationInfo", "InferenceCall", "InferenceResult", "Runtime", "StageTimings"]
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from fleetserve_runtime.batcher import Batch
 from fleetserve_runtime.core.errors import BatchFailed, OutOfMemory
 from fleetserve_runtime.core.memory import BufferPool, MemoryProfile
-from fleetserve_runtime.executor import BatchJob, BatchOutcome, Executor, resolve_device
+from fleetserve_runtime.encoder.batcher import Batch
+from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor, resolve_device
 from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
 from fleetserve_runtime.models.registry import LoadedModel
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.core.metrics import RuntimeMetrics
-from fleetserve_runtime.encoder_engine import InferenceCall, InferenceResult
+from fleetserve_runtime.encoder.engine import InferenceCall, InferenceResult
 from fleetserve_runtime.generate.contracts import GenerationEvent, GenerationRequest
 from fleetserve_runtime.models.registry import LoadedModel
 

@@ -22,7 +22,7 @@ from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.models.synthetic import STALL_TEXT
-from fleetserve_runtime.runtime import InferenceCall, Runtime
+from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 
 STALL_S = 4.0

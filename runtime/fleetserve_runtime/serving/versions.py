@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from fleetserve_runtime.batcher import BucketPolicy
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.memory import MemoryProfile, measure_bytes
-from fleetserve_runtime.executor import Executor
+from fleetserve_runtime.encoder.batcher import BucketPolicy
+from fleetserve_runtime.encoder.executor import Executor
 from fleetserve_runtime.generate.contracts import ErrorEvent, GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine import GenerationEngine
 from fleetserve_runtime.models.accuracy import PrecisionOptions

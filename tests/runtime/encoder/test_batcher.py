@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetserve_runtime.batcher import (
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.encoder.batcher import (
     BatchLimits,
     FixedBuckets,
     LearnedBuckets,
@@ -12,8 +13,7 @@ from fleetserve_runtime.batcher import (
     plan_batch,
     quantile_edges,
 )
-from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.request_queue import RequestQueue
+from fleetserve_runtime.encoder.request_queue import RequestQueue
 from fleetserve_runtime.testing import FakeClock, make_items
 
 

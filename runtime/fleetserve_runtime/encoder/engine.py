@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleetserve_runtime.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
 from fleetserve_runtime.core.cache import ResultCache, cache_key
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import (
@@ -39,10 +38,11 @@ from fleetserve_runtime.core.limits import MAX_CHARS_PER_TOKEN
 from fleetserve_runtime.core.logs import current_request
 from fleetserve_runtime.core.metrics import RuntimeMetrics
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.executor import BatchJob, BatchOutcome, Executor
+from fleetserve_runtime.encoder.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
+from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor
+from fleetserve_runtime.encoder.request_queue import PendingItem, RequestQueue
 from fleetserve_runtime.models.base import BatchLayout, ItemError, ItemResult
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
-from fleetserve_runtime.request_queue import PendingItem, RequestQueue
 
 __all__ = [
     "RESULT_GRACE_S",

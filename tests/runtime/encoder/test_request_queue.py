@@ -8,7 +8,7 @@ import pytest
 
 from fleetserve_runtime.core.errors import QueueFull
 from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.request_queue import RequestQueue
+from fleetserve_runtime.encoder.request_queue import RequestQueue
 from fleetserve_runtime.testing import FakeClock, make_items
 
 

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fleetserve_runtime.batcher import Batch
 from fleetserve_runtime.core.errors import (
     BatchFailed,
     DeadlineExceeded,
@@ -43,9 +42,10 @@ from fleetserve_runtime.core.memory import (
     MemoryProfile,
     measure_bytes,
 )
+from fleetserve_runtime.encoder.batcher import Batch
+from fleetserve_runtime.encoder.request_queue import PendingItem
 from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
-from fleetserve_runtime.request_queue import PendingItem
 
 __all__ = [
     "BatchJob",

@@ -16,7 +16,7 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.api import create_app
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 LLM = "builtin://synthetic-generate?per_token_ms=0&output_tokens=4&context_length=256"
