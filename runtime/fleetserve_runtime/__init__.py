@@ -28,15 +28,15 @@ __version__ = "0.1.0"
 __all__ = ["ModelHandler", "RuntimeConfig", "__version__", "create_app"]
 
 if TYPE_CHECKING:
-    from fleetserve_runtime.api import create_app
     from fleetserve_runtime.core.config import RuntimeConfig
     from fleetserve_runtime.models.base import ModelHandler
+    from fleetserve_runtime.server.app import create_app
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: importing the package (e.g. for `--help`) must not pay for torch and FastAPI.
     if name == "create_app":
-        from fleetserve_runtime.api import create_app
+        from fleetserve_runtime.server.app import create_app
 
         return create_app
     if name == "RuntimeConfig":

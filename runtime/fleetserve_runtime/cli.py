@@ -129,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"fleetserve-runtime: {exc}", file=sys.stderr)
         return 1
-    from fleetserve_runtime.api import create_apps, listener_app
     from fleetserve_runtime.core.logs import configure_logging
+    from fleetserve_runtime.server.app import create_apps, listener_app
 
     listener = configure_logging(config.log_level, config.log_format)
     admin_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
@@ -227,7 +227,7 @@ def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> 
     """
     import uvicorn
 
-    from fleetserve_runtime.http_protocol import hardened_protocol
+    from fleetserve_runtime.server.http_protocol import hardened_protocol
 
     class _FlushingServer(uvicorn.Server):
         @contextlib.contextmanager

@@ -26,9 +26,9 @@ import torch
 from asgi_lifespan import LifespanManager
 from tokenizers import pre_tokenizers
 
-from fleetserve_runtime.api import create_apps
 from fleetserve_runtime.models.llama.checkpoint import load_checkpoint, smollm2_gguf_path
 from fleetserve_runtime.models.llama.config import Checkpoint
+from fleetserve_runtime.server.app import create_apps
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

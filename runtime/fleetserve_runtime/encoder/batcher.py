@@ -1,7 +1,7 @@
 """Batching policy: given the queue and the time, form the next batch or say when to look again.
 
 Pure decision code: no asyncio, no torch, the clock is an argument. The encoder engine
-(`encoder_engine`) calls `plan_batch` whenever the executor can take another batch and the
+(`encoder.engine`) calls `plan_batch` whenever the executor can take another batch and the
 queue changed or a wake-up time passed. It is generic in the queue's group type: the batch
 it forms carries the group its items were queued under. Rules:
 

@@ -11,8 +11,8 @@ A request's deadline holds until its batch starts computing: at the deadline, it
 queued, or formed into a batch that waits behind the running one, are withdrawn and answered
 504 (never computed); only items whose batch is computing get `RESULT_GRACE_S` more.
 
-The engine sits on the engine-agnostic core (`request_queue`, `metrics`, `memory`, `cache`),
-so another engine (e.g. a generative one with its own scheduling) can sit beside it.
+The engine sits on its own pure queue and batcher and on the engine-agnostic core
+(`core.metrics`, `core.memory`, `core.cache`), so the generative engine sits beside it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and postprocess. A batch that runs out of memory (a CUDA OOM, or the budget chec
 split in half and retried, down to single requests; only those that still do not fit get
 `OutOfMemory`. Any other exception fails that batch alone, with an error id in the log and in
 each response. Outcomes go to `on_done`, called on the compute thread: the encoder engine
-(`encoder_engine`), which builds the executor, hops them to the event loop.
+(`encoder.engine`), which builds the executor, hops them to the event loop.
 
 Until a batch starts computing, its requests can be withdrawn (deadline passed, caller gone):
 while it waits behind a running batch, it holds its requests out of the queue, and they must

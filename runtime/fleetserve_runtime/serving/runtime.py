@@ -5,7 +5,7 @@ engine-agnostic core (the `ModelRegistry`, result cache, buffer pool, metrics) a
 the concerns that live in their own modules:
 
 - `versions.VersionLoader`: resolve, load, calibrate, warm and activate a version;
-- `encoder_engine.EncoderEngine`: the request path and the scheduling loop (queue, batches,
+- `encoder.engine.EncoderEngine`: the request path and the scheduling loop (queue, batches,
   executor, delivery, deadlines);
 - `generate.engine.GenerationEngine`: one per loaded generative version (built here, started
   by the loader), serving `generate`; the encoder path refuses a generative version;

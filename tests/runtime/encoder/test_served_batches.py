@@ -20,9 +20,9 @@ import pytest
 import torch
 from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.api import create_app
 from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams, text_digest
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

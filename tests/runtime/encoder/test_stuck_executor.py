@@ -18,10 +18,10 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.models.synthetic import STALL_TEXT
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 

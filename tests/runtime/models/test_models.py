@@ -10,10 +10,10 @@ import pytest
 import torch
 from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotFound, ModelNotReady
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry, resolve_handler
 from fleetserve_runtime.models.synthetic import SyntheticHandler
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.testing import make_config
 
 HANDLER_PY = """

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.api import create_app
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

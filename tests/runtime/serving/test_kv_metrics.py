@@ -15,7 +15,7 @@ import httpx
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

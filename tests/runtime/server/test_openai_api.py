@@ -21,19 +21,19 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app
 from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import SamplingParams
-from fleetserve_runtime.generation_schemas import (
+from fleetserve_runtime.models.causal_lm import ChatMessage
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.generation_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestControls,
     chat_generation,
     completion_generation,
 )
-from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

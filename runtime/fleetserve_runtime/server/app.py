@@ -1,8 +1,8 @@
 """HTTP API: Open Inference Protocol v2 routes, KServe v1 predict, health, metrics, model control.
 
-The only module that knows about HTTP, with `http_errors`, and `generation_api` and `sse`
-for the generation routes (OpenAI's API, OIP generate) it mounts. Routes parse and
-delegate to the runtime through `facade.ServingFacade` (never to its registry, queue or
+The edge's assembly, with `http_errors`, and `generation` and `sse` for the generation
+routes (OpenAI's API, OIP generate) it mounts. Routes parse and
+delegate to the runtime through `serving.facade.ServingFacade` (never to its registry, queue or
 engine); every domain error becomes a JSON body `{"error": ..., "request_id": ...}` through
 `http_errors.STATUS_OF`, the one error → status table. Bodies must be `application/json`
 (or, on the v2 infer routes, in the binary tensor data extension: `binary_tensors`), are
@@ -48,14 +48,6 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime import __version__
-from fleetserve_runtime.binary_tensors import (
-    attach_binary_inputs,
-    encode_tensor,
-    join_binary_body,
-    split_binary_body,
-    stack_results,
-    wants_binary_output,
-)
 from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches, uri_refusal
 from fleetserve_runtime.core.config import GenerationConfig, RuntimeConfig
 from fleetserve_runtime.core.errors import (
@@ -78,9 +70,18 @@ from fleetserve_runtime.core.logs import (
     unbind_request,
 )
 from fleetserve_runtime.encoder.engine import InferenceCall, InferenceResult
-from fleetserve_runtime.generation_api import openai_failure, register_generation, speaks_openai
-from fleetserve_runtime.generation_schemas import openai_error
-from fleetserve_runtime.http_errors import (
+from fleetserve_runtime.models.base import TensorSpec
+from fleetserve_runtime.server.binary_tensors import (
+    attach_binary_inputs,
+    encode_tensor,
+    join_binary_body,
+    split_binary_body,
+    stack_results,
+    wants_binary_output,
+)
+from fleetserve_runtime.server.generation import openai_failure, register_generation, speaks_openai
+from fleetserve_runtime.server.generation_schemas import openai_error
+from fleetserve_runtime.server.http_errors import (
     STATUS_OF,
     error_body,
     failure_of,
@@ -88,8 +89,7 @@ from fleetserve_runtime.http_errors import (
     log_unexpected,
     request_id,
 )
-from fleetserve_runtime.models.base import TensorSpec
-from fleetserve_runtime.schemas import (
+from fleetserve_runtime.server.schemas import (
     InferenceRequest,
     LoadRequest,
     RequestParameters,
@@ -646,7 +646,7 @@ async def _watch_first_load(
 async def _serve_grpc(routes: _Routes, config: RuntimeConfig) -> Callable[[], Awaitable[None]]:
     # Imported only when gRPC is on: its generated code claims protobuf's `inference.*` names,
     # which a test process using tritonclient.grpc holds already.
-    from fleetserve_runtime.grpc_api import serve_grpc
+    from fleetserve_runtime.server.grpc_api import serve_grpc
 
     return await serve_grpc(routes, config, server_version=__version__)
 

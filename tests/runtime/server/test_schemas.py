@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
-from fleetserve_runtime.schemas import (
+from fleetserve_runtime.server.schemas import (
     RequestInput,
     TensorLimits,
     check_instances,

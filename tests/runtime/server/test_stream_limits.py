@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from fleetserve_runtime.api import create_app
-from fleetserve_runtime.http_protocol import hardened_protocol
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.http_protocol import hardened_protocol
 from fleetserve_runtime.testing import make_config
 
 CHAT = "/v1/chat/completions"

@@ -18,8 +18,8 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.api import create_app, json_media_refusal
 from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.server.app import create_app, json_media_refusal
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

@@ -27,8 +27,8 @@ from tritonclient.utils import InferenceServerException
 from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.testing import make_config
 
-ROOT = Path(__file__).resolve().parents[2]
-PROTO = "fleetserve_runtime/oip/inference.proto"
+ROOT = Path(__file__).resolve().parents[3]
+PROTO = "fleetserve_runtime/server/oip/inference.proto"
 CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TOKEN = "grpc-test-token-0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -114,8 +114,8 @@ def test_generated_code_is_what_make_proto_makes(tmp_path: Path) -> None:
     args = ["protoc", f"-I{runtime}", f"--python_out={out}", f"--pyi_out={out}"]
     assert protoc.main([*args, f"--grpc_python_out={out}", str(runtime / PROTO)]) == 0
     for name in ["inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"]:
-        fresh = (tmp_path / "fleetserve_runtime/oip" / name).read_text()
-        assert fresh == (runtime / "fleetserve_runtime/oip" / name).read_text(), name
+        fresh = (tmp_path / "fleetserve_runtime/server/oip" / name).read_text()
+        assert fresh == (runtime / "fleetserve_runtime/server/oip" / name).read_text(), name
 
 
 @pytest.mark.parametrize("version", ["", "v1"], ids=["active", "versioned"])
@@ -264,10 +264,10 @@ def test_message_over_the_body_limit_is_resource_exhausted(server: Server) -> No
 
 
 UNDECODED = """
-from fleetserve_runtime import grpc_api
+from fleetserve_runtime.server import grpc_api
 from fleetserve_runtime.core.errors import PayloadTooLarge
-from fleetserve_runtime.oip import inference_pb2 as pb
-from fleetserve_runtime.schemas import TensorLimits
+from fleetserve_runtime.server.oip import inference_pb2 as pb
+from fleetserve_runtime.server.schemas import TensorLimits
 
 def refuse_to_decode(*args):
     raise AssertionError("decoded a request that its declared counts already refuse")

@@ -4,12 +4,12 @@
   API as its official client speaks it. Every error, also before the route (a bad token,
   an unknown path, a body over the limit), is OpenAI's shape
   `{"error": {"message", "type", "param", "code"}, "request_id"}`; `speaks_openai` tells
-  `api` which paths answer so.
+  `app` which paths answer so.
 - `POST /v2/models/{name}[/versions/{v}]/generate` and `.../generate_stream`: the OIP
   generate extension (`text_input`, `parameters`; `text_output`), errors in the runtime's
   shape `{"error": message, "request_id"}`.
 
-Both take the same path: read the body (`api`'s limits), parse it and bound its nesting
+Both take the same path: read the body (`app`'s limits), parse it and bound its nesting
 (`json_limits`; a token-id prompt longer than the context is refused here, before it is
 converted), validate it (`generation_schemas`), admit it (`ServingFacade.generate`, which
 raises before any event when it cannot), then let `sse.GenerationResponse` answer with a
@@ -44,7 +44,7 @@ from fleetserve_runtime.core.errors import (
 )
 from fleetserve_runtime.core.json_limits import check_depth
 from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
-from fleetserve_runtime.generation_schemas import (
+from fleetserve_runtime.server.generation_schemas import (
     ChatChunk,
     ChatCompletion,
     ChatCompletionRequest,
@@ -64,7 +64,7 @@ from fleetserve_runtime.generation_schemas import (
     openai_error,
     usage_body,
 )
-from fleetserve_runtime.http_errors import (
+from fleetserve_runtime.server.http_errors import (
     GENERATION_STATUS_OF,
     Failure,
     error_body,
@@ -75,10 +75,10 @@ from fleetserve_runtime.http_errors import (
     request_id,
     status_of,
 )
-from fleetserve_runtime.schemas import parse_json, validate_body
+from fleetserve_runtime.server.schemas import parse_json, validate_body
+from fleetserve_runtime.server.sse import DONE, Format, GenerationResponse, StreamLimits
 from fleetserve_runtime.serving.admission import Scheduling
 from fleetserve_runtime.serving.facade import ServingFacade
-from fleetserve_runtime.sse import DONE, Format, GenerationResponse, StreamLimits
 
 __all__ = [
     "OPENAI_PATHS",
@@ -103,7 +103,7 @@ def speaks_openai(path: str) -> bool:
 
 
 class RouteHost(Protocol):
-    """What the generation routes take from `api`: the runtime, limits, metrics."""
+    """What the generation routes take from `app`: the runtime, limits, metrics."""
 
     @property
     def rt(self) -> ServingFacade:
@@ -373,7 +373,7 @@ Admit = Callable[[], Awaitable[tuple[GenerationRequest, Format, bool]]]
 
 
 class _Routes:
-    """The route bodies; `host` is `api`'s side of them."""
+    """The route bodies; `host` is `app`'s side of them."""
 
     def __init__(self, host: RouteHost) -> None:
         self.host = host

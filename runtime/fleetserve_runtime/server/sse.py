@@ -49,8 +49,8 @@ from fleetserve_runtime.generate.contracts import (
     GenerationEvent,
     TokenEvent,
 )
-from fleetserve_runtime.http_errors import Failure
-from fleetserve_runtime.http_protocol import STREAM_CONNECTION, StreamConnection
+from fleetserve_runtime.server.http_errors import Failure
+from fleetserve_runtime.server.http_protocol import STREAM_CONNECTION, StreamConnection
 from fleetserve_runtime.serving.facade import GenerationStream
 
 __all__ = [

@@ -30,7 +30,7 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
-from fleetserve_runtime.schemas import Datatype, TensorLimits, check_shape
+from fleetserve_runtime.server.schemas import Datatype, TensorLimits, check_shape
 
 __all__ = [
     "DTYPES",

@@ -18,7 +18,7 @@ import asyncio, contextlib, sys
 import httpx
 from opentelemetry import trace
 
-from fleetserve_runtime.api import create_app
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.cli import parse_config
 
 spans = []

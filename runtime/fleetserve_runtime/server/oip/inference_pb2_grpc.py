@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from fleetserve_runtime.oip import inference_pb2 as fleetserve__runtime_dot_oip_dot_inference__pb2
+from fleetserve_runtime.server.oip import inference_pb2 as fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.78.0'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in fleetserve_runtime/oip/inference_pb2_grpc.py depends on'
+        + ' but the generated code in fleetserve_runtime/server/oip/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class GRPCInferenceServiceStub(object):
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferResponse.FromString,
+                request_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
 
 
@@ -116,33 +116,33 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferRequest.FromString,
-                    response_serializer=fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -170,8 +170,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerLiveResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -197,8 +197,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerReadyResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -224,8 +224,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelReadyResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -251,8 +251,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ServerMetadataResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -278,8 +278,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelMetadataResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -305,8 +305,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferRequest.SerializeToString,
-            fleetserve__runtime_dot_oip_dot_inference__pb2.ModelInferResponse.FromString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferRequest.SerializeToString,
+            fleetserve__runtime_dot_server_dot_oip_dot_inference__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,8 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
-from fleetserve_runtime import binary_tensors
-from fleetserve_runtime.binary_tensors import (
+from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
+from fleetserve_runtime.server import binary_tensors
+from fleetserve_runtime.server.binary_tensors import (
     DTYPES,
     attach_binary_inputs,
     decode_tensor,
@@ -19,8 +20,7 @@ from fleetserve_runtime.binary_tensors import (
     split_binary_body,
     wants_binary_output,
 )
-from fleetserve_runtime.core.errors import InvalidInput, PayloadTooLarge
-from fleetserve_runtime.schemas import TensorLimits
+from fleetserve_runtime.server.schemas import TensorLimits
 
 LIMITS = TensorLimits(max_rank=4, max_elements=1000, max_instances=100)
 

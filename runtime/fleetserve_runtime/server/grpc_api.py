@@ -17,7 +17,7 @@ itself (RESOURCE_EXHAUSTED); `server_options` lists every limit of the listener,
 HTTP extension is) or typed (`contents`); outputs go back raw, as Triton answers.
 
 The generated module registers the protocol's `inference.*` names in protobuf's default
-pool, as `tritonclient.grpc` does, so one process cannot import both: `api` imports this
+pool, as `tritonclient.grpc` does, so one process cannot import both: `app` imports this
 module only when `grpc_port` is set.
 """
 
@@ -33,13 +33,6 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from fleetserve_runtime.binary_tensors import (
-    DTYPES,
-    declared_elements,
-    decode_tensor,
-    encode_tensor,
-    stack_results,
-)
 from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import (
@@ -56,10 +49,17 @@ from fleetserve_runtime.core.logs import (
     unbind_request,
 )
 from fleetserve_runtime.encoder.engine import InferenceCall
-from fleetserve_runtime.http_errors import log_unexpected, status_of
-from fleetserve_runtime.oip import inference_pb2 as pb
-from fleetserve_runtime.oip import inference_pb2_grpc
-from fleetserve_runtime.schemas import (
+from fleetserve_runtime.server.binary_tensors import (
+    DTYPES,
+    declared_elements,
+    decode_tensor,
+    encode_tensor,
+    stack_results,
+)
+from fleetserve_runtime.server.http_errors import log_unexpected, status_of
+from fleetserve_runtime.server.oip import inference_pb2 as pb
+from fleetserve_runtime.server.oip import inference_pb2_grpc
+from fleetserve_runtime.server.schemas import (
     RequestInput,
     TensorLimits,
     tensor_instances,
@@ -107,7 +107,7 @@ STOP_GRACE_S = 10.0
 
 
 class GrpcHost(Protocol):
-    """What the gRPC service takes from `api`: the runtime, limits, metrics."""
+    """What the gRPC service takes from `app`: the runtime, limits, metrics."""
 
     @property
     def rt(self) -> ServingFacade:
@@ -478,7 +478,7 @@ async def serve_grpc(
 ) -> Callable[[], Awaitable[None]]:
     """Start the gRPC listener on `config.host:config.grpc_port`; returns its stop function.
 
-    `server_version` is what ServerMetadata reports (the package's, which `api` knows).
+    `server_version` is what ServerMetadata reports (the package's, which `app` knows).
     With `tls_cert_file` set it serves TLS only, like the HTTP listener.
 
     Raises `OSError` when the port cannot be bound. Port reuse is off: two servers on one

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.api import create_app, create_apps
 from fleetserve_runtime.core.logs import request_id_from
 from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.server.app import create_app, create_apps
 from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 

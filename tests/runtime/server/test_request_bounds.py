@@ -17,11 +17,11 @@ import pytest
 from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-import fleetserve_runtime.generation_api as generation_api
-from fleetserve_runtime.api import create_app
+import fleetserve_runtime.server.generation as generation
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import MAX_JSON_DEPTH, check_depth
 from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
+from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
@@ -192,13 +192,13 @@ async def test_a_token_id_prompt_longer_than_the_context_is_refused_before_conve
 ) -> None:
     """Counted, not validated into the schema or the engine's tuple, and never tokenised."""
     validated: list[type] = []
-    validate = generation_api.validate_body
+    validate = generation.validate_body
 
     def spy(data: Any, model: type[Any]) -> Any:
         validated.append(model)
         return validate(data, model)
 
-    monkeypatch.setattr(generation_api, "validate_body", spy)
+    monkeypatch.setattr(generation, "validate_body", spy)
     async with serve() as client:
         tokenised.clear()  # the warm-up, if any
         for prompt in ([7] * (CONTEXT + 1), [[7] * (CONTEXT + 1)]):
@@ -209,5 +209,5 @@ async def test_a_token_id_prompt_longer_than_the_context_is_refused_before_conve
             assert f"{CONTEXT + 1} token ids" in error["message"]
         fits = await client.post(COMPLETIONS, json={"model": "test", "prompt": [7] * 8})
     assert fits.status_code == 200, fits.text
-    assert validated.count(generation_api.CompletionRequest) == 1
+    assert validated.count(generation.CompletionRequest) == 1
     assert tokenised == []
