@@ -7,7 +7,7 @@ sections whose field names alone would be ambiguous prefix them (`--cache-max-en
 `--memory-budget-bytes`). Booleans take `--flag/--no-flag`; lists are comma-separated.
 
 One uvicorn server runs with one socket per listener: `host:port` for inference and, with
-`model_control: explicit`, `admin_host:admin_port` for model control (`api.listener_app`
+`model_control: explicit`, `admin_host:admin_port` for model control (`server.app.listener_app`
 tells them apart). Both sockets are bound before anything starts, so a taken port stops
 start-up with a message instead of leaving a half-started server; so is `grpc_port`'s, then
 released for the gRPC server (`grpc_api`), which binds it in the inference app's lifespan.

