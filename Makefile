@@ -145,7 +145,7 @@ gpu-check: setup
 ## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
 proto: setup
 	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-	    fleetserve_runtime/oip/inference.proto
+	    fleetserve_runtime/server/oip/inference.proto
 
 ## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools);
 ##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=

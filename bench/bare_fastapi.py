@@ -19,7 +19,7 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from fleetserve_runtime.schemas import InferenceRequest, decode_body
+from fleetserve_runtime.server.schemas import InferenceRequest, decode_body
 
 ANSWER = orjson.dumps(
     {

@@ -57,7 +57,7 @@ from bench.server_proc import (
     runtime_serve_argv,
 )
 from bench.stream_load import StreamRequest, StreamStats, run_streaming_closed_loop
-from fleetserve_runtime.generate.checkpoint import smollm2_gguf_path
+from fleetserve_runtime.models.llama.checkpoint import smollm2_gguf_path
 
 #: The name our runtime serves the model under.
 MODEL_NAME = "smollm2"

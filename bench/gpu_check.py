@@ -42,17 +42,17 @@ import numpy.typing as npt
 import torch
 
 from fleetserve_runtime.cli import main as serve_cli
+from fleetserve_runtime.core.memory import measure_bytes
+from fleetserve_runtime.core.metrics import LABELS
 from fleetserve_runtime.generate.contracts import (
     ErrorEvent,
     GenerationRequest,
     SamplingParams,
     TokenEvent,
 )
-from fleetserve_runtime.memory import measure_bytes
-from fleetserve_runtime.metrics import LABELS
 from fleetserve_runtime.models.accuracy import Precision, PrecisionOptions, embed_texts
 from fleetserve_runtime.models.minilm import MiniLMHandler
-from fleetserve_runtime.runtime import InferenceCall, Runtime
+from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
 
 SERVE_ON_CUDA = "--serve-on-cuda"

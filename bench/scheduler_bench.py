@@ -18,9 +18,9 @@ import random
 import time
 from collections.abc import Sequence
 
-from fleetserve_runtime.batcher import BatchLimits, LearnedBuckets, plan_batch
-from fleetserve_runtime.request_queue import RequestQueue
-from fleetserve_runtime.runtime import InferenceCall, Runtime
+from fleetserve_runtime.encoder.batcher import BatchLimits, LearnedBuckets, plan_batch
+from fleetserve_runtime.encoder.request_queue import RequestQueue
+from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config, make_items
 
 LIMITS = BatchLimits(

@@ -7,7 +7,7 @@ sections whose field names alone would be ambiguous prefix them (`--cache-max-en
 `--memory-budget-bytes`). Booleans take `--flag/--no-flag`; lists are comma-separated.
 
 One uvicorn server runs with one socket per listener: `host:port` for inference and, with
-`model_control: explicit`, `admin_host:admin_port` for model control (`api.listener_app`
+`model_control: explicit`, `admin_host:admin_port` for model control (`server.app.listener_app`
 tells them apart). Both sockets are bound before anything starts, so a taken port stops
 start-up with a message instead of leaving a half-started server; so is `grpc_port`'s, then
 released for the gRPC server (`grpc_api`), which binds it in the inference app's lifespan.
@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from fleetserve_runtime.config import RuntimeConfig, load_config
+from fleetserve_runtime.core.config import RuntimeConfig, load_config
 
 EXIT_LOAD_FAILED = 3
 """Exit status when the first model load fails (2 is a bad configuration)."""
@@ -129,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"fleetserve-runtime: {exc}", file=sys.stderr)
         return 1
-    from fleetserve_runtime.api import create_apps, listener_app
-    from fleetserve_runtime.logs import configure_logging
+    from fleetserve_runtime.core.logs import configure_logging
+    from fleetserve_runtime.server.app import create_apps, listener_app
 
     listener = configure_logging(config.log_level, config.log_format)
     admin_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
@@ -227,7 +227,7 @@ def _server(app: Any, config: RuntimeConfig, *, on_exit: Callable[[], None]) -> 
     """
     import uvicorn
 
-    from fleetserve_runtime.http_protocol import hardened_protocol
+    from fleetserve_runtime.server.http_protocol import hardened_protocol
 
     class _FlushingServer(uvicorn.Server):
         @contextlib.contextmanager

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from fleetserve_runtime.config import RuntimeConfig
-from fleetserve_runtime.request_queue import PendingItem, Priority
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.encoder.request_queue import PendingItem
 
 __all__ = ["FakeClock", "exploding_handler", "make_config", "make_items"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from fleetserve_operator.controller.metrics import OperatorMetrics
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fleetserve"
 

@@ -27,8 +27,8 @@ from fleetserve_operator.spec.model import (
 )
 from fleetserve_operator.testing import make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
-from fleetserve_runtime.config import GenerationConfig
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
 
 SMOLLM2 = {"name": "chat", "version": "3", "uri": "builtin://smollm2-135m"}

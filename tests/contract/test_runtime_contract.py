@@ -19,8 +19,8 @@ from fleetserve_operator.render import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
+from fleetserve_runtime.core.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.generate.metrics import GenerationMetrics
-from fleetserve_runtime.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
 
 SPECS = {

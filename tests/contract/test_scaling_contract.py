@@ -9,8 +9,8 @@ import pytest
 from fleetserve_operator.naming import Track
 from fleetserve_operator.render.scaling import scaling_query
 from fleetserve_operator.spec import ScalingMetric
+from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.generate.metrics import GenerationMetrics
-from fleetserve_runtime.metrics import RuntimeMetrics, StateSnapshot
 
 SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}")
 LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="')

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.errors import (
     BatchFailed,
     DeadlineExceeded,
     InputTooLong,
@@ -41,19 +41,16 @@ from fleetserve_runtime.errors import (
     ModelNotReady,
     QueueFull,
 )
+from fleetserve_runtime.core.limits import MAX_CHARS_PER_TOKEN
+from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.generate.blocks import BlockPool
 from fleetserve_runtime.generate.contracts import (
-    CausalLM,
     ErrorEvent,
     FinishEvent,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
-    IncrementalDecoder,
     SamplingParams,
-    SeqChunk,
-    StepInput,
-    TextCodec,
     TokenEvent,
     Usage,
 )
@@ -61,8 +58,13 @@ from fleetserve_runtime.generate.metrics import GenerationMetrics, VersionGenera
 from fleetserve_runtime.generate.sampling import RowSampling, sample
 from fleetserve_runtime.generate.scheduler import Policy, Scheduler, SchedulerLimits, Seq, StepPlan
 from fleetserve_runtime.generate.stops import StopMatcher
-from fleetserve_runtime.limits import MAX_CHARS_PER_TOKEN
-from fleetserve_runtime.liveness import RunningBatch
+from fleetserve_runtime.models.causal_lm import (
+    CausalLM,
+    IncrementalDecoder,
+    SeqChunk,
+    StepInput,
+    TextCodec,
+)
 
 __all__ = [
     "INLINE_PROMPT_CHARS",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fleetserve_runtime.metrics import LABELS, LATENCY_BUCKETS_S
+from fleetserve_runtime.core.metrics import LABELS, LATENCY_BUCKETS_S
 
 __all__ = ["GenerationMetrics", "VersionGenerationMetrics"]
 

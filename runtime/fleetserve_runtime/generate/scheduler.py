@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.blocks import BlockPool, chain_hash
-from fleetserve_runtime.request_queue import Priority
 
 __all__ = ["Chunk", "Policy", "Scheduler", "SchedulerLimits", "Seq", "SeqState", "StepPlan"]
 

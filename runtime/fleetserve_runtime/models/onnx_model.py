@@ -19,7 +19,7 @@ Memory: ONNX Runtime allocates from its own arena, which the runtime's torch-bas
 measurement does not see, so the weights are declared as the bytes of the model file(s)
 loaded (`weights_bytes`), and the handler measures its batches' activations itself
 (`batch_peak_bytes`, the executor's calibration prefers it): the growth of the process's
-resident memory across the batch (`memory.resident_peak_bytes`). To make that growth the
+resident memory across the batch (`core.memory.resident_peak_bytes`). To make that growth the
 batch's own need, every session allocates from one process-wide CPU arena that extends by
 exactly what is requested (`kSameAsRequested`, not the next power of two), and a measured
 batch runs with arena shrinkage, so it starts and ends with the arena at its initial size
@@ -54,7 +54,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 import torch
 from tokenizers import Tokenizer
 
-from fleetserve_runtime.memory import resident_peak_bytes
+from fleetserve_runtime.core.memory import resident_peak_bytes
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
     BatchLayout,

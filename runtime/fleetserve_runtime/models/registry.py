@@ -6,13 +6,13 @@ Encoder URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///pa
 directory with `handler.py` defining `create_handler(name, version, max_sequence_length)`),
 and `module:factory` (an importable factory with the same signature).
 
-Generative URIs (a `generate.handler.GenerativeHandler`): `builtin://smollm2-135m`,
+Generative URIs (a `models.generative.GenerativeHandler`): `builtin://smollm2-135m`,
 `builtin://synthetic-generate?<params>`, `file:///path/model.gguf`, and `file:///path/dir`
 for a directory with `config.json` (a Llama checkpoint with `*.safetensors` and
 `tokenizer.json`; a directory with `handler.py` stays a plug-in).
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
-warmed off the event loop (`versions.VersionLoader`), then made active in one assignment;
+warmed off the event loop (`serving.versions.VersionLoader`), then made active in one assignment;
 batches already formed hold their own handler reference, so they finish on the version they
 were preprocessed for.
 """
@@ -24,23 +24,22 @@ import importlib.util
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Generic, Literal
 from urllib.parse import parse_qsl, urlparse
 
-from fleetserve_runtime.errors import InvalidInput, ModelNotFound, ModelNotReady
-from fleetserve_runtime.generate.handler import (
+from typing_extensions import TypeVar
+
+from fleetserve_runtime.core.errors import InvalidInput, ModelNotFound, ModelNotReady
+from fleetserve_runtime.core.memory import MemoryProfile
+from fleetserve_runtime.models.accuracy import Precision, PrecisionOptions
+from fleetserve_runtime.models.base import ModelHandler, ModelMetadata
+from fleetserve_runtime.models.generative import (
     GenerativeHandler,
     GenerativeOptions,
     llama_handler,
     smollm2_handler,
     synthetic_generative_handler,
 )
-from fleetserve_runtime.memory import MemoryProfile
-from fleetserve_runtime.models.accuracy import Precision, PrecisionOptions
-from fleetserve_runtime.models.base import ModelHandler, ModelMetadata
-
-if TYPE_CHECKING:
-    from fleetserve_runtime.generate.engine import GenerationEngine
 
 __all__ = [
     "Backend",
@@ -58,6 +57,12 @@ ServedHandler = ModelHandler | GenerativeHandler
 GENERATE_ENDPOINTS = "/v1/chat/completions, /v1/completions or /v2/models/{name}/generate"
 
 Backend = Literal["auto", "torch", "onnxruntime"]
+
+Engine = TypeVar("Engine", default=Any)
+"""What serves a generative version once it is warm (the serving layer's generation engine).
+
+Models sit below both engines, so they leave its type open: the serving layer names it
+(`ModelRegistry[GenerationEngine]`); code that never touches it (the encoder) need not."""
 """The `backend` setting: what runs the model, or `auto` to let the runtime pick."""
 
 
@@ -178,7 +183,7 @@ def _builtin(
     if kind == "smollm2-135m":
         return smollm2_handler(name, version, options=generative)
     if kind == "synthetic-generate":
-        from fleetserve_runtime.generate.synthetic import SyntheticGenerativeParams
+        from fleetserve_runtime.models.synthetic_lm import SyntheticGenerativeParams
 
         return synthetic_generative_handler(
             name,
@@ -261,7 +266,7 @@ class KVFigures:
 
 
 @dataclass(frozen=True, slots=True)
-class LoadedModel:
+class LoadedModel(Generic[Engine]):
     """A loaded, warmed handler and what was measured while loading it."""
 
     served: ServedHandler
@@ -277,7 +282,7 @@ class LoadedModel:
     another URI), so cached results of one are never served for the other."""
     kv: KVFigures | None = None
     """The KV pool of a generative version; None for an encoder."""
-    engine: GenerationEngine | None = None
+    engine: Engine | None = None
     """The engine serving a generative version (started once it is warm); None otherwise."""
 
     @property
@@ -313,18 +318,18 @@ class LoadedModel:
         return self.served if isinstance(self.served, GenerativeHandler) else None
 
 
-class ModelRegistry:
+class ModelRegistry(Generic[Engine]):
     """Active and previous versions of one model name; safe to read from any thread."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._versions: dict[str, LoadedModel] = {}
-        self._active: LoadedModel | None = None
-        self._previous: LoadedModel | None = None
+        self._versions: dict[str, LoadedModel[Engine]] = {}
+        self._active: LoadedModel[Engine] | None = None
+        self._previous: LoadedModel[Engine] | None = None
 
     @property
-    def active(self) -> LoadedModel:
+    def active(self) -> LoadedModel[Engine]:
         """The version new requests go to; `ModelNotReady` before the first load."""
         active = self._active
         if active is None:
@@ -342,7 +347,7 @@ class ModelRegistry:
         with self._lock:
             return list(self._versions)
 
-    def get(self, version: str | None) -> LoadedModel:
+    def get(self, version: str | None) -> LoadedModel[Engine]:
         """The active model, or a specific loaded version."""
         if version is None:
             return self.active
@@ -353,7 +358,7 @@ class ModelRegistry:
             raise ModelNotFound(msg)
         return loaded
 
-    def activate(self, loaded: LoadedModel) -> None:
+    def activate(self, loaded: LoadedModel[Engine]) -> None:
         """Make `loaded` active; the old active version stays loaded as the previous one."""
         with self._lock:
             if self._previous is not None and self._previous.version not in (
@@ -366,7 +371,7 @@ class ModelRegistry:
                 self._previous = self._active
             self._active = loaded
 
-    def switch_back(self) -> LoadedModel:
+    def switch_back(self) -> LoadedModel[Engine]:
         """Re-activate the previous version instantly; `InvalidInput` when there is none."""
         with self._lock:
             previous = self._previous

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fleetserve_runtime.errors import InvalidInput
+from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.models.base import (
     BatchLayout,
     ItemResult,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetserve_runtime.errors import InputTooLong, InvalidInput, OutOfMemory
+from fleetserve_runtime.core.errors import InputTooLong, InvalidInput, OutOfMemory
 from fleetserve_runtime.models.base import (
     BatchLayout,
     ItemError,

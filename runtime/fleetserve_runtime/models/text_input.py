@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from fleetserve_runtime.errors import InputTooLong, InvalidInput
+from fleetserve_runtime.core.errors import InputTooLong, InvalidInput
 
 __all__ = ["sample_text", "text_token_ids"]
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from fleetserve_runtime.errors import (
+from fleetserve_runtime.core.errors import (
     BatchFailed,
     DeadlineExceeded,
     InputTooLong,
@@ -29,16 +29,11 @@ from fleetserve_runtime.errors import (
     QueueFull,
 )
 from fleetserve_runtime.generate.contracts import (
-    ChatMessage,
-    Checkpoint,
     ErrorEvent,
     FinishEvent,
     FinishReason,
     GenerationRequest,
-    KVLayout,
     SamplingParams,
-    StepInput,
-    TextCodec,
     TokenEvent,
 )
 from fleetserve_runtime.generate.engine import (
@@ -48,8 +43,10 @@ from fleetserve_runtime.generate.engine import (
     GenerationStream,
     StepPace,
 )
-from fleetserve_runtime.generate.llama import LlamaModel
 from fleetserve_runtime.generate.metrics import GenerationMetrics
+from fleetserve_runtime.models.causal_lm import ChatMessage, KVLayout, StepInput, TextCodec
+from fleetserve_runtime.models.llama.config import Checkpoint
+from fleetserve_runtime.models.llama.model import LlamaModel
 
 VOCAB = 128
 BOS, EOS = 1, 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_runtime.errors import DeadlineExceeded
+from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.generate.contracts import (
     ErrorEvent,
     FinishEvent,
@@ -17,7 +17,7 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     TokenEvent,
 )
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 SLOW = "builtin://synthetic-generate?per_token_ms=20&output_tokens=12"

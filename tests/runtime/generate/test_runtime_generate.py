@@ -19,23 +19,23 @@ import torch
 from pydantic import ValidationError
 
 from fleetserve_runtime.cli import parse_config
-from fleetserve_runtime.encoder_engine import InferenceCall
-from fleetserve_runtime.errors import InputTooLong, InvalidInput, ModelNotReady
+from fleetserve_runtime.core.errors import InputTooLong, InvalidInput, ModelNotReady
+from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.generate.contracts import (
-    Checkpoint,
     ErrorEvent,
     FinishEvent,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
     SamplingParams,
-    StepInput,
     TokenEvent,
 )
 from fleetserve_runtime.generate.engine import GenerationStream
-from fleetserve_runtime.generate.synthetic import SyntheticLM
-from fleetserve_runtime.liveness import Liveness
-from fleetserve_runtime.runtime import Runtime
+from fleetserve_runtime.models.causal_lm import StepInput
+from fleetserve_runtime.models.llama.config import Checkpoint
+from fleetserve_runtime.models.synthetic_lm import SyntheticLM
+from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
 SYNTHETIC = "builtin://synthetic-generate?per_token_ms=0&output_tokens=6"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.blocks import BlockPool
 from fleetserve_runtime.generate.scheduler import (
     Policy,
@@ -23,7 +24,6 @@ from fleetserve_runtime.generate.scheduler import (
     SeqState,
     StepPlan,
 )
-from fleetserve_runtime.request_queue import Priority
 
 
 def next_token(history: list[int]) -> int:

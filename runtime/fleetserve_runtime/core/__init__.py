@@ -1,0 +1,9 @@
+"""The runtime's core, below every engine and the edge: what all of them share.
+
+`config` (the settings), `metrics` (every Prometheus series, named once), `memory` (the
+device memory budget and buffer pool), `cache` (the result cache), `errors` (the domain
+errors the edge maps to statuses), `logs`, `limits`, `liveness` (heartbeats and stuck-worker
+verdicts), `auth` (token files, allowlists), `json_limits` (bounded JSON parsing) and
+`priority` (the request priority classes both engines schedule by). Only the standard
+library, pydantic, prometheus-client and, in `memory`, torch.
+"""

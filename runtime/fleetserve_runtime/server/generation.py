@@ -1,0 +1,573 @@
+"""The generation routes: OpenAI's chat and completions, and the OIP generate extension.
+
+- `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models[/{id}]`: OpenAI's
+  API as its official client speaks it. Every error, also before the route (a bad token,
+  an unknown path, a body over the limit), is OpenAI's shape
+  `{"error": {"message", "type", "param", "code"}, "request_id"}`; `speaks_openai` tells
+  `app` which paths answer so.
+- `POST /v2/models/{name}[/versions/{v}]/generate` and `.../generate_stream`: the OIP
+  generate extension (`text_input`, `parameters`; `text_output`), errors in the runtime's
+  shape `{"error": message, "request_id"}`.
+
+Both take the same path: read the body (`app`'s limits), parse it and bound its nesting
+(`json_limits`; a token-id prompt longer than the context is refused here, before it is
+converted), validate it (`generation_schemas`), admit it (`ServingFacade.generate`, which
+raises before any event when it cannot), then let `sse.GenerationResponse` answer with a
+`Format` of this module. A prompt over the context is a 400 here (`GENERATION_STATUS_OF`);
+full queue 503 with `Retry-After`, deadline 504. Every answer counts in
+`fleetserve_requests_total` like an inference request, under its final status (see `sse`).
+
+At most `generation.max_streams` streamed answers are open at once: one more is a 503 with
+`Retry-After` (`TooManyStreams`) before it reaches the engine. Per connection there is one:
+HTTP/1.1 answers a connection's requests in turn, and uvicorn starts a pipelined request
+only once the response before it is complete. (Served over HTTP/2, each connection's
+concurrent streams would need a cap of their own, as `SETTINGS_MAX_CONCURRENT_STREAMS`.)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastapi import FastAPI, Request, Response
+
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.errors import (
+    FleetserveError,
+    InputTooLong,
+    InvalidInput,
+    ModelNotFound,
+    TooManyStreams,
+)
+from fleetserve_runtime.core.json_limits import check_depth
+from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
+from fleetserve_runtime.server.generation_schemas import (
+    ChatChunk,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    GenerateRequest,
+    GenerateResponse,
+    ModelCard,
+    ModelList,
+    RequestControls,
+    chat_chunk,
+    chat_completion,
+    chat_generation,
+    completion_chunk,
+    completion_generation,
+    oip_generation,
+    openai_error,
+    usage_body,
+)
+from fleetserve_runtime.server.http_errors import (
+    GENERATION_STATUS_OF,
+    Failure,
+    error_body,
+    error_headers,
+    failure_of,
+    json_response,
+    log_unexpected,
+    request_id,
+    status_of,
+)
+from fleetserve_runtime.server.schemas import parse_json, validate_body
+from fleetserve_runtime.server.sse import DONE, Format, GenerationResponse, StreamLimits
+from fleetserve_runtime.serving.admission import Scheduling
+from fleetserve_runtime.serving.facade import ServingFacade
+
+__all__ = [
+    "OPENAI_PATHS",
+    "RouteHost",
+    "openai_failure",
+    "oip_failure",
+    "register_generation",
+    "speaks_openai",
+]
+
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models"})
+"""OpenAI's routes; `/v1/models/{id}` too (but not KServe's `/v1/models/{name}:predict`)."""
+OWNER = "fleetserve"
+STREAM_RETRY_AFTER_S = 1.0
+"""`Retry-After` of a stream refused at `generation.max_streams`: a slot frees whenever any
+stream ends, so there is no better estimate."""
+
+
+def speaks_openai(path: str) -> bool:
+    """Whether errors on `path` take OpenAI's shape."""
+    return path in OPENAI_PATHS or (path.startswith("/v1/models/") and ":" not in path)
+
+
+class RouteHost(Protocol):
+    """What the generation routes take from `app`: the runtime, limits, metrics."""
+
+    @property
+    def rt(self) -> ServingFacade:
+        """The runtime (`ModelNotReady` while the server starts)."""
+        ...
+
+    def check_name(self, name: str) -> None:
+        """`ModelNotFound` unless `name` is the served model's name."""
+        ...
+
+    async def body(self, request: Request) -> bytes:
+        """The JSON body, read under the media type, size and time limits."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """The served model's name."""
+        ...
+
+    @property
+    def generation(self) -> GenerationConfig:
+        """The generation settings: output-token default and cap, streaming bounds."""
+        ...
+
+    def scheduling(
+        self,
+        request: Request,
+        priority: str | None,
+        timeout_ms: int | None,
+        *,
+        default_timeout_ms: int | None = None,
+    ) -> Scheduling:
+        """Priority and timeout (ms): the `X-Fleetserve-*` headers, else these values.
+
+        Raising either above the defaults needs the priority token (`serving.admission`).
+        """
+        ...
+
+    def count(self, version: str | None, code: int, seconds: float) -> None:
+        """Count one answered request in the request metrics."""
+        ...
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def openai_failure(error: Exception, *, prompt_param: str | None = None) -> Failure:
+    """`error` in OpenAI's shape; `prompt_param` is named when the prompt was too long.
+
+    `code` is the error's kind in snake case (`queue_full`, `deadline_exceeded`), except
+    OpenAI's own `context_length_exceeded`, which clients look for.
+    """
+    if not isinstance(error, FleetserveError):
+        status, param, code = 500, None, "internal_error"
+        message = f"internal error (error id {log_unexpected(error)})"
+        headers: dict[str, str] = {}
+    else:
+        status, message = status_of(error, GENERATION_STATUS_OF), error.message
+        param = error.param if isinstance(error, InvalidInput) else None
+        code = _snake(type(error).__name__)
+        if isinstance(error, InputTooLong):
+            param, code = prompt_param, "context_length_exceeded"
+        headers = error_headers(error)
+    body = openai_error(status, message, request_id=request_id(), param=param, code=code)
+    return Failure(status, body, headers)
+
+
+def oip_failure(error: Exception) -> Failure:
+    """`error` in the runtime's shape, with the generation routes' statuses."""
+    if not isinstance(error, FleetserveError):
+        return Failure(500, error_body(f"internal error (error id {log_unexpected(error)})"))
+    return failure_of(error, GENERATION_STATUS_OF)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFormat:
+    """`chat.completion` answers and `chat.completion.chunk` streams."""
+
+    id_: str
+    created: int
+    model: str
+    include_usage: bool
+    terminator: bytes = DONE
+
+    def _chunk(self, delta: dict[str, str] | None, finish: FinishEvent | None = None) -> ChatChunk:
+        return chat_chunk(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            reason=finish.reason if finish is not None and delta is not None else None,
+            usage=finish.usage if finish is not None else None,
+            null_usage=self.include_usage,
+        )
+
+    def opening(self) -> list[object]:
+        """The assistant's role, with empty content, as OpenAI starts a stream."""
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, text: str) -> object:
+        """A content delta."""
+        return self._chunk({"content": text})
+
+    def closing(self, finish: FinishEvent) -> list[object]:
+        """The finish reason with the usage; with `include_usage`, OpenAI's usage-only chunk.
+
+        OpenAI sends usage only in that extra chunk (choices empty); without it, usage rides
+        on the finish chunk, so every stream's last chunk carries the counts.
+        """
+        if self.include_usage:
+            bare = chat_chunk(
+                id_=self.id_,
+                created=self.created,
+                model=self.model,
+                delta={},
+                reason=finish.reason,
+                null_usage=True,
+            )
+            return [bare, self._chunk(None, finish)]
+        return [self._chunk({}, finish)]
+
+    def whole(self, text: str, finish: FinishEvent) -> ChatCompletion:
+        """The non-streamed answer, with usage."""
+        return chat_completion(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            text=text,
+            reason=finish.reason,
+            usage=finish.usage,
+        )
+
+    def failure(self, error: Exception) -> Failure:
+        """OpenAI's error shape; a too-long prompt names `messages`."""
+        return self.failure_of(error)
+
+    @staticmethod
+    def failure_of(error: Exception) -> Failure:
+        """`failure`, before a format exists (errors while admitting)."""
+        return openai_failure(error, prompt_param="messages")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionFormat:
+    """`text_completion` answers and streams (the legacy completions API)."""
+
+    id_: str
+    created: int
+    model: str
+    include_usage: bool
+    terminator: bytes = DONE
+
+    def _body(self, text: str | None, finish: FinishEvent | None = None) -> Completion:
+        return completion_chunk(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            text=text,
+            reason=finish.reason if finish is not None and text is not None else None,
+            usage=finish.usage if finish is not None else None,
+            null_usage=self.include_usage,
+        )
+
+    def opening(self) -> list[object]:
+        """Nothing: completions streams start with text."""
+        return []
+
+    def delta(self, text: str) -> object:
+        """A text delta."""
+        return self._body(text)
+
+    def closing(self, finish: FinishEvent) -> list[object]:
+        """As `ChatFormat.closing`: finish reason and usage, or a usage-only chunk after it."""
+        if self.include_usage:
+            bare = completion_chunk(
+                id_=self.id_,
+                created=self.created,
+                model=self.model,
+                text="",
+                reason=finish.reason,
+                null_usage=True,
+            )
+            return [bare, self._body(None, finish)]
+        return [self._body("", finish)]
+
+    def whole(self, text: str, finish: FinishEvent) -> Completion:
+        """The non-streamed answer, with usage."""
+        return self._body(text, finish)
+
+    def failure(self, error: Exception) -> Failure:
+        """OpenAI's error shape; a too-long prompt names `prompt`."""
+        return self.failure_of(error)
+
+    @staticmethod
+    def failure_of(error: Exception) -> Failure:
+        """`failure`, before a format exists (errors while admitting)."""
+        return openai_failure(error, prompt_param="prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateFormat:
+    """OIP generate answers; `generate_stream` events have the same shape, one per delta."""
+
+    model: str
+    version: str
+    id_: str | None
+    terminator: bytes = b""
+
+    def _body(self, text: str, finish: FinishEvent | None = None) -> GenerateResponse:
+        body: GenerateResponse = {
+            "model_name": self.model,
+            "model_version": self.version,
+            "text_output": text,
+        }
+        if self.id_ is not None:
+            body["id"] = self.id_
+        if finish is not None:
+            body["finish_reason"] = finish.reason.value
+            body["usage"] = usage_body(finish.usage)
+        return body
+
+    def opening(self) -> list[object]:
+        """Nothing: the stream starts with text."""
+        return []
+
+    def delta(self, text: str) -> object:
+        """A text delta."""
+        return self._body(text)
+
+    def closing(self, finish: FinishEvent) -> list[object]:
+        """An empty last event with the finish reason and usage."""
+        return [self._body("", finish)]
+
+    def whole(self, text: str, finish: FinishEvent) -> GenerateResponse:
+        """The non-streamed answer."""
+        return self._body(text, finish)
+
+    def failure(self, error: Exception) -> Failure:
+        """The runtime's error shape."""
+        return oip_failure(error)
+
+
+def _check_token_ids(data: object, context_length: int) -> None:
+    """`InputTooLong` for a token-id `prompt` longer than the context, before it is converted.
+
+    Validating a list of a million ints into the schema, then into the engine's tuple, costs
+    far more than counting it; a prompt that cannot fit is refused first.
+    """
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if not isinstance(prompt, list) or not prompt:
+        return
+    rows = (
+        [prompt] if isinstance(prompt[0], int) else [row for row in prompt if isinstance(row, list)]
+    )
+    longest = max((len(row) for row in rows), default=0)
+    if longest > context_length:
+        msg = (
+            f"prompt of {longest} token ids cannot fit the model's context of "
+            f"{context_length} tokens"
+        )
+        raise InputTooLong(msg)
+
+
+Admit = Callable[[], Awaitable[tuple[GenerationRequest, Format, bool]]]
+"""Reads and validates one request: the generation, how to write it, whether to stream."""
+
+
+class _Routes:
+    """The route bodies; `host` is `app`'s side of them."""
+
+    def __init__(self, host: RouteHost) -> None:
+        self.host = host
+        self.started_at = int(time.time())
+        self.open_streams = 0
+        """Streamed answers admitted and not over, against `generation.max_streams`."""
+
+    async def answer(
+        self, version: str | None, admit: Admit, fail: Callable[[Exception], Failure]
+    ) -> Response:
+        """Admit the request and answer it; errors before admission are answered by `fail`."""
+        started = time.perf_counter()
+        streaming = False
+        try:
+            generation, fmt, streaming = await admit()
+            if streaming:
+                self.open_stream()
+            try:
+                stream = await self.host.rt.generate(generation)
+            except BaseException:
+                if streaming:
+                    self.open_streams -= 1
+                raise
+        except Exception as error:  # domain errors, and bugs answered as a 500 with an error id
+            failure = fail(error)
+            self.host.count(version, failure.status, time.perf_counter() - started)
+            return failure.response()
+
+        def on_done(code: int) -> None:
+            if streaming:
+                self.open_streams -= 1
+            self.host.count(version, code, time.perf_counter() - started)
+
+        settings = self.host.generation
+        return GenerationResponse(
+            stream,
+            fmt,
+            streaming=streaming,
+            limits=StreamLimits(settings.stream_send_timeout_s, settings.stream_buffer_bytes),
+            on_done=on_done,
+            on_cut=self.host.rt.metrics.observe_stream_limit,
+        )
+
+    def open_stream(self) -> None:
+        """Count one more open stream; `TooManyStreams` at `generation.max_streams`."""
+        cap = self.host.generation.max_streams
+        if self.open_streams >= cap:
+            self.host.rt.metrics.observe_stream_limit("max_streams")
+            msg = (
+                f"{self.open_streams} streams are open, the most this server serves at once "
+                f"(generation.max_streams); retry after {STREAM_RETRY_AFTER_S:g}s"
+            )
+            raise TooManyStreams(msg, retry_after_s=STREAM_RETRY_AFTER_S)
+        self.open_streams += 1
+
+    def controls(
+        self, request: Request, priority: str | None = None, timeout_ms: int | None = None
+    ) -> RequestControls:
+        granted = self.host.scheduling(
+            request,
+            priority,
+            timeout_ms,
+            default_timeout_ms=self.host.generation.default_timeout_ms,
+        )
+        return RequestControls(
+            priority=granted.priority,
+            timeout_s=None if granted.timeout_ms is None else granted.timeout_ms / 1000,
+            request_id=request_id(),
+        )
+
+    async def parsed(self, request: Request) -> object:
+        """The body's JSON, its nesting bounded before any schema (or `repr`) walks it."""
+        data = parse_json(await self.host.body(request))
+        check_depth(data)
+        return data
+
+    async def chat(self, request: Request) -> Response:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
+            body = validate_body(await self.parsed(request), ChatCompletionRequest)
+            self.host.check_name(body.model)
+            generation = chat_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
+            fmt = ChatFormat(
+                id_=f"chatcmpl-{request_id()}",
+                created=int(time.time()),
+                model=body.model,
+                include_usage=body.stream_options is not None and body.stream_options.include_usage,
+            )
+            return generation, fmt, body.stream
+
+        return await self.answer(None, admit, ChatFormat.failure_of)
+
+    async def completions(self, request: Request) -> Response:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
+            data = await self.parsed(request)
+            _check_token_ids(data, self.host.rt.generation_info().context_length)
+            body = validate_body(data, CompletionRequest)
+            self.host.check_name(body.model)
+            generation = completion_generation(
+                body, controls=self.controls(request), limits=self.host.generation
+            )
+            fmt = CompletionFormat(
+                id_=f"cmpl-{request_id()}",
+                created=int(time.time()),
+                model=body.model,
+                include_usage=body.stream_options is not None and body.stream_options.include_usage,
+            )
+            return generation, fmt, body.stream
+
+        return await self.answer(None, admit, CompletionFormat.failure_of)
+
+    async def generate(
+        self, request: Request, name: str, version: str | None, *, streaming: bool
+    ) -> Response:
+        async def admit() -> tuple[GenerationRequest, Format, bool]:
+            self.host.check_name(name)
+            body = validate_body(await self.parsed(request), GenerateRequest)
+            params = body.parameters
+            info = self.host.rt.generation_info()
+            generation = oip_generation(
+                body,
+                controls=self.controls(request, params.priority, params.timeout_ms),
+                limits=self.host.generation,
+                version=version,
+            )
+            fmt = GenerateFormat(model=name, version=version or info.version, id_=body.id)
+            return generation, fmt, streaming
+
+        return await self.answer(version, admit, oip_failure)
+
+    def cards(self) -> list[ModelCard]:
+        """The served model, when it generates."""
+        if not self.host.rt.is_generative:
+            return []
+        card: ModelCard = {
+            "id": self.host.name,
+            "object": "model",
+            "created": self.started_at,
+            "owned_by": OWNER,
+        }
+        return [card]
+
+    def models(self) -> Response:
+        try:
+            listing: ModelList = {"object": "list", "data": self.cards()}
+        except FleetserveError as error:
+            return openai_failure(error).response()
+        return json_response(listing)
+
+    def model(self, model: str) -> Response:
+        try:
+            self.host.check_name(model)
+            cards = self.cards()
+            if not cards:
+                msg = f"model {model!r} does not generate text"
+                raise ModelNotFound(msg)
+        except FleetserveError as error:
+            return openai_failure(error).response()
+        return json_response(cards[0])
+
+
+def register_generation(app: FastAPI, host: RouteHost) -> None:
+    """Mount the generation routes on `app`."""
+    routes = _Routes(host)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await routes.chat(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await routes.completions(request)
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        return routes.models()
+
+    @app.get("/v1/models/{model}")
+    async def retrieve_model(model: str) -> Response:
+        return routes.model(model)
+
+    @app.post("/v2/models/{name}/generate")
+    async def generate(request: Request, name: str) -> Response:
+        return await routes.generate(request, name, None, streaming=False)
+
+    @app.post("/v2/models/{name}/versions/{version}/generate")
+    async def generate_version(request: Request, name: str, version: str) -> Response:
+        return await routes.generate(request, name, version, streaming=False)
+
+    @app.post("/v2/models/{name}/generate_stream")
+    async def generate_stream(request: Request, name: str) -> Response:
+        return await routes.generate(request, name, None, streaming=True)
+
+    @app.post("/v2/models/{name}/versions/{version}/generate_stream")
+    async def generate_stream_version(request: Request, name: str, version: str) -> Response:
+        return await routes.generate(request, name, version, streaming=True)

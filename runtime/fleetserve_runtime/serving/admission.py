@@ -1,0 +1,87 @@
+"""Who may ask what of the scheduler: a request's priority class and deadline.
+
+Priority decides who is computed first and, when KV blocks run out, who is preempted; a long
+deadline lets one request hold a sequence slot for minutes. So asking for more than the
+defaults (priority `high`, a timeout above the server's default) is a privilege: only a
+request bearing the priority token (`priority_token_file`) gets it, anyone else's is refused
+with a 403 naming the header or field. Asking for less (`low`, a shorter timeout) is open to
+every caller. Both the encoder's routes (`/v2/.../infer`, `/v1/...:predict`) and the
+generation routes take this one decision; it is pure, `api` passes header values and
+whether the caller holds the token in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetserve_runtime.core.errors import Forbidden, InvalidInput
+from fleetserve_runtime.core.priority import Priority
+
+__all__ = ["PRIORITY_HEADER", "TIMEOUT_HEADER", "Scheduling", "scheduling"]
+
+PRIORITY_HEADER = "x-fleetserve-priority"
+TIMEOUT_HEADER = "x-fleetserve-timeout-ms"
+PRIORITY_FIELD = "parameters.priority"
+TIMEOUT_FIELD = "parameters.timeout_ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """The priority class and deadline (ms; None: the server's default) a request gets."""
+
+    priority: Priority
+    timeout_ms: int | None
+
+
+def _timeout_header(value: str) -> int:
+    """The timeout header's value: at most 18 decimal digits (no sign, `_`, spaces)."""
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        msg = (
+            f"{TIMEOUT_HEADER} must be a whole number of milliseconds (digits only), "
+            f"got {value[:40]!r}"
+        )
+        raise InvalidInput(msg)
+    return int(value)
+
+
+def scheduling(
+    *,
+    priority_header: str | None,
+    timeout_header: str | None,
+    priority: str | None,
+    timeout_ms: int | None,
+    default_timeout_ms: int,
+    privileged: bool,
+) -> Scheduling:
+    """What a request gets: headers beat the body's `priority` / `timeout_ms`.
+
+    `InvalidInput` for a value that does not parse; `Forbidden`, naming where it was asked,
+    for priority above normal or a timeout above `default_timeout_ms` unless `privileged`
+    (the request bears the priority token). The timeout's upper bound (`max_timeout_ms`) is
+    the engine's to check, for every caller.
+    """
+    priority_from, priority_name = (
+        (PRIORITY_HEADER, priority_header) if priority_header else (PRIORITY_FIELD, priority)
+    )
+    try:
+        level = Priority.parse(priority_name or "normal")
+    except ValueError as exc:
+        raise InvalidInput(f"{priority_from}: {exc}", param=priority_from) from None
+    timeout_from = TIMEOUT_FIELD
+    if timeout_header is not None:
+        timeout_from, timeout_ms = TIMEOUT_HEADER, _timeout_header(timeout_header)
+    if not privileged:
+        if level < Priority.NORMAL:
+            msg = (
+                f"{priority_from} {level.name.lower()} needs the priority token "
+                "(priority_token_file); other callers may ask for normal or low"
+            )
+            raise Forbidden(msg)
+        if timeout_ms is not None and timeout_ms > default_timeout_ms:
+            msg = (
+                f"{timeout_from} {timeout_ms} is above the default of {default_timeout_ms} ms "
+                "and needs the priority token (priority_token_file); other callers may ask "
+                "for a shorter deadline only"
+            )
+            raise Forbidden(msg)
+    return Scheduling(level, timeout_ms)

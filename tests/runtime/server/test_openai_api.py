@@ -1,0 +1,505 @@
+"""The OpenAI-compatible routes in process (ASGI transport, real lifespan, synthetic LLM).
+
+Shapes as OpenAI's, streamed and whole; every refusal OpenAI-shaped with the field it names
+and the status clients expect (400 for a prompt over the context, 404, 503 + Retry-After,
+504); errors inside a stream as an error event, then `[DONE]`; every answer counted in the
+request metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.errors import InvalidInput
+from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.generate.contracts import SamplingParams
+from fleetserve_runtime.models.causal_lm import ChatMessage
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.generation_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestControls,
+    chat_generation,
+    completion_generation,
+)
+from fleetserve_runtime.serving.runtime import Runtime
+from fleetserve_runtime.testing import make_config
+
+CONTEXT = 64
+LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=12&context_length={CONTEXT}"
+SLOW_LLM = f"builtin://synthetic-generate?per_token_ms=40&output_tokens=40&context_length={CONTEXT}"
+CHAT = "/v1/chat/completions"
+TOKEN = "openai-route-token-0123456789"
+
+
+@asynccontextmanager
+async def serve(model: str = LLM, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A started app serving `model` as "test", and a client talking to it in process."""
+    app = create_app(make_config(model=model, **overrides))
+    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
+        runtime: Runtime = app.state.runtime
+        await runtime.wait_ready()
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
+            yield client
+
+
+def chat(content: str = "tell me about rivers", **fields: Any) -> dict[str, Any]:
+    return {"model": "test", "messages": [{"role": "user", "content": content}], **fields}
+
+
+def events(response: httpx.Response) -> list[Any]:
+    """The SSE `data:` payloads of a stream, JSON-decoded (`[DONE]` kept as the string)."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.endswith("\n\n")
+    payloads: list[Any] = []
+    for block in response.text.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        data = block.removeprefix("data: ")
+        payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
+
+
+def requests_counted(text: str, code: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "fleetserve_requests_total" and sample.labels["code"] == code
+    )
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict[str, Any]:
+    """An OpenAI-shaped error with `status` naming `param`; returns its `error` object."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "request_id"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert error["message"]
+    return dict(error)
+
+
+async def test_chat_completion_has_openai_shape_and_usage() -> None:
+    """A whole chat completion: one assistant message, finish reason, usage that adds up."""
+    async with serve() as client:
+        response = await client.post(CHAT, json=chat(), headers={"x-request-id": "abc-1"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["id"] == "chatcmpl-abc-1"
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "test"
+    assert isinstance(body["created"], int)
+    [choice] = body["choices"]
+    assert choice["index"] == 0
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"].strip()
+    assert choice["finish_reason"] == "stop"
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+async def test_chat_stream_is_openai_chunks_ending_with_done() -> None:
+    """Role first, then content deltas that add up to the whole answer; usage last; [DONE]."""
+    async with serve() as client:
+        whole = (await client.post(CHAT, json=chat(temperature=0))).json()
+        response = await client.post(CHAT, json=chat(temperature=0, stream=True))
+    assert response.status_code == 200
+    payloads = events(response)
+    assert payloads[-1] == "[DONE]"
+    chunks = payloads[:-1]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"] == whole["usage"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(CHAT, chat(), id="chat"),
+        pytest.param("/v1/completions", {"model": "test", "prompt": "x y z"}, id="completions"),
+    ],
+)
+async def test_stream_include_usage_adds_a_usage_only_chunk(
+    path: str, body: dict[str, Any]
+) -> None:
+    """With `stream_options.include_usage`, usage comes in a last chunk with no choices.
+
+    As OpenAI's, every chunk before it says `"usage": null`.
+    """
+    async with serve() as client:
+        response = await client.post(
+            path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
+    *chunks, done = events(response)
+    assert done == "[DONE]"
+    finish, usage_only = chunks[-2], chunks[-1]
+    assert finish["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
+    assert usage_only["choices"] == []
+    usage = usage_only["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["completion_tokens"] >= len(chunks) - 3  # role and finish chunks carry no text
+
+
+async def test_completions_whole_and_streamed() -> None:
+    """Legacy completions: `text_completion` objects; `max_tokens` ends with "length"."""
+    body = {"model": "test", "prompt": "once upon a time", "max_tokens": 5, "temperature": 0}
+    async with serve() as client:
+        whole = (await client.post("/v1/completions", json=body)).json()
+        streamed = await client.post("/v1/completions", json={**body, "stream": True})
+    assert whole["object"] == "text_completion"
+    assert whole["id"].startswith("cmpl-")
+    assert whole["choices"][0]["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens"] == 5
+    *chunks, done = events(streamed)
+    assert done == "[DONE]"
+    assert {chunk["object"] for chunk in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == whole["usage"]
+
+
+async def test_stop_string_is_cut_from_the_answer() -> None:
+    """The answer ends right before the first stop string, which it does not contain."""
+    async with serve() as client:
+        free = (await client.post(CHAT, json=chat(temperature=0))).json()
+        words = free["choices"][0]["message"]["content"].split()
+        stop = " " + words[3]
+        stopped = (await client.post(CHAT, json=chat(temperature=0, stop=[stop]))).json()
+    text = free["choices"][0]["message"]["content"]
+    assert stopped["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+
+INVALID = [
+    pytest.param({"temperature": 2.5}, "temperature", id="temperature-over-2"),
+    pytest.param({"temperature": -0.1}, "temperature", id="temperature-negative"),
+    pytest.param({"top_p": 0}, "top_p", id="top-p-zero"),
+    pytest.param({"top_p": 1.5}, "top_p", id="top-p-over-1"),
+    pytest.param({"max_tokens": 0}, "max_tokens", id="max-tokens-zero"),
+    pytest.param({"max_completion_tokens": -3}, "max_completion_tokens", id="max-completion-neg"),
+    pytest.param({"top_k": -2}, "top_k", id="top-k-negative"),
+    pytest.param({"seed": 2**64}, "seed", id="seed-over-int64"),
+    pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
+    pytest.param({"stop": ""}, "stop", id="empty-stop"),
+    pytest.param({"n": 2}, "n", id="n-2"),
+    pytest.param({"logprobs": True}, "logprobs", id="logprobs"),
+    pytest.param({"presence_penalty": 0.5}, "presence_penalty", id="presence-penalty"),
+    pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
+    pytest.param({"stream_options": {"include_usage": True}}, "stream_options", id="no-stream"),
+    pytest.param({"messages": []}, "messages", id="no-messages"),
+    pytest.param({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", id="role"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages.0.content",
+        id="image-part",
+    ),
+    pytest.param({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages", id="1025"),
+    pytest.param({"model": ""}, "model", id="empty-model"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), INVALID)
+async def test_invalid_requests_get_400_naming_the_field(
+    fields: dict[str, Any], param: str
+) -> None:
+    """Out-of-range or unsupported fields: 400, OpenAI-shaped, naming the field."""
+    async with serve() as client:
+        response = await client.post(CHAT, json=chat(**fields))
+    error = assert_openai_error(response, 400, param)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[10**9], [-1], [2**70], [True], [1.0], [[3, 10**9]]],
+    ids=["past-vocabulary", "negative", "over-int64", "bool", "float", "nested-past-vocabulary"],
+)
+async def test_bad_prompt_token_ids_are_400_naming_prompt(prompt: list[Any]) -> None:
+    """Token ids the model has no embedding for, or that are not integers: 400 naming `prompt`."""
+    async with serve() as client:
+        response = await client.post("/v1/completions", json={"model": "test", "prompt": prompt})
+    assert_openai_error(response, 400, "prompt")
+
+
+async def test_prompt_over_the_context_is_400_naming_the_limit() -> None:
+    """Not 413: clients treat 400 `context_length_exceeded` as "shorten the prompt"."""
+    async with serve() as client:
+        response = await client.post(CHAT, json=chat(" ".join(["word"] * CONTEXT)))
+        completion = await client.post(
+            "/v1/completions", json={"model": "test", "prompt": "a b c", "max_tokens": CONTEXT}
+        )
+    error = assert_openai_error(response, 400, "messages")
+    assert error["code"] == "context_length_exceeded"
+    assert f"context of {CONTEXT} tokens" in error["message"]
+    assert assert_openai_error(completion, 400, "prompt")["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(CHAT, chat(" ".join(["word"] * 40)), id="chat"),
+        pytest.param(
+            "/v2/models/test/generate", {"text_input": " ".join(["word"] * 40)}, id="generate"
+        ),
+    ],
+)
+async def test_unset_max_tokens_stops_at_the_end_of_the_context(
+    path: str, body: dict[str, Any]
+) -> None:
+    """No `max_tokens`, a default beyond the context: served up to the context's end.
+
+    The finish reason is "length" exactly when prompt plus completion fill it, as OpenAI's.
+    """
+    sampling = {"ignore_eos": True, "temperature": 0}
+    generation = {"allow_ignore_eos": True, "default_max_tokens": 4 * CONTEXT}
+    async with serve(generation=generation) as client:
+        if "messages" in body:
+            response = await client.post(path, json={**body, **sampling})
+        else:
+            response = await client.post(path, json={**body, "parameters": sampling})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] > CONTEXT // 2
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
+    reason = (
+        answer["choices"][0]["finish_reason"] if "choices" in answer else answer["finish_reason"]
+    )
+    assert reason == "length"
+
+
+async def test_unknown_model_is_404_and_models_lists_the_served_one() -> None:
+    """`model` must be the served name; `/v1/models` lists it, OpenAI-style."""
+    async with serve() as client:
+        response = await client.post(CHAT, json={**chat(), "model": "gpt-4"})
+        listing = (await client.get("/v1/models")).json()
+        card = await client.get("/v1/models/test")
+        other = await client.get("/v1/models/gpt-4")
+    assert assert_openai_error(response, 404, None)["type"] == "not_found_error"
+    assert listing["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in listing["data"]] == [
+        ("test", "model", "fleetserve")
+    ]
+    assert card.json()["id"] == "test"
+    assert_openai_error(other, 404, None)
+
+
+async def test_errors_before_the_route_are_openai_shaped_there() -> None:
+    """Bad token, wrong method, bad media type, malformed JSON: OpenAI's shape on /v1 paths."""
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "token"
+        token_file.write_text(TOKEN)
+        async with serve(auth_token_file=token_file, max_body_bytes=2048) as client:
+            no_token = await client.post(CHAT, json=chat())
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            ok = await client.post(CHAT, json=chat(), headers=auth)
+            method = await client.get(CHAT, headers=auth)
+            media = await client.post(CHAT, content=b"{}", headers=auth)
+            malformed = await client.post(
+                CHAT, content=b"{", headers={**auth, "content-type": "application/json"}
+            )
+            large = await client.post(CHAT, json=chat("x" * 4096), headers=auth)
+            oip = await client.post("/v2/models/test/generate", json={"text_input": "a"})
+    assert assert_openai_error(no_token, 401, None)["type"] == "authentication_error"
+    assert no_token.headers["www-authenticate"].startswith("Bearer")
+    assert ok.status_code == 200
+    assert_openai_error(method, 405, None)
+    assert_openai_error(media, 415, None)
+    assert_openai_error(malformed, 400, None)
+    assert_openai_error(large, 413, None)
+    assert oip.status_code == 401
+    assert isinstance(oip.json()["error"], str)
+
+
+async def test_requests_are_counted_by_status() -> None:
+    """Generation answers count in `fleetserve_requests_total` like inference ones."""
+    async with serve() as client:
+        await client.post(CHAT, json=chat())
+        await client.post(CHAT, json=chat(stream=True))
+        await client.post(CHAT, json=chat(n=3))
+        await client.post(CHAT, json={**chat(), "model": "other"})
+        metrics = (await client.get("/metrics")).text
+    assert requests_counted(metrics, "200") == 2
+    assert requests_counted(metrics, "400") == 1
+    assert requests_counted(metrics, "404") == 1
+
+
+async def test_full_queue_is_503_with_retry_after() -> None:
+    """Beyond the waiting queue's bound: 503, OpenAI-shaped, with `Retry-After`."""
+    async with serve(
+        SLOW_LLM,
+        max_instances=1,
+        queue={"max_queue_size": 1, "retry_after_s": 2},
+        generation={"max_running_sequences": 1, "max_step_tokens": 64},
+    ) as client:
+        responses = await asyncio.gather(*(client.post(CHAT, json=chat()) for _ in range(4)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses[0] == 200
+    assert statuses[-1] == 503
+    refused = next(r for r in responses if r.status_code == 503)
+    assert refused.headers["retry-after"] == "2"
+    assert assert_openai_error(refused, 503, None)["code"] == "queue_full"
+
+
+async def test_deadline_before_the_first_token_is_504() -> None:
+    """A request whose deadline passes in the queue gets a plain 504, also when streaming."""
+    async with serve(
+        SLOW_LLM, generation={"max_running_sequences": 1, "max_step_tokens": 64}
+    ) as client:
+        busy = asyncio.ensure_future(client.post(CHAT, json=chat()))
+        await asyncio.sleep(0.1)
+        late = await client.post(
+            CHAT, json=chat(stream=True), headers={"x-fleetserve-timeout-ms": "100"}
+        )
+        await busy
+        metrics = (await client.get("/metrics")).text
+    assert assert_openai_error(late, 504, None)["code"] == "deadline_exceeded"
+    assert requests_counted(metrics, "504") == 1
+
+
+async def test_error_inside_a_stream_is_an_error_event_then_done() -> None:
+    """A deadline passing mid-stream ends it with an error event and [DONE], counted as 504."""
+    async with serve(SLOW_LLM) as client:
+        response = await client.post(
+            CHAT, json=chat(stream=True), headers={"x-fleetserve-timeout-ms": "300"}
+        )
+        metrics = (await client.get("/metrics")).text
+    assert response.status_code == 200
+    payloads = events(response)
+    assert payloads[-1] == "[DONE]"
+    assert any(p["choices"] and p["choices"][0]["delta"].get("content") for p in payloads[:-2])
+    error = payloads[-2]["error"]
+    assert error["type"] == "server_error"
+    assert error["code"] == "deadline_exceeded"
+    assert requests_counted(metrics, "504") == 1
+
+
+async def test_a_failing_model_step_is_a_500_event_in_the_stream() -> None:
+    """A model step that raises fails the stream with a server error event (no traceback)."""
+    async with serve(f"{LLM}&error_rate=1") as client:
+        streamed = await client.post(CHAT, json=chat(stream=True))
+        whole = await client.post(CHAT, json=chat())
+    payloads = events(streamed)
+    assert payloads[-1] == "[DONE]"
+    assert payloads[-2]["error"]["type"] == "server_error"
+    assert "Traceback" not in streamed.text
+    assert_openai_error(whole, 500, None)
+
+
+async def test_encoder_model_refuses_chat_and_lists_no_model() -> None:
+    """An embedding model has no chat: 400 saying so; `/v1/models` lists nothing."""
+    async with serve("builtin://synthetic?latency_ms=0&per_item_ms=0") as client:
+        response = await client.post(CHAT, json=chat())
+        listing = (await client.get("/v1/models")).json()
+    assert "embeddings" in assert_openai_error(response, 400, None)["message"]
+    assert listing["data"] == []
+
+
+async def test_infer_on_a_generative_model_names_the_generate_endpoints() -> None:
+    """The encoder route on an LLM is a 400 that says where to go instead."""
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    async with serve() as client:
+        response = await client.post("/v2/models/test/infer", json=body)
+    assert response.status_code == 400
+    assert "/v1/chat/completions" in response.json()["error"]
+
+
+# -- the translation to the engine's request, pure ---------------------------------------
+
+CONTROLS = RequestControls(priority=Priority.HIGH, timeout_s=2.5, request_id="r-9")
+LIMITS = GenerationConfig()
+
+
+def test_chat_translation_maps_roles_parts_and_limits() -> None:
+    """`developer` is a system message, text parts join by newlines, and token limits apply."""
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+            "max_completion_tokens": 7,
+            "stop": "END",
+            "seed": -5,
+            "top_k": -1,
+        }
+    )
+    generation = chat_generation(body, controls=CONTROLS, limits=LIMITS)
+    assert generation.messages == (ChatMessage("system", "be brief"), ChatMessage("user", "a\nb"))
+    assert generation.sampling == SamplingParams(max_tokens=7, stop=("END",), seed=-5)
+    assert (generation.priority, generation.timeout_s, generation.request_id) == (
+        Priority.HIGH, 2.5, "r-9",
+    )  # fmt: skip
+    unset = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert chat_generation(unset, controls=CONTROLS, limits=LIMITS).sampling.max_tokens is None
+
+
+def test_chat_translation_refuses_both_token_limits() -> None:
+    """`max_tokens` and `max_completion_tokens` together are ambiguous: 400 naming one."""
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3,
+            "max_completion_tokens": 4,
+        }
+    )
+    with pytest.raises(InvalidInput) as caught:
+        chat_generation(body, controls=CONTROLS, limits=LIMITS)
+    assert caught.value.param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "ids"),
+    [
+        pytest.param("hello", "hello", None, id="text"),
+        pytest.param(["hello"], "hello", None, id="one-text"),
+        pytest.param([5, 6, 7], None, (5, 6, 7), id="token-ids"),
+        pytest.param([[5, 6]], None, (5, 6), id="one-token-list"),
+    ],
+)
+def test_completion_prompt_forms(
+    prompt: Any, text: str | None, ids: tuple[int, ...] | None
+) -> None:
+    """A completion prompt is one text or one list of token ids; `max_tokens` defaults to 16."""
+    body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    generation = completion_generation(body, controls=CONTROLS, limits=LIMITS)
+    assert (generation.prompt, generation.prompt_token_ids) == (text, ids)
+    assert generation.sampling.max_tokens == 16
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], []], ids=["texts", "id-lists", "empty"])
+def test_completion_refuses_batched_or_empty_prompts(prompt: Any) -> None:
+    """One prompt per request: a batch of prompts (or none) is a 400 naming `prompt`."""
+    body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    with pytest.raises(InvalidInput) as caught:
+        completion_generation(body, controls=CONTROLS, limits=LIMITS)
+    assert caught.value.param == "prompt"
