@@ -15,6 +15,7 @@ from opkit import synthetic_service, wait_condition, warning_events
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
+from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"
 
@@ -25,8 +26,12 @@ def _assert_reported(kube: KubeClient, namespace: str, reason: str, quoted: str)
     assert quoted in degraded["message"]
     ready = wait_condition(kube, namespace, NAME, "Ready", status="False", reason=reason)
     assert ready["message"] == degraded["message"]
-    events = [e for e in warning_events(kube, namespace, NAME) if e["reason"] == reason]
-    assert events, f"no {reason} Event"
+    # The Event is the transition's side effect, posted just after the status write.
+    events = wait_until(
+        lambda: [e for e in warning_events(kube, namespace, NAME) if e["reason"] == reason] or None,
+        timeout_s=30.0,
+        what=f"a {reason} Event",
+    )
     assert quoted in events[0]["message"]
 
 
