@@ -7,11 +7,17 @@ set -uo pipefail
 make_cmd=${MAKE:-make}
 rows=()
 failed=0
+passed_tiers=0
+failed_tiers=0
 start_all=$(date +%s)
 for tier in "$@"; do
   echo "=== tier ${tier} ==="
   start=$(date +%s)
-  if "${make_cmd}" --no-print-directory "${tier}"; then result=passed; else result=FAILED; failed=1; fi
+  if "${make_cmd}" --no-print-directory "${tier}"; then
+    result=passed; passed_tiers=$((passed_tiers + 1))
+  else
+    result=FAILED; failed=1; failed_tiers=$((failed_tiers + 1))
+  fi
   rows+=("$(printf '%-14s %7d  %s' "${tier}" "$(( $(date +%s) - start ))" "${result}")")
 done
 
@@ -19,4 +25,5 @@ echo
 echo "tier           seconds  result"
 printf '%s\n' "${rows[@]}"
 printf '%-14s %7d\n' total "$(( $(date +%s) - start_all ))"
+echo "tiers: ${passed_tiers} passed, ${failed_tiers} failed"
 exit "${failed}"
