@@ -59,9 +59,9 @@ crds: setup
 chart-sync: crds
 	cp operator/rbac/role.yaml charts/fleetserve/files/operator-rbac.yaml
 
-## docs: regenerate the README's InferenceService reference from the spec models
+## docs: regenerate the InferenceService spec reference (docs/reference/inferenceservice.md)
 docs: setup
-	$(PY) -m fleetserve_operator.docgen --write README.md
+	$(PY) -m fleetserve_operator.docgen --write docs/reference/inferenceservice.md
 
 ## crds-check: fail when crds/ or the chart's copy is out of date
 crds-check: setup

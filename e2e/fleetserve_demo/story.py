@@ -453,7 +453,7 @@ class Story:
             "  histogram_quantile(0.99, sum by (le) "
             f"(rate(fleetserve_inter_token_latency_seconds_bucket{{{chat_selector}}}[5m])))",
             "",
-            f"chat with {CHAT_NAME} at its pod's address (more in docs/generation.md):",
+            f"chat with {CHAT_NAME} at its pod's address (more in docs/reference/generation.md):",
             f"  curl -sN {chat.url if chat else '-'}/v1/chat/completions -H "
             f'\'content-type: application/json\' -d \'{{"model": "{CHAT_NAME}", '
             '"stream": true, "messages": [{"role": "user", "content": "Hello!"}]}\'',

@@ -6,8 +6,9 @@ installed, the operator authenticates as the ServiceAccount of its shipped RBAC 
 token from the TokenRequest API (a kubeconfig that holds nothing else), and it runs as a
 subprocess watching one namespace.  Running it under that role proves the role suffices.
 
-The InferenceService names are spelled out here (ARCHITECTURE.md, "Names") rather than
-imported from ``fleetserve_operator``: these callers treat the operator as a black box.
+The InferenceService names are spelled out here (docs/explanation/architecture.md, "Names")
+rather than imported from ``fleetserve_operator``: these callers treat the operator as a black
+box.
 """
 
 from __future__ import annotations

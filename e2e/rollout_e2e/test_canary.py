@@ -57,7 +57,7 @@ FROZEN_S = 60.0
 """(h)'s longest outage: the first analysis recorded in it ends it, several intervals later."""
 FROZEN_MARGIN_S = 2.0
 """A look that read Prometheus just before the freeze may still be recorded this long after."""
-# The operator's per-InferenceService gauges (README, "Operator metrics").
+# The operator's per-InferenceService gauges (docs/reference/metrics.md, "Operator metrics").
 PHASE = "fleetserve_operator_inferenceservice_phase"
 CANARY_WEIGHT = "fleetserve_operator_canary_weight_percent"
 

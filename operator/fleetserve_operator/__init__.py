@@ -16,7 +16,7 @@ every top-level module has its place):
     → naming | errors | records
 
 `records` holds the plain data the layers hand each other. Outside the chain: `crdgen` and
-`docgen` (they generate the CRD and the README's reference from `spec`) and `testing` (test
+`docgen` (they generate the CRD and its reference page from `spec`) and `testing` (test
 doubles, and the simulated world the rollout's tests step through).
 """
 

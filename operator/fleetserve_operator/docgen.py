@@ -1,8 +1,9 @@
 """Renders the InferenceService spec reference (a Markdown table) from the generated CRD.
 
-`python -m fleetserve_operator.docgen` prints the table the README carries between its
-`<!-- crd-reference -->` markers; `--write README.md` replaces it there (`make docs`) and
-`--check README.md` exits non-zero when it differs, so the reference can never drift from
+`python -m fleetserve_operator.docgen` prints the table that
+`docs/reference/inferenceservice.md` carries between its `<!-- crd-reference -->` markers;
+`--write docs/reference/inferenceservice.md` replaces it there (`make docs`) and `--check` on
+the same page exits non-zero when it differs, so the reference can never drift from
 `fleetserve_operator.spec` (a unit test runs the check).
 """
 
@@ -80,7 +81,7 @@ def reference_rows(node: Schema, prefix: str = "spec") -> Iterator[tuple[str, ..
 
 
 def render_reference() -> str:
-    """The whole Markdown table, between the README markers."""
+    """The whole Markdown table, between the reference page's markers."""
     version = build_crd()["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     lines = [
@@ -100,11 +101,11 @@ def _current(text: str) -> tuple[int, int] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the reference, write it into a README (`--write`), or check it (`--check`)."""
+    """Print the reference, write it into a Markdown page (`--write`), or check it (`--check`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", type=Path, help="README whose reference must match")
-    mode.add_argument("--write", type=Path, help="README whose reference to replace")
+    mode.add_argument("--check", type=Path, help="Markdown page whose reference must match")
+    mode.add_argument("--write", type=Path, help="Markdown page whose reference to replace")
     args = parser.parse_args(argv)
     table = render_reference()
     path: Path | None = args.check or args.write

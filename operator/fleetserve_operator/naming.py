@@ -1,7 +1,7 @@
 """Names and labels of the objects the operator manages.
 
 The vocabulary shared with the chart, the runtime's metric labels and the tests (see
-ARCHITECTURE.md, "Names").
+docs/explanation/architecture.md, "Names").
 """
 
 from __future__ import annotations

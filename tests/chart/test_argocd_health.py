@@ -156,7 +156,7 @@ READY = condition(ConditionType.READY, "True", "Succeeded")
     ],
 )
 def test_health(obj: Manifest, expected: str, in_message: str) -> None:
-    """Each sample status maps to the Argo CD health the README table promises."""
+    """Each sample status maps to the Argo CD health docs/how-to/install-with-helm.md promises."""
     status, message = health(obj)
     assert (status, in_message in message) == (expected, True), message
 

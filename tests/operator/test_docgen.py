@@ -1,4 +1,4 @@
-"""The README's InferenceService reference is the one generated from the spec models."""
+"""The InferenceService reference page is the one generated from the spec models."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 from fleetserve_operator.docgen import main, render_reference
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "inferenceservice.md"
 
 
-def test_readme_reference_is_current() -> None:
-    """`docgen --check README.md` passes: run `make docs` after changing the spec."""
-    assert main(["--check", str(README)]) == 0
+def test_reference_page_is_current() -> None:
+    """`docgen --check` on the reference page passes: run `make docs` after changing the spec."""
+    assert main(["--check", str(REFERENCE)]) == 0
 
 
 def test_reference_covers_nested_and_list_fields() -> None:
@@ -24,11 +24,11 @@ def test_reference_covers_nested_and_list_fields() -> None:
 
 def test_write_then_check(tmp_path: Path) -> None:
     """`--write` fills the markers, after which `--check` passes."""
-    readme = tmp_path / "README.md"
-    readme.write_text(
+    page = tmp_path / "inferenceservice.md"
+    page.write_text(
         f"intro\n{render_reference().splitlines()[0]}\nold\n<!-- crd-reference:end -->\n"
     )
-    assert main(["--check", str(readme)]) == 1
-    assert main(["--write", str(readme)]) == 0
-    assert main(["--check", str(readme)]) == 0
-    assert readme.read_text().startswith("intro\n")
+    assert main(["--check", str(page)]) == 1
+    assert main(["--write", str(page)]) == 0
+    assert main(["--check", str(page)]) == 0
+    assert page.read_text().startswith("intro\n")

@@ -1,4 +1,4 @@
-"""The README's reference tables stay true to the code."""
+"""The runtime reference pages (configuration, metrics) stay true to the code."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from fleetserve_runtime.cli import config_flags
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
+CONFIGURATION = (REFERENCE / "runtime-configuration.md").read_text()
+METRICS = (REFERENCE / "metrics.md").read_text()
 
 
 def test_config_table_lists_every_option_with_flag_and_env() -> None:
@@ -22,7 +24,7 @@ def test_config_table_lists_every_option_with_flag_and_env() -> None:
         env = "_".join(p.upper() for p in ("FLEETSERVE", flag.section, flag.field) if p)
         default = repr(flag.info.default).replace("'", '"')
         row = f"| `{where}` | `{flag.flag}` | `{env}` | `{default}` |"
-        assert row in README, row
+        assert row in CONFIGURATION, row
 
 
 def test_metrics_table_names_every_metric() -> None:
@@ -37,4 +39,4 @@ def test_metrics_table_names_every_metric() -> None:
         return {family.name for family in text_string_to_metric_families(text)}
 
     for name in asyncio.run(exported()):
-        assert f"`{name}" in README, name
+        assert f"`{name}" in METRICS, name

@@ -106,8 +106,8 @@ class AnalysisSpec(Wire):
     """How a canary step is judged from Prometheus (canary vs stable by the `track` label)."""
 
     mode: AnalysisMode = AnalysisMode.SEQUENTIAL
-    """`sequential` (anytime-valid tests, see docs/canary-analysis.md) or `threshold`
-    (fixed bounds per interval). The PromQL `checks` are bounds in both modes."""
+    """`sequential` (anytime-valid tests, see docs/explanation/canary-analysis.md) or
+    `threshold` (fixed bounds per interval). The PromQL `checks` are bounds in both modes."""
     alpha: float = Field(0.01, gt=0, le=0.5)
     """Sequential mode: the most probability of ever rolling back a canary that is no worse
     than stable (by the tolerances), split evenly between the built-in tests."""

@@ -46,7 +46,10 @@ __all__ = [
 
 
 class Replicas(Wire):
-    """Replica bounds; when `max > min` an autoscaler owns the count (see the README)."""
+    """Replica bounds; when `max > min` an autoscaler owns the count.
+
+    See docs/reference/inferenceservice.md.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -201,8 +204,8 @@ class RuntimeSpec(Wire):
     tls: TlsSpec | None = None
     """Serve HTTP and gRPC over TLS with this Secret's certificate (`--tls-cert-file`,
     `--tls-key-file`, mounted read-only; every track). The probes then use HTTPS, and
-    Prometheus must scrape the pods with `scheme: https` (see docs/security.md). Unset:
-    plain text. Changing it is a rollout."""
+    Prometheus must scrape the pods with `scheme: https` (see docs/how-to/security.md).
+    Unset: plain text. Changing it is a rollout."""
     precision: Precision = "fp32"
     """Numeric precision of the GPU tracks' model (`--precision`); changing it is a rollout."""
     backend: Backend = "auto"
@@ -333,7 +336,7 @@ class MemorySpec(Wire):
 class GenerationSpec(Wire):
     """The generative engine's knobs (`model.task: generate` only), as `--generation-*` flags.
 
-    See docs/generation.md for what each one trades; the defaults are the runtime's.
+    See docs/reference/generation.md for what each one trades; the defaults are the runtime's.
     """
 
     model_config = ConfigDict(

@@ -13,7 +13,8 @@ out at a minimum cosine of 0.81 (per-tensor weights) and 0.89 (per-channel weigh
 fp32 (ONNX Runtime: 0.96), under the 0.99 floor. Per-token scales alone reach about 0.98; a
 SmoothQuant step (`smoothing`,
 alpha 0.5) moves part of each outlier channel's range from the activations into the weights
-before quantising and lifts it over 0.99, at the same speed (see docs/precision.md).
+before quantising and lifts it over 0.99, at the same speed (see
+docs/explanation/precision.md).
 
 The smoothing factors come from fp32 activations of `CALIBRATION_TEXTS`, which share no text
 with the accuracy guard's set, so the guard checks texts the quantiser has not seen.

@@ -27,7 +27,9 @@ from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutP
 from fleetserve_operator.testing import FakeKube, make_service
 
 STAMP = "2025-01-01T00:00:00Z"
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+METRICS_PAGE = (
+    Path(__file__).resolve().parents[3] / "docs" / "reference" / "metrics.md"
+).read_text()
 
 
 def _condition(kind: str, status: str) -> Condition:
@@ -179,11 +181,11 @@ def test_a_reconcile_that_finds_the_service_gone_forgets_it() -> None:
     assert _value(metrics, CANARY_WEIGHT.name) is None
 
 
-def test_readme_table_lists_exactly_the_exported_metrics() -> None:
-    """README's "Operator metrics" table names every family the operator exports, and no other."""
+def test_metrics_page_lists_exactly_the_exported_metrics() -> None:
+    """The metrics page's "Operator metrics" table names every exported family, and no other."""
     exported = {
         family.name + ("_total" if family.type == "counter" else "")
         for family in OperatorMetrics().registry.collect()
     }
-    section = README.split("### Operator metrics", 1)[1].split("\n### ", 1)[0]
+    section = METRICS_PAGE.split("## Operator metrics", 1)[1].split("\n## ", 1)[0]
     assert set(re.findall(r"`(fleetserve_operator_[a-z_]+)`", section)) == exported
