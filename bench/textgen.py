@@ -1,9 +1,9 @@
 """Seeded synthetic texts whose WordPiece lengths follow a workload's length profile.
 
 The benchmark (``bench.runtime_bench``) and ``tests/bench/test_textgen.py`` call this module. The
-quantile tables are those of ``shared/reference/benchmark-protocol.md`` §4.1 (token counts
-including [CLS] and [SEP], measured on MS MARCO dev queries and SST sentences); only these
-numbers travel, no dataset text is committed (§4.4). Texts are built from real words of the
+quantile tables are those of ``docs/explanation/benchmark-method.md`` (token counts including
+[CLS] and [SEP], measured on MS MARCO dev queries and SST sentences); only these numbers
+travel, no dataset text is committed. Texts are built from real words of the
 model's own uncased BERT vocabulary, and their lengths are checked with the model's tokenizer.
 """
 
