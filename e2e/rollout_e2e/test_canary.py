@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from opkit import synthetic_service
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
@@ -36,6 +35,7 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     get_or_none,
 )
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"
