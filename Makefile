@@ -15,14 +15,36 @@ BENCH_OPERATOR_FLAGS ?=
         bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
 
-## help: list the targets
+# `## target: what it does` lines are what `make help` lists; `##@ Group` lines head them.
+
+##@ Use
+
+## help: list the targets, by group
 help:
-	@grep -hE '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
+	@awk '/^##@ / { printf "\n%s\n", substr($$0, 5); next } /^## / { print "  " substr($$0, 4) }' \
+	    $(MAKEFILE_LIST)
+
+## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
+##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
+##       (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
+demo: setup tools prometheus-install
+	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
+
+## demo-runtime: the runtime alone with MiniLM: a burst of concurrent requests and its batches
+demo-runtime: setup
+	PYTHONPATH=. $(PY) examples/runtime_demo.py
+
+## demo-generate: the runtime alone with SmolLM2: a streamed chat answer (openai client), then
+##                concurrent streams under continuous batching and the server's KV figures
+demo-generate: setup
+	PYTHONPATH=. $(PY) examples/chat_demo.py
 
 define INSTALL_LOCK
 @test -x $(PY) || $(PYTHON) -m venv $(VENV)
 $(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/all.lock
 endef
+
+##@ Develop
 
 ## setup: create .venv, install requirements/all.lock (hash-checked) and both packages (editable)
 setup: $(STAMP)
@@ -111,20 +133,41 @@ test:
 # Everything the tiers need that is installed or built once and cached.
 prepare: setup tools keda-tools prometheus-install
 
-## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
-##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
-##       (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
-demo: setup tools prometheus-install
-	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
+## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
+proto: setup
+	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	    fleetserve_runtime/server/oip/inference.proto
 
-## demo-runtime: the runtime alone with MiniLM: a burst of concurrent requests and its batches
-demo-runtime: setup
-	PYTHONPATH=. $(PY) examples/runtime_demo.py
+## clean: remove the venv and caches
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .mutmut
 
-## demo-generate: the runtime alone with SmolLM2: a streamed chat answer (openai client), then
-##                concurrent streams under continuous batching and the server's KV figures
-demo-generate: setup
-	PYTHONPATH=. $(PY) examples/chat_demo.py
+include e2e/cluster.mk
+
+## e2e-operator: the operator against the local control plane, under its RBAC role
+e2e-operator: setup tools
+	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
+## e2e-chart: helm install of the chart on the local control plane
+e2e-chart: setup tools
+	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
+## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
+##              autoscaling with KEDA; last line time_to_rollback_s=
+e2e-rollout: setup tools keda-tools prometheus-install
+	@log=$$(mktemp); cd e2e && timeout 1500 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
+	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
+	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
+
+## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: both services Ready, a streamed chat
+##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
+e2e-demo: setup tools prometheus-install
+	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
+
+## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
+e2e: $(E2E_TIERS)
+
+##@ Benchmark
 
 ## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP;
 ##                then JSON vs binary tensors for MiniLM embedding answers (bench.wire_bench);
@@ -135,17 +178,6 @@ bench-runtime: setup
 	$(PY) -m bench.wire_bench
 	$(PY) -m bench.http_overhead_bench
 	$(PY) -m bench.precision_bench
-
-## gpu-check: the CUDA paths on a real GPU (bf16/fp16, two streams, allocator calibration, a
-##            forced OOM split, the batching bench, SmolLM2 bf16 vs fp32); last line
-##            gpu_check=pass|fail|skipped (skipped, exit 0, without CUDA)
-gpu-check: setup
-	$(PY) -m bench.gpu_check
-
-## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
-proto: setup
-	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-	    fleetserve_runtime/server/oip/inference.proto
 
 ## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools);
 ##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=
@@ -179,14 +211,13 @@ bench-peers: setup
 peers-venvs: setup
 	$(PY) -m bench.peers_bench --install-only
 
-PEERS := litserve rayserve mlserver bentoml pytriton
-## peers-lock: re-pin bench/peers/*/requirements.txt (whole closure, hashes) from requirements.in
-# pip-compile reuses the hashes already in an output file, so only new pins are downloaded.
-peers-lock: setup
-	for peer in $(PEERS); do \
-	    CUSTOM_COMPILE_COMMAND="make peers-lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) \
-	        -o bench/peers/$$peer/requirements.txt bench/peers/$$peer/requirements.in || exit 1; \
-	done
+##@ Release
+
+## gpu-check: the CUDA paths on a real GPU (bf16/fp16, two streams, allocator calibration, a
+##            forced OOM split, the batching bench, SmolLM2 bf16 vs fp32); last line
+##            gpu_check=pass|fail|skipped (skipped, exit 0, without CUDA)
+gpu-check: setup
+	$(PY) -m bench.gpu_check
 
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
@@ -213,31 +244,11 @@ lock:
 	$(PIP_COMPILE) -c requirements/all.lock -o requirements/operator.lock \
 	    operator/pyproject.toml requirements/build.txt
 
-## clean: remove the venv and caches
-clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .mutmut
-
-include e2e/cluster.mk
-
-## e2e-operator: the operator against the local control plane, under its RBAC role
-e2e-operator: setup tools
-	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
-
-## e2e-chart: helm install of the chart on the local control plane
-e2e-chart: setup tools
-	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
-
-## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
-##              autoscaling with KEDA; last line time_to_rollback_s=
-e2e-rollout: setup tools keda-tools prometheus-install
-	@log=$$(mktemp); cd e2e && timeout 1500 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
-	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
-	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
-
-## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: both services Ready, a streamed chat
-##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
-e2e-demo: setup tools prometheus-install
-	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
-
-## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: $(E2E_TIERS)
+PEERS := litserve rayserve mlserver bentoml pytriton
+## peers-lock: re-pin bench/peers/*/requirements.txt (whole closure, hashes) from requirements.in
+# pip-compile reuses the hashes already in an output file, so only new pins are downloaded.
+peers-lock: setup
+	for peer in $(PEERS); do \
+	    CUSTOM_COMPILE_COMMAND="make peers-lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) \
+	        -o bench/peers/$$peer/requirements.txt bench/peers/$$peer/requirements.in || exit 1; \
+	done
