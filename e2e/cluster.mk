@@ -10,6 +10,8 @@ E2E_PYTEST_ARGS ?=
 .PHONY: tools keda-tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down \
         e2e-harness
 
+##@ Local cluster (e2e/cluster.mk), and the harness's own e2e tier
+
 ## tools: build kube-apiserver, etcd, controller-manager, scheduler, kubectl, helm (once, cached)
 tools: setup
 	nice -n 10 $(E2E_HARNESS) tools

@@ -1,5 +1,8 @@
 """Fixtures of the e2e tier: a local cluster, a local Prometheus, one namespace per test.
 
+The harness package is importable because pytest.ini puts this folder on the path
+(`pythonpath`); the operator fixtures come from it as a plugin.
+
 Nothing here needs the cluster binaries at import time: they are looked up when the first
 fixture starts a cluster, and a missing binary fails that fixture with the command that builds
 it (``make tools``).
@@ -8,18 +11,17 @@ it (``make tools``).
 from __future__ import annotations
 
 import re
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# --import-mode=importlib does not put test roots on sys.path; the harness package lives here.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.cluster import standin_commands, venv_commands
+
+# The operator fixtures (CRD, least-privilege identity, `start_operator`), for operator_e2e/
+# and rollout_e2e/; a plugin, as only the root conftest may register one.
+pytest_plugins = ["fleetserve_e2e.operator_fixtures"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

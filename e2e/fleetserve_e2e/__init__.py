@@ -4,7 +4,9 @@ It builds real Kubernetes binaries from pinned Go modules, starts etcd, kube-api
 kube-controller-manager and kube-scheduler on 127.0.0.1, registers fake nodes, runs scheduled
 runtime and operator pods as local processes and starts a real Prometheus that scrapes the
 runtime pods.  The pytest fixtures in ``e2e/conftest.py`` and the ``make cluster-up`` family
-of targets are its callers.
+of targets are its callers.  The e2e tests' shared helpers live here too, importable under
+``--import-mode=importlib``: ``testing``, ``operator_testing`` and ``rollout_testing``, and the
+operator fixtures (``operator_fixtures``, a pytest plugin that ``e2e/conftest.py`` registers).
 """
 
 from fleetserve_e2e.cluster import LocalCluster

@@ -1,6 +1,6 @@
 """The real operator on a local cluster: the CRD, a least-privilege identity, the process.
 
-The operator e2e tests (``operator_e2e/opfixtures.py``), the rollout e2e tests and the demo
+The operator e2e tests (``fleetserve_e2e.operator_fixtures``), the rollout e2e tests and the demo
 (``fleetserve_demo``) all run ``fleetserve-operator run`` the same way: the checked-in CRD is
 installed, the operator authenticates as the ServiceAccount of its shipped RBAC file with a
 token from the TokenRequest API (a kubeconfig that holds nothing else), and it runs as a

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from opkit import synthetic_service
-
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.testing import list_pods
 from fleetserve_e2e.waiting import wait_until
 

@@ -11,7 +11,11 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from opkit import (
+
+from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.operator_process import MANAGER, OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_testing import (
     children,
     route_forwards,
     synthetic_service,
@@ -19,10 +23,6 @@ from opkit import (
     wait_converged,
     warning_events,
 )
-
-from fleetserve_e2e import KubeClient, LocalCluster
-from fleetserve_e2e.kubeapi import JsonObject
-from fleetserve_e2e.operator_process import MANAGER, OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.testing import wait_for_deletion
 from fleetserve_e2e.waiting import wait_until
 

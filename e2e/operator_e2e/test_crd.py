@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opkit import synthetic_service
 
 from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster
 from fleetserve_e2e.operator_process import fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

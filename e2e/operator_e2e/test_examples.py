@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from opkit import children, flag, process_args, wait_converged
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.operator_process import (
@@ -27,6 +26,7 @@ from fleetserve_e2e.operator_process import (
     condition,
     fsvc_path,
 )
+from fleetserve_e2e.operator_testing import children, flag, process_args, wait_converged
 from fleetserve_e2e.testing import wait_for_ready_pods
 
 ROOT = Path(__file__).resolve().parents[2]

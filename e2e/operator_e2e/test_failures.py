@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from opkit import synthetic_service, wait_condition, warning_events
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service, wait_condition, warning_events
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"

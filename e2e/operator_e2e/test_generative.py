@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from opkit import children, flag, process_args, route_forwards, wait_converged
 
 from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster
 from fleetserve_e2e.chat import stream_chat
@@ -23,6 +22,13 @@ from fleetserve_e2e.operator_process import (
     OperatorProcess,
     condition,
     fsvc_path,
+)
+from fleetserve_e2e.operator_testing import (
+    children,
+    flag,
+    process_args,
+    route_forwards,
+    wait_converged,
 )
 from fleetserve_e2e.testing import wait_for_ready_pods
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import tritonclient.grpc as triton
-from opkit import synthetic_service, wait_converged
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import MANAGER, OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service, wait_converged
 
 NAME = "demo"
 GRPC_PORT = 9000

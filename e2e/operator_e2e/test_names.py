@@ -8,10 +8,10 @@ controllers name), so the CRD's bound on `metadata.name` must leave room for all
 from __future__ import annotations
 
 import pytest
-from opkit import synthetic_service, wait_converged
 
 from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster
 from fleetserve_e2e.operator_process import TRACK_LABEL, OperatorProcess, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service, wait_converged
 from fleetserve_e2e.testing import wait_for_ready_pods
 from fleetserve_e2e.waiting import wait_until
 

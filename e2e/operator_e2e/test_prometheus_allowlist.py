@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from opkit import children, synthetic_service
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, condition, fsvc_path
+from fleetserve_e2e.operator_testing import children, synthetic_service
 from fleetserve_e2e.waiting import wait_until
 
 EMPTY_VECTOR = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})

@@ -7,7 +7,6 @@ operator (running as the least-privilege ServiceAccount, see conftest.py).
 from __future__ import annotations
 
 import pytest
-from opkit import children, flag, process_args, synthetic_service, wait_converged, wait_for_object
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
@@ -17,6 +16,14 @@ from fleetserve_e2e.operator_process import (
     condition,
     fsvc_path,
     get_or_none,
+)
+from fleetserve_e2e.operator_testing import (
+    children,
+    flag,
+    process_args,
+    synthetic_service,
+    wait_converged,
+    wait_for_object,
 )
 from fleetserve_e2e.testing import wait_for_deletion, wait_for_no_pods, wait_for_ready_pods
 from fleetserve_e2e.waiting import wait_until

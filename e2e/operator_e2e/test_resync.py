@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opkit import children, synthetic_service, wait_condition
-
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
+from fleetserve_e2e.operator_testing import children, synthetic_service, wait_condition
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "resynced"

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opkit import synthetic_service, wait_condition, wait_converged, wait_for_object
-
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.keda import SCALED_OBJECT_CRD, keda_crd_dir
 from fleetserve_e2e.kubeapi import namespaced
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path, get_or_none
+from fleetserve_e2e.operator_testing import (
+    synthetic_service,
+    wait_condition,
+    wait_converged,
+    wait_for_object,
+)
 from fleetserve_e2e.waiting import wait_until
 
 NAME = "demo"

@@ -1,35 +1,20 @@
-"""Fixtures of the rollout e2e tests: the operator fixtures, Prometheus, a fast timer.
+"""Fixtures of the rollout e2e tests: an operator with a fast rollout timer.
 
-The operator fixtures (CRD, least-privilege identity, `start_operator`) are the operator
-e2e's, imported from `operator_e2e/opfixtures.py`; the load driver and the operator process
-live in the harness (`fleetserve_e2e.loadgen`, `fleetserve_e2e.operator_process`).
+The operator fixtures it builds on (CRD, least-privilege identity, `start_operator`) are the
+plugin `fleetserve_e2e.operator_fixtures`, registered by `e2e/conftest.py`; the load driver
+and the operator process live in the harness (`fleetserve_e2e.loadgen`,
+`fleetserve_e2e.operator_process`).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-# --import-mode=importlib puts no test folder on sys.path: add the operator e2e's (opkit,
-# opfixtures).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator_e2e"))
-
-from opfixtures import crd, operator_identity, operator_kubeconfig, start_operator
-
 from fleetserve_e2e import LocalPrometheus
 from fleetserve_e2e.operator_process import OperatorProcess
-
-__all__ = [
-    "crd",
-    "operator_identity",
-    "operator_kubeconfig",
-    "rollout_operator",
-    "start_operator",
-]
 
 ROLLOUT_SETTINGS = {
     # Steps fall due by the clock: tick well inside the tests' 4 s intervals.

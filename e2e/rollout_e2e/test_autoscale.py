@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from opkit import synthetic_service
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.keda import LocalKeda
@@ -38,6 +37,7 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     get_or_none,
 )
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.testing import is_pod_ready, list_pods
 from fleetserve_e2e.waiting import wait_until
 

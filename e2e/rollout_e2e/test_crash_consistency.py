@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opkit import synthetic_service
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.paths import REPO_DIR
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.testing import assert_operator_log_clean, watch_history

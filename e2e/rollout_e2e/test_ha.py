@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 
 import httpx
-from opkit import synthetic_service
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.testing import watch_history
 from fleetserve_e2e.waiting import wait_until
 

@@ -13,7 +13,7 @@ import pytest
 
 from fleetserve_operator.spec import ConditionType, RolloutPhase
 
-lupa = pytest.importorskip("lupa", reason="pip install -r requirements-ship.txt (lupa)")
+lupa = pytest.importorskip("lupa", reason="pip install -r requirements/ship.txt (lupa)")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "argocd" / "inferenceservice-health.lua"
 Manifest = dict[str, Any]

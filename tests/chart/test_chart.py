@@ -8,10 +8,9 @@ Runs the helm that `make tools` builds against the chart directory; no cluster.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -26,11 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
 ROLE = ROOT / "operator" / "rbac" / "role.yaml"
 CRD = ROOT / "crds" / "serving.fleetserve.io_inferenceservices.yaml"
-# The helm binary's built-in Kubernetes version is v1.20 (it is built without release ldflags),
-# older than the chart's kubeVersion; render for the version the e2e control plane runs.
-KUBE_VERSION = re.search(
-    r"k8s\.io/kubernetes (v\S+)", (ROOT / "e2e" / "tools" / "go.mod").read_text()
-)[1]  # type: ignore[index]  # the pin is always there
 ALL_FEATURES = [
     "--set",
     "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true",
@@ -44,48 +38,10 @@ ALL_FEATURES = [
     "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
 ]
 Manifest = dict[str, Any]
-
-
-def helm_path() -> Path:
-    """The built helm (`$FLEETSERVE_HELM` overrides it), as `make tools` lays it out."""
-    if override := os.environ.get("FLEETSERVE_HELM"):
-        return Path(override)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "fleetserve" / "bin" / KUBE_VERSION / "helm"
-
-
-HELM = helm_path()
-pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"{HELM} is not built: run `make tools`")
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run helm on the chart and return the finished process."""
-    proc = subprocess.run(  # our own binary and arguments
-        [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
-    )
-    if check and proc.returncode:
-        pytest.fail(f"helm {' '.join(args)} failed:\n{proc.stderr}")
-    return proc
-
-
-def render(*values: str, namespace: str = "fleetserve-system") -> list[Manifest]:
-    """`helm template` the chart (with its CRDs) and parse every object."""
-    out = helm(
-        "template", "fs", str(CHART), "-n", namespace, "--include-crds",
-        "--kube-version", KUBE_VERSION, *values,
-    ).stdout  # fmt: skip
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def only(manifests: Sequence[Manifest], kind: str, name: str | None = None) -> Manifest:
-    """The one object of `kind` (and `name`, when given)."""
-    found = [
-        m
-        for m in manifests
-        if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)
-    ]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
-    return found[0]
+# The `helm`, `render` and `only` fixtures (conftest.py).
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+Render = Callable[..., list[Manifest]]
+Only = Callable[..., Manifest]
 
 
 def role_rules() -> list[Manifest]:
@@ -95,13 +51,13 @@ def role_rules() -> list[Manifest]:
     return rules
 
 
-def test_lint_passes_with_strict() -> None:
+def test_lint_passes_with_strict(helm: Helm) -> None:
     """`helm lint --strict` passes with the defaults and with every optional feature on."""
-    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
-    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *ALL_FEATURES)
+    helm("lint", "--strict")
+    helm("lint", "--strict", *ALL_FEATURES)
 
 
-def test_default_render_has_the_core_objects_only() -> None:
+def test_default_render_has_the_core_objects_only(render: Render) -> None:
     """Defaults: CRD, operator, PDB, ServiceAccount, RBAC, Service, dashboard, admission."""
     kinds = sorted(m["kind"] for m in render())
     assert kinds == [
@@ -120,7 +76,7 @@ def test_default_render_has_the_core_objects_only() -> None:
     ]
 
 
-def test_operator_pod_is_hardened() -> None:
+def test_operator_pod_is_hardened(render: Render, only: Only) -> None:
     """Non-root, read-only root fs, no escalation, no capabilities, seccomp RuntimeDefault."""
     pod = only(render(), "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -137,7 +93,7 @@ def test_operator_pod_is_hardened() -> None:
 
 
 def test_operator_runs_the_image_entrypoint_with_its_config(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
 ) -> None:
     """`run`, probes on kopf's /healthz, FLEETSERVE_* env read by OperatorConfig as meant."""
     from fleetserve_operator.controller.settings import OperatorConfig
@@ -160,7 +116,7 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
 
 
 def test_allowed_prometheus_urls_reach_the_operator_allowlist(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
 ) -> None:
     """operator.allowedPrometheusUrls becomes the allowlist OperatorConfig checks specs with."""
     from fleetserve_operator.controller.settings import OperatorConfig
@@ -184,7 +140,7 @@ def test_allowed_prometheus_urls_reach_the_operator_allowlist(
             config.prometheus_allowlist.check(url)
 
 
-def test_cluster_role_rules_are_role_yaml_rules() -> None:
+def test_cluster_role_rules_are_role_yaml_rules(render: Render, only: Only) -> None:
     """Cluster-wide install: the ClusterRole's rules are role.yaml's, in order."""
     manifests = render()
     assert only(manifests, "ClusterRole")["rules"] == role_rules()
@@ -194,7 +150,7 @@ def test_cluster_role_rules_are_role_yaml_rules() -> None:
     ]
 
 
-def test_namespaced_install_splits_role_yaml_rules() -> None:
+def test_namespaced_install_splits_role_yaml_rules(render: Render, only: Only) -> None:
     """Watched namespaces: role.yaml's rules, cluster-scoped ones cluster-wide, the rest per ns.
 
     Cluster-wide also: list and watch on namespaces, which kopf needs only when namespaced
@@ -220,7 +176,7 @@ def test_namespaced_install_splits_role_yaml_rules() -> None:
         pytest.param(["--set", "watchNamespaces={ml}"], id="namespaced"),
     ],
 )
-def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None:
+def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str], render: Render) -> None:
     """No ClusterRole grants Leases (the control plane's leader leases, the nodes' heartbeats).
 
     The operator's one Lease is a Role's, by name, in the release's namespace
@@ -248,7 +204,7 @@ def test_no_cluster_role_reaches_leases_or_namespaces(values: list[str]) -> None
         assert namespace_rules == []
 
 
-def test_admission_policy_binds_the_operator_account_only() -> None:
+def test_admission_policy_binds_the_operator_account_only(render: Render, only: Only) -> None:
     """The policy matches Deployments the operator's account writes, and the binding denies."""
     manifests = render("--set-json", 'admissionPolicy.allowedServiceAccounts=["model-reader"]')
     policy = only(manifests, "ValidatingAdmissionPolicy")
@@ -284,7 +240,7 @@ def test_chart_copies_are_byte_identical_to_their_sources() -> None:
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD.name]
 
 
-def test_all_optional_features_render() -> None:
+def test_all_optional_features_render(render: Render, only: Only) -> None:
     """PodMonitor (target labels win), ServiceMonitor (scraped labels win), PrometheusRule."""
     manifests = render("--set", "watchNamespaces={ml}", *ALL_FEATURES)
     pod_monitor = only(manifests, "PodMonitor")["spec"]
@@ -305,7 +261,7 @@ def test_all_optional_features_render() -> None:
     assert alerts == set(re.findall(r"^\| `(Fleetserve\w+)`", readme, re.MULTILINE))
 
 
-def test_dashboard_is_valid_grafana_json() -> None:
+def test_dashboard_is_valid_grafana_json(render: Render, only: Only) -> None:
     """The dashboard ConfigMap holds JSON with the panels the issue asks for."""
     config_map = only(render(), "ConfigMap", "fs-fleetserve-dashboard")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -349,35 +305,33 @@ def test_dashboard_is_valid_grafana_json() -> None:
         ),
     ],
 )
-def test_schema_rejects_bad_values(values: list[str], message: str) -> None:
+def test_schema_rejects_bad_values(values: list[str], message: str, helm: Helm) -> None:
     """values.schema.json fails template and lint with a message naming the field."""
     for command in ("template", "lint"):
-        proc = helm(command, str(CHART), "--kube-version", KUBE_VERSION, *values, check=False)
+        proc = helm(command, *values, check=False)
         assert proc.returncode != 0, f"helm {command} accepted {values}"
         assert message in proc.stderr + proc.stdout
 
 
-def queries() -> str:
+def queries(render: Render, only: Only) -> str:
     """The PromQL of the PrometheusRule and the dashboard, as text."""
     manifests = render(*ALL_FEATURES)
     dashboard = only(manifests, "ConfigMap", "fs-fleetserve-dashboard")["data"]
     return json.dumps(only(manifests, "PrometheusRule")["spec"]) + str(dashboard["fleetserve.json"])
 
 
-def test_alerts_and_dashboard_match_real_phases_and_conditions() -> None:
+def test_alerts_and_dashboard_match_real_phases_and_conditions(render: Render, only: Only) -> None:
     """Each `phase` and `condition` matcher names a RolloutPhase or a ConditionType."""
-    text = queries()
+    text = queries(render, only)
     for label, values in (("phase", RolloutPhase), ("condition", ConditionType)):
         used = set(re.findall(rf'\b{label}=\\?"(\w+)', text))
         assert used, f"no {label} matcher found"
         assert used <= {v.value for v in values}, f"unknown {label}: {sorted(used)}"
 
 
-def test_long_release_names_give_valid_object_names() -> None:
+def test_long_release_names_give_valid_object_names(helm: Helm) -> None:
     """A 53-character release name (Helm's limit) still yields names of at most 63 characters."""
-    out = helm(
-        "template", "r" * 53, str(CHART), "--kube-version", KUBE_VERSION, *ALL_FEATURES
-    ).stdout
+    out = helm("template", "r" * 53, *ALL_FEATURES).stdout
     names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(out) if doc]
     assert names
     assert max(map(len, names)) <= 63
@@ -457,7 +411,7 @@ def allowed(
     )
 
 
-def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
+def test_network_policies_isolate_runtime_pods_per_tenant(render: Render) -> None:
     """Runtime pods take `http` and `grpc` from the gateway, `http` from Prometheus, no more."""
     manifests = render(*NETWORK_POLICY)
     policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
@@ -482,7 +436,7 @@ def test_network_policies_isolate_runtime_pods_per_tenant() -> None:
     assert not allowed(policies, "Ingress", runtime, GATEWAY, "debug")
 
 
-def test_network_policies_confine_the_operator() -> None:
+def test_network_policies_confine_the_operator(render: Render, only: Only) -> None:
     """The operator reaches the API server, Prometheus and DNS only; only Prometheus reaches it."""
     manifests = render(*NETWORK_POLICY)
     policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
@@ -513,7 +467,7 @@ def test_network_policies_confine_the_operator() -> None:
         assert len(targets) == 1, policy["metadata"]
 
 
-def test_network_policies_confine_runtime_pods_egress() -> None:
+def test_network_policies_confine_runtime_pods_egress(render: Render) -> None:
     """Runtime pods reach the cluster DNS only: no API server, metadata service or tenant."""
     manifests = render(*NETWORK_POLICY)
     policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
@@ -531,7 +485,7 @@ def test_network_policies_confine_runtime_pods_egress() -> None:
         assert not allowed(policies, "Egress", runtime, destination, port), destination
 
 
-def test_a_model_store_opens_runtime_egress_to_it_only() -> None:
+def test_a_model_store_opens_runtime_egress_to_it_only(render: Render) -> None:
     """networkPolicy.modelStore: its CIDRs on its ports, nothing else besides DNS."""
     manifests = render(
         *NETWORK_POLICY,
@@ -560,17 +514,16 @@ def test_a_model_store_opens_runtime_egress_to_it_only() -> None:
         ),
     ],
 )
-def test_network_policy_needs_what_it_cannot_guess(values: list[str], message: str) -> None:
+def test_network_policy_needs_what_it_cannot_guess(
+    values: list[str], message: str, helm: Helm
+) -> None:
     """Enabled without the runtime namespaces or the API server's addresses: a clear error."""
-    proc = helm(
-        "template", str(CHART), "--kube-version", KUBE_VERSION,
-        "--set", "networkPolicy.enabled=true", *values, check=False,
-    )  # fmt: skip
+    proc = helm("template", "--set", "networkPolicy.enabled=true", *values, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr
 
 
-def test_runtime_namespaces_override_the_watched_ones() -> None:
+def test_runtime_namespaces_override_the_watched_ones(render: Render) -> None:
     """A cluster-wide operator gets runtime policies in networkPolicy.runtimeNamespaces."""
     manifests = render(
         "--set", "networkPolicy.enabled=true",

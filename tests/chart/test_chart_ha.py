@@ -1,38 +1,37 @@
 """The chart's high availability: two operator replicas electing a leader through a Lease.
 
-Renders the chart with helm (as test_chart.py does) and checks what the operator and the
-scheduler will act on: the pod's environment read back by `OperatorConfig` (with the
+Renders the chart with helm (the `render` fixture, conftest.py) and checks what the operator
+and the scheduler will act on: the pod's environment read back by `OperatorConfig` (with the
 downward API's values filled in as the kubelet would), the Lease's Role, the spread of the
 replicas over nodes, and the PodDisruptionBudget.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from fleetserve_operator.controller.settings import OperatorConfig
 
-# --import-mode=importlib puts no test folder on sys.path: add this one for test_chart's helpers.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_chart import CHART, HELM, KUBE_VERSION, helm, only, render
-
-pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"{HELM} is not built: run `make tools`")
-
+Manifest = dict[str, Any]
+# The `helm`, `render` and `only` fixtures (conftest.py).
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+Render = Callable[..., list[Manifest]]
+Only = Callable[..., Manifest]
 NAMESPACE = "fleetserve-system"
 POD = {"metadata.name": "fs-fleetserve-6c9d8-x2lqp", "metadata.namespace": NAMESPACE}
 
 
-def _operator_pod(*values: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _operator_pod(render: Render, only: Only, *values: str) -> tuple[Manifest, Manifest]:
     deployment = only(render(*values, namespace=NAMESPACE), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return deployment, container
 
 
-def _config(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> OperatorConfig:
+def _config(container: Manifest, monkeypatch: pytest.MonkeyPatch) -> OperatorConfig:
     """The operator's config from the container's env, downward-API fields filled in."""
     for variable in container["env"]:
         field = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
@@ -41,10 +40,10 @@ def _config(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Opera
 
 
 def test_two_replicas_elect_a_leader_through_the_lease_by_default(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
 ) -> None:
     """Two pods, rolling updates, each a distinct candidate for one Lease in its namespace."""
-    deployment, container = _operator_pod()
+    deployment, container = _operator_pod(render, only)
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -56,7 +55,9 @@ def test_two_replicas_elect_a_leader_through_the_lease_by_default(
     assert (config.lease_duration_s, config.renew_deadline_s, config.retry_period_s) == (10, 8, 2)
 
 
-def test_the_lease_role_lets_the_operator_account_create_and_renew_only_its_lease() -> None:
+def test_the_lease_role_lets_the_operator_account_create_and_renew_only_its_lease(
+    render: Render, only: Only
+) -> None:
     manifests = render(namespace=NAMESPACE)
     role = only(manifests, "Role", "fs-fleetserve-leader-election")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -77,14 +78,16 @@ def test_the_lease_role_lets_the_operator_account_create_and_renew_only_its_leas
     ]
 
 
-def test_the_lease_role_is_in_the_release_namespace_for_a_namespaced_install() -> None:
+def test_the_lease_role_is_in_the_release_namespace_for_a_namespaced_install(
+    render: Render, only: Only
+) -> None:
     """The watched namespaces' RoleBindings do not cover the operator's own namespace."""
     manifests = render("--set", "watchNamespaces={ml}", namespace=NAMESPACE)
     assert only(manifests, "Role")["metadata"]["namespace"] == NAMESPACE
 
 
-def test_replicas_spread_over_nodes_and_zones_as_a_preference() -> None:
-    deployment, _ = _operator_pod()
+def test_replicas_spread_over_nodes_and_zones_as_a_preference(render: Render, only: Only) -> None:
+    deployment, _ = _operator_pod(render, only)
     pod = deployment["spec"]["template"]
     constraints = pod["spec"]["topologySpreadConstraints"]
     assert [c["topologyKey"] for c in constraints] == [
@@ -98,7 +101,7 @@ def test_replicas_spread_over_nodes_and_zones_as_a_preference() -> None:
         assert selector.items() <= pod["metadata"]["labels"].items()
 
 
-def test_a_disruption_budget_keeps_one_operator_through_drains() -> None:
+def test_a_disruption_budget_keeps_one_operator_through_drains(render: Render, only: Only) -> None:
     manifests = render(namespace=NAMESPACE)
     budget = only(manifests, "PodDisruptionBudget")
     assert budget["spec"]["minAvailable"] == 1
@@ -106,26 +109,24 @@ def test_a_disruption_budget_keeps_one_operator_through_drains() -> None:
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
-def test_one_replica_gets_no_disruption_budget() -> None:
+def test_one_replica_gets_no_disruption_budget(render: Render) -> None:
     """A budget of one available pod over a single pod would block every node drain."""
     kinds = {m["kind"] for m in render("--set", "replicas=1")}
     assert "PodDisruptionBudget" not in kinds
 
 
 def test_without_leader_election_one_replica_runs_with_recreate(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
 ) -> None:
     values = ("--set", "replicas=1,leaderElection.enabled=false")
-    deployment, container = _operator_pod(*values)
+    deployment, container = _operator_pod(render, only, *values)
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert not _config(container, monkeypatch).leader_election
     assert "Role" not in {m["kind"] for m in render(*values)}
 
 
-def test_lease_timings_that_could_let_two_operators_lead_are_refused() -> None:
+def test_lease_timings_that_could_let_two_operators_lead_are_refused(helm: Helm) -> None:
     for bad in ("leaderElection.renewDeadlineSeconds=10", "leaderElection.retryPeriodSeconds=8"):
-        proc = helm(
-            "template", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad, check=False
-        )
+        proc = helm("template", "--set", bad, check=False)
         assert proc.returncode != 0, bad
         assert "retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds" in proc.stderr

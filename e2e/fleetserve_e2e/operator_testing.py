@@ -1,8 +1,8 @@
 """Helpers of the operator e2e tests: build InferenceServices, read children and statuses.
 
 The operator process, the CRD, the least-privilege identity and the documented names live in
-the harness (`fleetserve_e2e.operator_process`), which the demo shares; what is here serves
-only the tests. Every wait has a deadline.
+`fleetserve_e2e.operator_process`, which the demo shares; what is here serves only the tests
+(`operator_e2e/`, `rollout_e2e/`). Every wait has a deadline.
 """
 
 from __future__ import annotations

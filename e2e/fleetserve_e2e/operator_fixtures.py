@@ -1,10 +1,10 @@
-"""Fixtures shared by the operator e2e folders: the CRD, a least-privilege identity, operators.
+"""Fixtures of the operator e2e folders: the CRD, a least-privilege identity, operators.
 
 Every test runs the real `fleetserve-operator` as a subprocess under the RBAC that
 `operator/rbac/role.yaml` ships (its ServiceAccount, a token from the TokenRequest API, a
 kubeconfig holding only that token), so each scenario also proves that the role suffices;
-teardown fails a test whose operator was refused anything. `operator_e2e/conftest.py` and
-`rollout_e2e/conftest.py` import these fixtures (with this folder on `sys.path`).
+teardown fails a test whose operator was refused anything. `e2e/conftest.py` registers this
+module as a pytest plugin, so `operator_e2e/` and `rollout_e2e/` share these fixtures.
 """
 
 from __future__ import annotations

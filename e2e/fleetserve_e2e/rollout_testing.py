@@ -1,0 +1,124 @@
+"""Helpers of the rollout e2e tests: a canary rollout of one synthetic InferenceService.
+
+The service has one synthetic replica per track, gateway-api traffic and `STEPS` of 4 s
+analysed on a 4 s window of the test's Prometheus; `deploy` waits for version 1 to serve,
+`roll_out` starts version 2, and the rest read back what the operator wrote: status, Events
+and the HTTPRoute's weights. `rollout_e2e/test_canary.py` and `test_canary_outages.py` share
+them. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.operator_process import child_path, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
+from fleetserve_e2e.prometheus import LocalPrometheus
+from fleetserve_e2e.waiting import wait_until
+
+NAME = "demo"
+BASE_LATENCY_MS = 20
+STEPS = [20, 50, 100]
+INTERVAL_S = 4.0
+ROLLOUT_S = 120.0
+
+
+def synthetic_model(version: str, **params: float) -> dict[str, str]:
+    """The synthetic model at `BASE_LATENCY_MS`; `params` add to its URI's query."""
+    query = "&".join(f"{k}={v}" for k, v in {"latency_ms": BASE_LATENCY_MS, **params}.items())
+    return {"name": NAME, "version": version, "uri": f"builtin://synthetic?{query}"}
+
+
+def rollout_service(
+    prometheus: LocalPrometheus,
+    mode: str = "threshold",
+    model: dict[str, str] | None = None,
+    interval_s: float = INTERVAL_S,
+    **sections: Any,
+) -> JsonObject:
+    """One synthetic replica, gateway-api traffic, 4 s steps analysed on 4 s of metrics."""
+    analysis = {
+        "mode": mode,
+        "prometheusUrl": prometheus.url,
+        "window": "4s",
+        "minRequests": 5,
+        "failureThreshold": 1,
+        # Tail latencies of 1-replica tracks on two busy cores are noisy: 2x, not 1.5x.
+        "maxLatencyRatioVsStable": 2.0,
+        "maxQueueWaitRatioVsStable": 10.0,
+        # A generative canary's 5 streams of 16 tokens.
+        "minTokens": 50,
+    }
+    return synthetic_service(
+        NAME,
+        model=model or synthetic_model("1"),
+        traffic={
+            "provider": "gateway-api",
+            "parentRefs": [{"name": "gateway"}],
+            **sections.pop("traffic", {}),
+        },
+        rollout={
+            "steps": STEPS,
+            "interval": f"{interval_s:g}s",
+            "progressDeadline": "2m",
+            "analysis": analysis,
+        },
+        **sections,
+    )
+
+
+def service_status(kube: KubeClient, namespace: str) -> JsonObject:
+    """The InferenceService's status (empty before the operator first writes it)."""
+    status: JsonObject = kube.get(fsvc_path(namespace, NAME)).get("status", {})
+    return status
+
+
+def wait_phase(kube: KubeClient, namespace: str, phase: str, timeout_s: float) -> JsonObject:
+    """Wait until status reports `phase`; return that status."""
+
+    def reached() -> JsonObject | None:
+        status = service_status(kube, namespace)
+        return status if status.get("phase") == phase else None
+
+    return wait_until(reached, timeout_s=timeout_s, what=f"phase {phase}")
+
+
+def deploy(
+    kube: KubeClient,
+    namespace: str,
+    prometheus: LocalPrometheus,
+    mode: str = "threshold",
+    model: dict[str, str] | None = None,
+    interval_s: float = INTERVAL_S,
+    **sections: Any,
+) -> JsonObject:
+    """Create the service (see `rollout_service`) and wait until version 1 serves."""
+    kube.create(
+        fsvc_path(namespace), rollout_service(prometheus, mode, model, interval_s, **sections)
+    )
+
+    def serving() -> JsonObject | None:
+        status = service_status(kube, namespace)
+        done = status.get("stableVersion") == "1" and status.get("phase") == "Succeeded"
+        return status if done else None
+
+    return wait_until(serving, timeout_s=90.0, what="version 1 to serve")
+
+
+def roll_out(kube: KubeClient, namespace: str, model: dict[str, str]) -> None:
+    """Start a rollout to `model`."""
+    kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": model}})
+
+
+def event_reasons(kube: KubeClient, namespace: str) -> list[str]:
+    """The reasons of the Events posted on the InferenceService."""
+    items = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [e["reason"] for e in items if e["involvedObject"]["name"] == NAME]
+
+
+def route_weights(kube: KubeClient, namespace: str) -> dict[str, int]:
+    """The HTTPRoute's weight per track."""
+    route = kube.get(child_path("HTTPRoute", namespace, NAME))
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    return {ref["name"].removeprefix(f"{NAME}-"): ref["weight"] for ref in refs}

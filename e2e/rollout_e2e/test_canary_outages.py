@@ -1,0 +1,180 @@
+"""A canary rollout through outages: the stable pods, the operator, Prometheus.
+
+As in test_canary.py, the operator runs under its RBAC role with a 0.5 s rollout timer, one
+synthetic runtime process per track, 4 s steps judged on a 4 s window
+(`fleetserve_e2e.rollout_testing`), and `LoadDriver` plays the gateway. Killing the stable
+pods' processes moves traffic to the CPU fallback and back; an operator killed mid-rollout is
+followed by one that resumes the same step; Prometheus frozen at a step holds the step, and
+nothing is passed on old evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.loadgen import LoadDriver
+from fleetserve_e2e.operator_process import (
+    TRACK_LABEL,
+    OperatorProcess,
+    condition,
+)
+from fleetserve_e2e.rollout_testing import (
+    NAME,
+    ROLLOUT_S,
+    STEPS,
+    deploy,
+    event_reasons,
+    roll_out,
+    route_weights,
+    service_status,
+    synthetic_model,
+    wait_phase,
+)
+from fleetserve_e2e.waiting import wait_until
+
+FROZEN_S = 60.0
+"""The longest Prometheus outage: the first analysis recorded in it ends it, several intervals
+later."""
+FROZEN_MARGIN_S = 2.0
+"""A look that read Prometheus just before the freeze may still be recorded this long after."""
+
+
+def test_stable_outage_fails_over_to_cpu_and_back(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """Killing the stable pods' processes moves traffic to the fallback, then back."""
+    rollout_operator()
+    fallback = {"enabled": True, "threads": 1, "replicas": {"min": 1, "max": 1}}
+    deploy(kube, namespace, local_prometheus, fallback=fallback)
+    wait_until(
+        lambda: (
+            service_status(kube, namespace)["tracks"].get("fallback", {}).get("readyReplicas") == 1
+        ),
+        timeout_s=60.0,
+        what="the fallback to be ready",
+    )
+    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
+        wait_until(lambda: load.by_track("stable"), timeout_s=30.0, what="load on stable")
+        for pod in local_cluster.pod_addresses():
+            if pod.namespace == namespace and pod.labels.get(TRACK_LABEL) == "stable":
+                os.kill(pod.pid, signal.SIGKILL)
+        wait_until(
+            lambda: (
+                condition(service_status(kube, namespace), "FallbackActive")["status"] == "True"
+            ),
+            timeout_s=30.0,
+            what="FallbackActive",
+        )
+        wait_until(
+            lambda: (
+                condition(service_status(kube, namespace), "FallbackActive")["status"] == "False"
+            ),
+            timeout_s=90.0,
+            what="traffic back on the GPU track",
+        )
+        wait_until(lambda: load.weights == {"stable": 100, "fallback": 0}, timeout_s=10.0,
+                   what="the route back on stable")  # fmt: skip
+    assert {"stable": 0, "fallback": 100} in [sample.weights for sample in load.routes]
+    served = [r for r in load.by_track("fallback") if r.status == 200]
+    assert served, "the fallback served nothing"
+    assert {"FallbackActivated", "FallbackDeactivated"} <= set(event_reasons(kube, namespace))
+
+
+def test_restarted_operator_resumes_the_same_step(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """Killed at step 2 of 3: the next operator goes on from there and promotes once."""
+    first = rollout_operator()
+    deploy(kube, namespace, local_prometheus)
+    with LoadDriver(local_cluster, namespace, NAME, NAME):
+        roll_out(kube, namespace, synthetic_model("2"))
+        at_kill = wait_until(
+            lambda: (
+                (s := service_status(kube, namespace)).get("rollout", {}).get("stepIndex") == 1
+                and s
+            ),
+            timeout_s=ROLLOUT_S,
+            what="step 2",
+        )
+        first.kill()
+        second = rollout_operator()
+        seen: list[dict[str, Any]] = []
+
+        def promoted() -> bool:
+            seen.append(service_status(kube, namespace))
+            return seen[-1].get("stableVersion") == "2"
+
+        wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
+    started = at_kill["rollout"]["canaryStartedAt"]
+    active = [s for s in seen if s.get("canaryVersion")]
+    assert all(s["rollout"].get("canaryStartedAt") == started for s in active), "restarted"
+    assert all(s["rollout"].get("stepIndex", 1) >= 1 for s in active), "went back a step"
+    assert second.total("fleetserve_operator_promotions") == 1
+    reasons = event_reasons(kube, namespace)
+    assert reasons.count("Promoted") == 1
+    assert reasons.count("RolloutStarted") == 1
+    assert "RolloutRestarted" not in reasons
+
+
+def test_frozen_prometheus_holds_the_step_and_never_passes_it(
+    kube: KubeClient,
+    namespace: str,
+    local_prometheus: LocalPrometheus,
+    local_cluster: LocalCluster,
+    rollout_operator: Callable[[], OperatorProcess],
+) -> None:
+    """The real Prometheus stopped (SIGSTOP: it accepts and never answers) at a step.
+
+    While it is frozen the canary stays at its weight and no analysis recorded then is a pass:
+    evidence gathered before the outage must not carry a step. Once it answers again the
+    good version is promoted.
+    """
+    rollout_operator()
+    deploy(kube, namespace, local_prometheus, "sequential")
+    assert local_prometheus.process is not None
+    pid = local_prometheus.process.pid
+    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
+        roll_out(kube, namespace, synthetic_model("2"))
+        wait_until(
+            lambda: service_status(kube, namespace).get("canaryWeight") == STEPS[0],
+            timeout_s=60.0,
+            what=f"the canary at {STEPS[0]} %",
+        )
+        os.kill(pid, signal.SIGSTOP)
+        frozen_at = datetime.now(UTC)
+
+        def recorded_in_outage() -> list[dict[str, Any]] | None:
+            since = frozen_at + timedelta(seconds=FROZEN_MARGIN_S)
+            analyses = service_status(kube, namespace)["rollout"].get("analyses", [])
+            late = [a for a in analyses if datetime.fromisoformat(a["time"]) >= since]
+            return late or None
+
+        try:
+            # A look at a frozen Prometheus waits out its query timeouts (5 s each, several
+            # queries), so the first analysis of the outage comes some seconds after the freeze.
+            during = wait_until(
+                recorded_in_outage, timeout_s=FROZEN_S, what="an analysis during the outage"
+            )
+            status = service_status(kube, namespace)
+            weights = route_weights(kube, namespace)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert status.get("canaryWeight") == STEPS[0], status
+        assert weights == {"stable": 100 - STEPS[0], "canary": STEPS[0]}
+        assert all(a["verdict"] == "Inconclusive" for a in during), during
+        wait_phase(kube, namespace, "Succeeded", ROLLOUT_S)
+    assert service_status(kube, namespace)["stableVersion"] == "2"
+    assert all(r.status == 200 for r in load.records), "a request failed"
