@@ -36,13 +36,11 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     TokenEvent,
 )
-from fleetserve_runtime.generate.engine import (
-    INLINE_PROMPT_CHARS,
-    EngineLimits,
-    GenerationEngine,
-    GenerationStream,
-    StepPace,
-)
+from fleetserve_runtime.generate.engine import GenerationEngine
+from fleetserve_runtime.generate.engine_core import StepPace
+from fleetserve_runtime.generate.limits import EngineLimits
+from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS
+from fleetserve_runtime.generate.stream import GenerationStream
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.models.causal_lm import ChatMessage, KVLayout, StepInput, TextCodec
 from fleetserve_runtime.models.llama.config import Checkpoint
