@@ -1,6 +1,6 @@
 """Iteration-level scheduling: which sequences run the next model step, and with which tokens.
 
-Pure decision code (no torch, no asyncio, no threads): the engine calls `schedule` before
+Pure decision code (no torch, no asyncio, no threads): the engine core calls `schedule` before
 every step and `commit` after it. Rules, in the order `schedule` applies them:
 
 * every running sequence that is decoding gets its one token first, so streams already

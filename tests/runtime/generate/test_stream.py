@@ -14,6 +14,7 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     TokenEvent,
 )
+from fleetserve_runtime.generate.stream import GenerationStream
 from tests.runtime.generate.engine_fakes import PagedEcho, collect, make_engine, request
 
 
@@ -80,3 +81,17 @@ async def test_cancelling_a_stream_frees_its_blocks_within_one_step() -> None:
         assert engine.stats().running == 0
     finally:
         await engine.stop()
+
+
+async def test_a_stream_reaches_its_sequence_only_through_the_callbacks_it_was_given() -> None:
+    """`aclose` cancels once and says the stream ended once; events after the end are dropped."""
+    ended: list[str] = []
+    stream = GenerationStream(prompt_tokens=3, request_id="r", on_end=lambda: ended.append("end"))
+    stream.watch(60.0, lambda: ended.append("cancel"))
+    stream.push([TokenEvent("a", (97,))])
+    assert await anext(stream) == TokenEvent("a", (97,))
+    await stream.aclose()
+    await stream.aclose()
+    stream.push([TokenEvent("b", (98,))])
+    assert ended == ["end", "cancel"]
+    assert [event async for event in stream] == []
