@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Generic
 
 from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.core.queueing import aged_priority
 from fleetserve_runtime.encoder.request_queue import Cell, G, PendingItem, RequestQueue
 
 __all__ = [
@@ -200,7 +201,7 @@ def _earliest(due: float, deadline: float | None) -> float:
 
 
 def _effective(item: PendingItem[G], now: float, aging_s: float) -> tuple[float, int]:
-    return (item.priority - (now - item.enqueued_at) / aging_s, item.seq)
+    return (aged_priority(item.priority, item.enqueued_at, now, aging_s), item.seq)
 
 
 def _choose_bucket(

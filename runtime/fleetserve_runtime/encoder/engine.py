@@ -30,7 +30,6 @@ from fleetserve_runtime.core.errors import (
     DeadlineExceeded,
     FleetserveError,
     InputTooLong,
-    InvalidInput,
     ItemFailed,
     ModelNotReady,
 )
@@ -38,6 +37,7 @@ from fleetserve_runtime.core.limits import MAX_CHARS_PER_TOKEN
 from fleetserve_runtime.core.logs import current_request
 from fleetserve_runtime.core.metrics import RuntimeMetrics
 from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.core.queueing import resolve_timeout
 from fleetserve_runtime.encoder.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
 from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor
 from fleetserve_runtime.encoder.request_queue import PendingItem, RequestQueue
@@ -303,11 +303,12 @@ class EncoderEngine:
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
         limits = self._config.queue
-        if timeout_ms is None:
-            return limits.default_timeout_ms / 1000
-        if not 0 < timeout_ms <= limits.max_timeout_ms:
-            msg = f"timeout_ms must be between 1 and {limits.max_timeout_ms}, got {timeout_ms}"
-            raise InvalidInput(msg)
+        timeout_ms = resolve_timeout(
+            timeout_ms,
+            default=limits.default_timeout_ms,
+            maximum=limits.max_timeout_ms,
+            refusal="timeout_ms must be between 1 and {maximum}, got {requested}",
+        )
         return timeout_ms / 1000
 
     def _cache_key(self, model: LoadedModel, instance: object, truncate: bool) -> bytes | None:

@@ -20,8 +20,8 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
-from fleetserve_runtime.core.errors import QueueFull
 from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.core.queueing import QueueBound
 
 __all__ = ["Cell", "G", "PendingItem", "RequestQueue"]
 
@@ -78,8 +78,7 @@ class RequestQueue(Generic[G]):
     """Bounded multi-cell queue; see the module docstring."""
 
     def __init__(self, *, max_size: int, retry_after_s: float) -> None:
-        self._max_size = max_size
-        self._retry_after_s = retry_after_s
+        self._bound = QueueBound(max_size, retry_after_s)
         self._cells: dict[tuple[G, int, Priority], Cell[G]] = {}
         self._deadlines: list[tuple[float, int, PendingItem[G]]] = []
         self._size = 0
@@ -92,16 +91,11 @@ class RequestQueue(Generic[G]):
     @property
     def max_size(self) -> int:
         """The bound on live items."""
-        return self._max_size
+        return self._bound.max_size
 
     def push(self, items: Sequence[PendingItem[G]]) -> None:
         """Queue all `items` of one request, or none: raise `QueueFull` when they do not fit."""
-        if self._size + len(items) > self._max_size:
-            msg = (
-                f"queue is full ({self._size} of {self._max_size} waiting); "
-                f"retry after {self._retry_after_s:g}s"
-            )
-            raise QueueFull(msg, retry_after_s=self._retry_after_s)
+        self._bound.check(self._size, len(items))
         for item in items:
             key = (item.group, item.bucket, item.priority)
             cell = self._cells.get(key)

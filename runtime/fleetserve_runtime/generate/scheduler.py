@@ -1,6 +1,6 @@
 """Iteration-level scheduling: which sequences run the next model step, and with which tokens.
 
-Pure decision code (no torch, no asyncio, no threads): the engine calls `schedule` before
+Pure decision code (no torch, no asyncio, no threads): the engine core calls `schedule` before
 every step and `commit` after it. Rules, in the order `schedule` applies them:
 
 * every running sequence that is decoding gets its one token first, so streams already
@@ -31,57 +31,16 @@ import heapq
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Literal
 
-from fleetserve_runtime.core.priority import Priority
-from fleetserve_runtime.generate.blocks import BlockPool, chain_hash
+from fleetserve_runtime.core.queueing import aged_priority
+from fleetserve_runtime.generate.blocks import BlockPool
+from fleetserve_runtime.generate.kv_manager import KVManager
+from fleetserve_runtime.generate.sequence import Seq, SeqState
 
-__all__ = ["Chunk", "Policy", "Scheduler", "SchedulerLimits", "Seq", "SeqState", "StepPlan"]
+__all__ = ["Chunk", "Policy", "Scheduler", "SchedulerLimits", "StepPlan"]
 
 Policy = Literal["continuous", "static"]
-
-
-class SeqState(Enum):
-    """Where a sequence is in its life."""
-
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(slots=True, eq=False)
-class Seq:
-    """One generation as the scheduler sees it: its tokens and the blocks that hold their KV.
-
-    `tokens` is the prompt followed by what was generated so far; the first `num_computed`
-    of them have their keys and values in the blocks of `block_table`.
-    """
-
-    seq_id: int
-    tokens: list[int]
-    prompt_len: int
-    priority: Priority = Priority.NORMAL
-    arrived_at: float = 0.0
-    state: SeqState = SeqState.WAITING
-    num_computed: int = 0
-    block_table: list[int] = field(default_factory=list)
-    cached_tokens: int | None = None
-    """Prompt tokens reused from the prefix cache at the first admission; None before it."""
-    preemptions: int = 0
-    rank: tuple[float, int] = (0.0, 0)
-    """Set by the scheduler on `add`: lower runs first, higher is preempted first."""
-    _hashes: list[bytes] = field(default_factory=list)
-    _registered: int = 0
-
-    def block_hashes(self, count: int, block_size: int) -> list[bytes]:
-        """Chain hashes of the first `count` full blocks of `tokens`, computed once each."""
-        hashes = self._hashes
-        for index in range(len(hashes), count):
-            parent = hashes[-1] if hashes else b""
-            start = index * block_size
-            hashes.append(chain_hash(parent, self.tokens[start : start + block_size]))
-        return hashes[:count]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +111,7 @@ class Scheduler:
             msg = "max_running_sequences and max_step_tokens must be positive"
             raise ValueError(msg)
         self.pool = pool
+        self.kv = KVManager(pool)
         self.limits = limits
         self._running: list[Seq] = []
         self._waiting: list[tuple[tuple[float, int], Seq]] = []
@@ -173,14 +133,10 @@ class Scheduler:
         """Running sequences, best first."""
         return iter(self._running)
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks that `num_tokens` token slots occupy."""
-        return -(-num_tokens // self.pool.block_size)
-
     def add(self, seq: Seq) -> None:
         """Queue a new sequence; its rank is fixed from its priority and arrival time."""
-        aging = self.limits.priority_aging_s
-        level = seq.priority + seq.arrived_at / aging if aging > 0 else float(seq.priority)
+        # Ranked as at time 0: aging keeps the order of two sequences at any time.
+        level = aged_priority(seq.priority, seq.arrived_at, 0.0, self.limits.priority_aging_s)
         seq.rank = (level, seq.seq_id)
         seq.state = SeqState.WAITING
         self._push_waiting(seq)
@@ -189,7 +145,7 @@ class Scheduler:
         """Take `seq` out, waiting or running, and free its blocks (finished, cancelled, failed)."""
         if seq.state is SeqState.RUNNING:
             self._running.remove(seq)
-            self._free(seq)
+            self.kv.free(seq)
         elif seq.state is SeqState.WAITING:
             self._num_waiting -= 1
         seq.state = SeqState.FINISHED
@@ -221,19 +177,12 @@ class Scheduler:
         `new_tokens` has one entry per chunk, None where the chunk did not sample. Blocks
         that became full join the prefix cache.
         """
-        pool = self.pool
         for chunk, token in zip(plan.chunks, new_tokens, strict=True):
             seq = chunk.seq
             seq.num_computed = chunk.start + chunk.length
             if token is not None:
                 seq.tokens.append(token)
-            if pool.prefix_caching:
-                full = seq.num_computed // pool.block_size
-                if full > seq._registered:
-                    hashes = seq.block_hashes(full, pool.block_size)
-                    for index in range(seq._registered, full):
-                        pool.register(seq.block_table[index], hashes[index])
-                    seq._registered = full
+            self.kv.cache_computed(seq)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -250,16 +199,16 @@ class Scheduler:
         Fewer when `shrink` and only fewer fit; otherwise the worst running sequences are
         preempted while none fit; 0 when `seq` itself was.
         """
-        pool = self.pool
+        kv = self.kv
         while True:
-            need = self.blocks_for(seq.num_computed + want) - len(seq.block_table)
-            free = pool.free_blocks
+            need = kv.blocks_for(seq.num_computed + want) - len(seq.block_table)
+            free = kv.free_blocks
             if need > free and shrink:
-                fit = (len(seq.block_table) + free) * pool.block_size - seq.num_computed
+                fit = (len(seq.block_table) + free) * self.pool.block_size - seq.num_computed
                 if fit > 0:
                     want, need = fit, free
             if need <= free:
-                seq.block_table.extend(pool.allocate(need) or ())
+                kv.grow(seq, need)
                 return want
             victim = self._running[-1]
             self._preempt(victim, draft)
@@ -269,34 +218,27 @@ class Scheduler:
     def _preempt(self, seq: Seq, draft: _Draft) -> None:
         self._running.remove(seq)
         draft.drop(seq)
-        self._free(seq)
+        self.kv.free(seq)
         seq.preemptions += 1
         self.preemptions += 1
         draft.preempted.append(seq)
         seq.state = SeqState.WAITING
         self._push_waiting(seq)
 
-    def _free(self, seq: Seq) -> None:
-        self.pool.release(seq.block_table)
-        seq.block_table = []
-        seq._registered = 0
-
     def _admit(self, draft: _Draft) -> None:
-        pool = self.pool
+        kv = self.kv
         while draft.budget > 0 and len(self._running) < self.limits.max_running_sequences:
             seq = self._peek_waiting()
             if seq is None:
                 return
-            prefix = self._cached_prefix(seq)
-            cached = len(prefix) * pool.block_size
+            prefix = kv.cached_prefix(seq)
+            cached = len(prefix) * self.pool.block_size
             want = min(len(seq.tokens) - cached, draft.budget)
-            need = self.blocks_for(cached + want) - len(prefix)
-            # Taking a cached block that no one holds removes it from the free count.
-            taken_free = sum(1 for block in prefix if pool.refs(block) == 0)
-            if need > pool.free_blocks - taken_free:
+            need = kv.blocks_for(cached + want) - len(prefix)
+            if not kv.can_start(prefix, need):
                 return
             self._start(seq, prefix, draft)
-            seq.block_table.extend(pool.allocate(need) or ())
+            kv.grow(seq, need)
             draft.add(Chunk(seq, cached, want, cached + want == len(seq.tokens)))
 
     def _form_static_batch(self, draft: _Draft) -> None:
@@ -304,26 +246,13 @@ class Scheduler:
             seq = self._peek_waiting()
             if seq is None:
                 return
-            self._start(seq, self._cached_prefix(seq), draft)
-
-    def _cached_prefix(self, seq: Seq) -> list[int]:
-        pool = self.pool
-        if not pool.prefix_caching:
-            return []
-        # The last token is always computed: its logits are what the first step samples.
-        reusable = (len(seq.tokens) - 1) // pool.block_size
-        return pool.cached_prefix(seq.block_hashes(reusable, pool.block_size))
+            self._start(seq, self.kv.cached_prefix(seq), draft)
 
     def _start(self, seq: Seq, prefix: list[int], draft: _Draft) -> None:
         """Move the best waiting sequence `seq` to running, holding its cached `prefix`."""
         heapq.heappop(self._waiting)
         self._num_waiting -= 1
-        self.pool.acquire(prefix, query_tokens=len(seq.tokens))
-        seq.block_table = list(prefix)
-        seq.num_computed = len(prefix) * self.pool.block_size
-        seq._registered = len(prefix)
-        if seq.cached_tokens is None:
-            seq.cached_tokens = seq.num_computed
+        self.kv.start(seq, prefix)
         seq.state = SeqState.RUNNING
         bisect.insort(self._running, seq, key=_rank)
         draft.admitted.append(seq)

@@ -51,8 +51,10 @@ from fleetserve_runtime.encoder.executor import (
 )
 from fleetserve_runtime.encoder.request_queue import RequestQueue
 from fleetserve_runtime.generate.contracts import GenerationRequest
-from fleetserve_runtime.generate.engine import EngineLimits, GenerationEngine, GenerationStream
+from fleetserve_runtime.generate.engine import GenerationEngine
+from fleetserve_runtime.generate.limits import EngineLimits
 from fleetserve_runtime.generate.metrics import GenerationMetrics
+from fleetserve_runtime.generate.stream import GenerationStream
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry
 from fleetserve_runtime.serving.versions import VersionLoader
 

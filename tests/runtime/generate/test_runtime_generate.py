@@ -31,7 +31,7 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     TokenEvent,
 )
-from fleetserve_runtime.generate.engine import GenerationStream
+from fleetserve_runtime.generate.stream import GenerationStream
 from fleetserve_runtime.models.causal_lm import StepInput
 from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.models.synthetic_lm import SyntheticLM

@@ -16,14 +16,8 @@ import pytest
 
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.blocks import BlockPool
-from fleetserve_runtime.generate.scheduler import (
-    Policy,
-    Scheduler,
-    SchedulerLimits,
-    Seq,
-    SeqState,
-    StepPlan,
-)
+from fleetserve_runtime.generate.scheduler import Policy, Scheduler, SchedulerLimits, StepPlan
+from fleetserve_runtime.generate.sequence import Seq, SeqState
 
 
 def next_token(history: list[int]) -> int:

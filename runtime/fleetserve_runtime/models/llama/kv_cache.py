@@ -35,7 +35,7 @@ __all__ = [
     "DecodeBatch",
     "PagedKVCache",
     "PrefillChunk",
-    "StepPlan",
+    "ForwardBatch",
     "group_by_length",
     "plan_step",
 ]
@@ -144,7 +144,7 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class StepPlan:
+class ForwardBatch:
     """Index tensors for one step, computed once and shared by every layer."""
 
     token_ids: torch.Tensor
@@ -263,7 +263,7 @@ def plan_step(
     device: torch.device,
     *,
     decode_group_overhead: int = DECODE_GROUP_OVERHEAD,
-) -> StepPlan:
+) -> ForwardBatch:
     """Lay out a step's tokens (decode rows first) and the pool indices every layer uses.
 
     Decode rows are sorted by context length and split into padded groups where that saves
@@ -303,7 +303,7 @@ def plan_step(
         chunks = [step.chunks[i] for i in decode_ids[start:end]]
         decodes.append(_decode_batch(chunks, decode_spans[start:end], start, cache, device))
         start = end
-    return StepPlan(
+    return ForwardBatch(
         token_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         slots=torch.tensor(slots, dtype=torch.int64, device=device),

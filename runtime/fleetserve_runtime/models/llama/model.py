@@ -33,8 +33,8 @@ from fleetserve_runtime.models.causal_lm import KVLayout, StepInput
 from fleetserve_runtime.models.llama.config import LlamaConfig
 from fleetserve_runtime.models.llama.kv_cache import (
     DECODE_GROUP_OVERHEAD,
+    ForwardBatch,
     PagedKVCache,
-    StepPlan,
     plan_step,
 )
 
@@ -244,7 +244,7 @@ class LlamaModel:
         index: int,
         layer: _Layer,
         x: torch.Tensor,
-        plan: StepPlan,
+        plan: ForwardBatch,
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> torch.Tensor:
@@ -263,7 +263,7 @@ class LlamaModel:
         return x + (F.silu(gate) * up) @ layer.down
 
     def _attend(
-        self, index: int, plan: StepPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, index: int, plan: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """Attention of every row of the step; returns `[T, num_heads * head_dim]`."""
         cfg = self.config

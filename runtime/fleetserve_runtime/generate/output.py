@@ -1,0 +1,76 @@
+"""Output processing: one sampled token of a request becomes its stream's events.
+
+Runs on the engine's worker thread, after each step: the token is decoded to text
+(incrementally, so a character split over tokens is held back), the stop strings cut it,
+and the request finishes at an end-of-sequence token (unless ignored), a stop string,
+`max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
+metrics (time to first token, between tokens) are observed here, where each token lands.
+"""
+
+from __future__ import annotations
+
+from fleetserve_runtime.generate.contracts import (
+    FinishEvent,
+    FinishReason,
+    GenerationEvent,
+    TokenEvent,
+    Usage,
+)
+from fleetserve_runtime.generate.metrics import VersionGenerationMetrics
+from fleetserve_runtime.generate.request import EngineRequest
+from fleetserve_runtime.models.causal_lm import TextCodec
+
+__all__ = ["OutputProcessor"]
+
+
+class OutputProcessor:
+    """Turns sampled tokens into text deltas and finish events for one model."""
+
+    def __init__(
+        self,
+        *,
+        codec: TextCodec,
+        context_length: int,
+        metrics: VersionGenerationMetrics,
+    ) -> None:
+        self._codec = codec
+        self._context_length = context_length
+        self._metrics = metrics
+
+    def on_token(
+        self, request: EngineRequest, token: int, now: float
+    ) -> tuple[list[GenerationEvent], bool]:
+        """Account one new token of `request`: its events, and whether it finished."""
+        metrics = self._metrics
+        if request.last_token_at is None:
+            metrics.time_to_first_token.observe(now - request.seq.arrived_at)
+        else:
+            metrics.inter_token_latency.observe(now - request.last_token_at)
+        request.last_token_at = now
+        request.generated += 1
+        reason: FinishReason | None = None
+        text = ""
+        if token in self._codec.eos_token_ids and not request.params.ignore_eos:
+            reason = FinishReason.STOP
+        else:
+            request.pending_ids.append(token)
+            text = request.stops.push(request.decoder.push(token))
+            if request.stops.stopped:
+                reason = FinishReason.STOP
+            elif (
+                request.generated >= request.max_tokens
+                or len(request.seq.tokens) >= self._context_length
+            ):
+                reason = FinishReason.LENGTH
+        if reason is not None and not request.stops.stopped:
+            text += request.stops.push(request.decoder.flush())
+            text += request.stops.flush()
+        events: list[GenerationEvent] = []
+        if text:
+            events.append(TokenEvent(text, tuple(request.pending_ids)))
+            request.pending_ids.clear()
+        if reason is not None:
+            seq = request.seq
+            usage = Usage(seq.prompt_len, request.generated, seq.cached_tokens or 0)
+            events.append(FinishEvent(reason, usage))
+        return events, reason is not None
