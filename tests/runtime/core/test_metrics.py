@@ -15,7 +15,8 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.metrics import ANSWERED_CODES, LATENCY_BUCKETS_S
-from fleetserve_runtime.server.app import STATUS_OF, create_app
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.http_errors import STATUS_OF
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

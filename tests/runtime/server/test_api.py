@@ -19,7 +19,8 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.liveness import Liveness
-from fleetserve_runtime.server.app import create_app, json_media_refusal
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.request_body import json_media_refusal
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
 

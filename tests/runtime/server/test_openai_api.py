@@ -27,10 +27,10 @@ from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import SamplingParams
 from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.server.generation_schemas import (
+from fleetserve_runtime.server.generation_schemas import RequestControls
+from fleetserve_runtime.server.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
-    RequestControls,
     chat_generation,
     completion_generation,
 )
