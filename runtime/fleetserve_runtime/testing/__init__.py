@@ -1,9 +1,11 @@
-"""Public test helpers (like `kopf.testing`): a fake clock, config, request and queue-item
-factories, and a reading of `/metrics`.
+"""Public test helpers (like `kopf.testing`): fakes, factories, a reading of `/metrics`.
+
+A fake clock; config, infer-request and queue-item factories; `metric_total`.
 
 Tests import these instead of sharing conftest fixtures, so they work under pytest's
 importlib import mode and in other projects' tests of custom handlers. `asgi` serves a
-runtime in process (it needs the test dependencies, so this module does not import it).
+runtime in process and `process` runs it as one; both need the test dependencies, so this
+module imports neither.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def infer_request(texts: Sequence[object], **parameters: Any) -> dict[str, Any]:
 
 
 def metric_total(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` in `text` (a `/metrics` page) whose labels include `labels`."""
+    """The sum of `name`'s samples in `text` (a `/metrics` page) whose labels include `labels`."""
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
