@@ -1,9 +1,10 @@
 """Access control decisions: bearer tokens and the allowlist of loadable model URIs.
 
-The functions here are pure; `TokenFile` is the one adapter. It reads the token from a file
-(a mounted Secret) and reads it again whenever the file changes, so a rotated Secret takes
-effect without a restart. Nothing here knows about HTTP: `api` passes header values in and
-maps the answers to statuses.
+The functions here are pure (but `is_privileged`, which asks a `TokenFile`); `TokenFile` is
+the one adapter. It reads the token from a file (a mounted Secret) and reads it again
+whenever the file changes, so a rotated Secret takes effect without a restart. Nothing here
+knows about HTTP or gRPC: the edge (`server`) passes header and metadata values in and maps
+the answers to statuses.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "TokenFile",
     "allowlist_entry_problem",
     "bearer_token",
+    "is_privileged",
     "read_token",
     "token_matches",
     "uri_refusal",
@@ -108,6 +110,15 @@ class TokenFile:
             else:
                 log.info("token file read", extra={"path": str(self.path)})
         return self._token
+
+
+def is_privileged(presented: bytes | None, priority_token: TokenFile | None) -> bool:
+    """Whether `presented` (bearer credentials) is the priority token (`priority_token_file`).
+
+    The one check both edges, HTTP and gRPC, make before granting more than the defaults
+    (`serving.admission`); never true on a server without a priority token.
+    """
+    return priority_token is not None and token_matches(presented, priority_token.current())
 
 
 @dataclass(frozen=True, slots=True)

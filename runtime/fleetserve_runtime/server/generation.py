@@ -4,18 +4,19 @@
   API as its official client speaks it. Every error, also before the route (a bad token,
   an unknown path, a body over the limit), is OpenAI's shape
   `{"error": {"message", "type", "param", "code"}, "request_id"}`; `speaks_openai` tells
-  `app` which paths answer so.
+  `responses` which paths answer so.
 - `POST /v2/models/{name}[/versions/{v}]/generate` and `.../generate_stream`: the OIP
   generate extension (`text_input`, `parameters`; `text_output`), errors in the runtime's
   shape `{"error": message, "request_id"}`.
 
-Both take the same path: read the body (`app`'s limits), parse it and bound its nesting
-(`json_limits`; a token-id prompt longer than the context is refused here, before it is
-converted), validate it (`generation_schemas`), admit it (`ServingFacade.generate`, which
-raises before any event when it cannot), then let `sse.GenerationResponse` answer with a
-`Format` of this module. A prompt over the context is a 400 here (`GENERATION_STATUS_OF`);
-full queue 503 with `Retry-After`, deadline 504. Every answer counts in
-`fleetserve_requests_total` like an inference request, under its final status (see `sse`).
+Both take the same path: read the body (`request_body`'s limits), parse it and bound its
+nesting (`json_limits`; a token-id prompt longer than the context is refused here, before it
+is converted), validate it (`openai_requests`, `oip_generate_schemas`), admit it
+(`ServingFacade.generate`, which raises before any event when it cannot), then let
+`sse.GenerationResponse` answer with a `Format` of this module. A prompt over the context is
+a 400 here (`GENERATION_STATUS_OF`); full queue 503 with `Retry-After`, deadline 504. Every
+answer counts in `fleetserve_requests_total` like an inference request, under its final
+status (see `sse`).
 
 At most `generation.max_streams` streamed answers are open at once: one more is a 503 with
 `Retry-After` (`TooManyStreams`) before it reaches the engine. Per connection there is one:
@@ -44,26 +45,7 @@ from fleetserve_runtime.core.errors import (
 )
 from fleetserve_runtime.core.json_limits import check_depth
 from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
-from fleetserve_runtime.server.generation_schemas import (
-    ChatChunk,
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    GenerateRequest,
-    GenerateResponse,
-    ModelCard,
-    ModelList,
-    RequestControls,
-    chat_chunk,
-    chat_completion,
-    chat_generation,
-    completion_chunk,
-    completion_generation,
-    oip_generation,
-    openai_error,
-    usage_body,
-)
+from fleetserve_runtime.server.generation_schemas import RequestControls, usage_body
 from fleetserve_runtime.server.http_errors import (
     GENERATION_STATUS_OF,
     Failure,
@@ -74,6 +56,28 @@ from fleetserve_runtime.server.http_errors import (
     log_unexpected,
     request_id,
     status_of,
+)
+from fleetserve_runtime.server.oip_generate_schemas import (
+    GenerateRequest,
+    GenerateResponse,
+    oip_generation,
+)
+from fleetserve_runtime.server.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_generation,
+    completion_generation,
+)
+from fleetserve_runtime.server.openai_responses import (
+    ChatChunk,
+    ChatCompletion,
+    Completion,
+    ModelCard,
+    ModelList,
+    chat_chunk,
+    chat_completion,
+    completion_chunk,
+    openai_error,
 )
 from fleetserve_runtime.server.schemas import parse_json, validate_body
 from fleetserve_runtime.server.sse import DONE, Format, GenerationResponse, StreamLimits
@@ -103,7 +107,7 @@ def speaks_openai(path: str) -> bool:
 
 
 class RouteHost(Protocol):
-    """What the generation routes take from `app`: the runtime, limits, metrics."""
+    """What the generation routes take from `inference_routes.Routes`: runtime, limits, metrics."""
 
     @property
     def rt(self) -> ServingFacade:
@@ -373,7 +377,7 @@ Admit = Callable[[], Awaitable[tuple[GenerationRequest, Format, bool]]]
 
 
 class _Routes:
-    """The route bodies; `host` is `app`'s side of them."""
+    """The route bodies; `host` is the inference routes' side of them."""
 
     def __init__(self, host: RouteHost) -> None:
         self.host = host

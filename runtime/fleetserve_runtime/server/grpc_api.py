@@ -33,7 +33,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches
+from fleetserve_runtime.core.auth import TokenFile, bearer_token, is_privileged, token_matches
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import (
     DeadlineExceeded,
@@ -107,7 +107,7 @@ STOP_GRACE_S = 10.0
 
 
 class GrpcHost(Protocol):
-    """What the gRPC service takes from `app`: the runtime, limits, metrics."""
+    """What the gRPC service takes from `inference_routes.Routes`: runtime, limits, metrics."""
 
     @property
     def rt(self) -> ServingFacade:
@@ -135,14 +135,20 @@ class GrpcHost(Protocol):
 class _Service:
     """The RPCs; method names are the protocol's."""
 
-    def __init__(self, host: GrpcHost, config: RuntimeConfig, server_version: str) -> None:
+    def __init__(
+        self,
+        host: GrpcHost,
+        config: RuntimeConfig,
+        server_version: str,
+        *,
+        auth_token: TokenFile | None,
+        priority_token: TokenFile | None,
+    ) -> None:
         self.host = host
         self.config = config
         self.server_version = server_version
-        self.token = TokenFile(config.auth_token_file) if config.auth_token_file else None
-        self.priority_token = (
-            TokenFile(config.priority_token_file) if config.priority_token_file else None
-        )
+        self.token = auth_token
+        self.priority_token = priority_token
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: Any
@@ -296,10 +302,8 @@ class _Service:
 
     def _privileged(self, context: Any) -> bool:
         """Whether the metadata carries the priority token (`priority_token_file`)."""
-        if self.priority_token is None:
-            return False
         presented = bearer_token(_metadata(context).get("authorization"))
-        return token_matches(presented, self.priority_token.current())
+        return is_privileged(presented, self.priority_token)
 
     async def _authorize(self, context: Any, probe_path: str | None) -> None:
         """Abort UNAUTHENTICATED unless the metadata carries a token (or this is exempt).
@@ -311,7 +315,9 @@ class _Service:
         if probe_path is not None and probe_path in self.config.auth_exempt_paths:
             return
         presented = bearer_token(_metadata(context).get("authorization"))
-        if token_matches(presented, self.token.current()) or self._privileged(context):
+        if token_matches(presented, self.token.current()) or is_privileged(
+            presented, self.priority_token
+        ):
             return
         why = "a bearer token is required" if presented is None else "the bearer token is not valid"
         await _abort(context, Unauthorized(why, challenge='Bearer realm="fleetserve"'))
@@ -474,11 +480,18 @@ def _credentials(config: RuntimeConfig) -> grpc.ServerCredentials | None:
 
 
 async def serve_grpc(
-    host: GrpcHost, config: RuntimeConfig, *, server_version: str
+    host: GrpcHost,
+    config: RuntimeConfig,
+    *,
+    server_version: str,
+    auth_token: TokenFile | None,
+    priority_token: TokenFile | None,
 ) -> Callable[[], Awaitable[None]]:
     """Start the gRPC listener on `config.host:config.grpc_port`; returns its stop function.
 
     `server_version` is what ServerMetadata reports (the package's, which `app` knows).
+    `auth_token` and `priority_token` are the HTTP listener's own `TokenFile`s (`app`), so
+    both protocols read each token file through one cache.
     With `tls_cert_file` set it serves TLS only, like the HTTP listener.
 
     Raises `OSError` when the port cannot be bound. Port reuse is off: two servers on one
@@ -486,7 +499,14 @@ async def serve_grpc(
     """
     server = grpc.aio.server(options=server_options(config))
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        _Service(host, config, server_version), server
+        _Service(
+            host,
+            config,
+            server_version,
+            auth_token=auth_token,
+            priority_token=priority_token,
+        ),
+        server,
     )
     host_part = f"[{config.host}]" if ":" in config.host else config.host
     address = f"{host_part}:{config.grpc_port}"

@@ -1,6 +1,6 @@
 """Domain errors as HTTP answers: the one error → status table, and the JSON responses.
 
-`app` (the runtime's own JSON error shape) and `generation` (OpenAI's error shape, the
+`responses` (the runtime's own JSON error shape) and `generation` (OpenAI's error shape, the
 OIP generate extension) both answer through here, so a domain error has one status
 wherever it surfaces; the only difference is `GENERATION_STATUS_OF`, where a prompt over the
 model's context is a 400, as LLM clients expect, not an encoder's 413.

@@ -7,30 +7,13 @@ real `/metrics` over HTTP before it has answered any request.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import httpx
-from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.metrics import ANSWERED_CODES, LATENCY_BUCKETS_S
-from fleetserve_runtime.server.app import STATUS_OF, create_app
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.server.http_errors import STATUS_OF
+from fleetserve_runtime.testing.asgi import serve
 
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
-
-
-@asynccontextmanager
-async def _served() -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
-    app = create_app(make_config(model=SYNTH))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client, runtime
 
 
 def _samples(text: str, name: str, version: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -46,7 +29,7 @@ def _samples(text: str, name: str, version: str) -> dict[tuple[tuple[str, str], 
 
 async def test_a_loaded_version_exposes_every_analysed_series_at_zero() -> None:
     """Before any request: a 0 count per answered status code, 0-count latency histograms."""
-    async with _served() as (client, runtime):
+    async with serve(SYNTH) as (client, runtime):
         text = (await client.get("/metrics")).text
         version = runtime.active_version
     assert version is not None
@@ -62,7 +45,7 @@ async def test_a_loaded_version_exposes_every_analysed_series_at_zero() -> None:
 
 async def test_the_first_error_moves_an_existing_series() -> None:
     """An error after the first scrape increments the 500 series that scrape already saw."""
-    async with _served() as (client, runtime):
+    async with serve(SYNTH) as (client, runtime):
         version = runtime.active_version
         assert version is not None
         before = (await client.get("/metrics")).text

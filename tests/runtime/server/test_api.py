@@ -1,15 +1,13 @@
-"""HTTP API in process (ASGI transport, real lifespan): protocol, errors, overload, swap, cache.
+"""HTTP API in process (ASGI transport, real lifespan): protocol, errors, overload, metrics.
 
-Model control is exercised on the admin app the same way (its access control over real
-sockets is in test_http_security).
+Model control (load, swap, unload) is in test_repository_api.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from pathlib import Path
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -19,9 +17,11 @@ from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.liveness import Liveness
-from fleetserve_runtime.server.app import create_app, json_media_refusal
+from fleetserve_runtime.server.app import create_app
+from fleetserve_runtime.server.request_body import json_media_refusal
 from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import infer_request, make_config, metric_total
+from fleetserve_runtime.testing.asgi import serve
 
 # The `serve_with_admin` fixture (conftest.py).
 ServeWithAdmin = Callable[
@@ -32,42 +32,13 @@ SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
 JSON = {"content-type": "application/json"}
 
 
-@asynccontextmanager
-async def serve(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
-    """A started app with its model loaded, and a client talking to it in process."""
-    app = create_app(make_config(**overrides))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client, runtime
-
-
-def v2(texts: list[Any], **parameters: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return body
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of a sample's values over the label sets matching `labels`."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
 async def test_infer_v2_returns_outputs_and_stage_timings() -> None:
     """A v2 request gets one row per instance, its request id back, and Server-Timing."""
     async with serve() as (client, _):
         response = await client.post(
-            "/v2/models/test/infer", json=v2(["hello world", "hi"]), headers={"x-request-id": "r-1"}
+            "/v2/models/test/infer",
+            json=infer_request(["hello world", "hi"]),
+            headers={"x-request-id": "r-1"},
         )
     assert response.status_code == 200
     body = response.json()
@@ -178,7 +149,7 @@ async def test_bad_input_gets_a_4xx_json_error(body: bytes, status: int, message
 async def test_routing_errors_are_json(method: str, path: str, status: int) -> None:
     """Unknown models, routes and methods answer with the JSON error shape too."""
     async with serve() as (client, _):
-        response = await client.request(method, path, json=v2(["a"]))
+        response = await client.request(method, path, json=infer_request(["a"]))
     assert response.status_code == status
     assert "error" in response.json()
 
@@ -195,8 +166,8 @@ async def test_huge_text_is_refused_before_tokenising() -> None:
     """A text far longer than any allowed token count gets 413 at once (or is cut if asked)."""
     huge = "word " * 100_000
     async with serve(batching={"max_sequence_length": 16}) as (client, _):
-        refused = await client.post("/v2/models/test/infer", json=v2([huge]))
-        cut = await client.post("/v2/models/test/infer", json=v2([huge], truncate=True))
+        refused = await client.post("/v2/models/test/infer", json=infer_request([huge]))
+        cut = await client.post("/v2/models/test/infer", json=infer_request([huge], truncate=True))
     assert refused.status_code == 413
     assert "characters" in refused.json()["error"]
     assert cut.status_code == 200
@@ -216,9 +187,9 @@ async def test_unknown_versions_share_one_metrics_label() -> None:
     """Requests naming versions that are not loaded cannot mint new metric series."""
     async with serve() as (client, _):
         for i in range(3):
-            await client.post(f"/v2/models/test/versions/junk{i}/infer", json=v2(["x"]))
+            await client.post(f"/v2/models/test/versions/junk{i}/infer", json=infer_request(["x"]))
         text = (await client.get("/metrics")).text
-    assert metric(text, "fleetserve_requests_total", version="unknown", code="404") == 3
+    assert metric_total(text, "fleetserve_requests_total", version="unknown", code="404") == 3
     assert "junk" not in text
 
 
@@ -226,8 +197,10 @@ async def test_truncation_only_when_asked() -> None:
     """An over-long input is refused, unless the request asks to truncate it."""
     long_text = "w " * 40
     async with serve(batching={"max_sequence_length": 16}) as (client, _):
-        refused = await client.post("/v2/models/test/infer", json=v2([long_text]))
-        accepted = await client.post("/v2/models/test/infer", json=v2([long_text], truncate=True))
+        refused = await client.post("/v2/models/test/infer", json=infer_request([long_text]))
+        accepted = await client.post(
+            "/v2/models/test/infer", json=infer_request([long_text], truncate=True)
+        )
     assert refused.status_code == 413
     assert accepted.status_code == 200
 
@@ -239,11 +212,11 @@ async def test_full_queue_answers_503_with_retry_after() -> None:
         model=slow, max_instances=1, queue={"max_queue_size": 1}, batching={"max_batch_size": 1}
     ) as (client, _):
         responses = await asyncio.gather(
-            *(client.post("/v2/models/test/infer", json=v2([f"t{i}"])) for i in range(8))
+            *(client.post("/v2/models/test/infer", json=infer_request([f"t{i}"])) for i in range(8))
         )
         codes = sorted(r.status_code for r in responses)
         rejected = [r for r in responses if r.status_code == 503]
-        after = await client.post("/v2/models/test/infer", json=v2(["later"]))
+        after = await client.post("/v2/models/test/infer", json=infer_request(["later"]))
     assert 200 in codes
     assert rejected
     assert rejected[0].headers["retry-after"] == "1"
@@ -260,42 +233,44 @@ async def test_deadline_in_queue_answers_504_before_the_batch_ahead_ends() -> No
     slow = "builtin://synthetic?latency_ms=400&per_item_ms=0"
     async with serve(model=slow, batching={"max_batch_size": 1}) as (client, runtime):
         blockers = [
-            asyncio.create_task(client.post("/v2/models/test/infer", json=v2([f"b{i}"])))
+            asyncio.create_task(client.post("/v2/models/test/infer", json=infer_request([f"b{i}"])))
             for i in range(2)
         ]
         async with asyncio.timeout(10):
             while runtime.snapshot().inflight_requests < len(blockers) or len(runtime.queue):
                 await asyncio.sleep(0.005)
         late = await client.post(
-            "/v2/models/test/infer", json=v2(["late"]), headers={"x-fleetserve-timeout-ms": "60"}
+            "/v2/models/test/infer",
+            json=infer_request(["late"]),
+            headers={"x-fleetserve-timeout-ms": "60"},
         )
         at_the_504 = (await client.get("/metrics")).text
         await asyncio.gather(*blockers)
         metrics = (await client.get("/metrics")).text
     assert late.status_code == 504
     assert "deadline" in late.json()["error"]
-    assert metric(at_the_504, "fleetserve_batch_size_count") == 0
-    assert metric(metrics, "fleetserve_batch_size_count") == 2
-    assert metric(metrics, "fleetserve_requests_total", code="504") == 1
+    assert metric_total(at_the_504, "fleetserve_batch_size_count") == 0
+    assert metric_total(metrics, "fleetserve_batch_size_count") == 2
+    assert metric_total(metrics, "fleetserve_requests_total", code="504") == 1
 
 
 async def test_failing_batch_fails_only_its_requests() -> None:
     """A batch that raises answers 500 with an error id; other batches and later requests work."""
     model = "fleetserve_runtime.testing:exploding_handler"
     async with serve(model=model) as (client, _):
-        boom = await client.post("/v2/models/test/infer", json=v2(["boom"]))
-        fine = await client.post("/v2/models/test/infer", json=v2(["fine"]))
+        boom = await client.post("/v2/models/test/infer", json=infer_request(["boom"]))
+        fine = await client.post("/v2/models/test/infer", json=infer_request(["fine"]))
         metrics = (await client.get("/metrics")).text
     assert boom.status_code == 500
     assert boom.json()["error_id"] in boom.json()["error"]
     assert fine.status_code == 200
-    assert metric(metrics, "fleetserve_batch_failures_total") == 1
+    assert metric_total(metrics, "fleetserve_batch_failures_total") == 1
 
 
 async def test_item_errors_fail_only_that_request() -> None:
     """With error_rate=1 every request fails with 500; the server stays up."""
     async with serve(model="builtin://synthetic?error_rate=1&latency_ms=0") as (client, _):
-        response = await client.post("/v2/models/test/infer", json=v2(["a"]))
+        response = await client.post("/v2/models/test/infer", json=infer_request(["a"]))
         live = await client.get("/v2/health/live")
     assert response.status_code == 500
     assert "synthetic failure" in response.json()["error"]
@@ -307,12 +282,15 @@ async def test_oom_splits_the_batch_and_retries() -> None:
     model = "builtin://synthetic?latency_ms=20&oom_above_tokens=12"
     async with serve(model=model, batching={"max_batch_size": 8}) as (client, _):
         small = await asyncio.gather(
-            *(client.post("/v2/models/test/infer", json=v2([f"a b c{i}"])) for i in range(6))
+            *(
+                client.post("/v2/models/test/infer", json=infer_request([f"a b c{i}"]))
+                for i in range(6)
+            )
         )
-        huge = await client.post("/v2/models/test/infer", json=v2(["w " * 20]))
+        huge = await client.post("/v2/models/test/infer", json=infer_request(["w " * 20]))
         metrics = (await client.get("/metrics")).text
     assert [r.status_code for r in small] == [200] * 6
-    assert metric(metrics, "fleetserve_oom_splits_total") >= 1
+    assert metric_total(metrics, "fleetserve_oom_splits_total") >= 1
     assert huge.status_code == 503
     assert "does not fit in memory" in huge.json()["error"]
 
@@ -322,115 +300,16 @@ async def test_concurrent_requests_are_batched() -> None:
     model = "builtin://synthetic?latency_ms=30&per_item_ms=0"
     async with serve(model=model, batching={"max_batch_size": 16}) as (client, _):
         responses = await asyncio.gather(
-            *(client.post("/v2/models/test/infer", json=v2([f"t {i}"])) for i in range(32))
+            *(
+                client.post("/v2/models/test/infer", json=infer_request([f"t {i}"]))
+                for i in range(32)
+            )
         )
         metrics = (await client.get("/metrics")).text
     assert all(r.status_code == 200 for r in responses)
-    batches = metric(metrics, "fleetserve_batch_size_count")
-    assert metric(metrics, "fleetserve_batch_size_sum") == 32
+    batches = metric_total(metrics, "fleetserve_batch_size_count")
+    assert metric_total(metrics, "fleetserve_batch_size_sum") == 32
     assert batches <= 8
-
-
-async def test_hot_swap_and_instant_switch_back(serve_with_admin: ServeWithAdmin) -> None:
-    """A new version loads and takes traffic; the old one stays callable and switches back."""
-    async with serve_with_admin() as (client, ctl, runtime):
-        load = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": SYNTH + "&dim=4"}},
-        )
-        new = await client.post("/v2/models/test/infer", json=v2(["x"]))
-        old = await client.post("/v2/models/test/versions/v1/infer", json=v2(["x"]))
-        back = await ctl.post(
-            "/v2/repository/models/test/load", json={"parameters": {"version": "v1"}}
-        )
-        after = await client.post("/v2/models/test/infer", json=v2(["x"]))
-        released = await ctl.post("/v2/repository/models/test/unload")
-    assert load.json()["active_version"] == "v2"
-    assert new.json()["model_version"] == "v2"
-    assert new.json()["outputs"][0]["shape"] == [1, 4]
-    assert old.json()["model_version"] == "v1"
-    assert back.json()["active_version"] == "v1"
-    assert after.json()["model_version"] == "v1"
-    assert released.json()["released_version"] == "v2"
-    assert runtime.registry.versions() == ["v1"]
-
-
-async def test_reusing_a_loaded_label_for_another_model_is_refused(
-    serve_with_admin: ServeWithAdmin,
-) -> None:
-    """A loaded version label cannot silently point at a different URI."""
-    async with serve_with_admin() as (_, ctl, _):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v1", "uri": SYNTH + "&dim=4"}},
-        )
-    assert response.status_code == 400
-    assert "already loaded" in response.json()["error"]
-
-
-async def test_loading_an_unimportable_factory_is_400(serve_with_admin: ServeWithAdmin) -> None:
-    """A module:factory that cannot be imported is the caller's error, not a 500."""
-    async with serve_with_admin(allowed="no_such_module_here:factory") as (_, ctl, _):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "no_such_module_here:factory"}},
-        )
-    assert response.status_code == 400
-    assert "cannot load" in response.json()["error"]
-
-
-async def test_bad_load_request_is_400(serve_with_admin: ServeWithAdmin) -> None:
-    """Loading an unknown model URI is refused and the active version keeps serving."""
-    async with serve_with_admin(allowed="builtin://") as (client, ctl, _):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "builtin://nope"}},
-        )
-        still = await client.post("/v2/models/test/infer", json=v2(["x"]))
-    assert response.status_code == 400
-    assert "unknown builtin model" in response.json()["error"]
-    assert still.json()["model_version"] == "v1"
-
-
-async def test_a_malformed_uri_is_refused_with_a_reason(serve_with_admin: ServeWithAdmin) -> None:
-    """A URI that does not parse is 403 naming the problem, never a 500."""
-    async with serve_with_admin() as (_, ctl, runtime):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "builtin://[oops"}},
-        )
-    assert response.status_code == 403
-    assert "not a valid URI (Invalid IPv6 URL)" in response.json()["error"]
-    assert runtime.registry.versions() == ["v1"]
-
-
-COUNTING_HANDLER = """
-from pathlib import Path
-from fleetserve_runtime.models.synthetic import SyntheticHandler
-
-def create_handler(name, version, max_sequence_length):
-    with (Path(__file__).parent / "created").open("a") as created:
-        created.write(version + "\\n")
-    return SyntheticHandler(name, version, max_sequence_length=max_sequence_length)
-"""
-
-
-async def test_concurrent_loads_of_one_version_load_it_once(
-    tmp_path: Path, serve_with_admin: ServeWithAdmin
-) -> None:
-    """Two loads of one label at once: the second waits and finds it loaded; one handler."""
-    (tmp_path / "handler.py").write_text(COUNTING_HANDLER)
-    uri = f"file://{tmp_path}"
-    async with serve_with_admin(allowed=uri) as (client, ctl, runtime):
-        load = {"parameters": {"version": "v2", "uri": uri}}
-        answers = await asyncio.gather(
-            *(ctl.post("/v2/repository/models/test/load", json=load) for _ in range(2))
-        )
-        served = await client.post("/v2/models/test/infer", json=v2(["x"]))
-        generation = runtime.registry.get("v2").generation
-    assert [answer.json() for answer in answers] == [{"name": "test", "active_version": "v2"}] * 2
-    assert (tmp_path / "created").read_text().split() == ["v2"]
-    assert (served.json()["model_version"], generation) == ("v2", 2)
 
 
 @pytest.mark.parametrize("value", [b"abc", b"1_000", b"+5", b"5 ", b"1e3", b"\xb3", b"9" * 40])
@@ -438,28 +317,14 @@ async def test_a_bad_timeout_header_is_a_400_naming_it(value: bytes) -> None:
     """X-Fleetserve-Timeout-Ms takes decimal digits only; the error names the header."""
     async with serve() as (client, _):
         response = await client.post(
-            "/v2/models/test/infer", json=v2(["x"]), headers={"x-fleetserve-timeout-ms": value}
+            "/v2/models/test/infer",
+            json=infer_request(["x"]),
+            headers={"x-fleetserve-timeout-ms": value},
         )
     assert response.status_code == 400
     assert response.json()["error"].startswith(
         "x-fleetserve-timeout-ms must be a whole number of milliseconds"
     )
-
-
-async def test_cache_hits_and_never_crosses_versions(serve_with_admin: ServeWithAdmin) -> None:
-    """A repeated input is served from the cache; after a version switch it is recomputed."""
-    async with serve_with_admin(cache={"max_entries": 100}) as (client, ctl, _):
-        await client.post("/v2/models/test/infer", json=v2(["same"]))
-        await client.post("/v2/models/test/infer", json=v2(["same"]))
-        await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": SYNTH + "&dim=4"}},
-        )
-        swapped = await client.post("/v2/models/test/infer", json=v2(["same"]))
-        metrics = (await client.get("/metrics")).text
-    assert metric(metrics, "fleetserve_cache_hits_total", version="v1") == 1
-    assert metric(metrics, "fleetserve_cache_hits_total", version="v2") == 0
-    assert swapped.json()["outputs"][0]["shape"] == [1, 4]
 
 
 async def test_memory_budget_derives_a_token_limit() -> None:
@@ -479,7 +344,7 @@ async def test_budget_too_small_fails_readiness_with_reason() -> None:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
             ready = await client.get("/v2/health/ready")
-            infer = await client.post("/v2/models/test/infer", json=v2(["x"]))
+            infer = await client.post("/v2/models/test/infer", json=infer_request(["x"]))
     assert ready.status_code == 503
     assert "cannot hold one request" in ready.json()["error"]
     assert infer.status_code == 503
@@ -488,7 +353,7 @@ async def test_budget_too_small_fails_readiness_with_reason() -> None:
 async def test_metrics_exposes_the_documented_names() -> None:
     """Every documented metric family is present, with model/version/track labels."""
     async with serve() as (client, _):
-        await client.post("/v2/models/test/infer", json=v2(["x"]))
+        await client.post("/v2/models/test/infer", json=infer_request(["x"]))
         text = (await client.get("/metrics")).text
     names = {family.name for family in text_string_to_metric_families(text)}
     expected = {
@@ -514,7 +379,8 @@ async def test_metrics_exposes_the_documented_names() -> None:
     }
     assert expected <= names
     assert (
-        metric(text, "fleetserve_requests_total", model="test", version="v1", track="stable") == 1
+        metric_total(text, "fleetserve_requests_total", model="test", version="v1", track="stable")
+        == 1
     )
 
 
@@ -593,19 +459,6 @@ async def test_v1_instances_are_bounded(body: dict[str, Any], status: int, messa
     assert message in response.json()["error"]
 
 
-async def test_repository_api_follows_model_control(serve_with_admin: ServeWithAdmin) -> None:
-    """`/v2` lists model_repository only with model control, which lives on the admin app."""
-    async with serve() as (client, _):
-        plain = (await client.get("/v2")).json()["extensions"]
-    async with serve_with_admin() as (client, ctl, _):
-        explicit = (await client.get("/v2")).json()["extensions"]
-        on_inference = await client.post("/v2/repository/models/test/unload")
-        on_admin = await ctl.post("/v2/repository/models/test/unload")
-    assert (plain, explicit) == ([], ["model_repository"])
-    assert on_inference.status_code == 404
-    assert on_admin.json() == {"name": "test", "released_version": None}
-
-
 @pytest.mark.parametrize(
     ("content_type", "binary", "refused"),
     [
@@ -652,12 +505,14 @@ async def test_inference_routes_take_a_body_without_content_type() -> None:
     """
     async with serve(model=SYNTH) as (client, _):
         for path in ["/v2/models/test/infer", "/v2/models/test/versions/v1/infer"]:
-            served = await client.post(path, content=orjson.dumps(v2(["a", "b"])))
+            served = await client.post(path, content=orjson.dumps(infer_request(["a", "b"])))
             assert served.status_code == 200, served.text
             assert served.json()["outputs"][0]["shape"][0] == 2
             for media in ["text/plain", "application/x-www-form-urlencoded"]:
                 refused = await client.post(
-                    path, content=orjson.dumps(v2(["a"])), headers={"content-type": media}
+                    path,
+                    content=orjson.dumps(infer_request(["a"])),
+                    headers={"content-type": media},
                 )
                 assert refused.status_code == 415, media
         predicted = await client.post(

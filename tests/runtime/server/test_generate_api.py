@@ -7,32 +7,16 @@ context is a 400 here too.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 64
 LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=10&context_length={CONTEXT}"
 GENERATE = "/v2/models/test/generate"
-
-
-@asynccontextmanager
-async def serve(model: str = LLM) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_config(model=model))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client
 
 
 def request(text: str = "the river runs", **parameters: Any) -> dict[str, Any]:
@@ -49,7 +33,7 @@ def stream_events(response: httpx.Response) -> list[dict[str, Any]]:
 
 async def test_generate_answers_text_output_with_finish_and_usage() -> None:
     """`text_output`, the model's name and version, why it stopped, and the token counts."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(GENERATE, json={**request(max_tokens=4), "id": "req-7"})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -64,7 +48,7 @@ async def test_generate_answers_text_output_with_finish_and_usage() -> None:
 
 async def test_generate_stream_events_add_up_to_the_whole_answer() -> None:
     """One event per text delta, then a last event with the finish reason; no [DONE]."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         whole = (await client.post(GENERATE, json=request())).json()
         streamed = await client.post("/v2/models/test/generate_stream", json=request())
     events = stream_events(streamed)
@@ -78,7 +62,7 @@ async def test_generate_stream_events_add_up_to_the_whole_answer() -> None:
 
 async def test_versioned_routes_serve_the_loaded_version_only() -> None:
     """`/versions/v1/generate` is the loaded one; an unknown version is a 404."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         known = await client.post("/v2/models/test/versions/v1/generate", json=request())
         unknown = await client.post("/v2/models/test/versions/v9/generate_stream", json=request())
     assert known.status_code == 200
@@ -107,7 +91,7 @@ async def test_bad_requests_get_the_runtime_error_shape(
     body: dict[str, Any], status: int, message: str
 ) -> None:
     """Each refusal names its field or limit, in `{"error": str, "request_id"}`."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(GENERATE, json=body)
         streamed = await client.post("/v2/models/test/generate_stream", json=body)
     for answer in (response, streamed):
@@ -118,7 +102,7 @@ async def test_bad_requests_get_the_runtime_error_shape(
 
 async def test_unknown_model_is_404() -> None:
     """Only the served name generates."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post("/v2/models/other/generate", json=request())
     assert response.status_code == 404
     assert "other" in response.json()["error"]
@@ -126,7 +110,7 @@ async def test_unknown_model_is_404() -> None:
 
 async def test_stop_parameter_cuts_the_output() -> None:
     """`parameters.stop` ends the text before the stop string."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         free = (await client.post(GENERATE, json=request())).json()["text_output"]
         stop = " " + free.split()[2]
         cut = (await client.post(GENERATE, json=request(stop=stop))).json()
@@ -136,7 +120,7 @@ async def test_stop_parameter_cuts_the_output() -> None:
 
 async def test_a_failure_inside_generate_stream_is_an_error_event() -> None:
     """A model step that fails mid-stream ends it with `{"error": ...}`; `generate` gets 500."""
-    async with serve(f"{LLM}&error_rate=1") as client:
+    async with serve(f"{LLM}&error_rate=1") as (client, _):
         streamed = await client.post("/v2/models/test/generate_stream", json=request())
         whole = await client.post(GENERATE, json=request())
     events = stream_events(streamed)
@@ -149,7 +133,7 @@ async def test_a_failure_inside_generate_stream_is_an_error_event() -> None:
 
 async def test_model_metadata_describes_a_generative_model() -> None:
     """`GET /v2/models/{name}`: the generate extension's tensors, the context and the KV pool."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.get("/v2/models/test")
     assert response.status_code == 200, response.text
     body = response.json()

@@ -13,20 +13,19 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
 from fleetserve_runtime.core.logs import request_id_from
 from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
-from fleetserve_runtime.server.app import create_app, create_apps
+from fleetserve_runtime.server.app import create_apps
 from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 SYNTH = "builtin://synthetic?latency_ms=0&per_item_ms=0"
 BODY = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi there"]}]}
@@ -113,16 +112,6 @@ async def test_the_scheduler_creates_no_task_per_wake_up() -> None:
     assert created == []
 
 
-@asynccontextmanager
-async def _client(token_file: Path | None) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_config(model=SYNTH, name="m", auth_token_file=token_file))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        await app.state.runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client
-
-
 TOKEN = "0123456789abcdef0123456789abcdef"
 
 
@@ -136,7 +125,7 @@ def token_file(tmp_path: Path) -> Path:
 async def test_infer_routes_keep_auth_ids_and_errors(token_file: Path) -> None:
     """The infer paths, served past FastAPI's router, answer exactly as routes do."""
     auth = {"authorization": f"Bearer {TOKEN}"}
-    async with _client(token_file) as client:
+    async with serve(SYNTH, name="m", auth_token_file=token_file) as (client, _):
         refused = await client.post("/v2/models/m/infer", json=BODY)
         assert refused.status_code == 401
         assert refused.headers["www-authenticate"].startswith("Bearer")

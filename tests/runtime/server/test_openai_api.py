@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.config import GenerationConfig
@@ -26,34 +23,20 @@ from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import SamplingParams
 from fleetserve_runtime.models.causal_lm import ChatMessage
-from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.server.generation_schemas import (
+from fleetserve_runtime.server.generation_schemas import RequestControls
+from fleetserve_runtime.server.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
-    RequestControls,
     chat_generation,
     completion_generation,
 )
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 64
 LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=12&context_length={CONTEXT}"
 SLOW_LLM = f"builtin://synthetic-generate?per_token_ms=40&output_tokens=40&context_length={CONTEXT}"
 CHAT = "/v1/chat/completions"
 TOKEN = "openai-route-token-0123456789"
-
-
-@asynccontextmanager
-async def serve(model: str = LLM, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """A started app serving `model` as "test", and a client talking to it in process."""
-    app = create_app(make_config(model=model, **overrides))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client
 
 
 def chat(content: str = "tell me about rivers", **fields: Any) -> dict[str, Any]:
@@ -95,7 +78,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
 
 async def test_chat_completion_has_openai_shape_and_usage() -> None:
     """A whole chat completion: one assistant message, finish reason, usage that adds up."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json=chat(), headers={"x-request-id": "abc-1"})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -116,7 +99,7 @@ async def test_chat_completion_has_openai_shape_and_usage() -> None:
 
 async def test_chat_stream_is_openai_chunks_ending_with_done() -> None:
     """Role first, then content deltas that add up to the whole answer; usage last; [DONE]."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         whole = (await client.post(CHAT, json=chat(temperature=0))).json()
         response = await client.post(CHAT, json=chat(temperature=0, stream=True))
     assert response.status_code == 200
@@ -147,7 +130,7 @@ async def test_stream_include_usage_adds_a_usage_only_chunk(
 
     As OpenAI's, every chunk before it says `"usage": null`.
     """
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(
             path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
         )
@@ -165,7 +148,7 @@ async def test_stream_include_usage_adds_a_usage_only_chunk(
 async def test_completions_whole_and_streamed() -> None:
     """Legacy completions: `text_completion` objects; `max_tokens` ends with "length"."""
     body = {"model": "test", "prompt": "once upon a time", "max_tokens": 5, "temperature": 0}
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         whole = (await client.post("/v1/completions", json=body)).json()
         streamed = await client.post("/v1/completions", json={**body, "stream": True})
     assert whole["object"] == "text_completion"
@@ -182,7 +165,7 @@ async def test_completions_whole_and_streamed() -> None:
 
 async def test_stop_string_is_cut_from_the_answer() -> None:
     """The answer ends right before the first stop string, which it does not contain."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         free = (await client.post(CHAT, json=chat(temperature=0))).json()
         words = free["choices"][0]["message"]["content"].split()
         stop = " " + words[3]
@@ -225,7 +208,7 @@ async def test_invalid_requests_get_400_naming_the_field(
     fields: dict[str, Any], param: str
 ) -> None:
     """Out-of-range or unsupported fields: 400, OpenAI-shaped, naming the field."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json=chat(**fields))
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error"
@@ -238,14 +221,14 @@ async def test_invalid_requests_get_400_naming_the_field(
 )
 async def test_bad_prompt_token_ids_are_400_naming_prompt(prompt: list[Any]) -> None:
     """Token ids the model has no embedding for, or that are not integers: 400 naming `prompt`."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post("/v1/completions", json={"model": "test", "prompt": prompt})
     assert_openai_error(response, 400, "prompt")
 
 
 async def test_prompt_over_the_context_is_400_naming_the_limit() -> None:
     """Not 413: clients treat 400 `context_length_exceeded` as "shorten the prompt"."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json=chat(" ".join(["word"] * CONTEXT)))
         completion = await client.post(
             "/v1/completions", json={"model": "test", "prompt": "a b c", "max_tokens": CONTEXT}
@@ -274,7 +257,7 @@ async def test_unset_max_tokens_stops_at_the_end_of_the_context(
     """
     sampling = {"ignore_eos": True, "temperature": 0}
     generation = {"allow_ignore_eos": True, "default_max_tokens": 4 * CONTEXT}
-    async with serve(generation=generation) as client:
+    async with serve(LLM, generation=generation) as (client, _):
         if "messages" in body:
             response = await client.post(path, json={**body, **sampling})
         else:
@@ -292,7 +275,7 @@ async def test_unset_max_tokens_stops_at_the_end_of_the_context(
 
 async def test_unknown_model_is_404_and_models_lists_the_served_one() -> None:
     """`model` must be the served name; `/v1/models` lists it, OpenAI-style."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json={**chat(), "model": "gpt-4"})
         listing = (await client.get("/v1/models")).json()
         card = await client.get("/v1/models/test")
@@ -311,7 +294,7 @@ async def test_errors_before_the_route_are_openai_shaped_there() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         token_file = Path(tmp) / "token"
         token_file.write_text(TOKEN)
-        async with serve(auth_token_file=token_file, max_body_bytes=2048) as client:
+        async with serve(LLM, auth_token_file=token_file, max_body_bytes=2048) as (client, _):
             no_token = await client.post(CHAT, json=chat())
             auth = {"authorization": f"Bearer {TOKEN}"}
             ok = await client.post(CHAT, json=chat(), headers=auth)
@@ -335,7 +318,7 @@ async def test_errors_before_the_route_are_openai_shaped_there() -> None:
 
 async def test_requests_are_counted_by_status() -> None:
     """Generation answers count in `fleetserve_requests_total` like inference ones."""
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         await client.post(CHAT, json=chat())
         await client.post(CHAT, json=chat(stream=True))
         await client.post(CHAT, json=chat(n=3))
@@ -353,7 +336,7 @@ async def test_full_queue_is_503_with_retry_after() -> None:
         max_instances=1,
         queue={"max_queue_size": 1, "retry_after_s": 2},
         generation={"max_running_sequences": 1, "max_step_tokens": 64},
-    ) as client:
+    ) as (client, _):
         responses = await asyncio.gather(*(client.post(CHAT, json=chat()) for _ in range(4)))
     statuses = sorted(r.status_code for r in responses)
     assert statuses[0] == 200
@@ -365,9 +348,10 @@ async def test_full_queue_is_503_with_retry_after() -> None:
 
 async def test_deadline_before_the_first_token_is_504() -> None:
     """A request whose deadline passes in the queue gets a plain 504, also when streaming."""
-    async with serve(
-        SLOW_LLM, generation={"max_running_sequences": 1, "max_step_tokens": 64}
-    ) as client:
+    async with serve(SLOW_LLM, generation={"max_running_sequences": 1, "max_step_tokens": 64}) as (
+        client,
+        _,
+    ):
         busy = asyncio.ensure_future(client.post(CHAT, json=chat()))
         await asyncio.sleep(0.1)
         late = await client.post(
@@ -381,7 +365,7 @@ async def test_deadline_before_the_first_token_is_504() -> None:
 
 async def test_error_inside_a_stream_is_an_error_event_then_done() -> None:
     """A deadline passing mid-stream ends it with an error event and [DONE], counted as 504."""
-    async with serve(SLOW_LLM) as client:
+    async with serve(SLOW_LLM) as (client, _):
         response = await client.post(
             CHAT, json=chat(stream=True), headers={"x-fleetserve-timeout-ms": "300"}
         )
@@ -398,7 +382,7 @@ async def test_error_inside_a_stream_is_an_error_event_then_done() -> None:
 
 async def test_a_failing_model_step_is_a_500_event_in_the_stream() -> None:
     """A model step that raises fails the stream with a server error event (no traceback)."""
-    async with serve(f"{LLM}&error_rate=1") as client:
+    async with serve(f"{LLM}&error_rate=1") as (client, _):
         streamed = await client.post(CHAT, json=chat(stream=True))
         whole = await client.post(CHAT, json=chat())
     payloads = events(streamed)
@@ -410,7 +394,7 @@ async def test_a_failing_model_step_is_a_500_event_in_the_stream() -> None:
 
 async def test_encoder_model_refuses_chat_and_lists_no_model() -> None:
     """An embedding model has no chat: 400 saying so; `/v1/models` lists nothing."""
-    async with serve("builtin://synthetic?latency_ms=0&per_item_ms=0") as client:
+    async with serve("builtin://synthetic?latency_ms=0&per_item_ms=0") as (client, _):
         response = await client.post(CHAT, json=chat())
         listing = (await client.get("/v1/models")).json()
     assert "embeddings" in assert_openai_error(response, 400, None)["message"]
@@ -420,7 +404,7 @@ async def test_encoder_model_refuses_chat_and_lists_no_model() -> None:
 async def test_infer_on_a_generative_model_names_the_generate_endpoints() -> None:
     """The encoder route on an LLM is a 400 that says where to go instead."""
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post("/v2/models/test/infer", json=body)
     assert response.status_code == 400
     assert "/v1/chat/completions" in response.json()["error"]

@@ -7,23 +7,18 @@ tokenised (or, as token ids, converted): spies on the tokenizer and the schema p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
 import fleetserve_runtime.server.generation as generation
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import MAX_JSON_DEPTH, check_depth
 from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
-from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 8192
 LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=4&context_length={CONTEXT}"
@@ -31,17 +26,6 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GENERATE = "/v2/models/test/generate"
 JSON = {"content-type": "application/json"}
-
-
-@asynccontextmanager
-async def serve() -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_config(model=LLM))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client
 
 
 def nested(depth: int) -> Any:
@@ -99,7 +83,7 @@ async def test_deeply_nested_bodies_are_a_400_naming_the_limit(path: str, body: 
     """Refused before the schema sees them, and counted as the client's fault, not a 5xx."""
     raw = body % DEEP
     assert len(raw) < 4096
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(path, content=raw, headers=JSON)
         metrics = (await client.get("/metrics")).text
     assert response.status_code == 400, response.text
@@ -125,7 +109,7 @@ async def test_no_malformed_body_is_counted_as_a_server_error() -> None:
         b'{"text_input": "x", "parameters": [1]}',
         b'{"model": "test", "prompt": "x", "tool": %s}' % DEEP,
     ]
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         for path in (CHAT, COMPLETIONS, GENERATE):
             for raw in bodies:
                 response = await client.post(path, content=raw, headers=JSON)
@@ -178,7 +162,7 @@ bytes than the context's tokens can stand for."""
 async def test_a_text_too_many_bytes_for_the_context_is_refused_before_tokenising(
     tokenised: list[str], path: str, body: dict[str, Any]
 ) -> None:
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         tokenised.clear()
         response = await client.post(path, content=orjson.dumps(body), headers=JSON)
     assert response.status_code == 400, response.text[:300]
@@ -199,7 +183,7 @@ async def test_a_token_id_prompt_longer_than_the_context_is_refused_before_conve
         return validate(data, model)
 
     monkeypatch.setattr(generation, "validate_body", spy)
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         tokenised.clear()  # the warm-up, if any
         for prompt in ([7] * (CONTEXT + 1), [[7] * (CONTEXT + 1)]):
             response = await client.post(COMPLETIONS, json={"model": "test", "prompt": prompt})

@@ -9,18 +9,12 @@ naming the header or field, on both surfaces.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 256
 LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=100000&context_length={CONTEXT}"
@@ -29,17 +23,6 @@ GENERATE = "/v2/models/test/generate"
 INFER = "/v2/models/test/infer"
 PRIORITY_TOKEN = "priority-secret-0123456789"
 INFERENCE_TOKEN = "inference-secret-0123456789"
-
-
-@asynccontextmanager
-async def serve(model: str = LLM, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(make_config(model=model, **overrides))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -74,7 +57,7 @@ def token_files(tmp_path: Path) -> dict[str, Path]:
 
 async def test_unset_max_tokens_takes_the_server_default() -> None:
     """No `max_tokens`, a model that never stops: the default ends it, not the context."""
-    async with serve(generation={"default_max_tokens": 5}) as client:
+    async with serve(LLM, generation={"default_max_tokens": 5}) as (client, _):
         answer = await client.post(CHAT, json=chat())
         generated = await client.post(GENERATE, json={"text_input": "go on"})
     assert answer.status_code == 200, answer.text
@@ -107,7 +90,10 @@ async def test_unset_max_tokens_takes_the_server_default() -> None:
 async def test_max_tokens_over_the_cap_is_a_400_naming_both(
     path: str, body: dict[str, Any], field: str
 ) -> None:
-    async with serve(generation={"default_max_tokens": 4, "max_output_tokens": 8}) as client:
+    async with serve(LLM, generation={"default_max_tokens": 4, "max_output_tokens": 8}) as (
+        client,
+        _,
+    ):
         response = await client.post(path, json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -134,9 +120,9 @@ async def test_max_tokens_over_the_cap_is_a_400_naming_both(
 async def test_ignore_eos_is_refused_unless_allowed(
     path: str, body: dict[str, Any], field: str
 ) -> None:
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         refused = await client.post(path, json=body)
-    async with serve(generation={"allow_ignore_eos": True}) as client:
+    async with serve(LLM, generation={"allow_ignore_eos": True}) as (client, _):
         allowed = await client.post(path, json=body)
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
@@ -155,7 +141,7 @@ async def test_a_short_request_is_not_starved_by_an_unbounded_one() -> None:
     """
     model = "builtin://synthetic-generate?per_token_ms=10&output_tokens=100000&context_length=20000"
     config = {"max_running_sequences": 1, "default_max_tokens": 8}
-    async with serve(model, generation=config) as client:
+    async with serve(model, generation=config) as (client, _):
         first = asyncio.create_task(client.post(CHAT, json=chat()))
         await asyncio.sleep(0.2)
         second = client.post(
@@ -198,7 +184,7 @@ async def test_raising_priority_or_deadline_on_the_generation_routes_needs_the_t
     named: str,
 ) -> None:
     """403 naming the header or field for anyone else; the token holder is served."""
-    async with serve(priority_token_file=token_files["priority_token_file"]) as client:
+    async with serve(LLM, priority_token_file=token_files["priority_token_file"]) as (client, _):
         refused = await client.post(path, json=body, headers=headers)
         forged = await client.post(path, json=body, headers={**headers, **bearer("x" * 20)})
         granted = await client.post(path, json=body, headers={**headers, **bearer(PRIORITY_TOKEN)})
@@ -229,7 +215,7 @@ async def test_raising_priority_or_deadline_on_the_encoder_routes_needs_the_toke
     async with serve(
         "builtin://synthetic?latency_ms=0&per_item_ms=0",
         priority_token_file=token_files["priority_token_file"],
-    ) as client:
+    ) as (client, _):
         refused = await client.post(INFER, json=body, headers=headers)
         granted = await client.post(INFER, json=body, headers={**headers, **bearer(PRIORITY_TOKEN)})
         lowered = await client.post(
@@ -244,7 +230,7 @@ async def test_raising_priority_or_deadline_on_the_encoder_routes_needs_the_toke
 async def test_lowering_needs_no_token() -> None:
     """`low` and a deadline under the default are any caller's to ask for."""
     headers = {"x-fleetserve-priority": "low", "x-fleetserve-timeout-ms": "60000"}
-    async with serve() as client:
+    async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json=chat(max_tokens=2), headers=headers)
     assert response.status_code == 200, response.text
 
@@ -254,7 +240,7 @@ async def test_the_priority_token_also_authenticates_inference(
 ) -> None:
     """With both token files: either token infers; only the priority token raises priority."""
     headers = {"x-fleetserve-priority": "high"}
-    async with serve(**token_files) as client:
+    async with serve(LLM, **token_files) as (client, _):
         anonymous = await client.post(CHAT, json=chat(max_tokens=2))
         plain = await client.post(CHAT, json=chat(max_tokens=2), headers=bearer(INFERENCE_TOKEN))
         plain_high = await client.post(

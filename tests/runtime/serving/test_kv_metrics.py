@@ -8,30 +8,12 @@ per version.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import httpx
-from asgi_lifespan import LifespanManager
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.asgi import serve
 
 LLM = "builtin://synthetic-generate?per_token_ms=0&output_tokens=4&context_length=256"
 KV_GAUGES = ("fleetserve_model_kv_cache_blocks", "fleetserve_model_kv_cache_block_bytes")
-
-
-@asynccontextmanager
-async def serve(model: str, **sections: object) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
-    app = create_app(make_config(model=model, **sections))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=30) as manager:
-        runtime: Runtime = app.state.runtime
-        await runtime.wait_ready()
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-            yield client, runtime
 
 
 def samples(text: str, name: str) -> dict[tuple[str, str, str], float]:

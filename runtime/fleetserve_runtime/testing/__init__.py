@@ -1,7 +1,11 @@
-"""Public test helpers (like `kopf.testing`): a fake clock, config and queue-item factories.
+"""Public test helpers (like `kopf.testing`): fakes, factories, a reading of `/metrics`.
+
+A fake clock; config, infer-request and queue-item factories; `metric_total`.
 
 Tests import these instead of sharing conftest fixtures, so they work under pytest's
-importlib import mode and in other projects' tests of custom handlers.
+importlib import mode and in other projects' tests of custom handlers. `asgi` serves a
+runtime in process and `process` runs it as one; both need the test dependencies, so this
+module imports neither.
 """
 
 from __future__ import annotations
@@ -9,11 +13,24 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.encoder.request_queue import PendingItem
 
-__all__ = ["FakeClock", "exploding_handler", "make_config", "make_items"]
+__all__ = [
+    "SYNTHETIC_MODEL",
+    "FakeClock",
+    "exploding_handler",
+    "infer_request",
+    "make_config",
+    "make_items",
+    "metric_total",
+]
+
+SYNTHETIC_MODEL = "builtin://synthetic?latency_ms=0&per_item_ms=0"
+"""The synthetic encoder at zero cost: `make_config`'s model unless told otherwise."""
 
 
 class FakeClock:
@@ -38,7 +55,7 @@ def make_config(**sections: Any) -> RuntimeConfig:
     Section overrides are dicts, e.g. `make_config(batching={"max_batch_size": 4})`.
     """
     base: dict[str, Any] = {
-        "model": "builtin://synthetic?latency_ms=0&per_item_ms=0",
+        "model": SYNTHETIC_MODEL,
         "name": "test",
         "version": "v1",
         "device": "cpu",
@@ -47,6 +64,26 @@ def make_config(**sections: Any) -> RuntimeConfig:
     }
     base.update(sections)
     return RuntimeConfig(**base)
+
+
+def infer_request(texts: Sequence[object], **parameters: Any) -> dict[str, Any]:
+    """An OIP v2 infer body: `texts` as the one BYTES input, `parameters` if any."""
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]
+    }
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples in `text` (a `/metrics` page) whose labels include `labels`."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def make_items(
