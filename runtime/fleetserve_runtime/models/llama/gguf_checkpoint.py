@@ -82,28 +82,15 @@ class _GgufMetadata:
         return self._fields[key].contents()
 
     def string(self, key: str, default: str | None = None) -> str:
-        if default is not None and key not in self._fields:
-            return default
-        value = self.value(key)
-        if not isinstance(value, str):
-            raise ValueError(f"GGUF metadata {key} is not a string")
+        value: str = self._typed(key, default, (str,), "a string")
         return value
 
     def integer(self, key: str, default: int | None = None) -> int:
-        if default is not None and key not in self._fields:
-            return default
-        value = self.value(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"GGUF metadata {key} is not an integer")
+        value: int = self._typed(key, default, (int,), "an integer")
         return value
 
     def number(self, key: str, default: float | None = None) -> float:
-        if default is not None and key not in self._fields:
-            return default
-        value = self.value(key)
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise ValueError(f"GGUF metadata {key} is not a number")
-        return float(value)
+        return float(self._typed(key, default, (int, float), "a number"))
 
     def flag(self, key: str, default: bool) -> bool:
         if key not in self._fields:
@@ -114,9 +101,19 @@ class _GgufMetadata:
         return self.integer(key) if key in self._fields else None
 
     def sequence(self, key: str) -> list[Any]:
+        value: list[Any] = self._typed(key, None, (list,), "an array")
+        return value
+
+    def _typed(self, key: str, default: object, kinds: tuple[type, ...], what: str) -> Any:
+        """`key`'s value, refused unless one of `kinds`; `default` where given and `key` is absent.
+
+        A bool is refused whatever `kinds` say: GGUF's bool is no integer or number.
+        """
+        if default is not None and key not in self._fields:
+            return default
         value = self.value(key)
-        if not isinstance(value, list):
-            raise ValueError(f"GGUF metadata {key} is not an array")
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise ValueError(f"GGUF metadata {key} is not {what}")
         return value
 
 
