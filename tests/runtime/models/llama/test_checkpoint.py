@@ -27,6 +27,7 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.models.llama import checkpoint as checkpoint_module
+from fleetserve_runtime.models.llama import gguf_bounds
 from fleetserve_runtime.models.llama.checkpoint import load_checkpoint, smollm2_gguf_path
 from fleetserve_runtime.models.llama.config import Checkpoint
 
@@ -517,7 +518,7 @@ def test_gguf_metadata_arrays_are_bounded_in_all(
 
     The bound is lowered for the test, so the file need not hold four million real items.
     """
-    monkeypatch.setattr(checkpoint_module, "MAX_GGUF_METADATA_VALUES", 10)
+    monkeypatch.setattr(gguf_bounds, "MAX_GGUF_METADATA_VALUES", 10)
     body = b"".join(
         _gguf_string(f"a{i}") + struct.pack("<IIQ", _T.ARRAY, _T.UINT8, 6) + bytes(6)
         for i in range(2)
