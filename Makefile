@@ -99,9 +99,15 @@ lint: setup crds-check
 
 typecheck: lint
 
-## unit: the fast, cluster-free tier (tests/)
+# Two workers even on two cores: much of the tier waits on sockets, threads and deadlines.
+# Whole files go to one worker (loadfile), so a module's shared fixture (a loaded model, a
+# reference computed once) is built once, not once per worker.
+UNIT_WORKERS ?= 2
+
+## unit: the fast, cluster-free tier (tests/), on UNIT_WORKERS pytest-xdist workers (0: in
+##       this process)
 unit: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(UNIT_WORKERS) --dist loadfile
 
 # mutmut names a mutant after its file's path under the directory it runs in, and a mutant is
 # only found when that name is the module the tests import: so it runs in $(MUTMUT_DIR), where
