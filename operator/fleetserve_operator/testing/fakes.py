@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,12 +28,36 @@ __all__ = [
     "FakeClock",
     "FakeKube",
     "FakeMetricSource",
+    "QuietHandler",
     "RollingOut",
     "ScriptedMetricSource",
     "make_service",
     "make_spec",
     "serve_http",
 ]
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A loopback server's request handler that answers in one call and logs nothing."""
+
+    def reply(
+        self,
+        status: int,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        """Answer `status` with `body`: its Content-Length, then `headers` (which may override)."""
+        self.send_response(status, reason)
+        for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: http.server writes every request to stderr, into the test's output."""
+        return
 
 
 @contextlib.contextmanager

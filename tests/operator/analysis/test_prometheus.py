@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,7 +35,7 @@ from fleetserve_operator.spec import (
     InferenceServiceStatus,
     RolloutPhase,
 )
-from fleetserve_operator.testing import FakeKube, make_service, serve_http
+from fleetserve_operator.testing import FakeKube, QuietHandler, make_service, serve_http
 
 SECRET = "do-not-publish-this-body"
 TARGET = AnalysisTarget(
@@ -73,19 +72,11 @@ class FakePrometheus:
 def prometheus() -> Iterator[FakePrometheus]:
     fake = FakePrometheus()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # http.server's naming
             fake.requests.append(self.path)
             answer = fake.answer
-            self.send_response(answer.status, answer.reason)
-            headers = {"Content-Length": str(len(answer.body)), **answer.headers}
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(answer.body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+            self.reply(answer.status, answer.body, answer.headers, reason=answer.reason)
 
     with serve_http(Handler) as url:
         fake.url = url
