@@ -180,6 +180,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def measure_summary(
+    config: ServerConfig,
+    requests: RequestSet,
+    *,
+    args: argparse.Namespace,
+    log_dir: Path,
+    peak_flops: float,
+) -> ConfigResult:
+    """Measure ``config`` in a fresh server (``measure_config``) and summarise its figures."""
+    measurement = measure_config(config, requests, args=args, log_dir=log_dir)
+    return summarise(
+        measurement,
+        label=config.label,
+        description=config.description,
+        server_args=config.args,
+        flops_per_token=FLOPS_PER_TOKEN,
+        peak_flops=peak_flops,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run every configuration and print the report."""
     args = parse_args(argv)
@@ -191,15 +211,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: list[ConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-") as log_dir:
         for config in CONFIGS:
-            measurement = measure_config(config, requests, args=args, log_dir=Path(log_dir))
             results.append(
-                summarise(
-                    measurement,
-                    label=config.label,
-                    description=config.description,
-                    server_args=config.args,
-                    flops_per_token=FLOPS_PER_TOKEN,
-                    peak_flops=peak_flops,
+                measure_summary(
+                    config, requests, args=args, log_dir=Path(log_dir), peak_flops=peak_flops
                 )
             )
     context = clock.context(
