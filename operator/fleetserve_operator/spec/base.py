@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict
+from pydantic.config import JsonDict, JsonValue
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -26,6 +26,7 @@ __all__ = [
     "Quantity",
     "Wire",
     "cel",
+    "int_or_string",
     "parse_duration_s",
     "parse_quantity",
 ]
@@ -128,21 +129,21 @@ def _valid_quantity(value: int | str) -> int | str:
     return value
 
 
+def int_or_string(**bounds: JsonValue) -> WithJsonSchema:
+    """Kubernetes' int-or-string schema, with `bounds` (camelCase keywords) on either form."""
+    return WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+        | bounds
+    )
+
+
 # A Kubernetes quantity ("8Gi", "500m", 1000000): the API server keeps ints and strings apart,
 # so the schema is the standard int-or-string one, with the quantity grammar and length on
 # strings and the sign on integers.
 Quantity = Annotated[
     int | str,
     AfterValidator(_valid_quantity),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-int-or-string": True,
-            "pattern": _QUANTITY_RE,
-            "maxLength": QUANTITY_MAX_LENGTH,
-            "minimum": 0,
-        }
-    ),
+    int_or_string(pattern=_QUANTITY_RE, maxLength=QUANTITY_MAX_LENGTH, minimum=0),
 ]
 
 

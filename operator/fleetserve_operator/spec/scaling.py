@@ -11,9 +11,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from fleetserve_operator.spec.base import Wire, cel
+from fleetserve_operator.spec.base import Wire, cel, int_or_string
 
 __all__ = [
     "MAX_SCALED_REPLICAS",
@@ -132,15 +132,8 @@ def _valid_max_unavailable(value: int | str) -> int | str:
 MaxUnavailable = Annotated[
     int | str,
     AfterValidator(_valid_max_unavailable),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-int-or-string": True,
-            "pattern": _PERCENT_RE,
-            "maxLength": len("100%"),
-            "minimum": 1,
-            "maximum": MAX_SCALED_REPLICAS,
-        }
+    int_or_string(
+        pattern=_PERCENT_RE, maxLength=len("100%"), minimum=1, maximum=MAX_SCALED_REPLICAS
     ),
 ]
 """A replica count (1 or more) or a percentage (`1%`-`100%`) of the track's replicas."""
