@@ -32,10 +32,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench.gemm import measure_peak_flops
-from bench.pinning import pin_current_process
 from bench.report import ConfigResult, RunClock
-from bench.runtime_bench import BATCHED, TORCH, ServerConfig, build_requests, measure_summary
+from bench.runtime_bench import BATCHED, TORCH, ServerConfig, measure_summary, prepare_client
 from bench.server_proc import add_closed_loop_options
 from fleetserve_runtime.models.accuracy import PrecisionOptions
 from fleetserve_runtime.models.onnx_export import export_minilm
@@ -137,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen configurations and print the table, the JSON and the two lines."""
     args = parse_args(argv)
     clock = RunClock()
-    pin_current_process(args.client_core)
-    requests = build_requests(args)
-    peak_flops = measure_peak_flops(core=args.server_core)
+    requests, peak_flops = prepare_client(args)
     results: list[ConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-precision-") as work:
         labels = args.configs.split(",")

@@ -180,6 +180,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def prepare_client(args: argparse.Namespace) -> tuple[RequestSet, float]:
+    """Pin this process to the client's core, build the requests, measure the GEMM peak.
+
+    The peak is measured on the server's core before any server starts, so nothing else runs
+    there; it is returned with the requests.
+    """
+    pin_current_process(args.client_core)
+    requests = build_requests(args)
+    return requests, measure_peak_flops(core=args.server_core)
+
+
 def measure_summary(
     config: ServerConfig,
     requests: RequestSet,
@@ -204,10 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run every configuration and print the report."""
     args = parse_args(argv)
     clock = RunClock()
-    pin_current_process(args.client_core)
-    requests = build_requests(args)
-    # Measured before any server starts, so nothing else runs on the server's core.
-    peak_flops = measure_peak_flops(core=args.server_core)
+    requests, peak_flops = prepare_client(args)
     results: list[ConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-") as log_dir:
         for config in CONFIGS:
