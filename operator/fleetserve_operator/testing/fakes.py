@@ -182,6 +182,17 @@ class FakeKube:
         found = self.objects.get((naming.KIND, namespace, name))
         return copy.deepcopy(found) if found else None
 
+    def status_of(self, namespace: str, name: str) -> InferenceServiceStatus:
+        """The stored InferenceService's status, parsed (empty before the first status write).
+
+        Raises:
+            AssertionError: the InferenceService is gone.
+        """
+        body = self.get_inference_service(namespace, name)
+        if body is None:
+            raise AssertionError(f"InferenceService {name} is gone")
+        return InferenceServiceStatus.model_validate(body.get("status") or {})
+
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """Whether `claim` was added to `claims`."""
         return (namespace, claim) in self.claims
@@ -351,7 +362,4 @@ class RollingOut:
         error = self.sync.run_by_name("ns", self.name, trigger="test")
         if error is not None:
             raise AssertionError(f"the sync failed: {error}")
-        body = self.kube.get_inference_service("ns", self.name)
-        if body is None:
-            raise AssertionError(f"InferenceService {self.name} is gone")
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
+        return self.kube.status_of("ns", self.name)

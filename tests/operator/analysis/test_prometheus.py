@@ -32,7 +32,6 @@ from fleetserve_operator.spec import (
     AnalysisSpec,
     ConditionType,
     InconclusiveReason,
-    InferenceServiceStatus,
     RolloutPhase,
 )
 from fleetserve_operator.testing import FakeKube, QuietHandler, make_service, serve_http
@@ -298,9 +297,7 @@ def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> Non
     assert isinstance(error, InvalidSpec)
     assert error.field == PROMETHEUS_URL_FIELD
     assert [action for action, _, _ in kube.writes] == ["status"]
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    status = InferenceServiceStatus.model_validate(body["status"])
+    status = kube.status_of("ns", "demo")
     degraded = status.condition(ConditionType.DEGRADED)
     assert degraded is not None
     assert (degraded.status, degraded.reason) == ("True", "InvalidSpec")
