@@ -334,6 +334,13 @@ class ConfigResult:
     server_cpu_util: float
 
 
+def stream_requests(
+    items: Sequence[WorkItem], *, kind: ServerKind, model: str
+) -> list[StreamRequest]:
+    """The streaming requests of ``items`` for a server of ``kind`` serving ``model``."""
+    return [StreamRequest(request_body(i, kind=kind, model=model), i.max_tokens) for i in items]
+
+
 def measure_config(
     config: ServerConfig,
     workload: Sequence[WorkItem],
@@ -348,17 +355,11 @@ def measure_config(
     url = f"{base_url}/v1/completions"
     model = MODEL_NAME if config.kind == "fleetserve" else str(args.peer_model_dir)
 
-    def requests(items: Sequence[WorkItem]) -> list[StreamRequest]:
-        return [
-            StreamRequest(request_body(i, kind=config.kind, model=model), i.max_tokens)
-            for i in items
-        ]
-
     def run(items: Sequence[WorkItem], time_limit_s: float) -> StreamStats:
         return asyncio.run(
             run_streaming_closed_loop(
                 url,
-                requests(items),
+                stream_requests(items, kind=config.kind, model=model),
                 concurrency=args.concurrency,
                 time_limit_s=time_limit_s,
                 request_timeout_s=args.request_timeout_s,

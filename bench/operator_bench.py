@@ -19,43 +19,28 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
+# The harness is not an installed package (as e2e/conftest.py says): its record type is read
+# from its directory, so the result has one definition, the one the harness writes.
+if str(E2E_DIR) not in sys.path:
+    sys.path.insert(0, str(E2E_DIR))
+
+from fleetserve_e2e.operator_scale import ScaleResult  # noqa: E402
+
+_RESULT = TypeAdapter(ScaleResult)
 TARGETS = {"idle_writes_per_min": 0.0, "change_to_patch_p99_s": 1.0, "rss_peak_mb": 500.0}
 
 
-class ScaleResult(BaseModel):
-    """The harness's JSON result (`fleetserve_e2e.operator_scale.ScaleResult`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    services: int
-    pods: int
-    create_s: float
-    ready_s: float
-    settle_s: float
-    idle_window_s: float
-    idle_writes: int
-    idle_writes_per_min: float
-    idle_lease_writes_per_min: float
-    idle_dry_runs_per_min: float
-    idle_reads_per_min: float
-    idle_writes_by_kind: dict[str, int]
-    changes: int
-    changes_seen: int
-    change_to_patch_p50_s: float
-    change_to_patch_p99_s: float
-    change_to_patch_max_s: float
-    rss_peak_mb: float
-    rss_idle_mb: float
-    cpu_s: float
-    cpu_idle_s: float
-    reconciles_by_trigger: dict[str, float]
+def read_result(text: str) -> ScaleResult:
+    """The harness's JSON, read strictly: a field this report does not know is an error."""
+    return _RESULT.validate_json(text, extra="forbid")
 
 
 def headline(result: ScaleResult) -> str:
@@ -118,7 +103,7 @@ def _counts(counts: Mapping[str, float]) -> str:
 def print_report(result: ScaleResult, *, context: Mapping[str, object]) -> None:
     """Print the table, the JSON (with `context`), then the headline as the last line."""
     Console(width=120).print(table(result))
-    print(json.dumps({"context": dict(context), "result": result.model_dump()}, indent=2))
+    print(json.dumps({"context": dict(context), "result": asdict(result)}, indent=2))
     print(headline(result))
 
 
@@ -163,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="operator-bench-") as scratch:
         json_path = Path(scratch) / "result.json"
         subprocess.run(harness_argv(args, json_path), cwd=E2E_DIR, check=True)
-        result = ScaleResult.model_validate_json(json_path.read_text(encoding="utf-8"))
+        result = read_result(json_path.read_text(encoding="utf-8"))
     context = {"argv": sys.argv[1:], "operator_settings": args.operator_setting}
     print_report(result, context=context)
 

@@ -502,13 +502,13 @@ def run_server(
     server: Server,
     *,
     python: Path,
-    label: str,
     reference: list[list[float]] | None,
     workloads: Workloads,
     args: argparse.Namespace,
     log_dir: Path,
 ) -> tuple[list[Row], list[list[float]]]:
     """Start ``server``, check its embeddings, then measure every profile; return rows, vectors."""
+    label = version_label(server, python)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     log_path = log_dir / f"{server.name}.log"
@@ -590,7 +590,6 @@ def measure_all(args: argparse.Namespace, log_dir: Path) -> list[Row]:
     rows, reference = run_server(
         OURS,
         python=own_python,
-        label=version_label(OURS, own_python),
         reference=None,
         workloads=workloads,
         args=args,
@@ -599,7 +598,6 @@ def measure_all(args: argparse.Namespace, log_dir: Path) -> list[Row]:
     torch_rows, _ = run_server(
         OURS_TORCH,
         python=own_python,
-        label=version_label(OURS_TORCH, own_python),
         reference=reference,
         workloads=workloads,
         args=args,
@@ -613,7 +611,6 @@ def measure_all(args: argparse.Namespace, log_dir: Path) -> list[Row]:
             peer_rows, _ = run_server(
                 peer,
                 python=python,
-                label=version_label(peer, python),
                 reference=reference,
                 workloads=workloads,
                 args=args,

@@ -32,13 +32,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench.gemm import measure_peak_flops
-from bench.pinning import pin_current_process
-from bench.report import ConfigResult, RunClock, summarise
-from bench.runtime_bench import BATCHED, TORCH, ServerConfig, build_requests, measure_config
+from bench.report import ConfigResult, RunClock
+from bench.runtime_bench import BATCHED, TORCH, ServerConfig, measure_summary, prepare_client
 from bench.server_proc import add_closed_loop_options
 from fleetserve_runtime.models.accuracy import PrecisionOptions
-from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
 from fleetserve_runtime.models.onnx_export import export_minilm
 from fleetserve_runtime.models.registry import resolve_handler
 
@@ -138,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the chosen configurations and print the table, the JSON and the two lines."""
     args = parse_args(argv)
     clock = RunClock()
-    pin_current_process(args.client_core)
-    requests = build_requests(args)
-    peak_flops = measure_peak_flops(core=args.server_core)
+    requests, peak_flops = prepare_client(args)
     results: list[ConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-precision-") as work:
         labels = args.configs.split(",")
@@ -149,15 +144,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             onnx_uri = f"file://{export_minilm(Path(work) / 'onnx')}"
         configs = server_configs(onnx_uri, floor=args.min_cosine)
         for label in labels:
-            measurement = measure_config(configs[label], requests, args=args, log_dir=Path(work))
             results.append(
-                summarise(
-                    measurement,
-                    label=label,
-                    description=configs[label].description,
-                    server_args=configs[label].args,
-                    flops_per_token=FLOPS_PER_TOKEN,
-                    peak_flops=peak_flops,
+                measure_summary(
+                    configs[label], requests, args=args, log_dir=Path(work), peak_flops=peak_flops
                 )
             )
         best = best_int8(results)

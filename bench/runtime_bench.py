@@ -180,26 +180,48 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def prepare_client(args: argparse.Namespace) -> tuple[RequestSet, float]:
+    """Pin this process to the client's core, build the requests, measure the GEMM peak.
+
+    The peak is measured on the server's core before any server starts, so nothing else runs
+    there; it is returned with the requests.
+    """
+    pin_current_process(args.client_core)
+    requests = build_requests(args)
+    return requests, measure_peak_flops(core=args.server_core)
+
+
+def measure_summary(
+    config: ServerConfig,
+    requests: RequestSet,
+    *,
+    args: argparse.Namespace,
+    log_dir: Path,
+    peak_flops: float,
+) -> ConfigResult:
+    """Measure ``config`` in a fresh server (``measure_config``) and summarise its figures."""
+    measurement = measure_config(config, requests, args=args, log_dir=log_dir)
+    return summarise(
+        measurement,
+        label=config.label,
+        description=config.description,
+        server_args=config.args,
+        flops_per_token=FLOPS_PER_TOKEN,
+        peak_flops=peak_flops,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run every configuration and print the report."""
     args = parse_args(argv)
     clock = RunClock()
-    pin_current_process(args.client_core)
-    requests = build_requests(args)
-    # Measured before any server starts, so nothing else runs on the server's core.
-    peak_flops = measure_peak_flops(core=args.server_core)
+    requests, peak_flops = prepare_client(args)
     results: list[ConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-") as log_dir:
         for config in CONFIGS:
-            measurement = measure_config(config, requests, args=args, log_dir=Path(log_dir))
             results.append(
-                summarise(
-                    measurement,
-                    label=config.label,
-                    description=config.description,
-                    server_args=config.args,
-                    flops_per_token=FLOPS_PER_TOKEN,
-                    peak_flops=peak_flops,
+                measure_summary(
+                    config, requests, args=args, log_dir=Path(log_dir), peak_flops=peak_flops
                 )
             )
     context = clock.context(

@@ -7,12 +7,13 @@ The run itself needs a control plane and KWOK (`make bench-operator`); the harne
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from bench.operator_bench import ScaleResult, harness_argv, headline, verdicts
+from bench.operator_bench import ScaleResult, harness_argv, headline, read_result, verdicts
 
 FIGURES = {
     "services": 1000,
@@ -41,15 +42,15 @@ FIGURES = {
 
 
 def test_headline_is_the_documented_last_line() -> None:
-    result = ScaleResult.model_validate(FIGURES)
+    result = ScaleResult(**FIGURES)
     assert headline(result) == (
         "services=1000 ready_s=240.2 idle_writes_per_min=0 change_to_patch_p99_s=0.800 rss_mb=310"
     )
 
 
 def test_a_change_never_seen_misses_the_latency_target() -> None:
-    seen_all = ScaleResult.model_validate(FIGURES)
-    missing = ScaleResult.model_validate({**FIGURES, "changes_seen": 49})
+    seen_all = ScaleResult(**FIGURES)
+    missing = ScaleResult(**{**FIGURES, "changes_seen": 49})
     assert verdicts(seen_all) == {
         "idle_writes_per_min": True,
         "change_to_patch_p99_s": True,
@@ -59,13 +60,14 @@ def test_a_change_never_seen_misses_the_latency_target() -> None:
 
 
 def test_one_idle_write_misses_the_idle_target() -> None:
-    result = ScaleResult.model_validate({**FIGURES, "idle_writes": 1, "idle_writes_per_min": 0.5})
+    result = ScaleResult(**{**FIGURES, "idle_writes": 1, "idle_writes_per_min": 0.5})
     assert verdicts(result)["idle_writes_per_min"] is False
 
 
 def test_the_harness_result_is_read_strictly() -> None:
+    assert read_result(json.dumps(FIGURES)) == ScaleResult(**FIGURES)
     with pytest.raises(ValidationError):
-        ScaleResult.model_validate({**FIGURES, "unexpected": 1})
+        read_result(json.dumps({**FIGURES, "unexpected": 1}))
 
 
 def test_the_harness_gets_every_flag(tmp_path: Path) -> None:

@@ -103,7 +103,6 @@ def test_peer_whose_embeddings_differ_is_failed_and_not_timed(tmp_path: Path) ->
     rows, vectors = run_server(
         PEERS["fastapi"],
         python=Path(sys.executable),
-        label="test",
         reference=reference,
         workloads=build_workloads(args),
         args=args,

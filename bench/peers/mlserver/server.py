@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
-
-def _free_port() -> int:
-    """A port on 127.0.0.1 that is free now, for the gRPC and metrics listeners."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from bench.server_proc import free_port
 
 
 def main() -> None:
@@ -34,8 +27,8 @@ def main() -> None:
         **os.environ,
         "MLSERVER_HOST": "127.0.0.1",
         "MLSERVER_HTTP_PORT": str(args.port),
-        "MLSERVER_GRPC_PORT": str(_free_port()),
-        "MLSERVER_METRICS_PORT": str(_free_port()),
+        "MLSERVER_GRPC_PORT": str(free_port()),
+        "MLSERVER_METRICS_PORT": str(free_port()),
         # MLServer 1.7.1's inference pool workers die at start under the pinned uvloop
         # ("There is no current event loop"), so inference runs in the server process, as
         # MLServer's docs describe for parallel_workers 0.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sysconfig
 
 import numpy as np
@@ -26,14 +25,7 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 from bench.peers.encoder import MiniLM
-
-
-def _free_port() -> int:
-    """A port on 127.0.0.1 that is free now, for the gRPC and metrics listeners."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from bench.server_proc import free_port
 
 
 def main() -> None:
@@ -58,8 +50,8 @@ def main() -> None:
         http_address="127.0.0.1",
         http_port=args.port,
         grpc_address="127.0.0.1",
-        grpc_port=_free_port(),
-        metrics_port=_free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
     )
     with Triton(config=config) as triton:
         triton.bind(

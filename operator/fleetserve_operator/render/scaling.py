@@ -96,9 +96,6 @@ def scaled_object(
             "spec.rollout.analysis.prometheusUrl, or the operator's prometheus URL"
         )
         raise DependencyMissing("spec.scaling", msg)
-    # A per-replica signal is divided by the replica count (AverageValue); a quantile is the
-    # track's already, so the HPA grows the track in proportion to value / target (Value).
-    per_replica = scaling.metric is not ScalingMetric.QUEUE_WAIT_P90
     windows = {
         "scaleUp": {"stabilizationWindowSeconds": scaling.scale_up_window_seconds},
         "scaleDown": {"stabilizationWindowSeconds": scaling.scale_down_window_seconds},
@@ -113,17 +110,23 @@ def scaled_object(
             "maxReplicaCount": scaling.max_replicas,
             "pollingInterval": scaling.polling_interval_seconds,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": windows}},
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "metricType": "AverageValue" if per_replica else "Value",
-                    "metadata": {
-                        "serverAddress": prometheus_url,
-                        "query": query,
-                        "threshold": _plain(scaling.target),
-                    },
-                }
-            ],
+            "triggers": [_prometheus_trigger(scaling, query=query, prometheus_url=prometheus_url)],
+        },
+    }
+
+
+def _prometheus_trigger(scaling: ScalingSpec, *, query: str, prometheus_url: str) -> Manifest:
+    """The ScaledObject's one trigger: `query` on Prometheus, against `scaling.target`."""
+    # A per-replica signal is divided by the replica count (AverageValue); a quantile is the
+    # track's already, so the HPA grows the track in proportion to value / target (Value).
+    per_replica = scaling.metric is not ScalingMetric.QUEUE_WAIT_P90
+    return {
+        "type": "prometheus",
+        "metricType": "AverageValue" if per_replica else "Value",
+        "metadata": {
+            "serverAddress": prometheus_url,
+            "query": query,
+            "threshold": _plain(scaling.target),
         },
     }
 

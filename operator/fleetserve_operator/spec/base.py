@@ -1,23 +1,26 @@
 """Shared pieces of the InferenceService models: the wire base class, quantities, durations, CEL.
 
 Every model derives from `Wire`: snake_case in Python, camelCase on the wire, frozen, unknown
-fields rejected, and each field's docstring becomes its description in the CRD.
+fields rejected, and each field's docstring becomes its description in the CRD. A rule between
+two fields (`AtLeast`) is stated once, and becomes both a CEL validation and a model check.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Context, Decimal
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
-from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict
+from pydantic.alias_generators import to_camel, to_snake
+from pydantic.config import JsonDict, JsonValue
 
 __all__ = [
     "DEFAULT_IMAGE",
     "GPU_RESOURCE",
     "MAX_QUANTITY",
+    "AtLeast",
     "DnsLabel",
     "DnsSubdomain",
     "Duration",
@@ -26,6 +29,7 @@ __all__ = [
     "Quantity",
     "Wire",
     "cel",
+    "int_or_string",
     "parse_duration_s",
     "parse_quantity",
 ]
@@ -86,6 +90,40 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     return entry
 
 
+@dataclass(frozen=True, slots=True)
+class AtLeast:
+    """A section's rule that field `high` is >= field `low` (wire names), stated once.
+
+    The same rule is a CEL validation in the CRD (`cel`), so the API server refuses the
+    object, and a check in the model (`check`), so a spec the operator reads is refused alike;
+    `why`, if given, ends both messages.
+    """
+
+    section: str
+    high: str
+    low: str
+    why: str = ""
+
+    def cel(self) -> JsonDict:
+        """The rule's `x-kubernetes-validations` entry, pointed at `high`."""
+        message = f"{self.section}.{self.high} must be >= {self.section}.{self.low}"
+        return cel(f"self.{self.high} >= self.{self.low}", message + self._why, f".{self.high}")
+
+    def check(self, model: BaseModel) -> None:
+        """Raise ValueError, naming both fields and their values, if `model` breaks the rule."""
+        high, low = getattr(model, to_snake(self.high)), getattr(model, to_snake(self.low))
+        if high < low:
+            msg = (
+                f"{self.section}.{self.high} ({high}) must be >= "
+                f"{self.section}.{self.low} ({low}){self._why}"
+            )
+            raise ValueError(msg)
+
+    @property
+    def _why(self) -> str:
+        return f": {self.why}" if self.why else ""
+
+
 def parse_quantity(value: int | str) -> int:
     """A Kubernetes quantity in base units, rounded down (`"1Gi"` → 1073741824).
 
@@ -128,21 +166,21 @@ def _valid_quantity(value: int | str) -> int | str:
     return value
 
 
+def int_or_string(**bounds: JsonValue) -> WithJsonSchema:
+    """Kubernetes' int-or-string schema, with `bounds` (camelCase keywords) on either form."""
+    return WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+        | bounds
+    )
+
+
 # A Kubernetes quantity ("8Gi", "500m", 1000000): the API server keeps ints and strings apart,
 # so the schema is the standard int-or-string one, with the quantity grammar and length on
 # strings and the sign on integers.
 Quantity = Annotated[
     int | str,
     AfterValidator(_valid_quantity),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-int-or-string": True,
-            "pattern": _QUANTITY_RE,
-            "maxLength": QUANTITY_MAX_LENGTH,
-            "minimum": 0,
-        }
-    ),
+    int_or_string(pattern=_QUANTITY_RE, maxLength=QUANTITY_MAX_LENGTH, minimum=0),
 ]
 
 

@@ -11,9 +11,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from fleetserve_operator.spec.base import Wire, cel
+from fleetserve_operator.spec.base import AtLeast, Wire, cel, int_or_string
 
 __all__ = [
     "MAX_SCALED_REPLICAS",
@@ -52,6 +52,9 @@ class ScalingMetric(StrEnum):
     """Share (0-1) of the KV cache held by sequences, per replica; generative models only."""
 
 
+_REPLICAS = AtLeast("scaling", "maxReplicas", "minReplicas")
+
+
 class ScalingSpec(Wire):
     """Autoscaling of one track on an inference signal, rendered as a KEDA ScaledObject.
 
@@ -63,11 +66,7 @@ class ScalingSpec(Wire):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(
-                    "self.maxReplicas >= self.minReplicas",
-                    "scaling.maxReplicas must be >= scaling.minReplicas",
-                    ".maxReplicas",
-                ),
+                _REPLICAS.cel(),
                 cel(
                     "self.metric != 'kvCacheUsage' || self.target <= 1.0",
                     "scaling.target is a fraction of the KV cache (0-1] for metric kvCacheUsage",
@@ -99,12 +98,7 @@ class ScalingSpec(Wire):
 
     @model_validator(mode="after")
     def _check(self) -> ScalingSpec:
-        if self.max_replicas < self.min_replicas:
-            msg = (
-                f"scaling.maxReplicas ({self.max_replicas}) must be >= "
-                f"scaling.minReplicas ({self.min_replicas})"
-            )
-            raise ValueError(msg)
+        _REPLICAS.check(self)
         if self.metric is ScalingMetric.KV_CACHE_USAGE and self.target > 1:
             msg = (
                 f"scaling.target ({self.target}) is a fraction of the KV cache (0-1] for "
@@ -132,15 +126,8 @@ def _valid_max_unavailable(value: int | str) -> int | str:
 MaxUnavailable = Annotated[
     int | str,
     AfterValidator(_valid_max_unavailable),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-int-or-string": True,
-            "pattern": _PERCENT_RE,
-            "maxLength": len("100%"),
-            "minimum": 1,
-            "maximum": MAX_SCALED_REPLICAS,
-        }
+    int_or_string(
+        pattern=_PERCENT_RE, maxLength=len("100%"), minimum=1, maximum=MAX_SCALED_REPLICAS
     ),
 ]
 """A replica count (1 or more) or a percentage (`1%`-`100%`) of the track's replicas."""

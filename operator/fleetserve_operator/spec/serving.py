@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from fleetserve_operator.spec.base import (
     DEFAULT_IMAGE,
     GPU_RESOURCE,
+    AtLeast,
     DnsSubdomain,
     LabelValue,
     QualifiedName,
@@ -229,19 +230,14 @@ class RuntimeSpec(Wire):
         return self
 
 
+_BATCHING_TIMEOUTS = AtLeast("batching", "maxTimeoutMs", "defaultTimeoutMs")
+
+
 class BatchingSpec(Wire):
     """Dynamic batching and admission limits, passed to the runtime as flags."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.maxTimeoutMs >= self.defaultTimeoutMs",
-                    "batching.maxTimeoutMs must be >= batching.defaultTimeoutMs",
-                    ".maxTimeoutMs",
-                )
-            ]
-        }
+        json_schema_extra={"x-kubernetes-validations": [_BATCHING_TIMEOUTS.cel()]}
     )
 
     max_batch_size: int = Field(32, ge=1, le=4096)
@@ -265,12 +261,7 @@ class BatchingSpec(Wire):
 
     @model_validator(mode="after")
     def _check(self) -> BatchingSpec:
-        if self.max_timeout_ms < self.default_timeout_ms:
-            msg = (
-                f"batching.maxTimeoutMs ({self.max_timeout_ms}) must be >= "
-                f"batching.defaultTimeoutMs ({self.default_timeout_ms})"
-            )
-            raise ValueError(msg)
+        _BATCHING_TIMEOUTS.check(self)
         edges = self.bucket_edges
         if edges != sorted(set(edges)):
             msg = f"batching.buckets must be strictly increasing, got {self.buckets}"
@@ -333,6 +324,16 @@ class MemorySpec(Wire):
         return 0 if self.budget is None else parse_quantity(self.budget)
 
 
+_STEP_TOKENS = AtLeast(
+    "generation",
+    "maxStepTokens",
+    "maxRunningSequences",
+    why="every running sequence decodes one token per step",
+)
+_GENERATION_TIMEOUTS = AtLeast("generation", "maxTimeoutMs", "defaultTimeoutMs")
+_OUTPUT_TOKENS = AtLeast("generation", "maxOutputTokens", "defaultMaxTokens")
+
+
 class GenerationSpec(Wire):
     """The generative engine's knobs (`model.task: generate` only), as `--generation-*` flags.
 
@@ -342,27 +343,14 @@ class GenerationSpec(Wire):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(
-                    "self.maxStepTokens >= self.maxRunningSequences",
-                    "generation.maxStepTokens must be >= generation.maxRunningSequences: "
-                    "every running sequence decodes one token per step",
-                    ".maxStepTokens",
-                ),
-                cel(
-                    "self.maxTimeoutMs >= self.defaultTimeoutMs",
-                    "generation.maxTimeoutMs must be >= generation.defaultTimeoutMs",
-                    ".maxTimeoutMs",
-                ),
+                _STEP_TOKENS.cel(),
+                _GENERATION_TIMEOUTS.cel(),
                 cel(
                     "self.maxContext == 0 || self.maxContext >= self.blockSize",
                     "generation.maxContext must be 0 (the model's) or >= generation.blockSize",
                     ".maxContext",
                 ),
-                cel(
-                    "self.maxOutputTokens >= self.defaultMaxTokens",
-                    "generation.maxOutputTokens must be >= generation.defaultMaxTokens",
-                    ".maxOutputTokens",
-                ),
+                _OUTPUT_TOKENS.cel(),
             ]
         }
     )
@@ -401,25 +389,8 @@ class GenerationSpec(Wire):
 
     @model_validator(mode="after")
     def _check(self) -> GenerationSpec:
-        if self.max_step_tokens < self.max_running_sequences:
-            msg = (
-                f"generation.maxStepTokens ({self.max_step_tokens}) must be >= "
-                f"generation.maxRunningSequences ({self.max_running_sequences}): every "
-                "running sequence decodes one token per step"
-            )
-            raise ValueError(msg)
-        if self.max_timeout_ms < self.default_timeout_ms:
-            msg = (
-                f"generation.maxTimeoutMs ({self.max_timeout_ms}) must be >= "
-                f"generation.defaultTimeoutMs ({self.default_timeout_ms})"
-            )
-            raise ValueError(msg)
-        if self.max_output_tokens < self.default_max_tokens:
-            msg = (
-                f"generation.maxOutputTokens ({self.max_output_tokens}) must be >= "
-                f"generation.defaultMaxTokens ({self.default_max_tokens})"
-            )
-            raise ValueError(msg)
+        for rule in (_STEP_TOKENS, _GENERATION_TIMEOUTS, _OUTPUT_TOKENS):
+            rule.check(self)
         if 0 < self.max_context < self.block_size:
             msg = (
                 f"generation.maxContext ({self.max_context}) must be 0 (the model's) or >= "

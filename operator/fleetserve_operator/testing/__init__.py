@@ -1,8 +1,8 @@
 """Test helpers, public like `kopf.testing`: a fake cluster, fake metrics, spec factories.
 
 - `fakes`: `FakeKube` (an in-memory API server that records every write), the metric
-  sources, `FakeClock`, the spec factories and `RollingOut` (a rollout driven through `Sync`);
-  re-exported here.
+  sources, `FakeClock`, `serve_http` and its `QuietHandler`, the spec factories and
+  `RollingOut` (a rollout driven through `Sync`); re-exported here.
 - `rollout`: `World`, the rollout state machine stepped with the children rendered from
   every status it returns, as `sync` renders them.
 
@@ -15,6 +15,7 @@ from fleetserve_operator.testing.fakes import (
     FakeClock,
     FakeKube,
     FakeMetricSource,
+    QuietHandler,
     RollingOut,
     ScriptedMetricSource,
     make_service,
@@ -26,6 +27,7 @@ __all__ = [
     "FakeClock",
     "FakeKube",
     "FakeMetricSource",
+    "QuietHandler",
     "RollingOut",
     "ScriptedMetricSource",
     "make_service",

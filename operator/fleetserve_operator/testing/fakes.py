@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,12 +28,36 @@ __all__ = [
     "FakeClock",
     "FakeKube",
     "FakeMetricSource",
+    "QuietHandler",
     "RollingOut",
     "ScriptedMetricSource",
     "make_service",
     "make_spec",
     "serve_http",
 ]
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A loopback server's request handler that answers in one call and logs nothing."""
+
+    def reply(
+        self,
+        status: int,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        """Answer `status` with `body`: its Content-Length, then `headers` (which may override)."""
+        self.send_response(status, reason)
+        for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: http.server writes every request to stderr, into the test's output."""
+        return
 
 
 @contextlib.contextmanager
@@ -157,6 +181,17 @@ class FakeKube:
         """The stored InferenceService, or None."""
         found = self.objects.get((naming.KIND, namespace, name))
         return copy.deepcopy(found) if found else None
+
+    def status_of(self, namespace: str, name: str) -> InferenceServiceStatus:
+        """The stored InferenceService's status, parsed (empty before the first status write).
+
+        Raises:
+            AssertionError: the InferenceService is gone.
+        """
+        body = self.get_inference_service(namespace, name)
+        if body is None:
+            raise AssertionError(f"InferenceService {name} is gone")
+        return InferenceServiceStatus.model_validate(body.get("status") or {})
 
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """Whether `claim` was added to `claims`."""
@@ -327,7 +362,4 @@ class RollingOut:
         error = self.sync.run_by_name("ns", self.name, trigger="test")
         if error is not None:
             raise AssertionError(f"the sync failed: {error}")
-        body = self.kube.get_inference_service("ns", self.name)
-        if body is None:
-            raise AssertionError(f"InferenceService {self.name} is gone")
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
+        return self.kube.status_of("ns", self.name)

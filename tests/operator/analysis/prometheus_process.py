@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from fleetserve_operator.testing import QuietHandler
 
 
 def _result(answers: dict[str, Any], promql: str) -> list[dict[str, Any]]:
@@ -30,7 +32,7 @@ def _result(answers: dict[str, Any], promql: str) -> list[dict[str, Any]]:
 def main(answers_path: Path, port_path: Path) -> None:
     """Serve until killed."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # http.server's naming
             url = urlsplit(self.path)
             if url.path == "/":
@@ -40,13 +42,7 @@ def main(answers_path: Path, port_path: Path) -> None:
                 answers = json.loads(answers_path.read_text(encoding="utf-8"))
                 data = {"resultType": "vector", "result": _result(answers, promql)}
                 body = json.dumps({"status": "success", "data": data}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+            self.reply(200, body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     written = port_path.with_suffix(".tmp")

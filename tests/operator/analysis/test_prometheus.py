@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -33,10 +32,9 @@ from fleetserve_operator.spec import (
     AnalysisSpec,
     ConditionType,
     InconclusiveReason,
-    InferenceServiceStatus,
     RolloutPhase,
 )
-from fleetserve_operator.testing import FakeKube, make_service, serve_http
+from fleetserve_operator.testing import FakeKube, QuietHandler, make_service, serve_http
 
 SECRET = "do-not-publish-this-body"
 TARGET = AnalysisTarget(
@@ -73,19 +71,11 @@ class FakePrometheus:
 def prometheus() -> Iterator[FakePrometheus]:
     fake = FakePrometheus()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # http.server's naming
             fake.requests.append(self.path)
             answer = fake.answer
-            self.send_response(answer.status, answer.reason)
-            headers = {"Content-Length": str(len(answer.body)), **answer.headers}
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(answer.body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+            self.reply(answer.status, answer.body, answer.headers, reason=answer.reason)
 
     with serve_http(Handler) as url:
         fake.url = url
@@ -307,9 +297,7 @@ def test_a_url_outside_the_allowlist_is_invalid_when_the_spec_is_parsed() -> Non
     assert isinstance(error, InvalidSpec)
     assert error.field == PROMETHEUS_URL_FIELD
     assert [action for action, _, _ in kube.writes] == ["status"]
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    status = InferenceServiceStatus.model_validate(body["status"])
+    status = kube.status_of("ns", "demo")
     degraded = status.condition(ConditionType.DEGRADED)
     assert degraded is not None
     assert (degraded.status, degraded.reason) == ("True", "InvalidSpec")

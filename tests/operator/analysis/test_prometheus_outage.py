@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from fleetserve_operator.spec import (
     RolloutPhase,
     Verdict,
 )
-from fleetserve_operator.testing import RollingOut, serve_http
+from fleetserve_operator.testing import QuietHandler, RollingOut, serve_http
 
 TIMEOUT_S = 0.5
 """The query timeout the tests give `PrometheusSource` (the operator's is 5 s)."""
@@ -211,7 +210,7 @@ def _assert_held(world: RollingOut, status: InferenceServiceStatus) -> None:
 def test_an_answer_that_trickles_in_is_cut_at_the_timeout() -> None:
     """A Prometheus sending its answer a byte at a time fails the query within 2 x timeout."""
 
-    class Trickle(BaseHTTPRequestHandler):
+    class Trickle(QuietHandler):
         def do_GET(self) -> None:  # http.server's naming
             self.send_response(200)
             self.send_header("Content-Length", "100")
@@ -220,9 +219,6 @@ def test_an_answer_that_trickles_in_is_cut_at_the_timeout() -> None:
                 self.wfile.write(b" ")
                 self.wfile.flush()
                 time.sleep(TIMEOUT_S / 5)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
 
     with serve_http(Trickle) as url:
         source = PrometheusSource(url, timeout_s=TIMEOUT_S)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -34,6 +33,7 @@ from fleetserve_operator.spec import (
     Verdict,
 )
 from fleetserve_operator.testing import (
+    QuietHandler,
     RollingOut,
     ScriptedMetricSource,
     serve_http,
@@ -220,21 +220,14 @@ def test_users_checks_still_apply_at_the_interval_end() -> None:
 def prometheus_vector() -> Iterator[str]:
     """A loopback Prometheus answering every query with a two-series vector by `code`."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # http.server's naming
             result = [
                 {"metric": {"code": "200"}, "value": [0, "120"]},
                 {"metric": {"code": "500"}, "value": [0, "3"]},
             ]
             data = {"resultType": "vector", "result": result}
-            body = json.dumps({"status": "success", "data": data}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+            self.reply(200, json.dumps({"status": "success", "data": data}).encode())
 
     with serve_http(Handler) as url:
         yield url

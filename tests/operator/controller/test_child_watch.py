@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler
-from typing import Any, ClassVar
+from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 import kopf
@@ -23,7 +22,7 @@ from fleetserve_operator.controller.handlers import QueueWorkers, register
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.testing import FakeKube, serve_http
+from fleetserve_operator.testing import FakeKube, QuietHandler, serve_http
 
 OURS = {naming.MANAGED_BY_LABEL: naming.MANAGER}
 
@@ -64,7 +63,7 @@ def test_a_pod_maps_by_its_instance_label_only_when_the_operator_manages_it() ->
     assert owner_key("Pod", pod) is None
 
 
-class _ApiServer(BaseHTTPRequestHandler):
+class _ApiServer(QuietHandler):
     """Deployments: list, a watch with events and a bookmark, 410 Gone, re-list, an open watch.
 
     HTTPRoutes: a plain-text 404, as for a CRD that is not installed.
@@ -74,15 +73,12 @@ class _ApiServer(BaseHTTPRequestHandler):
     release: ClassVar[threading.Event] = threading.Event()
     listed: ClassVar[int] = 0
 
-    def log_message(self, *_: Any) -> None:
-        pass
-
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         type(self).requests.append((url.path, query))
         if url.path.endswith("/httproutes"):
-            self._send(404, b"404 page not found", "text/plain")
+            self.reply(404, b"404 page not found", {"Content-Type": "text/plain"})
         elif "watch" not in query:
             type(self).listed += 1
             owner = "a" if self.listed == 1 else "c"
@@ -112,14 +108,7 @@ class _ApiServer(BaseHTTPRequestHandler):
             type(self).release.wait(timeout=20.0)  # held open until the test ends
 
     def _json(self, body: Manifest) -> None:
-        self._send(200, json.dumps(body).encode(), "application/json")
-
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
 
 def _paths(server: type[_ApiServer], suffix: str) -> list[dict[str, list[str]]]:

@@ -9,7 +9,7 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
+from fleetserve_operator.spec import ConditionType
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
@@ -22,14 +22,8 @@ def _setup(**sections: Any) -> tuple[FakeKube, Sync]:
     return kube, Sync(kube, metrics=OperatorMetrics())
 
 
-def _status(kube: FakeKube) -> InferenceServiceStatus:
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    return InferenceServiceStatus.model_validate(body.get("status") or {})
-
-
 def _condition(kube: FakeKube, kind: ConditionType) -> tuple[str, str, str]:
-    condition = _status(kube).condition(kind)
+    condition = kube.status_of("ns", "demo").condition(kind)
     assert condition is not None
     return condition.status, condition.reason, condition.message
 
@@ -115,7 +109,7 @@ def test_a_refused_child_leaves_nothing_half_built() -> None:
     assert "HTTPRoute demo refused by the API server" in message
     assert 'spec.hostnames[0]: Invalid value: "Bad"' in message
     assert _condition(kube, ConditionType.READY)[:2] == ("False", "ChildRefused")
-    assert _status(kube).phase == "Failed"
+    assert kube.status_of("ns", "demo").phase == "Failed"
 
 
 def test_a_refused_update_writes_no_other_child() -> None:
@@ -144,7 +138,7 @@ def _rollout() -> tuple[FakeKube, Sync, FakeClock]:
     sync.run_by_name("ns", "demo", trigger="update")
     kube.set_ready("demo-canary")
     sync.run_by_name("ns", "demo", trigger="child")
-    assert _status(kube).canary_weight == 20
+    assert kube.status_of("ns", "demo").canary_weight == 20
     return kube, sync, clock
 
 
@@ -185,5 +179,5 @@ def test_a_route_behind_status_is_moved_forward_not_back() -> None:
                      metric_source=lambda url: down)  # fmt: skip
     clock.advance(10)
     restarted.run_by_name("ns", "demo", trigger="resume")
-    assert _status(kube).canary_weight == 50
+    assert kube.status_of("ns", "demo").canary_weight == 50
     assert _canary_weight(kube) == 50

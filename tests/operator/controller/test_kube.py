@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import kubernetes
@@ -28,7 +27,7 @@ from fleetserve_operator.errors import (
 from fleetserve_operator.records import EventNote
 from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
-from fleetserve_operator.testing import make_spec, serve_http
+from fleetserve_operator.testing import QuietHandler, make_spec, serve_http
 
 MIB = 2**20
 OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
@@ -49,23 +48,16 @@ class FakeApiServer:
 def api_server() -> Iterator[FakeApiServer]:
     fake = FakeApiServer()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             fake.requests.append((self.command, self.path, json.loads(body) if body else None))
             status = {"kind": "Status", "status": "Failure", "message": fake.message}
             payload = json.dumps({**status, "code": fake.status}).encode()
-            self.send_response(fake.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.reply(fake.status, payload, {"Content-Type": "application/json"})
 
-        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815  # http.server's naming
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # http.server's naming
 
     with serve_http(Handler) as url:
         fake.url = url

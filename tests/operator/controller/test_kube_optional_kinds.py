@@ -7,7 +7,6 @@ under an API group it does not serve: `404 page not found`, in plain text.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import kubernetes
@@ -17,7 +16,7 @@ from fleetserve_operator.controller.kube import KubeApi
 from fleetserve_operator.errors import DependencyMissing
 from fleetserve_operator.render import Owner, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus
-from fleetserve_operator.testing import make_spec, serve_http
+from fleetserve_operator.testing import QuietHandler, make_spec, serve_http
 
 OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
 
@@ -26,22 +25,15 @@ OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
 def unserved() -> Iterator[KubeApi]:
     """A `KubeApi` on an API server that serves no API group at all."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             if length:
                 self.rfile.read(length)
             payload = b"404 page not found\n"
-            self.send_response(404)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.reply(404, payload, {"Content-Type": "text/plain; charset=utf-8"})
 
-        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815  # http.server's naming
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # http.server's naming
 
     with serve_http(Handler) as url:
         configuration = kubernetes.client.Configuration(host=url)
@@ -96,19 +88,13 @@ def test_children_are_listed_where_grpc_routes_are_not_served() -> None:
     """Only GRPCRoutes unserved: every other kind is listed, the missing one is skipped."""
     asked: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             asked.append(self.path.split("?", 1)[0])
             grpc = "/grpcroutes" in self.path
             payload = b"404 page not found\n" if grpc else b'{"items": []}'
-            self.send_response(404 if grpc else 200)
-            self.send_header("Content-Type", "text/plain" if grpc else "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
+            content_type = "text/plain" if grpc else "application/json"
+            self.reply(404 if grpc else 200, payload, {"Content-Type": content_type})
 
     with serve_http(Handler) as url:
         configuration = kubernetes.client.Configuration(host=url)

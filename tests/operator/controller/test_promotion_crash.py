@@ -22,7 +22,7 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
-from fleetserve_operator.spec import InferenceServiceStatus, RolloutPhase
+from fleetserve_operator.spec import RolloutPhase
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}], "hostnames": ["demo.example"]}
@@ -79,12 +79,6 @@ def _operator(kube: FakeKube, clock: FakeClock) -> Sync:
     )
 
 
-def _status(kube: FakeKube) -> InferenceServiceStatus:
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    return InferenceServiceStatus.model_validate(body.get("status") or {})
-
-
 def _play_deployment_controller(kube: FakeKube) -> None:
     """Every Deployment rolls out its current template and all its replicas become ready.
 
@@ -127,7 +121,7 @@ def _missing_backends(kube: FakeKube) -> list[str]:
                 missing.append(f"{kind} backend {name}:{port} (weight {ref['weight']})")
             elif ref["weight"] > 0 and not _deployment_serves(kube, name):
                 missing.append(f"{kind} backend {name} at {ref['weight']}% has no Deployment")
-    status = _status(kube)
+    status = kube.status_of("ns", "demo")
     weight = status.canary_weight if status.current_phase.is_rollout_active else 0
     if weight > 0 and not _deployment_serves(kube, "demo-canary"):
         missing.append(f"the canary status gives {weight}%")
@@ -161,7 +155,7 @@ class Rollout:
             self.clock.advance(INTERVAL_S)
             assert sync.run_by_name("ns", "demo", trigger="test") is None
             _play_deployment_controller(self.kube)
-        status = _status(self.kube)
+        status = self.kube.status_of("ns", "demo")
         assert (status.phase, status.canary_weight) == (RolloutPhase.PROGRESSING, 100)
         self.kube.writes.clear()
         self.states: list[list[str]] = []
@@ -234,7 +228,7 @@ def test_a_restart_after_any_write_of_the_promotion_ends_promoted_and_routed(
 def _assert_promoted(rollout: Rollout) -> None:
     kube = rollout.kube
     assert rollout.states == [], "a backend taking requests was missing"
-    status = _status(kube)
+    status = kube.status_of("ns", "demo")
     assert (status.phase, status.stable_version, status.canary_weight) == (
         RolloutPhase.SUCCEEDED,
         "2",

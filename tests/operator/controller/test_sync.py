@@ -35,14 +35,8 @@ def _setup(spec: dict[str, Any] | None = None, **kwargs: Any) -> tuple[FakeKube,
     return kube, sync
 
 
-def _status(kube: FakeKube) -> InferenceServiceStatus:
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    return InferenceServiceStatus.model_validate(body.get("status") or {})
-
-
 def _conditions(kube: FakeKube) -> dict[str, tuple[str, str]]:
-    return {c.type: (c.status, c.reason) for c in _status(kube).conditions}
+    return {c.type: (c.status, c.reason) for c in kube.status_of("ns", "demo").conditions}
 
 
 def test_create_applies_children_and_reports_pending() -> None:
@@ -55,7 +49,7 @@ def test_create_applies_children_and_reports_pending() -> None:
         ("Service", "demo"),
         ("Service", "demo-stable"),
     ]
-    assert _status(kube).phase == "Pending"
+    assert kube.status_of("ns", "demo").phase == "Pending"
     assert _conditions(kube)["Ready"] == ("False", "Pending")
     assert [e.reason for e in kube.events if e.reason == "Created"] == ["Created"] * 3
 
@@ -66,7 +60,7 @@ def test_ready_pods_make_it_succeed_and_report_the_version() -> None:
     sync.run_by_name("ns", "demo", trigger="create")
     kube.set_ready("demo-stable")
     sync.run_by_name("ns", "demo", trigger="child")
-    status = _status(kube)
+    status = kube.status_of("ns", "demo")
     assert (status.phase, status.stable_version, status.ready) == ("Succeeded", "1", "1/1")
     assert _conditions(kube)["Ready"] == ("True", "Succeeded")
     assert _conditions(kube)["Progressing"] == ("False", "Complete")
@@ -142,7 +136,7 @@ def test_unknown_builtin_is_degraded_naming_the_field() -> None:
     assert error is not None
     assert error.field == "spec.model.uri"
     assert not [w for w in kube.writes if w[0] == "apply"]
-    status = _status(kube)
+    status = kube.status_of("ns", "demo")
     assert status.phase == "Failed"
     assert _conditions(kube)["Degraded"] == ("True", "InvalidSpec")
     assert status.last_error is not None
@@ -172,7 +166,7 @@ def test_memory_budget_check_reports_both_numbers() -> None:
     kube, sync = _setup(spec, default_prometheus_url="http://prom:9090",
                         metric_source=lambda url: source)  # fmt: skip
     sync.run_by_name("ns", "demo", trigger="create")
-    degraded = _status(kube).condition(ConditionType.DEGRADED)
+    degraded = kube.status_of("ns", "demo").condition(ConditionType.DEGRADED)
     assert degraded is not None
     assert degraded.reason == "MemoryBudgetExceeded"
     assert "1329200000 bytes" in degraded.message
@@ -191,11 +185,11 @@ def test_condition_transition_time_kept_when_unchanged() -> None:
     """LastTransitionTime moves only when a condition's status flips."""
     kube, sync = _setup()
     sync.run_by_name("ns", "demo", trigger="create")
-    first = {c.type: c.last_transition_time for c in _status(kube).conditions}
+    first = {c.type: c.last_transition_time for c in kube.status_of("ns", "demo").conditions}
     sync._clock = lambda: datetime(2025, 1, 1, 0, 5, tzinfo=UTC)  # later
     kube.set_ready("demo-stable")
     sync.run_by_name("ns", "demo", trigger="child")
-    later = {c.type: c.last_transition_time for c in _status(kube).conditions}
+    later = {c.type: c.last_transition_time for c in kube.status_of("ns", "demo").conditions}
     assert later["Degraded"] == first["Degraded"]
     assert later["Ready"] == "2025-01-01T00:05:00Z"
 
@@ -328,14 +322,14 @@ def test_status_reports_the_generation_it_observed(edit: dict[str, Any], phase: 
     sync.run_by_name("ns", "demo", trigger="create")
     kube.set_ready("demo-stable")
     sync.run_by_name("ns", "demo", trigger="child")
-    assert _status(kube).observed_generation == 1
+    assert kube.status_of("ns", "demo").observed_generation == 1
     body = kube.get_inference_service("ns", "demo")
     assert body is not None
     body["spec"] = edit
     body["metadata"]["generation"] = 2  # as the API server bumps it on a spec change
     kube.add_service(body)
     sync.run_by_name("ns", "demo", trigger="update")
-    status = _status(kube)
+    status = kube.status_of("ns", "demo")
     assert (status.phase, status.observed_generation) == (phase, 2)
     assert {c.type: c.observed_generation for c in status.conditions} == {
         c.type: 2 for c in status.conditions

@@ -53,9 +53,7 @@ class Cluster:
         """One reconcile, `after_s` seconds later; returns the status written."""
         self.clock.advance(after_s)
         assert self.sync.run_by_name("ns", "demo", trigger="test") is None
-        body = self.kube.get_inference_service("ns", "demo")
-        assert body is not None
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
+        return self.kube.status_of("ns", "demo")
 
     def ready(self, *names: str) -> InferenceServiceStatus:
         """Play the Deployment controller for `names`, then reconcile."""

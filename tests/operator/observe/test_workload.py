@@ -10,7 +10,7 @@ from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe.facts import MAX_MESSAGE, workload_problem
 from fleetserve_operator.records import Manifest, Problem
-from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
+from fleetserve_operator.spec import ConditionType
 from fleetserve_operator.testing import FakeKube, make_service
 
 LABELS = {naming.TRACK_LABEL: "stable", naming.SPEC_HASH_LABEL: "h1"}
@@ -155,9 +155,7 @@ def test_a_crashing_stable_track_is_not_ready_and_degraded() -> None:
     sync.run_by_name("ns", "demo", trigger="create")
     kube.add_pod("demo-stable", restarts=2, reason="Error")
     sync.run_by_name("ns", "demo", trigger="child")
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    status = InferenceServiceStatus.model_validate(body["status"])
+    status = kube.status_of("ns", "demo")
     ready, degraded = (status.condition(c) for c in (ConditionType.READY, ConditionType.DEGRADED))
     assert ready is not None
     assert degraded is not None

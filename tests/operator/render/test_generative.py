@@ -318,9 +318,7 @@ def test_the_memory_check_reports_the_shortfall_in_status() -> None:
         metric_source=lambda url: source,
     )
     sync.run_by_name("ns", "demo", trigger="create")
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    status = InferenceServiceStatus.model_validate(body["status"])
+    status = kube.status_of("ns", "demo")
     degraded = status.condition(ConditionType.DEGRADED)
     assert degraded is not None
     assert (degraded.status, degraded.reason) == ("True", "MemoryBudgetExceeded")

@@ -313,6 +313,14 @@ ONNX = {"name": "enc", "version": "1", "uri": "pvc://models/enc/model.onnx"}
 GPU = {"limits": {"nvidia.com/gpu": 1}}
 
 
+def _first_refusal(sections: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+    """Where the spec with `sections` is refused first, and the message."""
+    with pytest.raises(ValidationError) as caught:
+        make_spec(**sections)
+    error = caught.value.errors()[0]
+    return tuple(str(part) for part in error["loc"]), error["msg"]
+
+
 @pytest.mark.parametrize(
     ("sections", "location", "message"),
     [
@@ -368,11 +376,9 @@ def test_bad_backends_are_refused_naming_them(
     sections: dict[str, Any], location: tuple[str, ...], message: str
 ) -> None:
     """A backend the track's device, precision or model rules out is refused, naming it."""
-    with pytest.raises(ValidationError) as caught:
-        make_spec(**sections)
-    error = caught.value.errors()[0]
-    assert tuple(str(part) for part in error["loc"]) == location
-    assert message in error["msg"]
+    refused_at, why = _first_refusal(sections)
+    assert refused_at == location
+    assert message in why
 
 
 @pytest.mark.parametrize(
@@ -472,11 +478,9 @@ def test_bad_fields_are_refused_naming_them(
     sections: dict[str, Any], location: tuple[str, ...], message: str
 ) -> None:
     """Each new field's refusal names it (location, or the message for cross-field rules)."""
-    with pytest.raises(ValidationError) as caught:
-        make_spec(**sections)
-    error = caught.value.errors()[0]
-    assert tuple(str(part) for part in error["loc"]) == location
-    assert message in error["msg"]
+    refused_at, why = _first_refusal(sections)
+    assert refused_at == location
+    assert message in why
 
 
 def test_without_prometheus_scaling_is_degraded_naming_spec_scaling() -> None:

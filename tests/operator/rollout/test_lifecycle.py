@@ -79,13 +79,19 @@ def test_restart_mid_step_resumes_the_same_step() -> None:
     assert (restarted.phase, restarted.canary_weight) == ("Progressing", 5)
 
 
-def test_restart_while_promoting_never_promotes_twice() -> None:
-    """Promoting with the stable not yet rolled out: repeated calls render no second promotion."""
+def _promoting_v2() -> World:
+    """v2 promoted by hand, the stable track not yet rolled out to it."""
     world = stable_world()
     start_v2(world)
     world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
     world.tick()
     world.stable = changed(world.stable, rolled_out=False)
+    return world
+
+
+def test_restart_while_promoting_never_promotes_twice() -> None:
+    """Promoting with the stable not yet rolled out: repeated calls render no second promotion."""
+    world = _promoting_v2()
     promoted = world.rolled(Track.STABLE)
     assert [template.version for template in promoted] == ["2"]
     for _ in range(3):
@@ -307,11 +313,7 @@ def test_first_sight_of_a_stable_already_serving_the_spec_is_succeeded() -> None
 
 def test_a_spec_changed_during_promotion_never_reaches_the_stable_track() -> None:
     """Promotion moves stable to the version that passed analysis, not to a newer spec."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
-    world.tick()
-    world.stable = changed(world.stable, rolled_out=False)
+    world = _promoting_v2()
     world.spec = make_rollout_spec("3")
     world.tick()
     assert [template.version for template in world.rolled(Track.STABLE)] == ["2"]

@@ -15,7 +15,7 @@ import pytest
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.errors import InvalidSpec
-from fleetserve_operator.spec import MAX_QUANTITY, InferenceServiceStatus, parse_quantity
+from fleetserve_operator.spec import MAX_QUANTITY, parse_quantity
 from fleetserve_operator.testing import FakeKube, make_service
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
@@ -79,9 +79,7 @@ def test_hostile_value_is_reported_naming_the_field(field: str, spec: dict[str, 
     assert error.field.startswith(field), error.field[:100]
     assert len(error.field) <= 256
     assert [action for action, _, _ in kube.writes] == ["status"], kube.writes
-    body = kube.get_inference_service("ns", "demo")
-    assert body is not None
-    status = InferenceServiceStatus.model_validate(body["status"])
+    status = kube.status_of("ns", "demo")
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "InvalidSpec")
     assert status.last_error is not None
