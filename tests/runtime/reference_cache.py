@@ -60,7 +60,7 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     if values.is_floating_point():
         values = values + 0.0
     digest = hashlib.sha256(f"{values.dtype} {tuple(values.shape)}".encode())
-    digest.update(values.contiguous().view(torch.uint8).numpy())
+    digest.update(values.contiguous().view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 
