@@ -2,6 +2,7 @@
 
 The reference for GGUF weights is transformers' own GGUF loader (`load_gguf_checkpoint`, what
 `from_pretrained(..., gguf_file=...)` runs for Llama): every tensor must be equal, not close.
+Its SmolLM2 tensors are kept across runs as per-tensor digests (`tests.runtime.reference_cache`).
 Tiny GGUF files written by the conftest also check the result against the weights that went
 in, so the q/k un-permutation is proven independently of transformers. Directory checkpoints
 are written with transformers' `save_pretrained`. Tests that load SmolLM2 say so in their names.
@@ -10,6 +11,7 @@ are written with transformers' `save_pretrained`. Tests that load SmolLM2 say so
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import json
 import re
 import struct
@@ -30,13 +32,19 @@ from fleetserve_runtime.models.llama import checkpoint as checkpoint_module
 from fleetserve_runtime.models.llama import gguf_bounds
 from fleetserve_runtime.models.llama.checkpoint import load_checkpoint, smollm2_gguf_path
 from fleetserve_runtime.models.llama.config import Checkpoint
+from tests.runtime.reference_cache import cached_reference, file_sha256, tensor_sha256
 
 Q = gguf.GGMLQuantizationType
 
 
+def _transformers_config(path: Path) -> Any:
+    """The config transformers reads from a GGUF file's metadata."""
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
 def _transformers_gguf(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     """The config transformers reads from `path`, and the fp32 state dict its GGUF loader builds."""
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    config = _transformers_config(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     loaded = load_gguf_checkpoint(
@@ -47,31 +55,52 @@ def _transformers_gguf(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
 
 
 @pytest.fixture(scope="module")
-def smollm2_transformers(smollm2_path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
-    """SmolLM2 as transformers' GGUF loader reads it: config, dequantised un-permuted weights."""
-    return _transformers_gguf(smollm2_path)
+def smollm2_transformers_config(smollm2_path: Path) -> Any:
+    """The config transformers reads from SmolLM2's GGUF metadata."""
+    return _transformers_config(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_transformers_digests(smollm2_path: Path) -> dict[str, str]:
+    """Per-tensor sha256 of SmolLM2 as transformers' GGUF loader dequantises and un-permutes it.
+
+    Computed once and kept across runs, keyed by the file's bytes and this recipe's source.
+    """
+    inputs = {
+        "gguf": file_sha256(smollm2_path),
+        "recipe": inspect.getsource(_transformers_config) + inspect.getsource(_transformers_gguf),
+    }
+
+    def digests() -> dict[str, str]:
+        tensors = _transformers_gguf(smollm2_path)[1]
+        return {name: tensor_sha256(tensor) for name, tensor in tensors.items()}
+
+    stored: dict[str, str] = cached_reference("smollm2-gguf-tensors", inputs, digests)
+    return stored
 
 
 def test_smollm2_weights_equal_transformers_gguf_loader(
-    smollm2_checkpoint: Checkpoint, smollm2_transformers: tuple[Any, dict[str, torch.Tensor]]
+    smollm2_checkpoint: Checkpoint, smollm2_transformers_digests: dict[str, str]
 ) -> None:
-    """All 272 SmolLM2 tensors are fp32 and exactly equal to transformers' (q/k un-permuted)."""
-    smollm2_transformers_tensors = smollm2_transformers[1]
+    """All 272 SmolLM2 tensors are fp32 and exactly equal to transformers' (q/k un-permuted).
+
+    Equal digests (dtype, shape, values with -0.0 read as 0.0) are `torch.equal` for tensors
+    without NaN, which `torch.equal` never calls equal.
+    """
     weights = smollm2_checkpoint.weights
-    assert set(weights) == set(smollm2_transformers_tensors)
+    assert set(weights) == set(smollm2_transformers_digests)
     assert len(weights) == 2 + 9 * 30
-    for name, expected in smollm2_transformers_tensors.items():
+    for name, expected in smollm2_transformers_digests.items():
         assert weights[name].dtype == torch.float32, name
-        assert torch.equal(weights[name], expected), name
+        assert not weights[name].isnan().any(), name
+        assert tensor_sha256(weights[name]) == expected, name
 
 
 def test_smollm2_config_equals_transformers_config(
-    smollm2_checkpoint: Checkpoint,
-    smollm2_transformers: tuple[Any, dict[str, torch.Tensor]],
-    smollm2_path: Path,
+    smollm2_checkpoint: Checkpoint, smollm2_transformers_config: Any, smollm2_path: Path
 ) -> None:
     """The architecture read from GGUF metadata is transformers' config of the same file."""
-    reference = smollm2_transformers[0]
+    reference = smollm2_transformers_config
     config = smollm2_checkpoint.config
     assert (
         config.vocab_size,

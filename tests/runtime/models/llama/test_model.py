@@ -8,12 +8,14 @@ our own loader) and check the user's requirement: greedy decoding is token-for-t
 transformers' `generate(do_sample=False)` for 22 prompts of 5 to 200 tokens, at batch 1, in
 a continuous batch (sequences joining and leaving, prompts prefilled in 7- and 32-token
 chunks next to decoding ones) over 4-slot blocks handed out in shuffled order, and when a
-second sequence reuses the first one's prefix blocks instead of computing them.
+second sequence reuses the first one's prefix blocks instead of computing them. The reference
+tokens are kept across runs, keyed by their inputs (`tests.runtime.reference_cache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from fleetserve_runtime.models.llama.model import (
     default_dtype,
     rope_inverse_frequencies,
 )
+from tests.runtime.reference_cache import cached_reference, state_dict_sha256
 
 CPU = torch.device("cpu")
 NEW_TOKENS = 24
@@ -426,11 +429,10 @@ def smollm2(smollm2_checkpoint: Checkpoint) -> LlamaModel:
     )
 
 
-@pytest.fixture(scope="module")
-def expected_tokens(smollm2_checkpoint: Checkpoint, prompts: list[list[int]]) -> list[list[int]]:
-    """The reference's greedy `generate`, one prompt at a time, on the same fp32 weights."""
-    reference = reference_model(smollm2_checkpoint.config)
-    reference.load_state_dict(dict(smollm2_checkpoint.weights), strict=False)
+def reference_greedy(checkpoint: Checkpoint, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The reference's greedy `generate`, one prompt at a time, on the checkpoint's weights."""
+    reference = reference_model(checkpoint.config)
+    reference.load_state_dict(dict(checkpoint.weights), strict=False)
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
@@ -443,6 +445,26 @@ def expected_tokens(smollm2_checkpoint: Checkpoint, prompts: list[list[int]]) ->
                 pad_token_id=0,
             )
             outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def expected_tokens(smollm2_checkpoint: Checkpoint, prompts: list[list[int]]) -> list[list[int]]:
+    """`reference_greedy` on the same fp32 weights, computed once and kept across runs.
+
+    The key holds the weights' bytes, the architecture, the prompts and the recipe's source, so
+    any change to what the reference is computed from computes it again.
+    """
+    inputs = {
+        "weights": state_dict_sha256(smollm2_checkpoint.weights),
+        "config": repr(smollm2_checkpoint.config),
+        "prompts": prompts,
+        "new_tokens": NEW_TOKENS,
+        "recipe": inspect.getsource(reference_model) + inspect.getsource(reference_greedy),
+    }
+    outputs: list[list[int]] = cached_reference(
+        "smollm2-greedy", inputs, lambda: reference_greedy(smollm2_checkpoint, prompts)
+    )
     assert all(len(o) == NEW_TOKENS for o in outputs)
     return outputs
 
