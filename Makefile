@@ -189,7 +189,7 @@ bench-runtime: setup
 ##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=
 ##                 rss_mb= (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
 bench-operator: setup tools
-	$(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
+	PYTHONPATH=e2e $(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
 
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup

@@ -4,8 +4,9 @@ The run itself is the e2e harness's (`e2e/fleetserve_e2e/operator_scale.py`): a 
 control plane with KWOK nodes (2 synthetic replicas per service, no pod processes), the real
 operator under its shipped RBAC, the API server's audit log counting the operator's
 requests. This module starts it as `python -m fleetserve_e2e.operator_scale` in `e2e/`
-(the harness is not an installed package), reads its JSON result and reports it: a table,
-the JSON, and the headline as the last line,
+(the harness is not an installed package: `make bench-operator` puts `e2e/` on the path, so
+the result is read with the harness's own `ScaleResult`), reads its JSON result and reports
+it: a table, the JSON, and the headline as the last line,
 `services=… ready_s=… idle_writes_per_min=… change_to_patch_p99_s=… rss_mb=…`.
 
 `--services 5 --idle-window-s 10` is a smoke run of a minute or so.
@@ -22,17 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from fleetserve_e2e.operator_scale import ScaleResult
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
-# The harness is not an installed package (as e2e/conftest.py says): its record type is read
-# from its directory, so the result has one definition, the one the harness writes.
-if str(E2E_DIR) not in sys.path:
-    sys.path.insert(0, str(E2E_DIR))
-
-from fleetserve_e2e.operator_scale import ScaleResult  # noqa: E402
 
 _RESULT = TypeAdapter(ScaleResult)
 TARGETS = {"idle_writes_per_min": 0.0, "change_to_patch_p99_s": 1.0, "rss_peak_mb": 500.0}
