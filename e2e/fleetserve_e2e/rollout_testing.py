@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.prometheus import LocalPrometheus
@@ -122,3 +123,21 @@ def route_weights(kube: KubeClient, namespace: str) -> dict[str, int]:
     route = kube.get(child_path("HTTPRoute", namespace, NAME))
     refs = route["spec"]["rules"][0]["backendRefs"]
     return {ref["name"].removeprefix(f"{NAME}-"): ref["weight"] for ref in refs}
+
+
+def failed_requests(load: LoadDriver) -> str:
+    """What went wrong with the load, for an assertion message; empty when all answered 200.
+
+    Each failed request with its track and time after the first request, beside the route
+    changes the driver saw, so a failure at a switch of weights reads as one.
+    """
+    if not load.records:
+        return "no request was sent"
+    start = load.records[0].time
+    failed = [
+        f"{r.time - start:.2f}s {r.track} {r.status}" for r in load.records if r.status != 200
+    ]
+    if not failed:
+        return ""
+    routes = [f"{s.time - start:.2f}s {s.weights}" for s in load.routes]
+    return f"{len(failed)} of {len(load.records)} failed: {failed[:20]}; routes seen: {routes}"
