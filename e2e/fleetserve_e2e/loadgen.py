@@ -26,6 +26,9 @@ from fleetserve_e2e.pod_map import PodAddress
 NO_ANSWER = 0
 """Status recorded when no ready pod of the track exists or the connection failed."""
 
+START_WAIT_S = 30.0
+"""How long the driver waits, before its first request, to see the fleet it is to load."""
+
 
 @dataclass(frozen=True)
 class Record:
@@ -94,36 +97,56 @@ class LoadDriver:
 
     async def _main(self) -> None:
         kube = KubeClient(self.cluster.server, self.cluster.pki)
-        deadline = time.monotonic() + self.duration_s
         try:
+            await self._until_serving(kube)
+            deadline = time.monotonic() + self.duration_s
             async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
                 workers = [self._worker(client, i, deadline) for i in range(self.concurrency)]
                 await asyncio.gather(self._follow(kube, deadline), *workers)
         finally:
             kube.close()
 
+    async def _until_serving(self, kube: KubeClient) -> None:
+        """Wait (at most `START_WAIT_S`) for the route and a ready pod of each weighted track.
+
+        So the first requests are not recorded as unanswered only because the driver's own
+        view of the fleet lagged the test's: a gateway starts with its view in place.
+        """
+        until = time.monotonic() + START_WAIT_S
+        while self._running(until):
+            await self._refresh(kube)
+            tracks = {pod.labels.get(TRACK_LABEL) for pod in self._pods}
+            weighted = {track for track, weight in self.weights.items() if weight > 0}
+            if weighted and weighted <= tracks:
+                return
+            await asyncio.sleep(self.route_poll_s)
+
     def _running(self, deadline: float) -> bool:
         return not self._stop.is_set() and time.monotonic() < deadline
 
     async def _follow(self, kube: KubeClient, deadline: float) -> None:
         """Read the route's weights and the pod map every `route_poll_s`."""
-        path = child_path("HTTPRoute", self.namespace, self.name)
-        prefix = f"{self.name}-"
         while self._running(deadline):
-            route = await asyncio.to_thread(get_or_none, kube, path)
-            if route is not None:
-                refs = route["spec"]["rules"][0]["backendRefs"]
-                weights = {ref["name"].removeprefix(prefix): ref["weight"] for ref in refs}
-                if weights != self.weights:
-                    self.routes.append(RouteSample(time.monotonic(), weights))
-            self._pods = [
-                pod
-                for pod in self.cluster.pod_addresses()
-                if pod.namespace == self.namespace
-                and pod.ready
-                and pod.labels.get(INSTANCE_LABEL) == self.name
-            ]
+            await self._refresh(kube)
             await asyncio.sleep(self.route_poll_s)
+
+    async def _refresh(self, kube: KubeClient) -> None:
+        """Read the route's weights (a sample when they change) and the ready pods once."""
+        path = child_path("HTTPRoute", self.namespace, self.name)
+        route = await asyncio.to_thread(get_or_none, kube, path)
+        if route is not None:
+            prefix = f"{self.name}-"
+            refs = route["spec"]["rules"][0]["backendRefs"]
+            weights = {ref["name"].removeprefix(prefix): ref["weight"] for ref in refs}
+            if weights != self.weights:
+                self.routes.append(RouteSample(time.monotonic(), weights))
+        self._pods = [
+            pod
+            for pod in self.cluster.pod_addresses()
+            if pod.namespace == self.namespace
+            and pod.ready
+            and pod.labels.get(INSTANCE_LABEL) == self.name
+        ]
 
     def _pick(self) -> tuple[str, PodAddress | None] | None:
         weights = {track: w for track, w in self.weights.items() if w > 0}
