@@ -3,17 +3,21 @@
 The service has one synthetic replica per track, gateway-api traffic and `STEPS` of 4 s
 analysed on a 4 s window of the test's Prometheus; `deploy` waits for version 1 to serve,
 `roll_out` starts version 2, and the rest read back what the operator wrote: status, Events
-and the HTTPRoute's weights. `rollout_e2e/test_canary.py` and `test_canary_outages.py` share
-them. Every wait has a deadline.
+and the HTTPRoute's weights. They act in a `RolloutEnv`, the one fixture a rollout test takes
+(`rollout_e2e/conftest.py` builds it). `rollout_e2e/test_canary.py` and
+`test_canary_outages.py` share them. Every wait has a deadline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
 from fleetserve_e2e.loadgen import LoadDriver
-from fleetserve_e2e.operator_process import child_path, fsvc_path
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.prometheus import LocalPrometheus
 from fleetserve_e2e.waiting import wait_until
@@ -23,6 +27,21 @@ BASE_LATENCY_MS = 20
 STEPS = [20, 50, 100]
 INTERVAL_S = 4.0
 ROLLOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RolloutEnv:
+    """What a rollout test works with: the cluster's API, its namespace, Prometheus, operators.
+
+    `start_operator()` starts (another) operator with the fast rollout timer; the fixture that
+    built the env stops them all at teardown.
+    """
+
+    kube: KubeClient
+    namespace: str
+    prometheus: LocalPrometheus
+    cluster: LocalCluster
+    start_operator: Callable[[], OperatorProcess]
 
 
 def synthetic_model(version: str, **params: float) -> dict[str, str]:
@@ -69,58 +88,57 @@ def rollout_service(
     )
 
 
-def service_status(kube: KubeClient, namespace: str) -> JsonObject:
+def service_status(env: RolloutEnv) -> JsonObject:
     """The InferenceService's status (empty before the operator first writes it)."""
-    status: JsonObject = kube.get(fsvc_path(namespace, NAME)).get("status", {})
+    status: JsonObject = env.kube.get(fsvc_path(env.namespace, NAME)).get("status", {})
     return status
 
 
-def wait_phase(kube: KubeClient, namespace: str, phase: str, timeout_s: float) -> JsonObject:
+def wait_phase(env: RolloutEnv, phase: str, timeout_s: float) -> JsonObject:
     """Wait until status reports `phase`; return that status."""
 
     def reached() -> JsonObject | None:
-        status = service_status(kube, namespace)
+        status = service_status(env)
         return status if status.get("phase") == phase else None
 
     return wait_until(reached, timeout_s=timeout_s, what=f"phase {phase}")
 
 
 def deploy(
-    kube: KubeClient,
-    namespace: str,
-    prometheus: LocalPrometheus,
+    env: RolloutEnv,
     mode: str = "threshold",
     model: dict[str, str] | None = None,
     interval_s: float = INTERVAL_S,
     **sections: Any,
 ) -> JsonObject:
     """Create the service (see `rollout_service`) and wait until version 1 serves."""
-    kube.create(
-        fsvc_path(namespace), rollout_service(prometheus, mode, model, interval_s, **sections)
+    env.kube.create(
+        fsvc_path(env.namespace),
+        rollout_service(env.prometheus, mode, model, interval_s, **sections),
     )
 
     def serving() -> JsonObject | None:
-        status = service_status(kube, namespace)
+        status = service_status(env)
         done = status.get("stableVersion") == "1" and status.get("phase") == "Succeeded"
         return status if done else None
 
     return wait_until(serving, timeout_s=90.0, what="version 1 to serve")
 
 
-def roll_out(kube: KubeClient, namespace: str, model: dict[str, str]) -> None:
+def roll_out(env: RolloutEnv, model: dict[str, str]) -> None:
     """Start a rollout to `model`."""
-    kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": model}})
+    env.kube.merge_patch(fsvc_path(env.namespace, NAME), {"spec": {"model": model}})
 
 
-def event_reasons(kube: KubeClient, namespace: str) -> list[str]:
+def event_reasons(env: RolloutEnv) -> list[str]:
     """The reasons of the Events posted on the InferenceService."""
-    items = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    items = env.kube.get(f"/api/v1/namespaces/{env.namespace}/events")["items"]
     return [e["reason"] for e in items if e["involvedObject"]["name"] == NAME]
 
 
-def route_weights(kube: KubeClient, namespace: str) -> dict[str, int]:
+def route_weights(env: RolloutEnv) -> dict[str, int]:
     """The HTTPRoute's weight per track."""
-    route = kube.get(child_path("HTTPRoute", namespace, NAME))
+    route = env.kube.get(child_path("HTTPRoute", env.namespace, NAME))
     refs = route["spec"]["rules"][0]["backendRefs"]
     return {ref["name"].removeprefix(f"{NAME}-"): ref["weight"] for ref in refs}
 

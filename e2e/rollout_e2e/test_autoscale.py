@@ -21,23 +21,23 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e import LocalCluster, LocalPrometheus
 from fleetserve_e2e.keda import LocalKeda
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import (
     INSTANCE_LABEL,
     TRACK_LABEL,
-    OperatorProcess,
     child_path,
     fsvc_path,
     get_or_none,
 )
 from fleetserve_e2e.operator_testing import synthetic_service
+from fleetserve_e2e.rollout_testing import RolloutEnv
 from fleetserve_e2e.testing import is_pod_ready, list_pods
 from fleetserve_e2e.waiting import wait_until
 
@@ -87,22 +87,27 @@ def _service(
     )
 
 
-def _ready_replicas(kube: KubeClient, namespace: str) -> int:
+def _status(env: RolloutEnv) -> dict[str, Any]:
+    status: dict[str, Any] = env.kube.get(fsvc_path(env.namespace, NAME)).get("status", {})
+    return status
+
+
+def _ready_replicas(env: RolloutEnv) -> int:
     selector = f"{INSTANCE_LABEL}={NAME},{TRACK_LABEL}=stable"
-    return sum(map(is_pod_ready, list_pods(kube, namespace, selector)))
+    return sum(map(is_pod_ready, list_pods(env.kube, env.namespace, selector)))
 
 
-def _wanted_replicas(kube: KubeClient, namespace: str) -> int:
-    deployment = kube.get(child_path("Deployment", namespace, f"{NAME}-stable"))
+def _wanted_replicas(env: RolloutEnv) -> int:
+    deployment = env.kube.get(child_path("Deployment", env.namespace, f"{NAME}-stable"))
     replicas: int = deployment["spec"].get("replicas", 1)
     return replicas
 
 
-def _ramp(cluster: LocalCluster, namespace: str, duration_s: float = RAMP_S) -> LoadDriver:
+def _ramp(env: RolloutEnv, duration_s: float = RAMP_S) -> LoadDriver:
     """The bounded ramp both tests drive: ~7 slow requests in flight for `duration_s`."""
     return LoadDriver(
-        cluster,
-        namespace,
+        env.cluster,
+        env.namespace,
         NAME,
         NAME,
         rate_rps=RAMP_RPS,
@@ -112,37 +117,32 @@ def _ramp(cluster: LocalCluster, namespace: str, duration_s: float = RAMP_S) -> 
 
 
 def test_inflight_ramp_scales_stable_track_up_and_back_down(
-    keda: LocalKeda,
-    local_cluster: LocalCluster,
-    local_prometheus: LocalPrometheus,
-    kube: KubeClient,
-    namespace: str,
-    rollout_operator: Callable[[], OperatorProcess],
+    keda: LocalKeda, env: RolloutEnv
 ) -> None:
     """1 → ≥ 3 replicas under the ramp, back to 1 after it, every request answered 200."""
-    rollout_operator()
-    kube.create(fsvc_path(namespace), _service(local_prometheus))
-    scaled_object = f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects"
+    env.start_operator()
+    env.kube.create(fsvc_path(env.namespace), _service(env.prometheus))
+    scaled_object = f"/apis/keda.sh/v1alpha1/namespaces/{env.namespace}/scaledobjects"
     wait_until(
-        lambda: kube.get(scaled_object)["items"],
+        lambda: env.kube.get(scaled_object)["items"],
         timeout_s=60.0,
         what="the operator's ScaledObject",
     )
-    hpa = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
-    wait_until(lambda: kube.get(hpa)["items"], timeout_s=60.0, what="KEDA's HPA")
+    hpa = f"/apis/autoscaling/v2/namespaces/{env.namespace}/horizontalpodautoscalers"
+    wait_until(lambda: env.kube.get(hpa)["items"], timeout_s=60.0, what="KEDA's HPA")
     wait_until(
         lambda: (
-            _ready_replicas(kube, namespace) == 1
-            and get_or_none(kube, child_path("HTTPRoute", namespace, NAME))
+            _ready_replicas(env) == 1
+            and get_or_none(env.kube, child_path("HTTPRoute", env.namespace, NAME))
         ),
         timeout_s=90.0,
         what="one ready stable replica and the route",
     )
 
-    with _ramp(local_cluster, namespace) as load:
+    with _ramp(env) as load:
         started = time.monotonic()
         scaled_up_to = wait_until(
-            lambda: (n := _ready_replicas(kube, namespace)) >= 3 and n,
+            lambda: (n := _ready_replicas(env)) >= 3 and n,
             timeout_s=SCALE_TIMEOUT_S,
             what="the stable track to reach 3 ready replicas",
             interval_s=0.5,
@@ -156,7 +156,7 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
         )
     ramp_end = time.monotonic()
     wait_until(
-        lambda: _wanted_replicas(kube, namespace) == 1 and _ready_replicas(kube, namespace) == 1,
+        lambda: _wanted_replicas(env) == 1 and _ready_replicas(env) == 1,
         timeout_s=SCALE_TIMEOUT_S,
         what="the stable track back at 1 replica",
         interval_s=0.5,
@@ -180,31 +180,26 @@ PROMOTION_S = RAMP_S + 2 * STEP_S
 
 
 def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
-    keda: LocalKeda,
-    local_cluster: LocalCluster,
-    local_prometheus: LocalPrometheus,
-    kube: KubeClient,
-    namespace: str,
-    rollout_operator: Callable[[], OperatorProcess],
+    keda: LocalKeda, env: RolloutEnv
 ) -> None:
     """Mid-step, stable grows to ≥ 3; the canary holds ceil(50 % x stable); v2 is promoted."""
-    rollout_operator()
+    env.start_operator()
     # One request in flight per replica: half of the ~7 in flight on each track asks for 4.
     scaling = {**SCALING, "target": 1}
     service = _service(
-        local_prometheus,
+        env.prometheus,
         scaling,
         steps=[STEP_WEIGHT, 100],
         interval=f"{STEP_S:g}s",
         progressDeadline="5m",
         analysis={"mode": "sequential", "window": "10s", "minRequests": 5},
     )
-    kube.create(fsvc_path(namespace), service)
+    env.kube.create(fsvc_path(env.namespace), service)
     wait_until(
         lambda: (
-            _ready_replicas(kube, namespace) == 1
-            and get_or_none(kube, child_path("HTTPRoute", namespace, NAME))
-            and kube.get(fsvc_path(namespace, NAME)).get("status", {}).get("phase") == "Succeeded"
+            _ready_replicas(env) == 1
+            and get_or_none(env.kube, child_path("HTTPRoute", env.namespace, NAME))
+            and _status(env).get("phase") == "Succeeded"
         ),
         timeout_s=90.0,
         what="version 1 serving from one ready replica",
@@ -212,11 +207,11 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
     followed: list[tuple[int, int]] = []
 
     def canary_follows_a_grown_stable() -> bool:
-        status = kube.get(fsvc_path(namespace, NAME)).get("status", {})
+        status = _status(env)
         if status.get("phase") != "Progressing":
             return False
-        stable = _wanted_replicas(kube, namespace)
-        canary = get_or_none(kube, child_path("Deployment", namespace, f"{NAME}-canary"))
+        stable = _wanted_replicas(env)
+        canary = get_or_none(env.kube, child_path("Deployment", env.namespace, f"{NAME}-canary"))
         if canary is None or stable < 3:
             return False
         followed.append((stable, canary["spec"].get("replicas", 1)))
@@ -224,8 +219,8 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
 
     # The analysis needs traffic until promotion: on a slow machine the canary's pods take
     # part of the step to start, so the load lasts two steps past the ramp.
-    with _ramp(local_cluster, namespace, PROMOTION_S) as load:
-        kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": _model("2")}})
+    with _ramp(env, PROMOTION_S) as load:
+        env.kube.merge_patch(fsvc_path(env.namespace, NAME), {"spec": {"model": _model("2")}})
         wait_until(
             canary_follows_a_grown_stable,
             timeout_s=STEP_S,
@@ -234,8 +229,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
         )
         promoted = wait_until(
             lambda: (
-                (s := kube.get(fsvc_path(namespace, NAME)).get("status", {})).get("stableVersion")
-                == "2"
+                (s := _status(env)).get("stableVersion") == "2"
                 and s.get("phase") == "Succeeded"
                 and s
             ),

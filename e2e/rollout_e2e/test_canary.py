@@ -16,14 +16,12 @@ test_canary_outages.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.genload import StreamingLoadDriver
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import (
@@ -39,6 +37,7 @@ from fleetserve_e2e.rollout_testing import (
     NAME,
     ROLLOUT_S,
     STEPS,
+    RolloutEnv,
     deploy,
     event_reasons,
     failed_requests,
@@ -95,21 +94,18 @@ def _wait_gauge(
     )
 
 
-def _rolled_back(
-    kube: KubeClient,
-    namespace: str,
-    operator: OperatorProcess,
-    load: LoadDriver,
-) -> dict[str, Any]:
-    status = wait_phase(kube, namespace, "RolledBack", ROLLOUT_S)
+def _rolled_back(env: RolloutEnv, operator: OperatorProcess, load: LoadDriver) -> dict[str, Any]:
+    status = wait_phase(env, "RolledBack", ROLLOUT_S)
     assert status["stableVersion"] == "1"
     assert status.get("canaryWeight", 0) == 0
     wait_until(
-        lambda: get_or_none(kube, child_path("Deployment", namespace, f"{NAME}-canary")) is None,
+        lambda: (
+            get_or_none(env.kube, child_path("Deployment", env.namespace, f"{NAME}-canary")) is None
+        ),
         timeout_s=30.0,
         what="the canary Deployment to go",
     )
-    assert route_weights(kube, namespace) == {"stable": 100}
+    assert route_weights(env) == {"stable": 100}
     # Status is written before the route (write-ahead), and the driver polls the route: wait
     # until it has seen the canary withdrawn, or its samples may end before that change.
     wait_until(
@@ -123,38 +119,34 @@ def _rolled_back(
         timeout_s=30.0,
         what="one rollback counted",
     )
-    _wait_gauge(operator, PHASE, namespace, 1.0, phase="RolledBack")
-    assert _gauge(operator, CANARY_WEIGHT, namespace) == 0
-    assert "RolledBack" in event_reasons(kube, namespace)
+    _wait_gauge(operator, PHASE, env.namespace, 1.0, phase="RolledBack")
+    assert _gauge(operator, CANARY_WEIGHT, env.namespace) == 0
+    assert "RolledBack" in event_reasons(env)
     assert all(r.status == 200 for r in load.by_track("stable")), "stable answered errors"
     return status
 
 
 @pytest.mark.parametrize("mode", ["threshold", "sequential"])
 def test_healthy_version_is_promoted_step_by_step(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
+    env: RolloutEnv,
     mode: str,
 ) -> None:
     """Version 2, as good as version 1, passes every step, is promoted and is stable.
 
     In sequential mode every passed analysis shows each test's e-value under its 1/α.
     """
-    operator = rollout_operator()
-    deploy(kube, namespace, local_prometheus, mode)
+    operator = env.start_operator()
+    deploy(env, mode)
     gauged: set[float | None] = set()
 
     def promoted() -> dict[str, Any] | None:
-        gauged.add(_gauge(operator, CANARY_WEIGHT, namespace))
-        status = service_status(kube, namespace)
+        gauged.add(_gauge(operator, CANARY_WEIGHT, env.namespace))
+        status = service_status(env)
         done = status.get("stableVersion") == "2" and status.get("phase") == "Succeeded"
         return status if done else None
 
-    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, synthetic_model("2"))
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, synthetic_model("2"))
         status = wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
         # Status leads the route (write-ahead): let the driver see the promoted route too.
         wait_until(
@@ -164,7 +156,7 @@ def test_healthy_version_is_promoted_step_by_step(
         )
     canary_weights = [sample.weights.get("canary") for sample in load.routes]
     assert [w for w in canary_weights if w] == STEPS, load.routes
-    assert route_weights(kube, namespace) == {"stable": 100}
+    assert route_weights(env) == {"stable": 100}
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
     assert len(passed) >= len(STEPS)
     assert operator.total("fleetserve_operator_promotions") == 1
@@ -172,8 +164,8 @@ def test_healthy_version_is_promoted_step_by_step(
     stepped = {w for w in gauged if w}
     assert stepped, f"the canary weight gauge showed no step: {gauged}"
     assert stepped <= set(STEPS), gauged
-    _wait_gauge(operator, CANARY_WEIGHT, namespace, 0.0)
-    _wait_gauge(operator, PHASE, namespace, 1.0, phase="Succeeded")
+    _wait_gauge(operator, CANARY_WEIGHT, env.namespace, 0.0)
+    _wait_gauge(operator, PHASE, env.namespace, 1.0, phase="Succeeded")
     assert load.by_track("canary"), "no request reached the canary"
     assert not failed_requests(load), failed_requests(load)
     if mode == "sequential":
@@ -185,29 +177,23 @@ def test_healthy_version_is_promoted_step_by_step(
         assert all(c["samples"] > 0 and not c.get("rejected") for c in evidence["checks"])
 
 
-def test_erroring_version_is_rolled_back_at_once(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_erroring_version_is_rolled_back_at_once(env: RolloutEnv) -> None:
     """20% errors: rolled back at once; only canary-routed requests saw errors.
 
     Deleting the InferenceService afterwards drops the operator's gauges of it.
     """
-    operator = rollout_operator()
-    deploy(kube, namespace, local_prometheus)
-    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, synthetic_model("2", error_rate=0.2))
-        status = _rolled_back(kube, namespace, operator, load)
-    kube.delete(fsvc_path(namespace, NAME))
+    operator = env.start_operator()
+    deploy(env)
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, synthetic_model("2", error_rate=0.2))
+        status = _rolled_back(env, operator, load)
+    env.kube.delete(fsvc_path(env.namespace, NAME))
     wait_until(
-        lambda: _gauge(operator, PHASE, namespace, phase="RolledBack") is None,
+        lambda: _gauge(operator, PHASE, env.namespace, phase="RolledBack") is None,
         timeout_s=60.0,
         what="the deleted InferenceService's gauges to go",
     )
-    assert _gauge(operator, CANARY_WEIGHT, namespace) is None
+    assert _gauge(operator, CANARY_WEIGHT, env.namespace) is None
     assert "error-rate" in status["rollout"]["message"]
     bad = [r for r in load.records if r.is_server_error]
     assert bad, "the canary answered no error"
@@ -220,25 +206,21 @@ def test_erroring_version_is_rolled_back_at_once(
 
 
 def test_sequential_mode_rolls_an_erroring_version_back_within_one_interval(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
+    env: RolloutEnv,
 ) -> None:
     """20% errors, sequential mode: weight 0 within one interval of the first error.
 
     The error test rejects at the look after its e-value crosses 1/α; the Event
     `AnalysisRejected` and the evidence in status say so.
     """
-    operator = rollout_operator()
-    deploy(kube, namespace, local_prometheus, "sequential", interval_s=SEQUENTIAL_INTERVAL_S)
+    operator = env.start_operator()
+    deploy(env, "sequential", interval_s=SEQUENTIAL_INTERVAL_S)
     # The test needs a few canary errors to reject: 100 requests/s make them come in ~1 s.
-    with LoadDriver(local_cluster, namespace, NAME, NAME, rate_rps=100.0) as load:
-        roll_out(kube, namespace, synthetic_model("2", error_rate=0.2))
-        status = _rolled_back(kube, namespace, operator, load)
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME, rate_rps=100.0) as load:
+        roll_out(env, synthetic_model("2", error_rate=0.2))
+        status = _rolled_back(env, operator, load)
     assert "error-rate-vs-stable e-value" in status["rollout"]["message"]
-    assert "AnalysisRejected" in event_reasons(kube, namespace)
+    assert "AnalysisRejected" in event_reasons(env)
     checks = {c["name"]: c for c in status["rollout"]["evidence"]["checks"]}
     assert checks["error-rate-vs-stable"]["rejected"] is True
     assert checks["error-rate-vs-stable"]["eValue"] >= checks["error-rate-vs-stable"]["threshold"]
@@ -254,32 +236,26 @@ def test_sequential_mode_rolls_an_erroring_version_back_within_one_interval(
     assert elapsed <= SEQUENTIAL_INTERVAL_S
 
 
-def test_fresh_canarys_first_error_is_counted_by_increase(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_fresh_canarys_first_error_is_counted_by_increase(env: RolloutEnv) -> None:
     """The canary's 5xx series exist at 0 before its first error, so increase() sees it.
 
     A series born at 1 on the first error would read an increase of 0 in every window.
     """
-    rollout_operator()
-    deploy(kube, namespace, local_prometheus)
-    roll_out(kube, namespace, synthetic_model("2", error_rate=1.0))
+    env.start_operator()
+    deploy(env)
+    roll_out(env, synthetic_model("2", error_rate=1.0))
     pod = wait_until(
         lambda: next(
-            (p for p in local_cluster.pod_addresses()
-             if p.namespace == namespace and p.labels.get(TRACK_LABEL) == "canary" and p.ready),
+            (p for p in env.cluster.pod_addresses()
+             if p.namespace == env.namespace and p.labels.get(TRACK_LABEL) == "canary" and p.ready),
             None,
         ),
         timeout_s=90.0,
         what="a ready canary pod",
     )  # fmt: skip
-    canary = f'namespace="{namespace}",track="canary",version="2"'
+    canary = f'namespace="{env.namespace}",track="canary",version="2"'
     wait_until(
-        lambda: local_prometheus.query(f"fleetserve_model_load_seconds{{{canary}}}") or None,
+        lambda: env.prometheus.query(f"fleetserve_model_load_seconds{{{canary}}}") or None,
         timeout_s=30.0,
         what="Prometheus to scrape the loaded canary",
     )
@@ -290,7 +266,7 @@ def test_fresh_canarys_first_error_is_counted_by_increase(
     errors = f'sum(increase(fleetserve_requests_total{{{canary},code=~"5.."}}[1m]))'
 
     def counted() -> float | None:
-        result = local_prometheus.query(errors)
+        result = env.prometheus.query(errors)
         value = float(result[0]["value"][1]) if result else 0.0
         return value if value >= 1.0 else None
 
@@ -302,44 +278,34 @@ def test_fresh_canarys_first_error_is_counted_by_increase(
     [("threshold", "p99-latency-vs-stable"), ("sequential", "latency-vs-stable e-value")],
 )
 def test_slow_version_is_rolled_back_on_latency(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
+    env: RolloutEnv,
     mode: str,
     check: str,
 ) -> None:
     """3x latency, no errors: the p99-vs-stable check, or the latency test, rolls it back."""
-    operator = rollout_operator()
-    deploy(kube, namespace, local_prometheus, mode)
-    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, synthetic_model("2", latency_ms=3 * BASE_LATENCY_MS))
-        status = _rolled_back(kube, namespace, operator, load)
+    operator = env.start_operator()
+    deploy(env, mode)
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, synthetic_model("2", latency_ms=3 * BASE_LATENCY_MS))
+        status = _rolled_back(env, operator, load)
     assert check in status["rollout"]["message"]
     assert not [r for r in load.records if r.is_server_error]
 
 
-def test_good_generative_version_is_promoted_on_its_token_latencies(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_good_generative_version_is_promoted_on_its_token_latencies(env: RolloutEnv) -> None:
     """Streamed completions: version 2, as fast per token as 1, is promoted to 100%.
 
     Sequential mode judges it on errors, time to first token and inter-token latency
     (no request-latency test), and every step counted tokens as well as requests.
     """
-    rollout_operator()
-    deploy(kube, namespace, local_prometheus, "sequential", _chat_model("1", PER_TOKEN_MS),
-            CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
-    with StreamingLoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, _chat_model("2", PER_TOKEN_MS))
+    env.start_operator()
+    deploy(env, "sequential", _chat_model("1", PER_TOKEN_MS),
+           CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
+    with StreamingLoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, _chat_model("2", PER_TOKEN_MS))
         status = wait_until(
             lambda: (
-                (s := service_status(kube, namespace)).get("stableVersion") == "2"
+                (s := service_status(env)).get("stableVersion") == "2"
                 and s.get("phase") == "Succeeded"
                 and s
             ),
@@ -363,26 +329,20 @@ def test_good_generative_version_is_promoted_on_its_token_latencies(
     print(f"\nitl_e_value={itl['eValue']} token_gaps={itl['samples']:.0f}")
 
 
-def test_generative_version_slower_per_token_is_rolled_back_on_itl(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_generative_version_slower_per_token_is_rolled_back_on_itl(env: RolloutEnv) -> None:
     """Version 2 takes 4x longer per token: the inter-token latency test rolls it back.
 
     The streams it served all succeeded; status names the ITL test and its e-value.
     """
-    operator = rollout_operator()
-    deploy(kube, namespace, local_prometheus, "sequential", _chat_model("1", PER_TOKEN_MS),
-            CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
-    with StreamingLoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, _chat_model("2", 4 * PER_TOKEN_MS))
-        status = _rolled_back(kube, namespace, operator, load)
+    operator = env.start_operator()
+    deploy(env, "sequential", _chat_model("1", PER_TOKEN_MS),
+           CHAT_INTERVAL_S, traffic=CHAT_TRAFFIC)  # fmt: skip
+    with StreamingLoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, _chat_model("2", 4 * PER_TOKEN_MS))
+        status = _rolled_back(env, operator, load)
     message = status["rollout"]["message"]
     assert "itl-vs-stable e-value" in message, message
-    assert "AnalysisRejected" in event_reasons(kube, namespace)
+    assert "AnalysisRejected" in event_reasons(env)
     checks = {c["name"]: c for c in status["rollout"]["evidence"]["checks"]}
     assert checks["itl-vs-stable"]["rejected"] is True
     assert checks["itl-vs-stable"]["eValue"] >= checks["itl-vs-stable"]["threshold"]

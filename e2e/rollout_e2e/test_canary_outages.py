@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.operator_process import (
     TRACK_LABEL,
-    OperatorProcess,
     condition,
 )
 from fleetserve_e2e.rollout_testing import (
     NAME,
     ROLLOUT_S,
     STEPS,
+    RolloutEnv,
     deploy,
     event_reasons,
     failed_requests,
@@ -45,40 +43,28 @@ FROZEN_MARGIN_S = 2.0
 """A look that read Prometheus just before the freeze may still be recorded this long after."""
 
 
-def test_stable_outage_fails_over_to_cpu_and_back(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_stable_outage_fails_over_to_cpu_and_back(env: RolloutEnv) -> None:
     """Killing the stable pods' processes moves traffic to the fallback, then back."""
-    rollout_operator()
+    env.start_operator()
     fallback = {"enabled": True, "threads": 1, "replicas": {"min": 1, "max": 1}}
-    deploy(kube, namespace, local_prometheus, fallback=fallback)
+    deploy(env, fallback=fallback)
     wait_until(
-        lambda: (
-            service_status(kube, namespace)["tracks"].get("fallback", {}).get("readyReplicas") == 1
-        ),
+        lambda: service_status(env)["tracks"].get("fallback", {}).get("readyReplicas") == 1,
         timeout_s=60.0,
         what="the fallback to be ready",
     )
-    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
         wait_until(lambda: load.by_track("stable"), timeout_s=30.0, what="load on stable")
-        for pod in local_cluster.pod_addresses():
-            if pod.namespace == namespace and pod.labels.get(TRACK_LABEL) == "stable":
+        for pod in env.cluster.pod_addresses():
+            if pod.namespace == env.namespace and pod.labels.get(TRACK_LABEL) == "stable":
                 os.kill(pod.pid, signal.SIGKILL)
         wait_until(
-            lambda: (
-                condition(service_status(kube, namespace), "FallbackActive")["status"] == "True"
-            ),
+            lambda: condition(service_status(env), "FallbackActive")["status"] == "True",
             timeout_s=30.0,
             what="FallbackActive",
         )
         wait_until(
-            lambda: (
-                condition(service_status(kube, namespace), "FallbackActive")["status"] == "False"
-            ),
+            lambda: condition(service_status(env), "FallbackActive")["status"] == "False",
             timeout_s=90.0,
             what="traffic back on the GPU track",
         )
@@ -87,35 +73,26 @@ def test_stable_outage_fails_over_to_cpu_and_back(
     assert {"stable": 0, "fallback": 100} in [sample.weights for sample in load.routes]
     served = [r for r in load.by_track("fallback") if r.status == 200]
     assert served, "the fallback served nothing"
-    assert {"FallbackActivated", "FallbackDeactivated"} <= set(event_reasons(kube, namespace))
+    assert {"FallbackActivated", "FallbackDeactivated"} <= set(event_reasons(env))
 
 
-def test_restarted_operator_resumes_the_same_step(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_restarted_operator_resumes_the_same_step(env: RolloutEnv) -> None:
     """Killed at step 2 of 3: the next operator goes on from there and promotes once."""
-    first = rollout_operator()
-    deploy(kube, namespace, local_prometheus)
-    with LoadDriver(local_cluster, namespace, NAME, NAME):
-        roll_out(kube, namespace, synthetic_model("2"))
+    first = env.start_operator()
+    deploy(env)
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME):
+        roll_out(env, synthetic_model("2"))
         at_kill = wait_until(
-            lambda: (
-                (s := service_status(kube, namespace)).get("rollout", {}).get("stepIndex") == 1
-                and s
-            ),
+            lambda: (s := service_status(env)).get("rollout", {}).get("stepIndex") == 1 and s,
             timeout_s=ROLLOUT_S,
             what="step 2",
         )
         first.kill()
-        second = rollout_operator()
+        second = env.start_operator()
         seen: list[dict[str, Any]] = []
 
         def promoted() -> bool:
-            seen.append(service_status(kube, namespace))
+            seen.append(service_status(env))
             return seen[-1].get("stableVersion") == "2"
 
         wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
@@ -124,33 +101,27 @@ def test_restarted_operator_resumes_the_same_step(
     assert all(s["rollout"].get("canaryStartedAt") == started for s in active), "restarted"
     assert all(s["rollout"].get("stepIndex", 1) >= 1 for s in active), "went back a step"
     assert second.total("fleetserve_operator_promotions") == 1
-    reasons = event_reasons(kube, namespace)
+    reasons = event_reasons(env)
     assert reasons.count("Promoted") == 1
     assert reasons.count("RolloutStarted") == 1
     assert "RolloutRestarted" not in reasons
 
 
-def test_frozen_prometheus_holds_the_step_and_never_passes_it(
-    kube: KubeClient,
-    namespace: str,
-    local_prometheus: LocalPrometheus,
-    local_cluster: LocalCluster,
-    rollout_operator: Callable[[], OperatorProcess],
-) -> None:
+def test_frozen_prometheus_holds_the_step_and_never_passes_it(env: RolloutEnv) -> None:
     """The real Prometheus stopped (SIGSTOP: it accepts and never answers) at a step.
 
     While it is frozen the canary stays at its weight and no analysis recorded then is a pass:
     evidence gathered before the outage must not carry a step. Once it answers again the
     good version is promoted.
     """
-    rollout_operator()
-    deploy(kube, namespace, local_prometheus, "sequential")
-    assert local_prometheus.process is not None
-    pid = local_prometheus.process.pid
-    with LoadDriver(local_cluster, namespace, NAME, NAME) as load:
-        roll_out(kube, namespace, synthetic_model("2"))
+    env.start_operator()
+    deploy(env, "sequential")
+    assert env.prometheus.process is not None
+    pid = env.prometheus.process.pid
+    with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
+        roll_out(env, synthetic_model("2"))
         wait_until(
-            lambda: service_status(kube, namespace).get("canaryWeight") == STEPS[0],
+            lambda: service_status(env).get("canaryWeight") == STEPS[0],
             timeout_s=60.0,
             what=f"the canary at {STEPS[0]} %",
         )
@@ -159,7 +130,7 @@ def test_frozen_prometheus_holds_the_step_and_never_passes_it(
 
         def recorded_in_outage() -> list[dict[str, Any]] | None:
             since = frozen_at + timedelta(seconds=FROZEN_MARGIN_S)
-            analyses = service_status(kube, namespace)["rollout"].get("analyses", [])
+            analyses = service_status(env)["rollout"].get("analyses", [])
             late = [a for a in analyses if datetime.fromisoformat(a["time"]) >= since]
             return late or None
 
@@ -169,13 +140,13 @@ def test_frozen_prometheus_holds_the_step_and_never_passes_it(
             during = wait_until(
                 recorded_in_outage, timeout_s=FROZEN_S, what="an analysis during the outage"
             )
-            status = service_status(kube, namespace)
-            weights = route_weights(kube, namespace)
+            status = service_status(env)
+            weights = route_weights(env)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert status.get("canaryWeight") == STEPS[0], status
         assert weights == {"stable": 100 - STEPS[0], "canary": STEPS[0]}
         assert all(a["verdict"] == "Inconclusive" for a in during), during
-        wait_phase(kube, namespace, "Succeeded", ROLLOUT_S)
-    assert service_status(kube, namespace)["stableVersion"] == "2"
+        wait_phase(env, "Succeeded", ROLLOUT_S)
+    assert service_status(env)["stableVersion"] == "2"
     assert not failed_requests(load), failed_requests(load)
