@@ -20,6 +20,7 @@ from types import TracebackType
 import httpx
 
 from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
 from fleetserve_e2e.pod_map import PodAddress
 
@@ -28,6 +29,12 @@ NO_ANSWER = 0
 
 START_WAIT_S = 30.0
 """How long the driver waits, before its first request, to see the fleet it is to load."""
+
+
+def track_weights(route: JsonObject, name: str) -> dict[str, int]:
+    """An InferenceService's HTTPRoute weights by track (its backends are `<name>-<track>`)."""
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    return {ref["name"].removeprefix(f"{name}-"): ref["weight"] for ref in refs}
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,7 @@ class LoadDriver:
         path = child_path("HTTPRoute", self.namespace, self.name)
         route = await asyncio.to_thread(get_or_none, kube, path)
         if route is not None:
-            prefix = f"{self.name}-"
-            refs = route["spec"]["rules"][0]["backendRefs"]
-            weights = {ref["name"].removeprefix(prefix): ref["weight"] for ref in refs}
+            weights = track_weights(route, self.name)
             if weights != self.weights:
                 self.routes.append(RouteSample(time.monotonic(), weights))
         self._pods = [

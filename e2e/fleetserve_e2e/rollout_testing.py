@@ -16,7 +16,7 @@ from typing import Any
 
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
-from fleetserve_e2e.loadgen import LoadDriver
+from fleetserve_e2e.loadgen import LoadDriver, track_weights
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.prometheus import LocalPrometheus
@@ -138,9 +138,7 @@ def event_reasons(env: RolloutEnv) -> list[str]:
 
 def route_weights(env: RolloutEnv) -> dict[str, int]:
     """The HTTPRoute's weight per track."""
-    route = env.kube.get(child_path("HTTPRoute", env.namespace, NAME))
-    refs = route["spec"]["rules"][0]["backendRefs"]
-    return {ref["name"].removeprefix(f"{NAME}-"): ref["weight"] for ref in refs}
+    return track_weights(env.kube.get(child_path("HTTPRoute", env.namespace, NAME)), NAME)
 
 
 def failed_requests(load: LoadDriver) -> str:

@@ -167,7 +167,8 @@ def test_healthy_version_is_promoted_step_by_step(
     _wait_gauge(operator, CANARY_WEIGHT, env.namespace, 0.0)
     _wait_gauge(operator, PHASE, env.namespace, 1.0, phase="Succeeded")
     assert load.by_track("canary"), "no request reached the canary"
-    assert not failed_requests(load), failed_requests(load)
+    failures = failed_requests(load)
+    assert not failures, failures
     if mode == "sequential":
         for result in passed:
             tests = [c for c in result["checks"] if "eValue" in c]

@@ -149,4 +149,5 @@ def test_frozen_prometheus_holds_the_step_and_never_passes_it(env: RolloutEnv) -
         assert all(a["verdict"] == "Inconclusive" for a in during), during
         wait_phase(env, "Succeeded", ROLLOUT_S)
     assert service_status(env)["stableVersion"] == "2"
-    assert not failed_requests(load), failed_requests(load)
+    failures = failed_requests(load)
+    assert not failures, failures
