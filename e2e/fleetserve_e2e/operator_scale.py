@@ -48,15 +48,14 @@ from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient
 from fleetserve_e2e.kwok import KwokNodes, kwok_cluster
 from fleetserve_e2e.operator_process import (
     INSTANCE_LABEL,
+    ROLE,
     OperatorIdentity,
     OperatorProcess,
     child_path,
     fsvc_path,
     install_crd,
 )
-from fleetserve_e2e.paths import REPO_DIR
 
-ROLE = REPO_DIR / "operator" / "rbac" / "role.yaml"
 NAMESPACE = "bench"
 REPLICAS = 2
 _WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
