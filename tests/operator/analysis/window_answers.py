@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetserve_operator.analysis import (
-    REJECTIONS,
-    SERVER_ERRORS,
-    AnalysisTarget,
-    code_ratio_query,
-    p99_ms_query,
-    requests_query,
-)
+from fleetserve_operator import analysis
 
 
 def window_answers(
-    target: AnalysisTarget, figures: Mapping[str, float | None], p99s: Mapping[str, str]
+    target: analysis.AnalysisTarget, figures: Mapping[str, float | None], p99s: Mapping[str, str]
 ) -> dict[str, float | None]:
     """Each query of `target`'s window and the figure it answers with.
 
@@ -30,12 +23,12 @@ def window_answers(
     """
     canary, stable, w = target.canary, target.stable, target.window
     answers = {
-        requests_query(canary, w): figures["requests"],
-        code_ratio_query(canary, w, SERVER_ERRORS): figures["errors"],
-        code_ratio_query(canary, w, REJECTIONS): figures["rejections"],
-        code_ratio_query(stable, w, REJECTIONS): figures["stable_rejections"],
+        analysis.requests_query(canary, w): figures["requests"],
+        analysis.code_ratio_query(canary, w, analysis.SERVER_ERRORS): figures["errors"],
+        analysis.code_ratio_query(canary, w, analysis.REJECTIONS): figures["rejections"],
+        analysis.code_ratio_query(stable, w, analysis.REJECTIONS): figures["stable_rejections"],
     }
     for name, histogram in p99s.items():
-        answers[p99_ms_query(histogram, canary, w)] = figures[name]
-        answers[p99_ms_query(histogram, stable, w)] = figures[f"stable_{name}"]
+        answers[analysis.p99_ms_query(histogram, canary, w)] = figures[name]
+        answers[analysis.p99_ms_query(histogram, stable, w)] = figures[f"stable_{name}"]
     return answers
