@@ -16,7 +16,7 @@ from fleetserve_runtime.core.errors import BatchFailed, OutOfMemory
 from fleetserve_runtime.core.memory import BufferPool, MemoryProfile
 from fleetserve_runtime.encoder.batcher import Batch
 from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor, resolve_device
-from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
+from fleetserve_runtime.models.base import BatchLayout, CollateContext, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
 from fleetserve_runtime.testing import make_items
@@ -36,20 +36,13 @@ class RecordingHandler(SyntheticHandler):
         self.second_collated = threading.Event()
         self._batch = 0
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Collate, recording it, and tag the batch with its number."""
         self._batch += 1
         self.events.append(("collate", self._batch))
         if self._batch == 2:
             self.second_collated.set()
-        return (*super().collate(items, layout=layout, alloc=alloc, device=device), self._batch)
+        return (*super().collate(items, ctx), self._batch)
 
     def forward(self, batch: Any) -> Any:
         """Run the synthetic forward, recording its start and end."""
@@ -201,18 +194,11 @@ def test_oom_while_collating_splits_the_batch() -> None:
     """Running out of memory while preparing a batch splits it like a forward-pass OOM."""
 
     class TightCollate(SyntheticHandler):
-        def collate(
-            self,
-            items: Sequence[PreparedInput],
-            *,
-            layout: BatchLayout,
-            alloc: TensorAllocator,
-            device: torch.device,
-        ) -> Any:
+        def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
             """Refuse batches of more than one item."""
             if len(items) > 1:
                 raise OutOfMemory("copy does not fit")
-            return super().collate(items, layout=layout, alloc=alloc, device=device)
+            return super().collate(items, ctx)
 
     handler = TightCollate("s", "v1", params=SyntheticParams(latency_ms=0))
     (outcome,) = run(DEFAULTS, [job(handler, [5, 6, 7])])

@@ -17,10 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
+from fleetserve_runtime.models.base import CollateContext, PreparedInput
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams, text_digest
 from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
@@ -49,17 +48,10 @@ class Recording(SyntheticHandler):
         self.gate = threading.Event()
         self._hold = text_digest(HOLD)
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Record the batch's shape, then collate as the synthetic model does."""
-        self.shapes.append((len(items), layout.pad_to))
-        return super().collate(items, layout=layout, alloc=alloc, device=device)
+        self.shapes.append((len(items), ctx.layout.pad_to))
+        return super().collate(items, ctx)
 
     def forward(self, batch: Any) -> Any:
         """Record the rows; wait at the gate when the batch holds `hold`."""
