@@ -46,7 +46,7 @@ from fleetserve_runtime.models.bert import (
     PackedBatch,
     PaddedBatch,
 )
-from fleetserve_runtime.models.text_input import sample_text, text_token_ids
+from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
 __all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler", "check_max_sequence_length"]
 
@@ -152,10 +152,7 @@ class MiniLMHandler:
             if not _read_json(model_dir / "1_Pooling" / "config.json")["pooling_mode_mean_tokens"]:
                 raise ValueError("the shipped model is not mean-pooled")
             state = load_file(model_dir / "model.safetensors")
-            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        # The shipped tokenizer pads and truncates to 128; lengths are our business.
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+            tokenizer = open_tokenizer(model_dir / "tokenizer.json")
         sep_id = tokenizer.token_to_id("[SEP]")
         if sep_id is None:
             raise ValueError("the shipped tokenizer has no [SEP] token")

@@ -63,7 +63,7 @@ from fleetserve_runtime.models.base import (
     PreparedInput,
     TensorSpec,
 )
-from fleetserve_runtime.models.text_input import sample_text, text_token_ids
+from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
 __all__ = [
     "OnnxEncoderHandler",
@@ -232,11 +232,7 @@ class OnnxEncoderHandler:
         if not tokenizer_file.is_file():
             msg = f"ONNX model {self._path} needs tokenizer.json beside it ({tokenizer_file})"
             raise ValueError(msg)
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        # Lengths are the runtime's business, as they are for MiniLM.
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        self._tokenizer = tokenizer
+        self._tokenizer = open_tokenizer(tokenizer_file)
         self._open(self._path)
 
     def _quantise(self, reference: npt.NDArray[np.float32], device: torch.device) -> None:
