@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.cli import EXIT_LOAD_FAILED
+from fleetserve_runtime.testing import infer_request
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 
@@ -42,10 +43,7 @@ def serving(
 
 def embeddings(url: str, name: str, texts: Sequence[str]) -> npt.NDArray[np.float32]:
     """The embeddings the server at `url` returns for `texts`, asked to truncate them."""
-    body = {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}],
-        "parameters": {"truncate": True},
-    }
+    body = infer_request(texts, truncate=True)
     response = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=60)
     assert response.status_code == 200, response.text
     output = response.json()["outputs"][0]
