@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fleetserve_runtime.models.json_file import read_json_object
 from fleetserve_runtime.models.llama.checkpoint_checks import check_weights, checked_config
 from fleetserve_runtime.models.llama.config import Checkpoint, LlamaConfig
 from fleetserve_runtime.models.llama.safetensors_weights import safetensors_weights
-from fleetserve_runtime.models.llama.tokenizer import directory_tokenizer, read_json_object
+from fleetserve_runtime.models.llama.tokenizer import directory_tokenizer
 
 __all__ = ["load_directory"]
 

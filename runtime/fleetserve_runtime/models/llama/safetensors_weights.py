@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from fleetserve_runtime.models.llama.tokenizer import read_json_object
+from fleetserve_runtime.models.json_file import read_json_object
 
 __all__ = ["safetensors_weights"]
 

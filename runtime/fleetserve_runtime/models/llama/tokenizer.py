@@ -15,7 +15,6 @@ configuration states them, decide what `encode(..., add_special=True)` adds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from fleetserve_runtime.models.causal_lm import ChatMessage
+from fleetserve_runtime.models.json_file import read_json_object
 from fleetserve_runtime.models.llama.chat_template import ChatTemplate
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "StreamDecoder",
     "TokenizerCodec",
     "directory_tokenizer",
-    "read_json_object",
     "gguf_tokenizer",
     "set_special_tokens_added",
 ]
@@ -466,19 +465,6 @@ def _token_id(tokenizer: Tokenizer, text: str) -> int:
     if token_id is None:
         raise ValueError(f"special token {text!r} is not in the vocabulary")
     return token_id
-
-
-def read_json_object(file: Path) -> dict[str, Any]:
-    """A JSON object file's contents; `{}` when the file is absent, `ValueError` if malformed."""
-    if not file.is_file():
-        return {}
-    try:
-        loaded = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{file} is not valid JSON: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{file} is not a JSON object")
-    return loaded
 
 
 def _token_text(entry: object) -> str | None:
