@@ -8,14 +8,16 @@ and values are scattered into its own `[B_g, L_g]` grid, attended with a key mas
 real rows gathered back out, so short sequences do not pay for the longest one's attention.
 
 Weights load from a Hugging Face `BertModel` state dict (safetensors), renamed and fused here,
-so the runtime needs neither `transformers` nor network access.
+so the runtime needs neither `transformers` nor network access. The last hidden state is
+pooled into one sentence embedding as `Pooling` says: the mean of the real tokens or the
+first ([CLS]) token's, L2-normalised or not, as sentence-transformers' modules do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the name every torch codebase uses
@@ -28,7 +30,18 @@ __all__ = [
     "GroupPadding",
     "PackedBatch",
     "PaddedBatch",
+    "Pooling",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """How the last hidden state becomes one embedding per sequence."""
+
+    mode: Literal["mean", "cls"] = "mean"
+    """`mean` over the real tokens, or the first token's ([CLS]) hidden state."""
+    normalize: bool = True
+    """L2-normalise the pooled embedding (sentence-transformers' `Normalize` module)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +208,13 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """BERT embeddings and encoder layers, returning mean-pooled, L2-normalised embeddings."""
+    """BERT embeddings and encoder layers, returning embeddings pooled as `pooling` says."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, pooling: Pooling = Pooling()) -> None:
         """Create the encoder with uninitialised weights; call `load_hf_state_dict` next."""
         super().__init__()
         self.config = config
+        self.pooling = pooling
         h = config.hidden_size
         self.word_embeddings = nn.Embedding(config.vocab_size, h)
         # Every input is a single segment, so token type 0's embedding is folded in here.
@@ -216,13 +230,19 @@ class BertEncoder(nn.Module):
         return out
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
-        """Encode a packed batch; returns `[B, hidden]` unit-norm sentence embeddings."""
+        """Encode a packed batch; returns `[B, hidden]` sentence embeddings in batch order."""
         x = self._embed(batch.input_ids, batch.position_ids)
         for layer in self.blocks:
             x = layer.forward_packed(x, batch.groups)
-        summed = x.new_zeros(batch.lengths.shape[0], x.shape[-1])
-        summed.index_add_(0, batch.sequence_index, x)
-        return F.normalize(summed / batch.lengths, dim=-1)
+        if self.pooling.mode == "cls":
+            # Every row but each sequence's first is zeroed, so the sum is that first row:
+            # no boolean indexing, which would wait for the device to count the rows.
+            x = x * (batch.position_ids == 0).unsqueeze(-1).to(x.dtype)
+        pooled = x.new_zeros(batch.lengths.shape[0], x.shape[-1])
+        pooled.index_add_(0, batch.sequence_index, x)
+        if self.pooling.mode == "mean":
+            pooled = pooled / batch.lengths
+        return self._finish(pooled)
 
     def hidden_padded(self, batch: PaddedBatch) -> torch.Tensor:
         """The last hidden state `[B, L, hidden]` of a padded batch, before pooling."""
@@ -235,11 +255,16 @@ class BertEncoder(nn.Module):
         return x
 
     def forward_padded(self, batch: PaddedBatch) -> torch.Tensor:
-        """Encode a padded batch; returns `[B, hidden]` unit-norm sentence embeddings."""
+        """Encode a padded batch; returns `[B, hidden]` sentence embeddings."""
         x = self.hidden_padded(batch)
+        if self.pooling.mode == "cls":
+            return self._finish(x[:, 0])
         weights = batch.attention_mask.to(x.dtype).unsqueeze(-1)
         summed = (x * weights).sum(dim=1)
-        return F.normalize(summed / weights.sum(dim=1), dim=-1)
+        return self._finish(summed / weights.sum(dim=1))
+
+    def _finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        return F.normalize(pooled, dim=-1) if self.pooling.normalize else pooled
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -25,7 +25,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +42,9 @@ from fleetserve_runtime.models.accuracy import (
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.models.minilm import (
     EMBEDDING_DIM,
-    MODEL_PACKAGE,
     MiniLMHandler,
     check_max_sequence_length,
+    packaged_directory,
 )
 from fleetserve_runtime.models.onnx_model import (
     OnnxEncoderHandler,
@@ -64,8 +63,8 @@ _CPU = torch.device("cpu")
 
 def graph_key() -> str:
     """Cache key of the exported graph: the packaged files' digest and torch's version."""
-    with resources.as_file(resources.files(MODEL_PACKAGE) / "model") as model_dir:
-        return file_digest([model_dir / name for name in _PACKAGED], torch.__version__)
+    model_dir = packaged_directory()
+    return file_digest([model_dir / name for name in _PACKAGED], torch.__version__)
 
 
 def _export(scratch: Path) -> Path:

