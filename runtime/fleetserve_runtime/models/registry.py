@@ -2,14 +2,18 @@
 
 Encoder URIs: `builtin://minilm-l6`, `builtin://synthetic?<params>`, `file:///path/model.pt2`
 (`torch.export`) or `.pt` (TorchScript), both with `?input_width=N`, `file:///path/model.onnx`
-(an ONNX text encoder with `tokenizer.json` beside it, `models.onnx_model`), `file:///path/pkg` (a
-directory with `handler.py` defining `create_handler(name, version, max_sequence_length)`),
-and `module:factory` (an importable factory with the same signature).
+(an ONNX text encoder with `tokenizer.json` beside it, `models.onnx_model`), and
+`module:factory` (an importable factory `(name, version, max_sequence_length)`).
 
 Generative URIs (a `models.generative.GenerativeHandler`): `builtin://smollm2-135m`,
-`builtin://synthetic-generate?<params>`, `file:///path/model.gguf`, and `file:///path/dir`
-for a directory with `config.json` (a Llama checkpoint with `*.safetensors` and
-`tokenizer.json`; a directory with `handler.py` stays a plug-in).
+`builtin://synthetic-generate?<params>` and `file:///path/model.gguf`.
+
+A `file:///path/dir` directory is served as what it holds (`models.layouts`): a BERT encoder
+(`config.json` + `model.safetensors` + `tokenizer.json`, sentence-transformers' modules
+honoured), a Llama checkpoint (`config.json` + `*.safetensors`), exactly one `*.gguf`, an
+ONNX encoder (`model.onnx` + `tokenizer.json`), or a plug-in (`handler.py` defining
+`create_handler(name, version, max_sequence_length)`). The service's task (`embed`,
+`generate`), when it names one, must be the model's.
 
 `ModelRegistry` keeps the active version and the previous one. A new version is loaded and
 warmed off the event loop (`serving.versions.VersionLoader`), then made active in one assignment;
@@ -27,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal
-from urllib.parse import parse_qsl, urlparse
+from urllib.parse import ParseResult, parse_qsl, urlparse
 
 from typing_extensions import TypeVar
 
@@ -42,6 +46,7 @@ from fleetserve_runtime.models.generative import (
     smollm2_handler,
     synthetic_generative_handler,
 )
+from fleetserve_runtime.models.layouts import PLUGIN, Layout, ServedTask, identify
 
 __all__ = [
     "Backend",
@@ -59,6 +64,8 @@ ServedHandler = ModelHandler | GenerativeHandler
 GENERATE_ENDPOINTS = "/v1/chat/completions, /v1/completions or /v2/models/{name}/generate"
 
 Backend = Literal["auto", "torch", "onnxruntime"]
+Task = Literal["auto", "embed", "generate"]
+"""The `task` setting: the kind of model the service serves, or `auto` for whatever it is."""
 
 Engine = TypeVar("Engine", default=Any)
 """What serves a generative version once it is warm (the serving layer's generation engine).
@@ -76,7 +83,8 @@ def choose_backend(
     MiniLM runs on either: `auto` picks ONNX Runtime on the CPU in fp32, where its fused
     kernels cost 1.46x less CPU per request than our torch encoder, and torch otherwise (our
     int8 beats ONNX Runtime's, bf16 is torch's, and the ONNX Runtime wheel is CPU-only). Any
-    other model runs on what its URI implies (`.onnx` files on ONNX Runtime, the rest on torch).
+    other model runs on what its URI implies (`.onnx` files, and directories whose content is
+    an ONNX graph, on ONNX Runtime; the rest on torch).
 
     Raises:
         ValueError: the choice contradicts the URI, or ONNX Runtime cannot serve MiniLM on
@@ -97,8 +105,10 @@ def choose_backend(
             msg = "backend onnxruntime serves fp32 or int8, not bf16; set backend to torch or auto"
             raise ValueError(msg)
         return backend
+    layout = _directory_layout(parsed)
+    onnx = parsed.path.endswith(".onnx") if layout is None else layout.kind == "onnx"
     implied: Literal["torch", "onnxruntime"] = (
-        "onnxruntime" if parsed.scheme == "file" and parsed.path.endswith(".onnx") else "torch"
+        "onnxruntime" if parsed.scheme == "file" and onnx else "torch"
     )
     if backend not in ("auto", implied):
         msg = (
@@ -119,52 +129,84 @@ def resolve_handler(
     precision: PrecisionOptions = PrecisionOptions(),  # noqa: B008 (frozen, shared safely)
     backend: Backend = "auto",
     device: str = "cpu",
+    task: Task = "auto",
+    plugins: bool = True,
 ) -> ServedHandler:
     """Build (not load) the handler a model URI names; `ValueError` for an unknown URI.
 
     `generative` shapes a generative model (context cap, dtype); encoders ignore it.
-    `precision` applies to MiniLM and ONNX models; the synthetic model has no weights and
-    ignores it; any other model refuses a precision other than fp32. `backend` and the
-    resolved `device` type pick what runs MiniLM (`choose_backend`).
+    `precision` applies to MiniLM, BERT directories and ONNX models; the synthetic model has
+    no weights and ignores it; any other model refuses a precision other than fp32.
+    `backend` and the resolved `device` type pick what runs MiniLM (`choose_backend`).
+    A `file://` directory is served as what it holds (`models.layouts`). `task` (`embed`,
+    `generate`) refuses a model of the other kind, before a directory's weights are read;
+    `auto` serves what the model is. With `plugins` false a directory's `handler.py` is
+    refused: code that came with the directory runs only where its caller allows it.
     """
     parsed = urlparse(uri)
-    params = dict(parse_qsl(parsed.query, strict_parsing=False))
+    layout = _directory_layout(parsed)
+    if layout is not None:
+        _check_task(task, layout.task, f"{parsed.path} holds {layout.description}")
     chosen = choose_backend(uri, backend, device=device, precision=precision.precision)
+    build = _Build(
+        name,
+        version,
+        max_sequence_length,
+        generative,
+        dict(parse_qsl(parsed.query, strict_parsing=False)),
+        precision,
+        plugins,
+    )
+    handler = _resolve(uri, layout, chosen, build)
+    served: ServedTask = "generate" if isinstance(handler, GenerativeHandler) else "embed"
+    kind = "a generative model" if served == "generate" else "an encoder"
+    _check_task(task, served, f"{uri!r} is {kind} ({handler.metadata.platform})")
+    return handler
+
+
+def _resolve(
+    uri: str, layout: Layout | None, chosen: Literal["torch", "onnxruntime"], build: _Build
+) -> ServedHandler:
+    parsed = urlparse(uri)
+    precision = build.precision
     if parsed.scheme == "builtin" and parsed.netloc == "minilm-l6":
         if chosen == "onnxruntime":
             from fleetserve_runtime.models.minilm_onnx import MiniLMOnnxHandler
 
             return MiniLMOnnxHandler(
-                name, version, max_sequence_length=max_sequence_length, precision=precision
+                build.name, build.version, max_sequence_length=build.max_len, precision=precision
             )
         from fleetserve_runtime.models.minilm import MiniLMHandler
 
         return MiniLMHandler(
-            name, version, max_sequence_length=max_sequence_length, precision=precision
+            build.name, build.version, max_sequence_length=build.max_len, precision=precision
         )
-    if parsed.scheme == "file" and parsed.path.endswith(".onnx"):
+    if chosen == "onnxruntime":
         from fleetserve_runtime.models.onnx_model import OnnxEncoderHandler
 
         return OnnxEncoderHandler(
-            name,
-            version,
-            path=Path(parsed.path),
-            max_sequence_length=max_sequence_length,
+            build.name,
+            build.version,
+            path=Path(parsed.path) if layout is None else layout.path,
+            max_sequence_length=build.max_len,
             precision=precision,
         )
+    if layout is not None and layout.kind == "bert":
+        return _bert_directory(layout.path, build)
     synthetic = parsed.scheme == "builtin" and parsed.netloc == "synthetic"
     if precision.precision != "fp32" and not synthetic:
         msg = (
-            f"precision {precision.precision} applies to builtin://minilm-l6 and "
-            f"file:///.../model.onnx only, not to {uri!r}; serve it with precision fp32"
+            f"precision {precision.precision} applies to builtin://minilm-l6, BERT "
+            f"directories and ONNX models only, not to {uri!r}; serve it with precision fp32"
         )
         raise ValueError(msg)
-    build = _Build(name, version, max_sequence_length, generative, params)
     if "://" not in uri and ":" in uri:
         module_name, _, attr = uri.partition(":")
         return build.plugin(getattr(importlib.import_module(module_name), attr))
     if parsed.scheme == "builtin":
         return _builtin(parsed.netloc, build)
+    if layout is not None:
+        return _from_directory(layout, build)
     if parsed.scheme == "file":
         return _from_file(Path(parsed.path), build)
     msg = f"unsupported model URI {uri!r}: use builtin://, file:// or module:factory"
@@ -184,10 +226,32 @@ class _Build:
     generative: GenerativeOptions
     params: dict[str, str]
     """The URI's query."""
+    precision: PrecisionOptions
+    plugins: bool
+    """Whether a directory's `handler.py` may run."""
 
     def plugin(self, factory: Callable[[str, str, int], object]) -> ServedHandler:
         """The handler a user's factory (`module:factory`, `create_handler`) returns, checked."""
         return _checked(factory(self.name, self.version, self.max_len))
+
+
+def _check_task(task: Task, served: ServedTask | None, what: str) -> None:
+    """Refuse a model of the other kind than `task` (`what` says what the model is)."""
+    if task == "auto" or served is None or served == task:
+        return
+    does = "embeds text" if served == "embed" else "generates text"
+    msg = (
+        f"{what}, which {does}, but the task is {task}: bring a model for that task, "
+        f"or serve this one with task {served}"
+    )
+    raise ValueError(msg)
+
+
+def _directory_layout(parsed: ParseResult) -> Layout | None:
+    """The layout of a `file://` directory's content; None for any other URI."""
+    if parsed.scheme != "file" or not Path(parsed.path).is_dir():
+        return None
+    return identify(Path(parsed.path))
 
 
 def _builtin(kind: str, build: _Build) -> ServedHandler:
@@ -215,32 +279,57 @@ def _builtin(kind: str, build: _Build) -> ServedHandler:
     raise ValueError(msg)
 
 
-def _from_file(path: Path, build: _Build) -> ServedHandler:
-    if not path.exists():
-        msg = f"model path {path} does not exist"
-        raise ValueError(msg)
-    if path.suffix == ".gguf" or (path.is_dir() and (path / "config.json").is_file()):
-        if (path / "handler.py").is_file():
-            msg = f"{path} has both handler.py and config.json: keep one, a plug-in or a checkpoint"
-            raise ValueError(msg)
-        return llama_handler(build.name, build.version, path=path, options=build.generative)
-    if path.is_file():
-        from fleetserve_runtime.models.serialized import SerializedModuleHandler
+def _bert_directory(path: Path, build: _Build) -> ServedHandler:
+    """A BERT directory's encoder; its `max_seq_length`, if any, caps the input limit."""
+    from fleetserve_runtime.models.bert_directory import read_bert_directory
+    from fleetserve_runtime.models.sentence_encoder import SentenceEncoderHandler
 
-        if "input_width" not in build.params:
-            msg = "a serialized-module model URI needs ?input_width=<N>"
-            raise ValueError(msg)
-        width = int(build.params["input_width"])
-        return SerializedModuleHandler(build.name, build.version, path=path, input_width=width)
+    directory = read_bert_directory(path)
+    limit = min(build.max_len, directory.max_seq_length or build.max_len)
+    return SentenceEncoderHandler(
+        build.name,
+        build.version,
+        directory=directory,
+        max_sequence_length=limit,
+        precision=build.precision,
+    )
+
+
+def _from_directory(layout: Layout, build: _Build) -> ServedHandler:
+    """A Llama checkpoint (a directory or its one GGUF file), or a plug-in's handler."""
+    if layout.kind != "plugin":
+        return llama_handler(build.name, build.version, path=layout.path, options=build.generative)
+    if not build.plugins:
+        msg = (
+            f"{layout.path} holds {PLUGIN}, code that came with the model and runs when it "
+            f"loads: only an allowed_model_uris entry equal to file://{layout.path} lets it run"
+        )
+        raise ValueError(msg)
     spec = importlib.util.spec_from_file_location(
-        f"fleetserve_user_{build.name}", path / "handler.py"
+        f"fleetserve_user_{build.name}", layout.path / PLUGIN
     )
     if spec is None or spec.loader is None:
-        msg = f"{path} has no handler.py"
+        msg = f"{layout.path / PLUGIN} cannot be imported"
         raise ValueError(msg)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return build.plugin(module.create_handler)
+
+
+def _from_file(path: Path, build: _Build) -> ServedHandler:
+    """A single file: a GGUF checkpoint, or a serialized module (`.pt2`, `.pt`)."""
+    if not path.is_file():
+        msg = f"model path {path} does not exist"
+        raise ValueError(msg)
+    if path.suffix == ".gguf":
+        return llama_handler(build.name, build.version, path=path, options=build.generative)
+    from fleetserve_runtime.models.serialized import SerializedModuleHandler
+
+    if "input_width" not in build.params:
+        msg = "a serialized-module model URI needs ?input_width=<N>"
+        raise ValueError(msg)
+    width = int(build.params["input_width"])
+    return SerializedModuleHandler(build.name, build.version, path=path, input_width=width)
 
 
 def _checked(handler: object) -> ServedHandler:

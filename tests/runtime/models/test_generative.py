@@ -81,15 +81,16 @@ def test_a_directory_cannot_be_both_plugin_and_checkpoint(tmp_path: Path) -> Non
     """handler.py beside config.json is ambiguous and refused."""
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "handler.py").write_text("")
-    with pytest.raises(ValueError, match=r"both handler\.py and config\.json"):
+    with pytest.raises(ValueError, match=r"handler\.py \(a plug-in\) and config\.json"):
         resolve(f"file://{tmp_path}")
 
 
-def test_a_checkpoint_directory_that_is_not_llama_fails_to_load(tmp_path: Path) -> None:
-    """Loading a non-Llama checkpoint directory fails with the checkpoint loader's message."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+def test_a_llama_directory_of_another_architecture_fails_to_load(tmp_path: Path) -> None:
+    """A Llama model_type with another architecture fails with the checkpoint loader's message."""
+    config = {"model_type": "llama", "architectures": ["MistralForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     handler = resolve(f"file://{tmp_path}")
-    with pytest.raises(ValueError, match=r"model_type 'bert'\) is not supported"):
+    with pytest.raises(ValueError, match=r"\['MistralForCausalLM'\] \(model_type 'llama'\) is not"):
         handler.load(CPU)
 
 

@@ -26,6 +26,7 @@ from fleetserve_runtime.models.accuracy import (
 from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.onnx_export import export_minilm
 from fleetserve_runtime.models.onnx_model import OnnxEncoderHandler, quantized_path
+from fleetserve_runtime.models.registry import resolve_handler
 from tests.runtime.models.cli_server import embeddings, load_failure, serving
 
 CPU = torch.device("cpu")
@@ -62,6 +63,19 @@ def test_onnx_model_serves_embeddings_like_torch(
     assert metadata["platform"] == "onnxruntime"
     # ONNX Runtime's arena is invisible to torch: the file size is what counts as weights.
     assert metadata["parameters"]["weights_bytes"] >= onnx_model.stat().st_size
+
+
+def test_a_directory_holding_the_graph_serves_it(
+    onnx_model: Path, torch_embeddings: npt.NDArray[np.float32]
+) -> None:
+    """`file:///dir` holding model.onnx and tokenizer.json is the same encoder as the file."""
+    handler = resolve_handler(
+        f"file://{onnx_model.parent}", name="m", version="1", max_sequence_length=MAX_LEN
+    )
+    assert isinstance(handler, OnnxEncoderHandler)
+    handler.load(CPU)
+    served = embed_texts(handler, TEXTS, CPU)
+    assert (served * torch_embeddings).sum(axis=1).min() >= 0.999
 
 
 def test_int8_onnx_model_is_quantised_guarded_and_cached(
