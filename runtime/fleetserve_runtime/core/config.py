@@ -9,6 +9,7 @@ and bad combinations stop start-up with a message naming the field; nothing fall
 from __future__ import annotations
 
 import contextvars
+import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -40,12 +41,48 @@ _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar("_yaml_
 Buckets = Literal["auto", "none"] | list[Annotated[int, Field(ge=1)]]
 StringList = Annotated[list[str], NoDecode]
 """A list given as YAML list or comma-separated text (flags and env variables)."""
+MAX_METADATA_FACTS = 16
+MetadataKey = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$", max_length=63)
+]
+"""A `model_metadata` key: a Kubernetes label key without a prefix."""
+MetadataFacts = Annotated[dict[MetadataKey, Annotated[str, Field(max_length=256)]], NoDecode]
+"""`model_metadata`: a YAML mapping, or text (flags and env variables) `_parse_facts` reads."""
 
 
 def _split_list(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _parse_facts(value: object) -> object:
+    """`key=value,key=value` or a JSON object as text, at most `MAX_METADATA_FACTS` of them."""
+    facts = _read_facts(value) if isinstance(value, str) else value
+    if isinstance(facts, dict) and len(facts) > MAX_METADATA_FACTS:
+        msg = f"model_metadata holds {len(facts)} facts; at most {MAX_METADATA_FACTS} are allowed"
+        raise ValueError(msg)
+    return facts
+
+
+def _read_facts(value: str) -> object:
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            msg = f"model_metadata is not a valid JSON object: {exc}"
+            raise ValueError(msg) from None
+    facts: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, equals, fact = item.partition("=")
+        if not equals:
+            msg = f"model_metadata entry {item!r} is not key=value"
+            raise ValueError(msg)
+        if key.strip() in facts:
+            msg = f"model_metadata key {key.strip()!r} appears more than once"
+            raise ValueError(msg)
+        facts[key.strip()] = fact.strip()
+    return facts
 
 
 class _Section(BaseModel):
@@ -289,7 +326,24 @@ class RuntimeConfig(BaseSettings):
 
     model: str = "builtin://synthetic"
     """Model URI: `builtin://minilm-l6`, `builtin://smollm2-135m`, `builtin://synthetic?...`,
-    `builtin://synthetic-generate?...`, `file:///...`, `module:fn`."""
+    `builtin://synthetic-generate?...`, `file:///...` (a file, or a directory served as what
+    it holds), `module:fn`."""
+    task: Literal["auto", "embed", "generate"] = "auto"
+    """What the model must do: `embed` or `generate`, refusing a model of the other kind
+    (e.g. an encoder in a directory meant to hold a generative model); `auto` serves
+    whatever the model is."""
+    model_source: str | None = Field(None, min_length=1, max_length=2048)
+    """Where the model's files came from (e.g. the `s3://`, `oci://`, `hf://` URI an init
+    container fetched `model` from); shown in the model metadata. Set, it also marks the
+    files as brought from elsewhere: a directory's `handler.py` then runs only when
+    `allowed_model_uris` holds `model` exactly."""
+    model_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """The digest the fetched files were verified against, `sha256:<64 hex>`; shown in the
+    model metadata."""
+    model_metadata: MetadataFacts = {}
+    """Up to 16 facts about this version (training data, code commit), shown in the model
+    metadata: `key=value` pairs, comma-separated, or a JSON object (for values with commas);
+    keys label-like, at most 63 characters, values at most 256."""
     name: str = Field("model", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
     """Model name served under `/v2/models/{name}`."""
     version: str = Field("1", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
@@ -319,19 +373,21 @@ class RuntimeConfig(BaseSettings):
     threads: int = Field(0, ge=0, le=1024)
     """Torch intra-op threads; 0 keeps torch's default."""
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
-    """Numeric precision of MiniLM and ONNX models: `int8` (CPU) quantises the encoder's
-    Linear layers, `bf16` halves the weights; either must pass the accuracy guard at load."""
+    """Numeric precision of MiniLM, BERT directories and ONNX models: `int8` (CPU) quantises
+    the encoder's Linear layers, `bf16` halves the weights; either must pass the accuracy
+    guard at load."""
     precision_min_cosine: float = Field(0.99, ge=0.9, le=1.0)
     """Accuracy guard floor: smallest cosine to fp32 a reduced precision may reach on a
     guard text, else the load fails."""
     precision_min_speedup: float = Field(1.0, ge=0.0, le=100.0)
-    """Speed guard floor for the built-in MiniLM on torch: a reduced precision must run the guard
-    texts at least this many times as fast as fp32, else the load fails (CPUs without
-    int8 or bf16 instructions run them many times slower); 0 turns the guard off."""
+    """Speed guard floor for MiniLM and BERT directories on torch: a reduced precision must run
+    the guard texts at least this many times as fast as fp32, else the load fails (CPUs
+    without int8 or bf16 instructions run them many times slower); 0 turns the guard off."""
     backend: Literal["auto", "torch", "onnxruntime"] = "auto"
     """What runs `builtin://minilm-l6`: `auto` picks ONNX Runtime on the CPU in fp32 (its fused
     kernels cost less CPU per request) and torch otherwise; `onnxruntime` refuses CUDA and bf16.
-    Other models run on what their URI implies; a contradicting choice is refused."""
+    Other models run on what their URI (a directory: its content) implies; a contradicting
+    choice is refused."""
     warmup: bool = True
     """Run batches across the length buckets before reporting ready."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -358,7 +414,8 @@ class RuntimeConfig(BaseSettings):
     """URIs model control may load, comma-separated: `scheme://host/path?query` entries whose
     path admits the paths below it and whose query, if any, must equal the URI's (`*` globs
     in each part), or `*` alone; `module:` and `file://` handler directories only by an entry
-    equal to the URI."""
+    equal to the URI. With `model_source` set (and no model control), an entry equal to
+    `model` lets the fetched directory's `handler.py` run."""
     admin_host: str = "127.0.0.1"
     """Address of the admin listener (model control)."""
     admin_port: int = Field(8081, ge=0, le=65535)
@@ -386,6 +443,11 @@ class RuntimeConfig(BaseSettings):
     @classmethod
     def _parse_list(cls, value: object) -> object:
         return _split_list(value)
+
+    @field_validator("model_metadata", mode="before")
+    @classmethod
+    def _parse_metadata(cls, value: object) -> object:
+        return _parse_facts(value)
 
     @field_validator("auth_exempt_paths")
     @classmethod
@@ -436,10 +498,14 @@ class RuntimeConfig(BaseSettings):
     @model_validator(mode="after")
     def _check_model_control(self) -> RuntimeConfig:
         if self.model_control == "none":
-            unused = ("allowed_model_uris", "admin_token_file")
-            stray = [name for name in unused if getattr(self, name)]
-            if stray:
-                msg = f"{' and '.join(stray)} only apply with model_control 'explicit'"
+            if self.admin_token_file is not None:
+                msg = "admin_token_file only applies with model_control 'explicit'"
+                raise ValueError(msg)
+            if self.allowed_model_uris and self.model_source is None:
+                msg = (
+                    "allowed_model_uris only applies with model_control 'explicit', or with "
+                    "model_source (it lets a fetched directory's handler.py run)"
+                )
                 raise ValueError(msg)
             return self
         if self.admin_token_file is None:

@@ -356,6 +356,21 @@ class Runtime:
             ).ok,
         )
 
+    def _source(self, model: LoadedModel) -> dict[str, Any]:
+        """Where a version's files came from, for the metadata endpoint.
+
+        For the configured model: `model_source` (else `model`), `model_digest` and
+        `model_metadata`; for one loaded from another URI through model control, that URI.
+        """
+        config = self.config
+        if model.uri != config.model:
+            return {"uri": model.uri, "digest": None, "metadata": {}}
+        return {
+            "uri": config.model_source or config.model,
+            "digest": config.model_digest,
+            "metadata": dict(config.model_metadata),
+        }
+
     def describe(self, model: LoadedModel) -> dict[str, Any]:
         """Measured memory figures and limits for the model metadata endpoint."""
         profile = model.memory
@@ -369,6 +384,7 @@ class Runtime:
             # The guards' figures: how close to fp32 a reduced precision came, how fast.
             "min_cosine": model.metadata.min_cosine,
             "speedup": model.metadata.speedup,
+            "source": self._source(model),
         }
         if model.generative is None or model.kv is None:
             return {

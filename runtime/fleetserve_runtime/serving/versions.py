@@ -21,10 +21,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from fleetserve_runtime.core.auth import uri_refusal
 from fleetserve_runtime.core.config import RuntimeConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.memory import MemoryProfile, measure_bytes
@@ -233,6 +235,20 @@ class VersionLoader:
         for engine in engines:
             await engine.stop()
 
+    def _plugins_allowed(self, uri: str) -> bool:
+        """Whether a `handler.py` in `uri`'s directory may run.
+
+        Files brought from elsewhere (`model_source` set: a fetched model) are the store's
+        content, not the image's: their code runs only as the allowlist admits code, by an
+        `allowed_model_uris` entry equal to the URI.
+        """
+        config = self._config
+        if config.model_source is None:
+            return True
+        allowed = config.allowed_model_uris
+        refusal = uri_refusal(uri, allowed, is_directory=os.path.isdir, real_path=os.path.realpath)
+        return refusal is None
+
     def _load_and_warm(self, uri: str, version: str) -> LoadedModel:
         started = time.perf_counter()
         batching, memory = self._config.batching, self._config.memory
@@ -252,6 +268,8 @@ class VersionLoader:
             ),
             backend=self._config.backend,
             device=self._executor.device.type,
+            task=self._config.task,
+            plugins=self._plugins_allowed(uri),
         )
         if isinstance(handler, GenerativeHandler):
             return self._load_generative(handler, started)

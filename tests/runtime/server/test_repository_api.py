@@ -153,3 +153,22 @@ async def test_repository_api_follows_model_control(serve_with_admin: ServeWithA
     assert (plain, explicit) == ([], ["model_repository"])
     assert on_inference.status_code == 404
     assert on_admin.json() == {"name": "test", "released_version": None}
+
+
+async def test_each_version_names_its_own_source(serve_with_admin: ServeWithAdmin) -> None:
+    """The configured model carries model_source, digest and facts; a loaded one its own URI."""
+    digest = "sha256:" + "c0" * 32
+    flags = {"model_source": "oci://registry/models/enc:v1", "model_digest": digest}
+    async with serve_with_admin(**flags, model_metadata="commit=3f2a9c1") as (client, ctl, _):
+        other = SYNTH + "&dim=4"
+        await ctl.post(
+            "/v2/repository/models/test/load", json={"parameters": {"version": "v2", "uri": other}}
+        )
+        first = (await client.get("/v2/models/test/versions/v1")).json()
+        second = (await client.get("/v2/models/test")).json()
+    assert first["parameters"]["source"] == {
+        "uri": "oci://registry/models/enc:v1",
+        "digest": digest,
+        "metadata": {"commit": "3f2a9c1"},
+    }
+    assert second["parameters"]["source"] == {"uri": other, "digest": None, "metadata": {}}

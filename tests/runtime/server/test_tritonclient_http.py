@@ -43,10 +43,20 @@ def serve(model: str, tmp: Path, *flags: str) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
 
 
+SOURCE = ("s3://models/synthetic/v1", "sha256:" + "5e" * 32, {"commit": "3f2a9c1"})
+"""Where the synthetic server says its model came from: URI, digest and facts."""
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=16"
-    with serve(model, tmp_path_factory.mktemp("synthetic"), "--max-body-bytes=65536") as address:
+    uri, digest, facts = SOURCE
+    flags = (
+        "--max-body-bytes=65536",
+        *("--model-source", uri, "--model-digest", digest),
+        *("--model-metadata", ",".join(f"{key}={value}" for key, value in facts.items())),
+    )
+    with serve(model, tmp_path_factory.mktemp("synthetic"), *flags) as address:
         yield address
 
 
@@ -97,6 +107,19 @@ def test_client_defaults_are_binary_and_equal_json(synthetic: str, version: str)
     assert embeddings.dtype == np.float32
     assert embeddings.shape == (len(TEXTS), 16)
     np.testing.assert_array_equal(embeddings, expected)
+
+
+@pytest.mark.parametrize("version", ["", "v1"], ids=["model", "version"])
+def test_model_metadata_reads_with_the_source_in_it(synthetic: str, version: str) -> None:
+    """The client reads the metadata as ever; `parameters.source` rides along inside it."""
+    client = triton.InferenceServerClient(synthetic)
+    metadata = client.get_model_metadata("test", model_version=version)
+    assert (metadata["name"], metadata["versions"]) == ("test", ["v1"])
+    assert [tensor["name"] for tensor in metadata["inputs"]] == ["text"]
+    uri, digest, facts = SOURCE
+    expected = {"uri": uri, "digest": digest, "metadata": facts}
+    assert metadata["parameters"]["source"] == expected
+    assert client.is_model_ready("test", model_version=version)
 
 
 def test_an_output_asked_for_as_json_comes_back_as_json(synthetic: str) -> None:
