@@ -27,9 +27,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -49,6 +49,7 @@ from fleetserve_runtime.core.logs import (
     unbind_request,
 )
 from fleetserve_runtime.encoder.engine import InferenceCall
+from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
     DTYPES,
     declared_elements,
@@ -71,6 +72,8 @@ from fleetserve_runtime.serving.facade import ServingFacade
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
 
 log = logging.getLogger("fleetserve.grpc")
+
+_T = TypeVar("_T")
 
 GRPC_CODE_OF_STATUS: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -175,11 +178,7 @@ class _Service:
         """Whether the model (and version) takes requests, as `GET /v2/models/{m}/ready`."""
         with _bound(context):
             await self._authorize(context, None)
-            try:
-                self.host.check_name(request.name)
-                rt = self.host.rt
-            except FleetserveError as exc:
-                await _abort(context, exc)
+            rt = await _or_abort(context, lambda: self._served(request.name))
             if request.version:
                 return pb.ModelReadyResponse(ready=request.version in rt.versions())
             return pb.ModelReadyResponse(ready=rt.active_version is not None)
@@ -201,23 +200,14 @@ class _Service:
         """The model's versions and tensors, as `GET /v2/models/{m}`."""
         with _bound(context):
             await self._authorize(context, None)
-            try:
-                self.host.check_name(request.name)
-                rt = self.host.rt
-                meta = rt.model(request.version or None).metadata
-            except FleetserveError as exc:
-                await _abort(context, exc)
-            tensor = pb.ModelMetadataResponse.TensorMetadata
+            rt = await _or_abort(context, lambda: self._served(request.name))
+            meta = await _or_abort(context, lambda: rt.model(request.version or None).metadata)
             return pb.ModelMetadataResponse(
                 name=meta.name,
                 versions=rt.versions(),
                 platform=meta.platform,
-                inputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs
-                ],
-                outputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs
-                ],
+                inputs=_tensor_metadata(meta.inputs),
+                outputs=_tensor_metadata(meta.outputs),
             )
 
     async def ModelInfer(
@@ -300,6 +290,11 @@ class _Service:
             raw_output_contents=[encode_tensor(data, spec_out.datatype)],
         )
 
+    def _served(self, name: str) -> ServingFacade:
+        """The runtime, once `name` is the served model's name."""
+        self.host.check_name(name)
+        return self.host.rt
+
     def _privileged(self, context: Any) -> bool:
         """Whether the metadata carries the priority token (`priority_token_file`)."""
         presented = bearer_token(_metadata(context).get("authorization"))
@@ -346,6 +341,21 @@ async def _abort(context: Any, exc: FleetserveError) -> NoReturn:
     await context.abort(GRPC_CODE_OF_STATUS[status_of(exc)], exc.message)
     # grpc's `abort` always raises; this tells the type checker, which sees it untyped.
     raise AssertionError(exc.message)
+
+
+async def _or_abort(context: Any, read: Callable[[], _T]) -> _T:
+    """`read()`; a domain error it raises ends the RPC with that error's gRPC code."""
+    try:
+        return read()
+    except FleetserveError as exc:
+        await _abort(context, exc)
+
+
+def _tensor_metadata(
+    specs: Sequence[TensorSpec],
+) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+    return [tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in specs]
 
 
 def _request_input(request: pb.ModelInferRequest, limits: TensorLimits) -> RequestInput:
