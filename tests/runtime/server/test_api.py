@@ -72,56 +72,36 @@ async def test_health_and_metadata() -> None:
     assert {"bytes_per_token", "max_batch_tokens", "weights_bytes"} <= set(meta["parameters"])
 
 
+def infer_body(
+    data: list[object], *, parameters: dict[str, Any] | None = None, **tensor: Any
+) -> bytes:
+    """`infer_request(data, **parameters)` as bytes, its tensor's fields overridden by `tensor`."""
+    body = infer_request(data, **(parameters or {}))
+    body["inputs"][0].update(tensor)
+    return orjson.dumps(body)
+
+
 BAD_REQUESTS = [
     pytest.param(b"", 400, "empty", id="empty-body"),
     pytest.param(b"{not json", 400, "not valid JSON", id="malformed-json"),
     pytest.param(b'{"inputs": "\xff\xfe"}', 400, "UTF-8", id="invalid-utf8"),
     pytest.param(b"[]", 400, "body", id="not-an-object"),
     pytest.param(b"{}", 400, "inputs", id="no-inputs"),
+    pytest.param(infer_body([1.0], datatype="FP32"), 400, "datatype BYTES", id="wrong-datatype"),
+    pytest.param(infer_body(["a"], datatype="STRING"), 400, "datatype", id="unknown-datatype"),
+    pytest.param(infer_body(["a"], shape=[3]), 400, "shape", id="shape-mismatch"),
+    pytest.param(infer_body(["a"], name="img"), 400, "input name", id="wrong-input-name"),
+    pytest.param(infer_body([""]), 400, "non-empty", id="empty-string"),
+    pytest.param(infer_body([5]), 400, "string", id="not-a-string"),
     pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"FP32","shape":[1],"data":[1.0]}]}',
-        400, "datatype BYTES", id="wrong-datatype",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"STRING","shape":[1],"data":["a"]}]}',
-        400, "datatype", id="unknown-datatype",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[3],"data":["a"]}]}',
-        400, "shape", id="shape-mismatch",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"img","datatype":"BYTES","shape":[1],"data":["a"]}]}',
-        400, "input name", id="wrong-input-name",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":[""]}]}',
-        400, "non-empty", id="empty-string",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":[5]}]}',
-        400, "string", id="not-a-string",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'
-        b'"parameters":{"timeout_ms":999999}}',
+        infer_body(["a"], parameters={"timeout_ms": 999999}),
         403, "parameters.timeout_ms 999999 is above the default", id="timeout-over-default",
     ),
     pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'
-        b'"parameters":{"priority":"urgent"}}',
-        400, "priority", id="bad-priority",
+        infer_body(["a"], parameters={"priority": "urgent"}), 400, "priority", id="bad-priority"
     ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[5],"data":["a","b","c","d","e"]}]}',
-        413, "limit is 4", id="too-many-instances",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["'
-        + b"w " * 40
-        + b'"]}]}',
-        413, "max_sequence_length 32", id="input-too-long",
-    ),
+    pytest.param(infer_body(list("abcde")), 413, "limit is 4", id="too-many-instances"),
+    pytest.param(infer_body(["w " * 40]), 413, "max_sequence_length 32", id="input-too-long"),
     pytest.param(b'{"x":"' + b"a" * 5000 + b'"}', 413, "exceeds the limit", id="body-too-large"),
 ]  # fmt: skip
 
