@@ -32,7 +32,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from fastapi import FastAPI, Request, Response
 
@@ -71,6 +71,7 @@ from fleetserve_runtime.server.oip_generate_schemas import (
 from fleetserve_runtime.server.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
+    StreamOptions,
     chat_generation,
     completion_generation,
 )
@@ -198,7 +199,8 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
     """What OpenAI's two generation APIs share: the closing chunks and the error shape.
 
     A subclass says how a chunk looks (`_chunk`), what its delta without text is
-    (`_no_text`), and which request field a too-long prompt names (`prompt_param`).
+    (`_no_text`), which request field a too-long prompt names (`prompt_param`), and what
+    its answers' ids start with (`id_prefix`).
     """
 
     id_: str
@@ -207,6 +209,17 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
     include_usage: bool
     terminator: bytes = DONE
     prompt_param: ClassVar[str]
+    id_prefix: ClassVar[str]
+
+    @classmethod
+    def answering(cls, model: str, stream_options: StreamOptions | None) -> Self:
+        """The format of one request's answer: a new id, created now, usage as it asks."""
+        return cls(
+            id_=f"{cls.id_prefix}-{request_id()}",
+            created=int(time.time()),
+            model=model,
+            include_usage=stream_options is not None and stream_options.include_usage,
+        )
 
     @abstractmethod
     def _chunk(
@@ -246,6 +259,7 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
     """`chat.completion` answers and `chat.completion.chunk` streams."""
 
     prompt_param = "messages"
+    id_prefix = "chatcmpl"
 
     def _chunk(
         self,
@@ -291,6 +305,7 @@ class CompletionFormat(_OpenAIFormat[str]):
     """`text_completion` answers and streams (the legacy completions API)."""
 
     prompt_param = "prompt"
+    id_prefix = "cmpl"
 
     def _chunk(
         self, delta: str | None, reason: FinishReason | None = None, usage: Usage | None = None
@@ -474,12 +489,7 @@ class _Routes:
             generation = chat_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = ChatFormat(
-                id_=f"chatcmpl-{request_id()}",
-                created=int(time.time()),
-                model=body.model,
-                include_usage=body.stream_options is not None and body.stream_options.include_usage,
-            )
+            fmt = ChatFormat.answering(body.model, body.stream_options)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, ChatFormat.failure_of)
@@ -493,12 +503,7 @@ class _Routes:
             generation = completion_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = CompletionFormat(
-                id_=f"cmpl-{request_id()}",
-                created=int(time.time()),
-                model=body.model,
-                include_usage=body.stream_options is not None and body.stream_options.include_usage,
-            )
+            fmt = CompletionFormat.answering(body.model, body.stream_options)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, CompletionFormat.failure_of)
