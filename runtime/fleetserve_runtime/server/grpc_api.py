@@ -24,6 +24,7 @@ module only when `grpc_port` is set.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -135,6 +136,31 @@ class GrpcHost(Protocol):
         ...
 
 
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+_Rpc = Callable[["_Service", _Request, Any], Awaitable[_Response]]
+
+
+def _rpc(
+    probe_path: str | None = None,
+) -> Callable[[_Rpc[_Request, _Response]], _Rpc[_Request, _Response]]:
+    """What every RPC does first: bind its request id (`_bound`), then check its token.
+
+    `probe_path` is the HTTP probe the RPC stands for, exempt from the token as that path is.
+    """
+
+    def frame(method: _Rpc[_Request, _Response]) -> _Rpc[_Request, _Response]:
+        @functools.wraps(method)
+        async def rpc(service: _Service, request: _Request, context: Any) -> _Response:
+            with _bound(context):
+                await service._authorize(context, probe_path)
+                return await method(service, request, context)
+
+        return rpc
+
+    return frame
+
+
 class _Service:
     """The RPCs; method names are the protocol's."""
 
@@ -153,86 +179,80 @@ class _Service:
         self.token = auth_token
         self.priority_token = priority_token
 
+    @_rpc("/v2/health/live")
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: Any
     ) -> pb.ServerLiveResponse:
         """Liveness, as `GET /v2/health/live`."""
-        with _bound(context):
-            await self._authorize(context, "/v2/health/live")
-            return pb.ServerLiveResponse(live=self.host.liveness().ok)
+        return pb.ServerLiveResponse(live=self.host.liveness().ok)
 
+    @_rpc("/v2/health/ready")
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Any
     ) -> pb.ServerReadyResponse:
         """Readiness, as `GET /v2/health/ready`."""
-        with _bound(context):
-            await self._authorize(context, "/v2/health/ready")
-            try:
-                return pb.ServerReadyResponse(ready=self.host.rt.is_ready)
-            except FleetserveError:
-                return pb.ServerReadyResponse(ready=False)
+        try:
+            return pb.ServerReadyResponse(ready=self.host.rt.is_ready)
+        except FleetserveError:
+            return pb.ServerReadyResponse(ready=False)
 
+    @_rpc()
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
         """Whether the model (and version) takes requests, as `GET /v2/models/{m}/ready`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            rt = await _or_abort(context, lambda: self._served(request.name))
-            if request.version:
-                return pb.ModelReadyResponse(ready=request.version in rt.versions())
-            return pb.ModelReadyResponse(ready=rt.active_version is not None)
+        rt = await _or_abort(context, lambda: self._served(request.name))
+        if request.version:
+            return pb.ModelReadyResponse(ready=request.version in rt.versions())
+        return pb.ModelReadyResponse(ready=rt.active_version is not None)
 
+    @_rpc()
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
         """The server's name and version, as `GET /v2`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            extensions = ["model_repository"] if self.config.model_control == "explicit" else []
-            return pb.ServerMetadataResponse(
-                name="fleetserve-runtime", version=self.server_version, extensions=extensions
-            )
+        extensions = ["model_repository"] if self.config.model_control == "explicit" else []
+        return pb.ServerMetadataResponse(
+            name="fleetserve-runtime", version=self.server_version, extensions=extensions
+        )
 
+    @_rpc()
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
         """The model's versions and tensors, as `GET /v2/models/{m}`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            rt = await _or_abort(context, lambda: self._served(request.name))
-            meta = await _or_abort(context, lambda: rt.model(request.version or None).metadata)
-            return pb.ModelMetadataResponse(
-                name=meta.name,
-                versions=rt.versions(),
-                platform=meta.platform,
-                inputs=_tensor_metadata(meta.inputs),
-                outputs=_tensor_metadata(meta.outputs),
-            )
+        rt = await _or_abort(context, lambda: self._served(request.name))
+        meta = await _or_abort(context, lambda: rt.model(request.version or None).metadata)
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=rt.versions(),
+            platform=meta.platform,
+            inputs=_tensor_metadata(meta.inputs),
+            outputs=_tensor_metadata(meta.outputs),
+        )
 
+    @_rpc()
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
         """One inference through the runtime's queue, as `POST /v2/models/{m}/infer`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            version = request.model_version or None
-            started = time.perf_counter()
-            try:
-                response = await self._infer_in_time(
-                    request, version, context.time_remaining(), self._privileged(context)
-                )
-            except FleetserveError as exc:
-                self.host.count(version, status_of(exc), time.perf_counter() - started)
-                await _abort(context, exc)
-            except Exception:
-                # A bug: counted and answered like any server error, the traceback in the log.
-                self.host.count(version, 500, time.perf_counter() - started)
-                await context.abort(
-                    grpc.StatusCode.INTERNAL, f"internal error (error id {log_unexpected()})"
-                )
-            self.host.count(version, 200, time.perf_counter() - started)
-            return response
+        version = request.model_version or None
+        started = time.perf_counter()
+        try:
+            response = await self._infer_in_time(
+                request, version, context.time_remaining(), self._privileged(context)
+            )
+        except FleetserveError as exc:
+            self.host.count(version, status_of(exc), time.perf_counter() - started)
+            await _abort(context, exc)
+        except Exception:
+            # A bug: counted and answered like any server error, the traceback in the log.
+            self.host.count(version, 500, time.perf_counter() - started)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error (error id {log_unexpected()})"
+            )
+        self.host.count(version, 200, time.perf_counter() - started)
+        return response
 
     async def _infer_in_time(
         self,
