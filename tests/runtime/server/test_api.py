@@ -72,6 +72,12 @@ async def test_health_and_metadata() -> None:
     assert {"bytes_per_token", "max_batch_tokens", "weights_bytes"} <= set(meta["parameters"])
 
 
+async def infer_each(client: httpx.AsyncClient, texts: list[str]) -> list[httpx.Response]:
+    """Each text as a v2 infer request of its own, all sent at once."""
+    infer = "/v2/models/test/infer"
+    return await asyncio.gather(*(client.post(infer, json=infer_request([t])) for t in texts))
+
+
 def infer_body(
     data: list[object], *, parameters: dict[str, Any] | None = None, **tensor: Any
 ) -> bytes:
@@ -191,9 +197,7 @@ async def test_full_queue_answers_503_with_retry_after() -> None:
     async with serve(
         model=slow, max_instances=1, queue={"max_queue_size": 1}, batching={"max_batch_size": 1}
     ) as (client, _):
-        responses = await asyncio.gather(
-            *(client.post("/v2/models/test/infer", json=infer_request([f"t{i}"])) for i in range(8))
-        )
+        responses = await infer_each(client, [f"t{i}" for i in range(8)])
         codes = sorted(r.status_code for r in responses)
         rejected = [r for r in responses if r.status_code == 503]
         after = await client.post("/v2/models/test/infer", json=infer_request(["later"]))
@@ -261,12 +265,7 @@ async def test_oom_splits_the_batch_and_retries() -> None:
     """A batch over the memory limit is halved until it fits; only a lone misfit gets 503."""
     model = "builtin://synthetic?latency_ms=20&oom_above_tokens=12"
     async with serve(model=model, batching={"max_batch_size": 8}) as (client, _):
-        small = await asyncio.gather(
-            *(
-                client.post("/v2/models/test/infer", json=infer_request([f"a b c{i}"]))
-                for i in range(6)
-            )
-        )
+        small = await infer_each(client, [f"a b c{i}" for i in range(6)])
         huge = await client.post("/v2/models/test/infer", json=infer_request(["w " * 20]))
         metrics = (await client.get("/metrics")).text
     assert [r.status_code for r in small] == [200] * 6
@@ -279,12 +278,7 @@ async def test_concurrent_requests_are_batched() -> None:
     """Concurrent requests share forward passes: fewer batches than requests."""
     model = "builtin://synthetic?latency_ms=30&per_item_ms=0"
     async with serve(model=model, batching={"max_batch_size": 16}) as (client, _):
-        responses = await asyncio.gather(
-            *(
-                client.post("/v2/models/test/infer", json=infer_request([f"t {i}"]))
-                for i in range(32)
-            )
-        )
+        responses = await infer_each(client, [f"t {i}" for i in range(32)])
         metrics = (await client.get("/metrics")).text
     assert all(r.status_code == 200 for r in responses)
     batches = metric_total(metrics, "fleetserve_batch_size_count")
