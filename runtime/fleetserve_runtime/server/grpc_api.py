@@ -239,9 +239,9 @@ class _Service:
         version = request.model_version or None
         started = time.perf_counter()
         try:
-            response = await self._infer_in_time(
-                request, version, context.time_remaining(), self._privileged(context)
-            )
+            remaining_s = context.time_remaining()
+            answer = self._infer(request, version, remaining_s, self._privileged(context))
+            response = await _in_time(answer, remaining_s)
         except FleetserveError as exc:
             self.host.count(version, status_of(exc), time.perf_counter() - started)
             await _abort(context, exc)
@@ -253,21 +253,6 @@ class _Service:
             )
         self.host.count(version, 200, time.perf_counter() - started)
         return response
-
-    async def _infer_in_time(
-        self,
-        request: pb.ModelInferRequest,
-        version: str | None,
-        remaining_s: float | None,
-        privileged: bool,
-    ) -> pb.ModelInferResponse:
-        """`_infer`, given up at the client's deadline: a batch computing then is not awaited."""
-        try:
-            async with asyncio.timeout(remaining_s):
-                return await self._infer(request, version, remaining_s, privileged)
-        except TimeoutError:
-            msg = "the client's deadline passed before the answer was ready"
-            raise DeadlineExceeded(msg) from None
 
     async def _infer(
         self,
@@ -361,6 +346,16 @@ async def _abort(context: Any, exc: FleetserveError) -> NoReturn:
     await context.abort(GRPC_CODE_OF_STATUS[status_of(exc)], exc.message)
     # grpc's `abort` always raises; this tells the type checker, which sees it untyped.
     raise AssertionError(exc.message)
+
+
+async def _in_time(answer: Awaitable[_T], remaining_s: float | None) -> _T:
+    """`answer`, given up at the client's deadline: a batch computing then is not awaited."""
+    try:
+        async with asyncio.timeout(remaining_s):
+            return await answer
+    except TimeoutError:
+        msg = "the client's deadline passed before the answer was ready"
+        raise DeadlineExceeded(msg) from None
 
 
 async def _or_abort(context: Any, read: Callable[[], _T]) -> _T:
