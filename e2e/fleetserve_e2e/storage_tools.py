@@ -119,4 +119,7 @@ def ensure_registry() -> Path:
 
 def build_storage_tools() -> list[Path]:
     """Build whichever of the two is missing and return both binaries."""
-    return [ensure_registry(), ensure_seaweedfs()]
+    binaries = [ensure_registry(), ensure_seaweedfs()]
+    for binary in binaries:
+        print(f"storage-tools: {binary}", flush=True)
+    return binaries
