@@ -13,7 +13,8 @@ BENCH_OPERATOR_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
         bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
-        crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
+        crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
+        e2e-storage demo-runtime demo-generate mutate
 
 # `## target: what it does` lines are what `make help` lists; `##@ Group` lines head them.
 
@@ -127,7 +128,7 @@ mutate: setup
 	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
 	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
 
-E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo
+E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage
 # `prepare` first, so the table shows what installing and building cost apart from the tests.
 TIERS := prepare lint unit $(E2E_TIERS)
 
@@ -137,7 +138,7 @@ test:
 	@MAKE="$(MAKE)" scripts/test-tiers.sh $(TIERS)
 
 # Everything the tiers need that is installed or built once and cached.
-prepare: setup tools keda-tools prometheus-install
+prepare: setup tools keda-tools storage-tools prometheus-install
 
 ## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
 proto: setup
@@ -169,6 +170,11 @@ e2e-rollout: setup tools keda-tools prometheus-install
 ##           answer, `kubectl get fsvc` listing both, promotion and rollback observed
 e2e-demo: setup tools prometheus-install
 	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
+
+## e2e-storage: the storage servers models are fetched from, with real clients: SeaweedFS's S3
+##              (minio), Distribution's OCI registry (oras), the HTTPS file server (Range, faults)
+e2e-storage: setup storage-tools
+	cd e2e && timeout 600 ../$(PY) -m pytest storage_e2e $(E2E_PYTEST_ARGS)
 
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
 e2e: $(E2E_TIERS)
