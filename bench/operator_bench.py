@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from fleetserve_e2e.operator_scale import ScaleResult
+from fleetserve_e2e.operator_scale import ScaleConfig, ScaleResult, knob_flag
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +31,14 @@ from rich.table import Table
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
 
 _RESULT = TypeAdapter(ScaleResult)
+PASSED_ON = {
+    "services": "InferenceServices (N)",
+    "changes": "spec changes timed (M)",
+    "change_interval_s": "pace of changes",
+    "settle_s": "quiet period (no write) before idle counts",
+    "idle_window_s": "idle count window",
+}
+"""The harness's knobs this command passes on, with their help; the defaults are the harness's."""
 TARGETS = {"idle_writes_per_min": 0.0, "change_to_patch_p99_s": 1.0, "rss_peak_mb": 500.0}
 
 
@@ -109,11 +117,7 @@ def harness_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
         sys.executable,
         "-m",
         "fleetserve_e2e.operator_scale",
-        f"--services={args.services}",
-        f"--changes={args.changes}",
-        f"--change-interval-s={args.change_interval_s}",
-        f"--settle-s={args.settle_s}",
-        f"--idle-window-s={args.idle_window_s}",
+        *(f"{knob_flag(name)}={getattr(args, name)}" for name in PASSED_ON),
         f"--json={json_path}",
     ]
     argv += [f"--operator-setting={item}" for item in args.operator_setting]
@@ -124,13 +128,10 @@ def harness_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_bench", description=__doc__)
-    parser.add_argument("--services", type=int, default=1000, help="InferenceServices (N)")
-    parser.add_argument("--changes", type=int, default=50, help="spec changes timed (M)")
-    parser.add_argument("--change-interval-s", type=float, default=0.2, help="pace of changes")
-    parser.add_argument(
-        "--settle-s", type=float, default=15.0, help="quiet period (no write) before idle counts"
-    )
-    parser.add_argument("--idle-window-s", type=float, default=120.0, help="idle count window")
+    defaults = ScaleConfig()
+    for name, help_text in PASSED_ON.items():
+        default = getattr(defaults, name)
+        parser.add_argument(knob_flag(name), type=type(default), default=default, help=help_text)
     parser.add_argument(
         "--operator-setting", action="append", default=[], metavar="FLEETSERVE_X=VALUE"
     )

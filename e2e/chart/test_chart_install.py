@@ -22,17 +22,21 @@ import pytest
 import yaml
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
-from fleetserve_e2e.operator_process import child_path, condition, fsvc_path
+from fleetserve_e2e.operator_process import (
+    CRD_NAME,
+    RBAC_API,
+    ROLE,
+    child_path,
+    condition,
+    fsvc_path,
+)
 from fleetserve_e2e.paths import binary
 from fleetserve_e2e.testing import assert_operator_log_clean, list_pods, wait_for_deletion
 from fleetserve_e2e.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
-ROLE = ROOT / "operator" / "rbac" / "role.yaml"
 EXAMPLE = ROOT / "examples" / "synthetic.yaml"
-CRD_NAME = "inferenceservices.serving.fleetserve.io"
-RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
 NETWORKING_API = "/apis/networking.k8s.io/v1"
 PROMETHEUS_URL_FIELD = "spec.rollout.analysis.prometheusUrl"
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.nodes import NodeSpec, node_manifest
-from fleetserve_e2e.paths import E2E_DIR, cache_dir
+from fleetserve_e2e.paths import E2E_DIR, cache_dir, pinned_version
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.toolchain import module_dir
 from fleetserve_e2e.waiting import wait_until
@@ -56,8 +55,6 @@ SCALE_CLIENT_FLAGS = ("--kube-api-qps=300", "--kube-api-burst=600")
 # flag wins over the harness's.
 SCALE_SERVICE_CIDR = "--service-cluster-ip-range=10.96.0.0/16"
 
-_REQUIRE = re.compile(r"^\s*(?:require\s+)?(\S+)\s+(v\S+)", re.MULTILINE)
-
 
 def kwok_version() -> str:
     """The KWOK version ``e2e/kwok-tools/go.mod`` pins.
@@ -65,11 +62,7 @@ def kwok_version() -> str:
     Raises:
         LookupError: go.mod does not require the module.
     """
-    text = (KWOK_TOOLS_DIR / "go.mod").read_text(encoding="utf-8")
-    for path, version in _REQUIRE.findall(text):
-        if path == KWOK_MODULE:
-            return str(version)
-    raise LookupError(f"{KWOK_MODULE} is not pinned in {KWOK_TOOLS_DIR / 'go.mod'}")
+    return pinned_version(KWOK_MODULE, KWOK_TOOLS_DIR)
 
 
 def kwok_binary() -> Path:

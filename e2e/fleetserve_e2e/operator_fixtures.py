@@ -19,6 +19,7 @@ import pytest
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.operator_process import (
     CRD,
+    ROLE,
     OperatorIdentity,
     OperatorProcess,
     fsvc_path,
@@ -28,7 +29,6 @@ from fleetserve_e2e.paths import REPO_DIR
 from fleetserve_e2e.testing import assert_operator_log_clean, wait_for_deletion
 
 PYTHON = REPO_DIR / ".venv" / "bin" / "python"
-ROLE = REPO_DIR / "operator" / "rbac" / "role.yaml"
 
 
 @pytest.fixture(scope="session")

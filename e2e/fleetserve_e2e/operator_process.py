@@ -35,6 +35,7 @@ from fleetserve_e2e.waiting import wait_until
 
 OPERATOR = REPO_DIR / ".venv" / "bin" / "fleetserve-operator"
 CRD = REPO_DIR / "crds" / "serving.fleetserve.io_inferenceservices.yaml"
+ROLE = REPO_DIR / "operator" / "rbac" / "role.yaml"
 CRD_NAME = "inferenceservices.serving.fleetserve.io"
 GROUP_VERSION = "serving.fleetserve.io/v1alpha1"
 KIND = "InferenceService"

@@ -35,9 +35,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -47,15 +48,14 @@ from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient
 from fleetserve_e2e.kwok import KwokNodes, kwok_cluster
 from fleetserve_e2e.operator_process import (
     INSTANCE_LABEL,
+    ROLE,
     OperatorIdentity,
     OperatorProcess,
     child_path,
     fsvc_path,
     install_crd,
 )
-from fleetserve_e2e.paths import REPO_DIR
 
-ROLE = REPO_DIR / "operator" / "rbac" / "role.yaml"
 NAMESPACE = "bench"
 REPLICAS = 2
 _WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -353,6 +353,16 @@ class ScaleConfig:
     """Replaces `fleetserve-operator run`, e.g. with a profiler around it."""
 
 
+def _knobs() -> list[Field[Any]]:
+    """`ScaleConfig`'s counts, paces and windows: each is the flag of its name (`knob_flag`)."""
+    return [knob for knob in fields(ScaleConfig) if isinstance(knob.default, int | float)]
+
+
+def knob_flag(name: str) -> str:
+    """The command-line flag of the `ScaleConfig` field `name` (`settle_s`: `--settle-s`)."""
+    return "--" + name.replace("_", "-")
+
+
 def run(config: ScaleConfig, work_dir: Path) -> ScaleResult:
     """Run one measurement in a fresh cluster under `work_dir` (kept for its logs)."""
     policy = work_dir / "audit-policy.yaml"
@@ -496,12 +506,8 @@ def _change_latencies(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fleetserve_e2e.operator_scale")
-    parser.add_argument("--services", type=int, default=1000)
-    parser.add_argument("--changes", type=int, default=50)
-    parser.add_argument("--change-interval-s", type=float, default=0.2)
-    parser.add_argument("--settle-s", type=float, default=15.0)
-    parser.add_argument("--idle-window-s", type=float, default=120.0)
-    parser.add_argument("--ready-timeout-s", type=float, default=1800.0)
+    for knob in _knobs():
+        parser.add_argument(knob_flag(knob.name), type=type(knob.default), default=knob.default)
     parser.add_argument(
         "--operator-setting",
         action="append",
@@ -528,12 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     settings = dict(item.split("=", 1) for item in args.operator_setting)
     config = ScaleConfig(
-        services=args.services,
-        changes=args.changes,
-        change_interval_s=args.change_interval_s,
-        settle_s=args.settle_s,
-        idle_window_s=args.idle_window_s,
-        ready_timeout_s=args.ready_timeout_s,
+        **{knob.name: getattr(args, knob.name) for knob in _knobs()},
         operator_settings=settings,
         operator_command=shlex.split(args.operator_command) if args.operator_command else None,
     )

@@ -17,17 +17,17 @@ TOOLS_DIR = E2E_DIR / "tools"
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?(\S+)\s+(v\S+)", re.MULTILINE)
 
 
-def pinned_version(module: str) -> str:
-    """Return the version ``e2e/tools/go.mod`` pins for ``module``.
+def pinned_version(module: str, tools_dir: Path = TOOLS_DIR) -> str:
+    """Return the version ``tools_dir``'s go.mod (``e2e/tools/go.mod``) pins for ``module``.
 
     Raises:
-        LookupError: The module is not required by the tools module.
+        LookupError: The module is not required by that go.mod.
     """
-    text = (TOOLS_DIR / "go.mod").read_text(encoding="utf-8")
-    for path, version in _REQUIRE.findall(text):
+    go_mod = tools_dir / "go.mod"
+    for path, version in _REQUIRE.findall(go_mod.read_text(encoding="utf-8")):
         if path == module:
             return str(version)
-    raise LookupError(f"{module} is not pinned in {TOOLS_DIR / 'go.mod'}")
+    raise LookupError(f"{module} is not pinned in {go_mod}")
 
 
 def cache_dir() -> Path:

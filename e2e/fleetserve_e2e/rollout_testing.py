@@ -4,8 +4,8 @@ The service has one synthetic replica per track, gateway-api traffic and `STEPS`
 analysed on a 4 s window of the test's Prometheus; `deploy` waits for version 1 to serve,
 `roll_out` starts version 2, and the rest read back what the operator wrote: status, Events
 and the HTTPRoute's weights. They act in a `RolloutEnv`, the one fixture a rollout test takes
-(`rollout_e2e/conftest.py` builds it). `rollout_e2e/test_canary.py` and
-`test_canary_outages.py` share them. Every wait has a deadline.
+(`rollout_e2e/conftest.py` builds it). The tests of `rollout_e2e/` share them. Every wait has
+a deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ BASE_LATENCY_MS = 20
 STEPS = [20, 50, 100]
 INTERVAL_S = 4.0
 ROLLOUT_S = 120.0
+ROLLOUT_SETTINGS = {
+    # Steps fall due by the clock: tick well inside the tests' 4 s intervals.
+    "FLEETSERVE_ROLLOUT_TICK_S": "0.5",
+}
+"""The operator settings of every rollout e2e test: a fast rollout timer."""
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,17 @@ def rollout_service(
     )
 
 
-def service_status(env: RolloutEnv) -> JsonObject:
+def service_status(env: RolloutEnv, name: str = NAME) -> JsonObject:
     """The InferenceService's status (empty before the operator first writes it)."""
-    status: JsonObject = env.kube.get(fsvc_path(env.namespace, NAME)).get("status", {})
+    status: JsonObject = env.kube.get(fsvc_path(env.namespace, name)).get("status", {})
     return status
+
+
+def stable_status(env: RolloutEnv, version: str, name: str = NAME) -> JsonObject | None:
+    """The status once `version` is stable and the rollout has Succeeded; None before."""
+    status = service_status(env, name)
+    done = status.get("stableVersion") == version and status.get("phase") == "Succeeded"
+    return status if done else None
 
 
 def wait_phase(env: RolloutEnv, phase: str, timeout_s: float) -> JsonObject:
@@ -116,13 +128,7 @@ def deploy(
         fsvc_path(env.namespace),
         rollout_service(env.prometheus, mode, model, interval_s, **sections),
     )
-
-    def serving() -> JsonObject | None:
-        status = service_status(env)
-        done = status.get("stableVersion") == "1" and status.get("phase") == "Succeeded"
-        return status if done else None
-
-    return wait_until(serving, timeout_s=90.0, what="version 1 to serve")
+    return wait_until(lambda: stable_status(env, "1"), timeout_s=90.0, what="version 1 to serve")
 
 
 def roll_out(env: RolloutEnv, model: dict[str, str]) -> None:

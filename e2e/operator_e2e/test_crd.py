@@ -16,7 +16,10 @@ from fleetserve_e2e.operator_process import fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# examples/models/ name stores only a real cluster has; they are checked, not run.
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted(
+    (ROOT / "examples" / "models").glob("*.yaml")
+)
 INVALID = sorted((ROOT / "tests" / "operator" / "invalid").glob("*.yaml"))
 
 

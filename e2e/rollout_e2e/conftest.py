@@ -17,12 +17,7 @@ import pytest
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
 from fleetserve_e2e.operator_process import OperatorProcess
-from fleetserve_e2e.rollout_testing import RolloutEnv
-
-ROLLOUT_SETTINGS = {
-    # Steps fall due by the clock: tick well inside the tests' 4 s intervals.
-    "FLEETSERVE_ROLLOUT_TICK_S": "0.5",
-}
+from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS, RolloutEnv
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from fleetserve_e2e.operator_process import (
     get_or_none,
 )
 from fleetserve_e2e.operator_testing import synthetic_service
-from fleetserve_e2e.rollout_testing import RolloutEnv
+from fleetserve_e2e.rollout_testing import RolloutEnv, service_status, stable_status
 from fleetserve_e2e.testing import is_pod_ready, list_pods
 from fleetserve_e2e.waiting import wait_until
 
@@ -85,11 +85,6 @@ def _service(
         },
         scaling=scaling,
     )
-
-
-def _status(env: RolloutEnv) -> dict[str, Any]:
-    status: dict[str, Any] = env.kube.get(fsvc_path(env.namespace, NAME)).get("status", {})
-    return status
 
 
 def _ready_replicas(env: RolloutEnv) -> int:
@@ -199,7 +194,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
         lambda: (
             _ready_replicas(env) == 1
             and get_or_none(env.kube, child_path("HTTPRoute", env.namespace, NAME))
-            and _status(env).get("phase") == "Succeeded"
+            and service_status(env, NAME).get("phase") == "Succeeded"
         ),
         timeout_s=90.0,
         what="version 1 serving from one ready replica",
@@ -207,7 +202,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
     followed: list[tuple[int, int]] = []
 
     def canary_follows_a_grown_stable() -> bool:
-        status = _status(env)
+        status = service_status(env, NAME)
         if status.get("phase") != "Progressing":
             return False
         stable = _wanted_replicas(env)
@@ -228,13 +223,7 @@ def test_a_canary_step_follows_the_stable_track_as_it_scales_and_is_promoted(
             interval_s=0.5,
         )
         promoted = wait_until(
-            lambda: (
-                (s := _status(env)).get("stableVersion") == "2"
-                and s.get("phase") == "Succeeded"
-                and s
-            ),
-            timeout_s=PROMOTION_S,
-            what="version 2 promoted",
+            lambda: stable_status(env, "2", NAME), timeout_s=PROMOTION_S, what="version 2 promoted"
         )
     statuses = [record.status for record in load.records]
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}

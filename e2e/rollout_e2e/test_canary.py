@@ -43,7 +43,7 @@ from fleetserve_e2e.rollout_testing import (
     failed_requests,
     roll_out,
     route_weights,
-    service_status,
+    stable_status,
     synthetic_model,
     wait_phase,
 )
@@ -141,9 +141,7 @@ def test_healthy_version_is_promoted_step_by_step(
 
     def promoted() -> dict[str, Any] | None:
         gauged.add(_gauge(operator, CANARY_WEIGHT, env.namespace))
-        status = service_status(env)
-        done = status.get("stableVersion") == "2" and status.get("phase") == "Succeeded"
-        return status if done else None
+        return stable_status(env, "2")
 
     with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
         roll_out(env, synthetic_model("2"))
@@ -305,13 +303,7 @@ def test_good_generative_version_is_promoted_on_its_token_latencies(env: Rollout
     with StreamingLoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
         roll_out(env, _chat_model("2", PER_TOKEN_MS))
         status = wait_until(
-            lambda: (
-                (s := service_status(env)).get("stableVersion") == "2"
-                and s.get("phase") == "Succeeded"
-                and s
-            ),
-            timeout_s=ROLLOUT_S,
-            what="version 2 to become stable",
+            lambda: stable_status(env, "2"), timeout_s=ROLLOUT_S, what="version 2 to become stable"
         )
         wait_until(lambda: not load.weights.get("canary"), timeout_s=30.0,
                    what="the load driver to see the promoted route")  # fmt: skip

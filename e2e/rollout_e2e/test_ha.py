@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
+from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
 from fleetserve_e2e.testing import watch_history
 from fleetserve_e2e.waiting import wait_until
 
@@ -34,7 +37,6 @@ STEPS = [25, 50, 75, 100]
 INTERVAL_S = 15
 HANDOVER_BOUND_S = 15.0
 LEADER_GAUGE = "fleetserve_operator_leader"
-SETTINGS = {"FLEETSERVE_ROLLOUT_TICK_S": "0.5"}
 
 
 def _lease(kube: KubeClient, namespace: str) -> JsonObject:
@@ -60,15 +62,30 @@ def _writes(operator: OperatorProcess) -> float:
     return _sample(operator, "fleetserve_operator_writes_total")
 
 
-def _start_pair(
+@dataclass(frozen=True)
+class Pair:
+    """Two operators competing for the Lease of the test's namespace, and where they run."""
+
+    kube: KubeClient
+    namespace: str
+    cluster: LocalCluster
+    leader: OperatorProcess
+    standby: OperatorProcess
+
+
+@pytest.fixture
+def pair(
+    kube: KubeClient,
+    namespace: str,
+    local_cluster: LocalCluster,
     start_operator: Callable[..., OperatorProcess],
-) -> tuple[OperatorProcess, OperatorProcess]:
+) -> Pair:
     """A leader (started first, so it creates the Lease) and a standby."""
-    leader = start_operator({**SETTINGS, "POD_NAME": "operator-a"})
+    leader = start_operator({**ROLLOUT_SETTINGS, "POD_NAME": "operator-a"})
     wait_until(lambda: _leads(leader), timeout_s=30.0, what="the first operator to lead")
-    standby = start_operator({**SETTINGS, "POD_NAME": "operator-b"})
+    standby = start_operator({**ROLLOUT_SETTINGS, "POD_NAME": "operator-b"})
     assert not _leads(standby)
-    return leader, standby
+    return Pair(kube, namespace, local_cluster, leader, standby)
 
 
 def _canary_weight(route: JsonObject) -> int:
@@ -91,14 +108,9 @@ def _until_promotion(weights: list[int]) -> list[int]:
     return weights[:end]
 
 
-def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
-    kube: KubeClient,
-    namespace: str,
-    local_cluster: LocalCluster,
-    start_operator: Callable[..., OperatorProcess],
-) -> None:
+def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(pair: Pair) -> None:
     """Handover within 15 s; step and weight never go back; the rollout completes."""
-    leader, standby = _start_pair(start_operator)
+    kube, namespace, standby = pair.kube, pair.namespace, pair.standby
     rollout = {"steps": STEPS, "interval": f"{INTERVAL_S}s", "progressDeadline": "5m"}
     traffic = {"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]}
     kube.create(fsvc_path(namespace), synthetic_service(NAME, traffic=traffic, rollout=rollout))
@@ -112,16 +124,16 @@ def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
     service = kube.get(fsvc_path(namespace, NAME))
     route = kube.get(child_path("HTTPRoute", namespace, NAME))
     with (
-        watch_history(local_cluster, fsvc_path(namespace), service, _step) as steps,
+        watch_history(pair.cluster, fsvc_path(namespace), service, _step) as steps,
         watch_history(
-            local_cluster, child_path("HTTPRoute", namespace), route, _canary_weight
+            pair.cluster, child_path("HTTPRoute", namespace), route, _canary_weight
         ) as weights,
     ):
         assert _writes(standby) == 0, "the standby wrote before it led"
         assert _sample(standby, "fleetserve_operator_reconciles_total") == 0
         assert _lease(kube, namespace)["spec"]["holderIdentity"].startswith("operator-a_")
         at_kill = steps[-1]
-        leader.kill()
+        pair.leader.kill()
         killed_at = time.monotonic()
         wait_until(lambda: _leads(standby), timeout_s=60.0, what="the standby to lead")
         led_at = time.monotonic()
@@ -147,25 +159,19 @@ def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(
     assert _writes(standby) > 0
 
 
-def test_a_stopped_leader_releases_the_lease_so_the_standby_leads_at_once(
-    kube: KubeClient,
-    namespace: str,
-    local_cluster: LocalCluster,
-    start_operator: Callable[..., OperatorProcess],
-) -> None:
+def test_a_stopped_leader_releases_the_lease_so_the_standby_leads_at_once(pair: Pair) -> None:
     """SIGTERM: the leader clears the holder; the standby need not wait out the lease."""
-    leader, standby = _start_pair(start_operator)
-    lease = _lease(kube, namespace)
-    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    lease = _lease(pair.kube, pair.namespace)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{pair.namespace}/leases"
     with watch_history(
-        local_cluster, leases, lease, lambda obj: obj["spec"].get("holderIdentity")
+        pair.cluster, leases, lease, lambda obj: obj["spec"].get("holderIdentity")
     ) as holders:
-        leader.stop()
+        pair.leader.stop()
         stopped_at = time.monotonic()
-        assert leader.process.popen.returncode == 0, "the leader did not stop cleanly"
-        wait_until(lambda: _leads(standby), timeout_s=60.0, what="the standby to lead")
+        assert pair.leader.process.popen.returncode == 0, "the leader did not stop cleanly"
+        wait_until(lambda: _leads(pair.standby), timeout_s=60.0, what="the standby to lead")
         print(f"release_handover_s={time.monotonic() - stopped_at:.2f}")
     changes = [holder for i, holder in enumerate(holders) if i == 0 or holder != holders[i - 1]]
     owners = [(holder or "").split("_")[0] for holder in changes]
     assert owners == ["operator-a", "", "operator-b"], f"holders: {holders}"
-    assert _lease(kube, namespace)["spec"]["leaseTransitions"] == 1
+    assert _lease(pair.kube, pair.namespace)["spec"]["leaseTransitions"] == 1

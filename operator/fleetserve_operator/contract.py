@@ -15,12 +15,19 @@ from enum import StrEnum
 
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
+from fleetserve_operator.spec.base import parse_quantity
+from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, fetched_scheme
 
 __all__ = [
     "AUTH_MOUNT",
     "AUTH_TOKEN_FILE",
     "AUTH_TOKEN_KEY",
     "COMMAND",
+    "FETCH_COMMAND",
+    "FETCH_CONTAINER_NAME",
+    "FETCH_FAILED",
+    "FetchFailure",
+    "FETCHED_MODEL_DIR",
     "GENERATION_TOKENS_METRIC",
     "HTTP_PORT",
     "INTER_TOKEN_BOUNDS_S",
@@ -50,14 +57,50 @@ __all__ = [
     "pvc_source",
     "render_args",
     "runtime_model_uri",
+    "STORAGE_CA_FILE",
+    "STORAGE_CA_KEY",
+    "STORAGE_CA_MOUNT",
+    "STORAGE_CREDENTIALS_MOUNT",
+    "as_args",
+    "fetch_args",
+    "fetch_budget_bytes",
 ]
 
 COMMAND = ("fleetserve-runtime", "serve")
+FETCH_COMMAND = ("fleetserve-runtime", "fetch")
+"""The init container that downloads a fetched model (`spec.model.uri` s3/oci/https/hf)."""
+FETCH_CONTAINER_NAME = "fetch"
+
+
+class FetchFailure(StrEnum):
+    """Why a fetch failed, as it writes in its termination message (`{"reason", "message"}`).
+
+    Each is also the reason a canary is rolled back with and the service's `Degraded` reason.
+    """
+
+    MODEL_NOT_FOUND = "ModelNotFound"
+    ACCESS_DENIED = "AccessDenied"
+    DIGEST_MISMATCH = "DigestMismatch"
+    MODEL_TOO_LARGE = "ModelTooLarge"
+    STORAGE_UNREACHABLE = "StorageUnreachable"
+    INVALID_ARCHIVE = "InvalidArchive"
+
+
+FETCH_FAILED = "ModelFetchFailed"
+"""The reason of a fetch that failed without saying why (killed, or an older image)."""
 HTTP_PORT = RUNTIME_HTTP_PORT
 READY_PATH = "/v2/health/ready"
 LIVE_PATH = "/v2/health/live"
 METRICS_PATH = "/metrics"
 MODEL_MOUNT = "/models"
+FETCHED_MODEL_DIR = "model"
+"""Where, under MODEL_MOUNT, the fetch installs a model once it is complete and verified (it
+downloads beside it and renames, so the runtime never sees half a model)."""
+STORAGE_CREDENTIALS_MOUNT = "/var/run/secrets/fleetserve/storage"
+"""Where `spec.model.storage.secretName` is mounted, in the fetch container only."""
+STORAGE_CA_MOUNT = "/var/run/fleetserve/storage-ca"
+STORAGE_CA_KEY = "ca.crt"
+STORAGE_CA_FILE = f"{STORAGE_CA_MOUNT}/{STORAGE_CA_KEY}"
 AUTH_MOUNT = "/var/run/secrets/fleetserve/auth"
 """Where `spec.runtime.authSecretRef`'s Secret is mounted: a directory, never a subPath,
 so that the kubelet swaps in a rotated token without restarting the pod."""
@@ -149,10 +192,12 @@ def pvc_source(model: ModelSpec) -> PvcSource | None:
 
 
 def runtime_model_uri(model: ModelSpec) -> str:
-    """The `--model` the runtime gets: a PVC model becomes a file under MODEL_MOUNT."""
+    """The `--model` the runtime gets: a PVC or fetched model becomes a path under MODEL_MOUNT."""
     source = pvc_source(model)
     if source is not None:
         return f"file://{MODEL_MOUNT}/{source.path}"
+    if fetched_scheme(model.uri) is not None:
+        return f"file://{MODEL_MOUNT}/{FETCHED_MODEL_DIR}"
     uri = model.handler if model.uri is None else model.uri
     assert uri is not None  # ModelSpec guarantees exactly one of uri and handler
     return uri
@@ -194,7 +239,46 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
     # an operator upgrade starts no rollout.
     if pods.runtime.grpc.enabled:
         flags["grpc-port"] = pods.runtime.grpc.port
-    args: list[str] = []
-    for flag, value in flags.items():
-        args += [f"--{flag}", str(value)]
+    return as_args(flags)
+
+
+def as_args(flags: dict[str, object]) -> list[str]:
+    """`--flag value` pairs, in `flags`' order."""
+    return [part for flag, value in flags.items() for part in (f"--{flag}", str(value))]
+
+
+def fetch_budget_bytes(model: ModelSpec) -> int:
+    """The most bytes a fetched model may take: `maxBytes`, or DEFAULT_MAX_BYTES."""
+    return DEFAULT_MAX_BYTES if model.max_bytes is None else parse_quantity(model.max_bytes)
+
+
+def fetch_args(model: ModelSpec) -> list[str]:
+    """`fleetserve-runtime fetch` flags (after FETCH_COMMAND) for a fetched model.
+
+    Raises:
+        ValueError: `model` is not fetched (its URI is builtin, file, PVC or a handler).
+    """
+    if fetched_scheme(model.uri) is None:
+        msg = f"model.uri {model.uri!r} is not fetched"
+        raise ValueError(msg)
+    flags: dict[str, object] = {
+        "uri": model.uri,
+        "dest": MODEL_MOUNT,
+        "max-bytes": fetch_budget_bytes(model),
+    }
+    if model.digest is not None:
+        flags["digest"] = model.digest
+    storage = model.storage
+    if storage is not None:
+        if storage.secret_name is not None:
+            flags["credentials-dir"] = STORAGE_CREDENTIALS_MOUNT
+        if storage.ca_config_map is not None:
+            flags["ca-file"] = STORAGE_CA_FILE
+        s3 = {"s3-endpoint": storage.endpoint, "s3-region": storage.region}
+        flags |= {flag: value for flag, value in s3.items() if value is not None}
+        if storage.addressing is not None:
+            flags["s3-addressing"] = storage.addressing
+    args = as_args(flags)
+    if storage is not None and storage.allow_http:
+        args.append("--allow-http")
     return args

@@ -144,8 +144,9 @@ def _schema(model: type[InferenceServiceSpec] | type[InferenceServiceStatus], pa
 
 
 def _printer_columns() -> list[Schema]:
-    def column(name: str, path: str, kind: str = "string") -> Schema:
-        return {"name": name, "type": kind, "jsonPath": path}
+    def column(name: str, path: str, kind: str = "string", *, wide: bool = False) -> Schema:
+        # Priority 1 columns show only in `kubectl get -o wide`.
+        return {"name": name, "type": kind, "jsonPath": path} | ({"priority": 1} if wide else {})
 
     return [
         column("Model", ".spec.model.name"),
@@ -155,6 +156,8 @@ def _printer_columns() -> list[Schema]:
         column("Phase", ".status.phase"),
         column("Ready", ".status.ready"),
         column("Age", ".metadata.creationTimestamp", "date"),
+        column("Source", ".spec.model.uri", wide=True),
+        column("Metadata", ".spec.model.metadata", wide=True),
     ]
 
 

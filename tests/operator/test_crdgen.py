@@ -71,8 +71,10 @@ def test_names_scope_and_subresources() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["fsvc"]
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c]
     assert columns == ["Model", "Stable", "Canary", "Weight", "Phase", "Ready", "Age"]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Source", "Metadata"]
 
 
 @pytest.mark.parametrize(

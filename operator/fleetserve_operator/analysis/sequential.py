@@ -28,11 +28,10 @@ from fleetserve_operator.analysis.queries import (
     histogram_tests,
 )
 from fleetserve_operator.analysis.verdict import (
-    custom_checks,
-    generative_bounds,
+    gated_verdict,
     inconclusive,
-    judge,
-    too_few_samples,
+    own_checks,
+    prometheus_down,
     verdict_of,
 )
 from fleetserve_operator.errors import MetricsUnavailable
@@ -296,12 +295,16 @@ def _judged_at_interval_end(
     tokens = None
     if target.generative:
         tokens = evidence.step_tokens if evidence is not None else 0.0
-    too_few = too_few_samples(spec, target, samples, tokens, "this step")
-    if too_few is not None:
-        return too_few
-    bounds = generative_bounds(spec, target) if target.generative else []
-    own = [judge(source, planned) for planned in [*bounds, *custom_checks(spec, target)]]
-    return verdict_of([*_evidence_checks(evidence), *own], samples, tokens)
+    return gated_verdict(
+        source,
+        spec,
+        target,
+        own_checks(spec, target),
+        requests=samples,
+        tokens=tokens,
+        span="this step",
+        settled=_evidence_checks(evidence),
+    )
 
 
 def watch(
@@ -330,9 +333,7 @@ def watch(
         if not due:
             return evidence, None
         if not source.is_online():
-            return evidence, inconclusive(
-                InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer"
-            )
+            return evidence, prometheus_down()
         return evidence, inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
     if canary is not None and stable is not None:
         evidence = accumulate(spec, evidence, canary, stable, generative=generative)

@@ -20,12 +20,10 @@ from fleetserve_operator.analysis.queries import (
 )
 from fleetserve_operator.analysis.verdict import (
     PlannedCheck,
-    custom_checks,
-    generative_bounds,
+    gated_verdict,
     inconclusive,
-    judge,
-    too_few_samples,
-    verdict_of,
+    own_checks,
+    prometheus_down,
 )
 from fleetserve_operator.contract import (
     INTER_TOKEN_LATENCY_METRIC,
@@ -95,16 +93,13 @@ def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck
             floor=spec.max_error_rate,
         )
     )
-    if target.generative:
-        planned += generative_bounds(spec, target)
-    planned += custom_checks(spec, target)
-    return planned
+    return [*planned, *own_checks(spec, target)]
 
 
 def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -> AnalysisResult:
     """Judge the canary over `target.window`: Passed, Failed, or Inconclusive with a reason."""
     if not source.is_online():
-        return inconclusive(InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer")
+        return prometheus_down()
     try:
         requests = value_of(source, requests_query(target.canary, target.window))
         tokens = None
@@ -112,8 +107,7 @@ def evaluate(source: MetricSource, spec: AnalysisSpec, target: AnalysisTarget) -
             tokens = value_of(source, tokens_query(target.canary, target.window))
     except MetricsUnavailable as exc:
         return inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
-    too_few = too_few_samples(spec, target, requests, tokens, target.window)
-    if too_few is not None:
-        return too_few
-    checks = [judge(source, planned) for planned in plan_checks(spec, target)]
-    return verdict_of(checks, requests, tokens)
+    planned = plan_checks(spec, target)
+    return gated_verdict(
+        source, spec, target, planned, requests=requests, tokens=tokens, span=target.window
+    )

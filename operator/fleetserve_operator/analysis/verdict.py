@@ -6,11 +6,13 @@ stable) is judged against the source (`judge`), and the checks become one verdic
 else Passed. "No data" is its own outcome everywhere, never a failure (flagger counts "no
 values found" as a failed check; Argo errors on an empty result). Fewer than `minRequests`
 canary requests (or `minTokens` tokens) is inconclusive too (`too_few_samples`), so a 1% step with
-little traffic never passes on noise.
+little traffic never passes on noise. `gated_verdict` is that gate, then the verdict: the last
+step of both modes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetserve_operator.analysis.prometheus import MetricSource, value_of
@@ -41,9 +43,12 @@ from fleetserve_operator.spec import (
 __all__ = [
     "PlannedCheck",
     "custom_checks",
+    "gated_verdict",
     "generative_bounds",
     "inconclusive",
     "judge",
+    "own_checks",
+    "prometheus_down",
     "too_few_samples",
     "verdict_of",
 ]
@@ -93,6 +98,12 @@ def custom_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedChe
                      min=c.min, max=c.max)
         for c in spec.checks
     ]  # fmt: skip
+
+
+def own_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck]:
+    """The checks both modes judge by query: a generative model's bounds, then `spec.checks`."""
+    bounds = generative_bounds(spec, target) if target.generative else []
+    return [*bounds, *custom_checks(spec, target)]
 
 
 def judge(source: MetricSource, planned: PlannedCheck) -> CheckResult:
@@ -173,6 +184,11 @@ def inconclusive(
     )
 
 
+def prometheus_down() -> AnalysisResult:
+    """Inconclusive, as Prometheus did not answer its health check."""
+    return inconclusive(InconclusiveReason.PROMETHEUS_DOWN, "Prometheus did not answer")
+
+
 def too_few_samples(
     spec: AnalysisSpec,
     target: AnalysisTarget,
@@ -192,3 +208,25 @@ def too_few_samples(
         message = f"{tokens or 0:.0f} canary tokens in {span}, fewer than {spec.min_tokens}"
         return inconclusive(InconclusiveReason.TOO_FEW_TOKENS, message, requests, tokens)
     return None
+
+
+def gated_verdict(
+    source: MetricSource,
+    spec: AnalysisSpec,
+    target: AnalysisTarget,
+    planned: list[PlannedCheck],
+    *,
+    requests: float | None,
+    tokens: float | None,
+    span: str,
+    settled: Sequence[CheckResult] = (),
+) -> AnalysisResult:
+    """The min-sample gate over `span`; past it, `settled` and `planned` judged into a verdict.
+
+    Nothing is queried for a step that has too few samples.
+    """
+    too_few = too_few_samples(spec, target, requests, tokens, span)
+    if too_few is not None:
+        return too_few
+    checks = [*settled, *(judge(source, check) for check in planned)]
+    return verdict_of(checks, requests, tokens)

@@ -12,9 +12,10 @@ new template.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
-from fleetserve_operator import naming
+from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import bounded
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe.status import is_rolled_out
@@ -76,11 +77,9 @@ def track_facts(deployment: Manifest | None, pods: Iterable[Manifest]) -> TrackF
     """
     if deployment is None:
         return None
-    containers = [
-        container
-        for pod in _current_pods(deployment, pods)
-        for container in (pod.get("status") or {}).get("containerStatuses") or []
-    ]
+    current = _current_pods(deployment, pods)
+    containers = [container for pod in current for container in _all_statuses(pod)]
+    fetch = next(filter(None, (_fetch_failure(pod) for pod in current)), None)
     return TrackFacts(
         spec_hash=_labels(deployment).get(naming.SPEC_HASH_LABEL),
         available=(deployment.get("status") or {}).get("availableReplicas", 0),
@@ -88,7 +87,48 @@ def track_facts(deployment: Manifest | None, pods: Iterable[Manifest]) -> TrackF
         rolled_out=is_rolled_out(deployment),
         restarts=sum(container.get("restartCount", 0) for container in containers),
         oom_killed=any(_is_oom_killed(container) for container in containers),
+        fetch_failure=None if fetch is None else (fetch.reason, fetch.message),
     )
+
+
+def _all_statuses(pod: Manifest) -> list[Manifest]:
+    """The statuses of the pod's init containers and containers."""
+    status = pod.get("status") or {}
+    init: list[Manifest] = status.get("initContainerStatuses") or []
+    return init + (status.get("containerStatuses") or [])
+
+
+def _fetch_failure(pod: Manifest) -> Problem | None:
+    """Why the pod's model fetch failed, in the fetch's own words; None if it has not failed.
+
+    The fetch writes `{"reason": ..., "message": ...}` as its termination message; a run that
+    ended otherwise (killed, out of memory) reads as `FETCH_FAILED` with the kubelet's reason.
+    While the kubelet backs off, the failed run is the container's `lastState`.
+    """
+    for container in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if container.get("name") != contract.FETCH_CONTAINER_NAME:
+            continue
+        states = (container.get("state") or {}, container.get("lastState") or {})
+        for state in states:
+            ended = state.get("terminated") or {}
+            if ended and ended.get("exitCode", 0) != 0:
+                reason, message = _reported(ended)
+                where = f"pod {pod['metadata']['name']}: model fetch failed"
+                return Problem(reason, bounded(f"{where}: {message}", MAX_MESSAGE))
+    return None
+
+
+def _reported(ended: Manifest) -> tuple[str, str]:
+    """(reason, message) of a failed fetch's termination, from its JSON when it wrote one."""
+    text = str(ended.get("message") or "")
+    try:
+        report = json.loads(text)
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and report.get("reason") in set(contract.FetchFailure):
+        return str(report["reason"]), str(report.get("message", ""))
+    detail = f"exit code {ended.get('exitCode')} ({ended.get('reason', 'Error')})"
+    return contract.FETCH_FAILED, f"{detail}: {text}" if text else detail
 
 
 def _deployment_failure(deployment: Manifest) -> Problem | None:
@@ -155,6 +195,9 @@ def workload_problem(
         if failure is not None:
             return failure
         for pod in _current_pods(deployment, listed):
+            fetch = _fetch_failure(pod)
+            if fetch is not None:
+                return fetch
             for container in (pod.get("status") or {}).get("containerStatuses") or []:
                 failure = _container_failure(pod, container)
                 if failure is not None:

@@ -17,6 +17,7 @@ whatever still streams only when the kubelet sends SIGTERM after that drain.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from fleetserve_operator import contract
@@ -31,6 +32,7 @@ from fleetserve_operator.spec import (
     Toleration,
     TopologySpread,
 )
+from fleetserve_operator.spec.model_source import ModelStorage, fetched_scheme
 
 __all__ = [
     "CONTAINER_NAME",
@@ -55,6 +57,16 @@ TMP_VOLUME = "tmp"
 AUTH_VOLUME = "auth"
 PRIORITY_VOLUME = "priority"
 TLS_VOLUME = "tls"
+STORAGE_CREDENTIALS_VOLUME = "storage-credentials"
+STORAGE_CA_VOLUME = "storage-ca"
+# The fetch downloads beside the finished model and unpacks archives there before it renames,
+# so the volume holds up to twice the model for a moment.
+FETCH_VOLUME_FACTOR = 2
+# What the fetch itself needs: it streams to disk and hashes as it goes.
+FETCH_RESOURCES: Manifest = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
 # Owner and group may read the tokens and the TLS key (the pod's fsGroup is the runtime's
 # group); nobody writes.
 AUTH_FILE_MODE = 0o440
@@ -190,6 +202,11 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
                 "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True},
             }
         )
+    if fetched_scheme(spec.model.uri) is not None:
+        size = FETCH_VOLUME_FACTOR * contract.fetch_budget_bytes(spec.model)
+        volumes.append({"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": str(size)}})
+        volumes += _storage_volumes(spec.model.storage)
+    if source is not None or fetched_scheme(spec.model.uri) is not None:
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
     runtime = spec.runtime
     secrets = [
@@ -206,6 +223,62 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
         volumes.append(_secret_volume(TLS_VOLUME, runtime.tls.secret_name, keys))
         mounts.append({"name": TLS_VOLUME, "mountPath": contract.TLS_MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def _storage_volumes(storage: ModelStorage | None) -> list[Manifest]:
+    """The Secret and ConfigMap the fetch container reads (never the runtime container)."""
+    volumes: list[Manifest] = []
+    if storage is not None and storage.secret_name is not None:
+        volumes.append(
+            {
+                "name": STORAGE_CREDENTIALS_VOLUME,
+                "secret": {"secretName": storage.secret_name, "defaultMode": AUTH_FILE_MODE},
+            }
+        )
+    if storage is not None and storage.ca_config_map is not None:
+        items = [{"key": contract.STORAGE_CA_KEY, "path": contract.STORAGE_CA_KEY}]
+        volumes.append(
+            {
+                "name": STORAGE_CA_VOLUME,
+                "configMap": {"name": storage.ca_config_map, "items": items},
+            }
+        )
+    return volumes
+
+
+def _fetch_container(spec: GpuTrackSpec) -> Manifest:
+    """The init container that fetches the model into the `model` volume, and nothing else.
+
+    It runs the runtime's image as the same non-root user with the same read-only root; the
+    model volume is the only place it writes, and only it sees the store's credentials. It
+    reports a failure as JSON (`reason`, `message`) in its termination message, which
+    `observe.facts` turns into the service's `Degraded` reason.
+    """
+    storage = spec.model.storage
+    mounts: list[Manifest] = [{"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT}]
+    if storage is not None and storage.secret_name is not None:
+        mounts.append(
+            {
+                "name": STORAGE_CREDENTIALS_VOLUME,
+                "mountPath": contract.STORAGE_CREDENTIALS_MOUNT,
+                "readOnly": True,
+            }
+        )
+    if storage is not None and storage.ca_config_map is not None:
+        mounts.append(
+            {"name": STORAGE_CA_VOLUME, "mountPath": contract.STORAGE_CA_MOUNT, "readOnly": True}
+        )
+    return {
+        "name": contract.FETCH_CONTAINER_NAME,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": list(contract.FETCH_COMMAND),
+        "args": contract.fetch_args(spec.model),
+        "securityContext": _security_context(),
+        "terminationMessagePolicy": "File",
+        "resources": copy.deepcopy(FETCH_RESOURCES),
+        "volumeMounts": mounts,
+    }
 
 
 def _secret_volume(name: str, secret: str, items: list[Manifest]) -> Manifest:
@@ -283,6 +356,8 @@ def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, st
         "containers": [_container(plan, mounts)],
         "volumes": volumes,
     }
+    if fetched_scheme(spec.model.uri) is not None:
+        pod["initContainers"] = [_fetch_container(spec)]
     if spec.runtime.service_account_name:
         pod["serviceAccountName"] = spec.runtime.service_account_name
     if plan.node_selector:

@@ -80,6 +80,8 @@ class TrackFacts:
     """Container restarts of the pods of the current template."""
     oom_killed: bool = False
     """A container of the current template was OOMKilled."""
+    fetch_failure: tuple[str, str] | None = None
+    """(reason, message) of a current pod whose model fetch failed (`contract.FetchFailure`)."""
 
     def serves(self, spec_hash: str | None) -> bool:
         """True when the track runs `spec_hash`, rolled out, with an available replica."""

@@ -111,7 +111,11 @@ def _command_value(t: Tick, command: RolloutCommand) -> str | None:
 def _canary_crashed(t: Tick) -> bool:
     canary = t.facts.canary
     current = canary is not None and canary.spec_hash == t.status.rollout.spec_hash
-    return current and canary is not None and (canary.oom_killed or canary.restarts > 0)
+    return (
+        current
+        and canary is not None
+        and (canary.oom_killed or canary.restarts > 0 or canary.fetch_failure is not None)
+    )
 
 
 def _serves(track: TrackFacts | None, spec_hash: str | None) -> bool:

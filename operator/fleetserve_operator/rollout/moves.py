@@ -195,8 +195,10 @@ def abort(t: Tick) -> Step:
 
 
 def crashed(t: Tick) -> Step:
-    """A canary pod was OOM-killed or restarted: roll back without waiting for PromQL."""
+    """A canary's model fetch failed or a container died: roll back without waiting for PromQL."""
     canary = t.facts.canary or TrackFacts(spec_hash=None)
+    if canary.fetch_failure is not None:
+        return roll_back(t, *canary.fetch_failure)
     if canary.oom_killed:
         return roll_back(t, "CanaryOOMKilled", "a canary container was OOMKilled")
     return roll_back(t, "CanaryRestarted", f"canary containers restarted {canary.restarts}x")

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from fleetserve_operator.spec.base import (
     GPU_RESOURCE,
+    Quantity,
     Wire,
     cel,
+)
+from fleetserve_operator.spec.model_source import (
+    FETCHED_SCHEMES,
+    MODEL_URI_PATTERN,
+    SHA256_DIGEST,
+    MetadataKey,
+    ModelStorage,
+    fetched_scheme,
 )
 from fleetserve_operator.spec.scaling import (
     Backend,
@@ -28,6 +40,7 @@ __all__ = [
     "SMOLLM2_MIN_WEIGHTS_BYTES",
     "SMOLLM2_URI",
     "ModelSpec",
+    "SOURCE_RULES",
     "Task",
     "backend_contradicts",
     "builtin_context_length",
@@ -112,6 +125,136 @@ def backend_contradicts(track: str, backend: Backend) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SourceRule:
+    """A rule between `spec.model.uri` and the fields that say how to fetch it, stated once.
+
+    `rule` is CEL on the model section (`self`), for the API server; `holds` is the same rule
+    on the parsed model, for a spec the operator reads. Both refuse with `message`.
+    """
+
+    rule: str
+    message: str
+    field_path: str
+    holds: Callable[[ModelSpec], bool]
+
+    def cel(self) -> JsonDict:
+        """The rule's `x-kubernetes-validations` entry."""
+        return cel(self.rule, self.message, self.field_path)
+
+
+_FETCHED = " || ".join(f"self.uri.startsWith('{scheme}://')" for scheme in FETCHED_SCHEMES)
+_FETCHED_NAMES = ", ".join(f"{scheme}://" for scheme in FETCHED_SCHEMES)
+
+
+def _fetched_only(field: str, present: Callable[[ModelSpec], bool]) -> SourceRule:
+    return SourceRule(
+        f"!has(self.{field}) || (has(self.uri) && ({_FETCHED}))",
+        f"model.{field} applies to fetched models ({_FETCHED_NAMES}) only",
+        f".{field}",
+        lambda model: not present(model) or fetched_scheme(model.uri) is not None,
+    )
+
+
+def _s3_only(field: str) -> SourceRule:
+    return SourceRule(
+        f"!has(self.storage) || !has(self.storage.{field}) || "
+        "(has(self.uri) && self.uri.startsWith('s3://'))",
+        f"model.storage.{field} applies to s3:// models only",
+        f".storage.{field}",
+        lambda model: (
+            model.storage is None
+            or getattr(model.storage, field) is None
+            or fetched_scheme(model.uri) == "s3"
+        ),
+    )
+
+
+def _uri_is_http(model: ModelSpec) -> bool:
+    return model.uri is not None and model.uri.startswith("http://")
+
+
+def _endpoint_is_http(model: ModelSpec) -> bool:
+    endpoint = None if model.storage is None else model.storage.endpoint
+    return endpoint is not None and endpoint.startswith("http://")
+
+
+SOURCE_RULES: tuple[SourceRule, ...] = (
+    _fetched_only("digest", lambda model: model.digest is not None),
+    _fetched_only("maxBytes", lambda model: model.max_bytes is not None),
+    _fetched_only("storage", lambda model: model.storage is not None),
+    *(_s3_only(field) for field in ("endpoint", "region", "addressing")),
+    SourceRule(
+        "!has(self.uri) || !self.uri.matches('^https?://') || has(self.digest)",
+        "model.digest is required for an https:// model: the sha256 of the file it names "
+        "(sha256:<64 hex>), so that one version always serves the same bytes",
+        ".digest",
+        lambda model: fetched_scheme(model.uri) not in ("https", "http") or bool(model.digest),
+    ),
+    SourceRule(
+        "!has(self.digest) || !has(self.uri) || !self.uri.startsWith('oci://') || "
+        "self.uri.endsWith('@' + self.digest)",
+        "model.digest must equal the manifest digest in an oci:// model.uri (or be unset)",
+        ".digest",
+        lambda model: (
+            model.digest is None
+            or fetched_scheme(model.uri) != "oci"
+            or str(model.uri).endswith(f"@{model.digest}")
+        ),
+    ),
+    SourceRule(
+        "!has(self.uri) || !self.uri.startsWith('oci://') || self.uri.contains('@sha256:')",
+        "an oci:// model.uri must end in @sha256:<64 hex>, the manifest digest, so that one "
+        "version always serves the same artifact",
+        ".uri",
+        lambda model: fetched_scheme(model.uri) != "oci" or "@sha256:" in str(model.uri),
+    ),
+    SourceRule(
+        "!has(self.uri) || !self.uri.startsWith('hf://') || self.uri.matches('@[0-9a-f]{40}$')",
+        "an hf:// model.uri must end in @<40-hex commit>: a branch or tag can move",
+        ".uri",
+        lambda model: (
+            fetched_scheme(model.uri) != "hf"
+            or re.search("@[0-9a-f]{40}$", str(model.uri)) is not None
+        ),
+    ),
+    SourceRule(
+        "!has(self.storage) || !has(self.storage.endpoint) || "
+        "self.storage.endpoint.startsWith('https://') || self.storage.allowHttp",
+        "model.storage.endpoint must be https:// (set model.storage.allowHttp to fetch over "
+        "plain HTTP)",
+        ".storage.endpoint",
+        lambda model: (
+            not _endpoint_is_http(model) or bool(model.storage and model.storage.allow_http)
+        ),
+    ),
+    SourceRule(
+        "!has(self.uri) || !self.uri.startsWith('http://') || "
+        "(has(self.storage) && self.storage.allowHttp)",
+        "an http:// model.uri needs model.storage.allowHttp: true (a model fetched in the "
+        "clear can be swapped on the way; prefer https://)",
+        ".uri",
+        lambda model: (
+            not _uri_is_http(model) or (model.storage is not None and model.storage.allow_http)
+        ),
+    ),
+    SourceRule(
+        "!has(self.storage) || !self.storage.allowHttp || "
+        "(has(self.uri) && self.uri.startsWith('http://')) || "
+        "(has(self.storage.endpoint) && self.storage.endpoint.startsWith('http://'))",
+        "model.storage.allowHttp applies only to an http:// model.uri or model.storage.endpoint",
+        ".storage.allowHttp",
+        lambda model: (
+            model.storage is None
+            or not model.storage.allow_http
+            or _uri_is_http(model)
+            or _endpoint_is_http(model)
+        ),
+    ),
+)
+"""Every rule between a fetched model's URI and its `digest`, `maxBytes` and `storage`."""
+
+
 class ModelSpec(Wire):
     """What to serve: the model's name, version and where its weights or handler come from."""
 
@@ -136,6 +279,7 @@ class ModelSpec(Wire):
                     )
                     for task in ("embed", "generate")
                 ),
+                *(rule.cel() for rule in SOURCE_RULES),
             ]
         }
     )
@@ -146,13 +290,27 @@ class ModelSpec(Wire):
     # grammar: no `+`, and a letter or digit at both ends.
     version: str = Field(pattern=r"^[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?$", max_length=63)
     """Version label; changing it rolls the new version out."""
-    uri: str | None = Field(
-        None,
-        pattern=r"^(builtin://[a-z0-9-]+(\?.*)?|file:///.+|pvc://[a-z0-9][a-z0-9.-]{0,252}/.+)$",
-        max_length=2048,
+    uri: str | None = Field(None, pattern=MODEL_URI_PATTERN, max_length=2048)
+    """`builtin://minilm-l6`, `builtin://synthetic?latency_ms=5`, `file:///path` (in the image),
+    `pvc://<claim>/<path>` (the claim is mounted read-only at /models), or a model the pod's
+    init container fetches: `s3://<bucket>/<prefix>`, `oci://<registry>/<repo>[:<tag>]@sha256:<digest>`
+    (an artifact pushed with ORAS), `https://<host>/<path>` (a file or a .tar, .tar.gz, .zip
+    archive; needs `digest`) or `hf://<org>/<name>@<40-hex commit>` (a Hugging Face layout)."""
+    digest: str | None = Field(None, pattern=SHA256_DIGEST, max_length=71)
+    """`sha256:<64 hex>` pinning what a fetched model serves: the file of an `https://` model
+    (required there), the manifest of an `oci://` one (as in its URI), and for `s3://` and
+    `hf://` the digest of the file listing (each file's path, size and sha256; the fetch
+    reports it). A fetch whose bytes do not match fails with `DigestMismatch`."""
+    max_bytes: Quantity | None = None
+    """Fetched models only: the most bytes the model's files may take (declared sizes are
+    checked before the download, actual bytes while it runs). Unset: 64Gi."""
+    storage: ModelStorage | None = None
+    """Fetched models only: credentials, CA and endpoint of the store."""
+    metadata: dict[MetadataKey, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=16
     )
-    """`builtin://minilm-l6`, `builtin://synthetic?latency_ms=5`, `file:///path` (in the image)
-    or `pvc://<claim>/<path>` (the claim is mounted read-only at /models)."""
+    """Up to 16 facts about this version (training data version, code commit,
+    hyper-parameters); carried to the runtime's model metadata and the rollout history."""
     handler: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=512)
     """Entry point `package.module:factory` building the model handler (instead of `uri`)."""
     task: Task | None = None
@@ -172,6 +330,9 @@ class ModelSpec(Wire):
         if self.task is not None and known is not None and self.task != known:
             msg = f"model.task must be {known} for {self.uri}"
             raise ValueError(msg)
+        for rule in SOURCE_RULES:
+            if not rule.holds(self):
+                raise ValueError(rule.message)
         return self
 
     @property

@@ -44,7 +44,13 @@ from fleetserve_runtime.core.memory import (
 )
 from fleetserve_runtime.encoder.batcher import Batch
 from fleetserve_runtime.encoder.request_queue import PendingItem
-from fleetserve_runtime.models.base import BatchLayout, ItemResult, ModelHandler, PreparedInput
+from fleetserve_runtime.models.base import (
+    BatchLayout,
+    CollateContext,
+    ItemResult,
+    ModelHandler,
+    PreparedInput,
+)
 from fleetserve_runtime.models.registry import LoadedModel
 
 __all__ = [
@@ -290,10 +296,11 @@ class Executor:
         layout: BatchLayout,
         lease: BufferLease,
     ) -> tuple[Any, Any]:
+        ctx = CollateContext(layout, lease, self.device)
         if self._stream is None:
-            return handler.collate(payloads, layout=layout, alloc=lease, device=self.device), None
+            return handler.collate(payloads, ctx), None
         with torch.cuda.stream(self._stream):
-            prepared = handler.collate(payloads, layout=layout, alloc=lease, device=self.device)
+            prepared = handler.collate(payloads, ctx)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped upstream
             event.record(self._stream)
         return prepared, event
@@ -467,7 +474,7 @@ class Executor:
 
             def run(payloads: list[PreparedInput] = payloads, layout: BatchLayout = layout,
                     lease: BufferLease = lease) -> None:  # fmt: skip
-                prepared = handler.collate(payloads, layout=layout, alloc=lease, device=self.device)
+                prepared = handler.collate(payloads, CollateContext(layout, lease, self.device))
                 with torch.inference_mode():
                     handler.postprocess(handler.forward(prepared), len(payloads))
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fleetserve_runtime.models.base import BatchLayout, ItemError, ModelHandler
+from fleetserve_runtime.models.base import BatchLayout, CollateContext, ItemError, ModelHandler
 
 __all__ = [
     "GUARD_TEXTS",
@@ -180,7 +180,7 @@ def embed_texts(
     """
     items = [handler.preprocess(text, truncate=True) for text in texts]
     layout = BatchLayout(pad_to=max(item.length for item in items), packed=False)
-    batch = handler.collate(items, layout=layout, alloc=_Allocator(), device=device)
+    batch = handler.collate(items, CollateContext(layout, _Allocator(), device))
     results = handler.postprocess(handler.forward(batch), len(items))
     for result in results:
         if isinstance(result, ItemError):

@@ -5,7 +5,8 @@ The encoder engine calls a handler in two places. `preprocess` runs at the door
 to the batcher and over-long inputs are refused before they cost anything. `collate`,
 `forward` and `postprocess` run on the executor's worker thread, one batch at a time;
 `collate` may run while the previous batch's `forward` is still in flight, so it must not
-touch state that `forward` mutates.
+touch state that `forward` mutates. What `collate` needs besides the items (the layout, the
+buffers, the device) comes in one `CollateContext`, so the call stays the same when it grows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchLayout",
+    "CollateContext",
     "DeclaresWeights",
     "ItemError",
     "ItemResult",
@@ -104,6 +106,17 @@ class TensorAllocator(Protocol):
         """Return an uninitialised tensor of `shape` and `dtype` valid until the batch ends."""
 
 
+@dataclass(frozen=True, slots=True)
+class CollateContext:
+    """Everything `collate` is given besides the items: one batch's layout, buffers and device."""
+
+    layout: BatchLayout
+    alloc: TensorAllocator
+    """Use it for every input buffer: the executor pools and reuses them across batches."""
+    device: torch.device
+    """Where `forward` runs; the batch goes there (on CUDA, on the prepare thread's stream)."""
+
+
 @runtime_checkable
 class DeclaresWeights(Protocol):
     """A handler whose weights live outside torch's allocator (e.g. ONNX Runtime's arena).
@@ -133,15 +146,8 @@ class ModelHandler(Protocol):
     def sample_instance(self, length: int) -> object:
         """Return a synthetic instance of about `length` tokens, for warmup and calibration."""
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
-        """Build the device-side batch; use `alloc` for every input buffer."""
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
+        """Build the device-side batch laid out as `ctx.layout`, in buffers from `ctx.alloc`."""
 
     def forward(self, batch: Any) -> Any:
         """Run the model on a collated batch (inside `torch.inference_mode`)."""

@@ -33,10 +33,9 @@ from fleetserve_runtime.models.accuracy import (
     embed_texts,
 )
 from fleetserve_runtime.models.base import (
-    BatchLayout,
+    CollateContext,
     ModelMetadata,
     PreparedInput,
-    TensorAllocator,
     TensorSpec,
 )
 from fleetserve_runtime.models.bert import (
@@ -47,7 +46,7 @@ from fleetserve_runtime.models.bert import (
     PackedBatch,
     PaddedBatch,
 )
-from fleetserve_runtime.models.text_input import sample_text, text_token_ids
+from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
 __all__ = ["EMBEDDING_DIM", "FLOPS_PER_TOKEN", "MiniLMHandler", "check_max_sequence_length"]
 
@@ -153,10 +152,7 @@ class MiniLMHandler:
             if not _read_json(model_dir / "1_Pooling" / "config.json")["pooling_mode_mean_tokens"]:
                 raise ValueError("the shipped model is not mean-pooled")
             state = load_file(model_dir / "model.safetensors")
-            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        # The shipped tokenizer pads and truncates to 128; lengths are our business.
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+            tokenizer = open_tokenizer(model_dir / "tokenizer.json")
         sep_id = tokenizer.token_to_id("[SEP]")
         if sep_id is None:
             raise ValueError("the shipped tokenizer has no [SEP] token")
@@ -225,27 +221,20 @@ class MiniLMHandler:
         return sample_text(length, self._limit)
 
     def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
+        self, items: Sequence[PreparedInput], ctx: CollateContext
     ) -> PackedBatch | PaddedBatch:
-        """Lay a batch out packed (tokens back to back) or padded to `layout.pad_to`.
+        """Lay a batch out packed (tokens back to back) or padded to `ctx.layout.pad_to`.
 
         Raises:
             ValueError: the batch is empty, or a padded layout is shorter than a member.
         """
         if not items:
             raise ValueError("cannot collate an empty batch")
-        if layout.packed:
-            return self._collate_packed(items, alloc, device)
-        return self._collate_padded(items, layout.pad_to, alloc, device)
+        if ctx.layout.packed:
+            return self._collate_packed(items, ctx)
+        return self._collate_padded(items, ctx)
 
-    def _collate_packed(
-        self, items: Sequence[PreparedInput], alloc: TensorAllocator, device: torch.device
-    ) -> PackedBatch:
+    def _collate_packed(self, items: Sequence[PreparedInput], ctx: CollateContext) -> PackedBatch:
         lengths = [item.length for item in items]
         order = sorted(range(len(items)), key=lengths.__getitem__)
         plan = _plan_groups([lengths[slot] for slot in order])
@@ -265,11 +254,9 @@ class MiniLMHandler:
         ids.extend(positions)
         ids.extend(grid_rows)
         ids.extend(owners)
-        indices = _fill(alloc.empty((4, len(positions)), torch.int64), ids, device)
-        mask = _fill(alloc.empty((len(masks),), torch.bool), masks, device)
-        sequence_lengths = _fill(
-            alloc.empty((len(items), 1), torch.float32), array("f", lengths), device
-        )
+        indices = _fill(ctx, (4, len(positions)), torch.int64, ids)
+        mask = _fill(ctx, (len(masks),), torch.bool, masks)
+        sequence_lengths = _fill(ctx, (len(items), 1), torch.float32, array("f", lengths))
         return PackedBatch(
             input_ids=indices[0],
             position_ids=indices[1],
@@ -307,13 +294,8 @@ class MiniLMHandler:
             token += size
         return tuple(groups)
 
-    def _collate_padded(
-        self,
-        items: Sequence[PreparedInput],
-        pad_to: int,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> PaddedBatch:
+    def _collate_padded(self, items: Sequence[PreparedInput], ctx: CollateContext) -> PaddedBatch:
+        pad_to = ctx.layout.pad_to
         ids, mask = array("q"), bytearray()
         for item in items:
             if item.length > pad_to:
@@ -324,8 +306,8 @@ class MiniLMHandler:
             mask += b"\x01" * item.length + bytes(pad_to - item.length)
         shape = (len(items), pad_to)
         return PaddedBatch(
-            input_ids=_fill(alloc.empty(shape, torch.int64), ids, device),
-            attention_mask=_fill(alloc.empty(shape, torch.bool), mask, device),
+            input_ids=_fill(ctx, shape, torch.int64, ids),
+            attention_mask=_fill(ctx, shape, torch.bool, mask),
         )
 
     def forward(self, batch: PackedBatch | PaddedBatch) -> torch.Tensor:
@@ -385,12 +367,16 @@ def _split(
 
 
 def _fill(
-    tensor: torch.Tensor, data: array[int] | array[float] | bytearray, device: torch.device
+    ctx: CollateContext,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    data: array[int] | array[float] | bytearray,
 ) -> torch.Tensor:
-    """Copy host `data` into the pooled `tensor` and move it to `device`."""
+    """A pooled tensor of `shape` holding host `data`, moved to `ctx.device`."""
+    tensor = ctx.alloc.empty(shape, dtype)
     if data:
-        tensor.view(-1).copy_(torch.frombuffer(data, dtype=tensor.dtype))
-    return tensor.to(device, non_blocking=tensor.is_pinned())
+        tensor.view(-1).copy_(torch.frombuffer(data, dtype=dtype))
+    return tensor.to(ctx.device, non_blocking=tensor.is_pinned())
 
 
 def _read_json(path: Path) -> dict[str, object]:

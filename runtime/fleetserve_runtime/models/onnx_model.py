@@ -57,14 +57,13 @@ from tokenizers import Tokenizer
 from fleetserve_runtime.core.memory import resident_peak_bytes
 from fleetserve_runtime.models.accuracy import GUARD_TEXTS, PrecisionOptions, check, embed_texts
 from fleetserve_runtime.models.base import (
-    BatchLayout,
+    CollateContext,
     ItemResult,
     ModelMetadata,
     PreparedInput,
-    TensorAllocator,
     TensorSpec,
 )
-from fleetserve_runtime.models.text_input import sample_text, text_token_ids
+from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
 __all__ = [
     "OnnxEncoderHandler",
@@ -233,11 +232,7 @@ class OnnxEncoderHandler:
         if not tokenizer_file.is_file():
             msg = f"ONNX model {self._path} needs tokenizer.json beside it ({tokenizer_file})"
             raise ValueError(msg)
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        # Lengths are the runtime's business, as they are for MiniLM.
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        self._tokenizer = tokenizer
+        self._tokenizer = open_tokenizer(tokenizer_file)
         self._open(self._path)
 
     def _quantise(self, reference: npt.NDArray[np.float32], device: torch.device) -> None:
@@ -329,23 +324,18 @@ class OnnxEncoderHandler:
         return sample_text(length, self._limit)
 
     def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
+        self, items: Sequence[PreparedInput], ctx: CollateContext
     ) -> dict[str, npt.NDArray[np.int64]]:
-        """Pad the batch to `layout.pad_to` (packed layouts are padded too) with its mask.
+        """Pad the batch to `ctx.layout.pad_to` (packed layouts are padded too) with its mask.
 
         Raises:
             ValueError: the batch is empty.
         """
         if not items:
             raise ValueError("cannot collate an empty batch")
-        width = max(layout.pad_to, max(item.length for item in items))
-        ids = alloc.empty((len(items), width), torch.int64).numpy()
-        mask = alloc.empty((len(items), width), torch.int64).numpy()
+        width = max(ctx.layout.pad_to, max(item.length for item in items))
+        ids = ctx.alloc.empty((len(items), width), torch.int64).numpy()
+        mask = ctx.alloc.empty((len(items), width), torch.int64).numpy()
         ids.fill(0)
         mask.fill(0)
         for row, item in enumerate(items):

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal
@@ -157,14 +159,14 @@ def resolve_handler(
             f"file:///.../model.onnx only, not to {uri!r}; serve it with precision fp32"
         )
         raise ValueError(msg)
+    build = _Build(name, version, max_sequence_length, generative, params)
     if "://" not in uri and ":" in uri:
         module_name, _, attr = uri.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-        return _checked(factory(name, version, max_sequence_length))
+        return build.plugin(getattr(importlib.import_module(module_name), attr))
     if parsed.scheme == "builtin":
-        return _builtin(parsed.netloc, params, name, version, max_sequence_length, generative)
+        return _builtin(parsed.netloc, build)
     if parsed.scheme == "file":
-        return _from_file(Path(parsed.path), params, name, version, max_sequence_length, generative)
+        return _from_file(Path(parsed.path), build)
     msg = f"unsupported model URI {uri!r}: use builtin://, file:// or module:factory"
     raise ValueError(msg)
 
@@ -172,46 +174,48 @@ def resolve_handler(
 BUILTINS = ("minilm-l6", "smollm2-135m", "synthetic", "synthetic-generate")
 
 
-def _builtin(
-    kind: str,
-    params: dict[str, str],
-    name: str,
-    version: str,
-    max_len: int,
-    generative: GenerativeOptions,
-) -> ServedHandler:
+@dataclass(frozen=True, slots=True)
+class _Build:
+    """What every URI form builds its handler from, besides the URI's own target."""
+
+    name: str
+    version: str
+    max_len: int
+    generative: GenerativeOptions
+    params: dict[str, str]
+    """The URI's query."""
+
+    def plugin(self, factory: Callable[[str, str, int], object]) -> ServedHandler:
+        """The handler a user's factory (`module:factory`, `create_handler`) returns, checked."""
+        return _checked(factory(self.name, self.version, self.max_len))
+
+
+def _builtin(kind: str, build: _Build) -> ServedHandler:
     if kind == "smollm2-135m":
-        return smollm2_handler(name, version, options=generative)
+        return smollm2_handler(build.name, build.version, options=build.generative)
     if kind == "synthetic-generate":
         from fleetserve_runtime.models.synthetic_lm import SyntheticGenerativeParams
 
         return synthetic_generative_handler(
-            name,
-            version,
-            params=SyntheticGenerativeParams.model_validate(params),
-            options=generative,
+            build.name,
+            build.version,
+            params=SyntheticGenerativeParams.model_validate(build.params),
+            options=build.generative,
         )
     if kind == "synthetic":
         from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
 
         return SyntheticHandler(
-            name,
-            version,
-            max_sequence_length=max_len,
-            params=SyntheticParams.model_validate(params),
+            build.name,
+            build.version,
+            max_sequence_length=build.max_len,
+            params=SyntheticParams.model_validate(build.params),
         )
     msg = f"unknown builtin model {kind!r}: known are {', '.join(BUILTINS)}"
     raise ValueError(msg)
 
 
-def _from_file(
-    path: Path,
-    params: dict[str, str],
-    name: str,
-    version: str,
-    max_len: int,
-    generative: GenerativeOptions,
-) -> ServedHandler:
+def _from_file(path: Path, build: _Build) -> ServedHandler:
     if not path.exists():
         msg = f"model path {path} does not exist"
         raise ValueError(msg)
@@ -219,29 +223,55 @@ def _from_file(
         if (path / "handler.py").is_file():
             msg = f"{path} has both handler.py and config.json: keep one, a plug-in or a checkpoint"
             raise ValueError(msg)
-        return llama_handler(name, version, path=path, options=generative)
+        return llama_handler(build.name, build.version, path=path, options=build.generative)
     if path.is_file():
         from fleetserve_runtime.models.serialized import SerializedModuleHandler
 
-        if "input_width" not in params:
+        if "input_width" not in build.params:
             msg = "a serialized-module model URI needs ?input_width=<N>"
             raise ValueError(msg)
-        width = int(params["input_width"])
-        return SerializedModuleHandler(name, version, path=path, input_width=width)
-    spec = importlib.util.spec_from_file_location(f"fleetserve_user_{name}", path / "handler.py")
+        width = int(build.params["input_width"])
+        return SerializedModuleHandler(build.name, build.version, path=path, input_width=width)
+    spec = importlib.util.spec_from_file_location(
+        f"fleetserve_user_{build.name}", path / "handler.py"
+    )
     if spec is None or spec.loader is None:
         msg = f"{path} has no handler.py"
         raise ValueError(msg)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return _checked(module.create_handler(name, version, max_len))
+    return build.plugin(module.create_handler)
 
 
-def _checked(handler: Any) -> ServedHandler:
+def _checked(handler: object) -> ServedHandler:
     if not isinstance(handler, ModelHandler | GenerativeHandler):
         msg = f"{type(handler).__name__} does not implement the ModelHandler protocol"
         raise TypeError(msg)
+    if isinstance(handler, ModelHandler):
+        _check_collate(handler)
     return handler
+
+
+def _check_collate(handler: ModelHandler) -> None:
+    """Refuse a `collate` the executor cannot call as `collate(items, ctx)`.
+
+    The protocol checks only that the method exists; a plug-in written for another signature
+    (e.g. the batch's layout, allocator and device as separate arguments) would otherwise
+    load and then fail every batch.
+    """
+    try:
+        signature = inspect.signature(handler.collate)
+    except (TypeError, ValueError):  # no signature to read (e.g. a builtin): trust it
+        return
+    try:
+        signature.bind([], None)
+    except TypeError:
+        msg = (
+            f"{type(handler).__name__}.collate{signature} cannot be called as "
+            "collate(items, ctx): the ModelHandler protocol passes the batch's layout, "
+            "allocator and device in one CollateContext (ctx.layout, ctx.alloc, ctx.device)"
+        )
+        raise TypeError(msg) from None
 
 
 @dataclass(frozen=True, slots=True)

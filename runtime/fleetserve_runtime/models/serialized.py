@@ -18,11 +18,10 @@ import torch
 
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.models.base import (
-    BatchLayout,
+    CollateContext,
     ItemResult,
     ModelMetadata,
     PreparedInput,
-    TensorAllocator,
     TensorSpec,
 )
 
@@ -81,18 +80,11 @@ class SerializedModuleHandler:
         """A row of zeros."""
         return [0.0] * self._width
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Stack rows into one [n, width] tensor."""
-        rows = alloc.empty((len(items), self._width), torch.float32)
+        rows = ctx.alloc.empty((len(items), self._width), torch.float32)
         rows.copy_(torch.tensor([item.data for item in items], dtype=torch.float32))
-        return rows.to(device, non_blocking=True)
+        return rows.to(ctx.device, non_blocking=True)
 
     def forward(self, batch: Any) -> Any:
         """Call the module."""

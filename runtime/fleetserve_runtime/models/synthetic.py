@@ -25,12 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetserve_runtime.core.errors import InputTooLong, InvalidInput, OutOfMemory
 from fleetserve_runtime.models.base import (
-    BatchLayout,
+    CollateContext,
     ItemError,
     ItemResult,
     ModelMetadata,
     PreparedInput,
-    TensorAllocator,
     TensorSpec,
 )
 
@@ -122,22 +121,15 @@ class SyntheticHandler:
         """A string of `length - 2` words."""
         return " ".join(["word"] * max(1, length - 2))
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Pack the per-item digests and the padded token count."""
         if self.params.collate_stall_ms and any(i.data == self._stall_digest for i in items):
             time.sleep(self.params.collate_stall_ms / 1000)
-        seeds = alloc.empty((len(items),), torch.int64)
+        seeds = ctx.alloc.empty((len(items),), torch.int64)
         for row, item in enumerate(items):
             seeds[row] = item.data
-        padded = len(items) * layout.pad_to
-        return seeds.to(device), padded
+        padded = len(items) * ctx.layout.pad_to
+        return seeds.to(ctx.device), padded
 
     def forward(self, batch: Any) -> Any:
         """Sleep for the configured cost, then derive vectors from the digests."""

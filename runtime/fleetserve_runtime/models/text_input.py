@@ -1,4 +1,4 @@
-"""Text instances for the tokenizer-backed encoders: validation, truncation, warm-up texts.
+"""Text instances for the tokenizer-backed encoders: tokenizer, validation, truncation, samples.
 
 The torch MiniLM handler and the ONNX encoder both take one string per instance and tokenise
 it with a Hugging Face tokenizer that adds special tokens. They reject and truncate through
@@ -7,14 +7,28 @@ this one place, so a model answers the same request the same way whichever way i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tokenizers import Tokenizer
 
 from fleetserve_runtime.core.errors import InputTooLong, InvalidInput
 
-__all__ = ["sample_text", "text_token_ids"]
+__all__ = ["open_tokenizer", "sample_text", "text_token_ids"]
 
 # Single-token words in the MiniLM vocabulary, cycled to build synthetic inputs.
 _SAMPLE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and")
+
+
+def open_tokenizer(path: Path) -> Tokenizer:
+    """The `tokenizer.json` at `path`, its own padding and truncation off.
+
+    Lengths are the runtime's business (`text_token_ids` fits a text to the model's limit, the
+    executor pads a batch); MiniLM's shipped tokenizer, for one, pads and truncates to 128.
+    """
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def text_token_ids(

@@ -18,22 +18,18 @@ from fleetserve_operator.analysis import (
     ERROR_TEST,
     ITL,
     ITL_TEST,
-    REJECTIONS,
-    SERVER_ERRORS,
     TTFT,
     TTFT_TEST,
     AnalysisTarget,
     TrackScope,
     accumulate,
     buckets_query,
-    code_ratio_query,
     codes_query,
     evaluate,
     generated_query,
     p99_ms_query,
     per_request_query,
     plan_checks,
-    requests_query,
     target_for,
     tokens_per_replica_query,
     tokens_query,
@@ -59,6 +55,7 @@ from fleetserve_operator.testing import (
     ScriptedMetricSource,
     make_spec,
 )
+from tests.operator.analysis.window_answers import window_answers
 
 CANARY = TrackScope("ns", "chat", "2", Track.CANARY)
 STABLE = TrackScope("ns", "chat", "1", Track.STABLE)
@@ -87,21 +84,13 @@ def scripted(**overrides: float | None) -> ScriptedMetricSource:
     }
     figures.update(overrides)
     w = TARGET.window
-    return ScriptedMetricSource(
-        values={
-            requests_query(CANARY, w): figures["requests"],
-            tokens_query(CANARY, w): figures["tokens"],
-            code_ratio_query(CANARY, w, SERVER_ERRORS): figures["errors"],
-            code_ratio_query(CANARY, w, REJECTIONS): figures["rejections"],
-            code_ratio_query(STABLE, w, REJECTIONS): figures["stable_rejections"],
-            p99_ms_query(TIME_TO_FIRST_TOKEN_METRIC, CANARY, w): figures["ttft"],
-            p99_ms_query(TIME_TO_FIRST_TOKEN_METRIC, STABLE, w): figures["stable_ttft"],
-            p99_ms_query(INTER_TOKEN_LATENCY_METRIC, CANARY, w): figures["itl"],
-            p99_ms_query(INTER_TOKEN_LATENCY_METRIC, STABLE, w): figures["stable_itl"],
-            per_request_query(PREEMPTIONS_METRIC, CANARY, w): figures["preemptions"],
-            tokens_per_replica_query(CANARY, w): figures["tokens_per_replica"],
-        }
-    )
+    p99s = {"ttft": TIME_TO_FIRST_TOKEN_METRIC, "itl": INTER_TOKEN_LATENCY_METRIC}
+    values = window_answers(TARGET, figures, p99s) | {
+        tokens_query(CANARY, w): figures["tokens"],
+        per_request_query(PREEMPTIONS_METRIC, CANARY, w): figures["preemptions"],
+        tokens_per_replica_query(CANARY, w): figures["tokens_per_replica"],
+    }
+    return ScriptedMetricSource(values=values)
 
 
 def test_the_model_kind_chooses_the_checks() -> None:

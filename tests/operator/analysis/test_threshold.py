@@ -9,7 +9,6 @@ import pytest
 
 from fleetserve_operator import analysis
 from fleetserve_operator.analysis import (
-    REJECTIONS,
     SERVER_ERRORS,
     AnalysisTarget,
     TrackScope,
@@ -23,6 +22,7 @@ from fleetserve_operator.contract import QUEUE_WAIT_METRIC, REQUEST_DURATION_MET
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import AnalysisSpec, InferenceServiceStatus
 from fleetserve_operator.testing import ScriptedMetricSource, make_spec
+from tests.operator.analysis.window_answers import window_answers
 
 CANARY = TrackScope("ns", "demo", "2", Track.CANARY)
 STABLE = TrackScope("ns", "demo", "1", Track.STABLE)
@@ -43,19 +43,8 @@ def scripted(**overrides: float | None) -> ScriptedMetricSource:
         "stable_rejections": 0.0,
     }
     figures.update(overrides)
-    w = TARGET.window
-    return ScriptedMetricSource(
-        values={
-            requests_query(CANARY, w): figures["requests"],
-            code_ratio_query(CANARY, w, SERVER_ERRORS): figures["errors"],
-            p99_ms_query(REQUEST_DURATION_METRIC, CANARY, w): figures["p99"],
-            p99_ms_query(REQUEST_DURATION_METRIC, STABLE, w): figures["stable_p99"],
-            p99_ms_query(QUEUE_WAIT_METRIC, CANARY, w): figures["queue"],
-            p99_ms_query(QUEUE_WAIT_METRIC, STABLE, w): figures["stable_queue"],
-            code_ratio_query(CANARY, w, REJECTIONS): figures["rejections"],
-            code_ratio_query(STABLE, w, REJECTIONS): figures["stable_rejections"],
-        }
-    )
+    p99s = {"p99": REQUEST_DURATION_METRIC, "queue": QUEUE_WAIT_METRIC}
+    return ScriptedMetricSource(values=window_answers(TARGET, figures, p99s))
 
 
 def test_selector_and_requests_query() -> None:

@@ -8,7 +8,7 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
-from fleetserve_operator.observe.facts import MAX_MESSAGE, workload_problem
+from fleetserve_operator.observe.facts import MAX_MESSAGE, track_facts, workload_problem
 from fleetserve_operator.records import Manifest, Problem
 from fleetserve_operator.spec import ConditionType
 from fleetserve_operator.testing import FakeKube, make_service
@@ -165,3 +165,77 @@ def test_a_crashing_stable_track_is_not_ready_and_degraded() -> None:
     assert status.last_error == degraded.message
     warnings = [e for e in kube.events if e.type == "Warning"]
     assert [e.reason for e in warnings] == ["CrashLoopBackOff"]
+
+
+def _fetching_pod(fetch: Manifest) -> Manifest:
+    """A pod whose runtime container waits for its `fetch` init container."""
+    pod = _pod({"state": {"waiting": {"reason": "PodInitializing"}}})
+    pod["status"]["initContainerStatuses"] = [{"name": "fetch", "restartCount": 0, **fetch}]
+    return pod
+
+
+REPORTED = '{"reason": "AccessDenied", "message": "s3://models/enc: InvalidAccessKeyId"}'
+
+
+@pytest.mark.parametrize(
+    "fetch",
+    [
+        pytest.param({"state": {"terminated": {"exitCode": 1, "message": REPORTED}}},
+                     id="just-failed"),
+        pytest.param({"restartCount": 1,
+                      "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                      "lastState": {"terminated": {"exitCode": 1, "message": REPORTED}}},
+                     id="backing-off"),
+    ],
+)  # fmt: skip
+def test_a_failed_fetch_is_reported_with_its_own_reason(fetch: Manifest) -> None:
+    """The reason the fetch wrote is the service's reason, its message quoted, pod named."""
+    problem = _problem(_fetching_pod(fetch))
+    assert problem == Problem(
+        "AccessDenied",
+        "pod demo-stable-abc: model fetch failed: s3://models/enc: InvalidAccessKeyId",
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "quoted"),
+    [
+        pytest.param("", "exit code 137 (OOMKilled)", id="killed"),
+        pytest.param('{"reason": "RmRfSlash", "message": "x"}',
+                     'exit code 137 (OOMKilled): {"reason": "RmRfSlash"', id="unknown-reason"),
+        pytest.param("Traceback (most recent call last)",
+                     "exit code 137 (OOMKilled): Traceback", id="not-json"),
+    ],
+)  # fmt: skip
+def test_a_fetch_that_died_without_a_report_is_a_fetch_failure(message: str, quoted: str) -> None:
+    """Only the known reasons are taken from the fetch; anything else is ModelFetchFailed."""
+    ended = {"exitCode": 137, "reason": "OOMKilled", "message": message}
+    problem = _problem(_fetching_pod({"state": {"terminated": ended}}))
+    assert problem is not None
+    assert problem.reason == "ModelFetchFailed"
+    assert quoted in problem.message
+
+
+@pytest.mark.parametrize(
+    "fetch",
+    [
+        pytest.param({"state": {"running": {}}}, id="fetching"),
+        pytest.param({"state": {"terminated": {"exitCode": 0, "message": "{}"}}}, id="done"),
+    ],
+)
+def test_a_fetch_under_way_or_done_is_no_problem(fetch: Manifest) -> None:
+    """The runtime container waiting on its fetch is a start in progress."""
+    assert _problem(_fetching_pod(fetch)) is None
+
+
+def test_a_failed_fetch_reaches_the_tracks_facts() -> None:
+    """The rollout sees the fetch's reason (it rolls a canary back with it) and the restart."""
+    fetch = {"restartCount": 1, "state": {"running": {}},
+             "lastState": {"terminated": {"exitCode": 1, "message": REPORTED}}}  # fmt: skip
+    facts = track_facts(_deployment(), [_fetching_pod(fetch)])
+    assert facts is not None
+    assert facts.restarts == 1
+    assert facts.fetch_failure == (
+        "AccessDenied",
+        "pod demo-stable-abc: model fetch failed: s3://models/enc: InvalidAccessKeyId",
+    )

@@ -138,6 +138,11 @@ def test_canary_never_ready_fails_the_rollout() -> None:
     [
         pytest.param({"oom_killed": True, "restarts": 1}, "CanaryOOMKilled", id="oom"),
         pytest.param({"restarts": 2}, "CanaryRestarted", id="restart"),
+        pytest.param(
+            {"restarts": 1, "fetch_failure": ("DigestMismatch", "sha256 differs")},
+            "DigestMismatch",
+            id="fetch-failed",
+        ),
     ],
 )
 def test_canary_crash_fails_at_once(crash: dict[str, Any], reason: str) -> None:

@@ -54,6 +54,12 @@ def test_each_move_posts_its_event() -> None:
         pytest.param(
             {"restarts": 2}, "CanaryRestarted", "canary containers restarted 2x", id="restart"
         ),
+        pytest.param(
+            {"restarts": 1, "fetch_failure": ("AccessDenied", "pod p: model fetch failed: 403")},
+            "AccessDenied",
+            "pod p: model fetch failed: 403",
+            id="fetch-failed",
+        ),
     ],
 )
 def test_a_rollback_says_what_was_withdrawn_and_why(

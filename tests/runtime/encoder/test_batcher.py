@@ -6,6 +6,7 @@ import pytest
 
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.encoder.batcher import (
+    Batch,
     BatchLimits,
     FixedBuckets,
     LearnedBuckets,
@@ -33,6 +34,15 @@ def new_queue(size: int = 100) -> RequestQueue:
     return RequestQueue(max_size=size, retry_after_s=1)
 
 
+def formed(
+    queue: RequestQueue, now: float, lim: BatchLimits, *, not_before: float | None = None
+) -> Batch:
+    """The batch `plan_batch` forms now; the test fails when it forms none."""
+    batch = plan_batch(queue, now, lim, not_before=not_before).batch
+    assert batch is not None, "no batch was formed"
+    return batch
+
+
 def test_waits_for_delay_when_batch_not_full() -> None:
     """Fewer items than max_batch_size and a fresh queue: no batch, wake at the delay."""
     clock, queue = FakeClock(), new_queue()
@@ -47,9 +57,7 @@ def test_dispatches_when_delay_passed() -> None:
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5, 6], now=clock()))
     clock.advance(0.011)
-    plan = plan_batch(queue, clock(), limits())
-    assert plan.batch is not None
-    assert [i.length for i in plan.batch.items] == [5, 6]
+    assert [i.length for i in formed(queue, clock(), limits()).items] == [5, 6]
     assert len(queue) == 0
 
 
@@ -57,9 +65,7 @@ def test_dispatches_at_max_batch_size_without_waiting() -> None:
     """max_batch_size items dispatch at once, and only that many are taken."""
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5] * 6, now=clock()))
-    plan = plan_batch(queue, clock(), limits())
-    assert plan.batch is not None
-    assert len(plan.batch.items) == 4
+    assert len(formed(queue, clock(), limits()).items) == 4
     assert len(queue) == 2
 
 
@@ -67,8 +73,7 @@ def test_batch_padded_to_its_longest_member() -> None:
     """pad_to is the batch's own longest item, and token counts follow."""
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([3, 9, 4, 7], now=clock()))
-    batch = plan_batch(queue, clock(), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits())
     assert batch.pad_to == 9
     assert batch.real_tokens == 23
     assert batch.padded_tokens == 36
@@ -79,10 +84,8 @@ def test_buckets_keep_lengths_apart() -> None:
     clock, queue = FakeClock(), new_queue()
     policy = FixedBuckets([8, 64])
     queue.push(make_items([4, 50, 5, 60, 6, 55, 7, 58], now=clock(), bucket_of=policy.bucket_of))
-    first = plan_batch(queue, clock(), limits()).batch
-    second = plan_batch(queue, clock(), limits()).batch
-    assert first is not None
-    assert second is not None
+    first = formed(queue, clock(), limits())
+    second = formed(queue, clock(), limits())
     assert {i.length for i in first.items} == {4, 5, 6, 7}
     assert {i.length for i in second.items} == {50, 60, 55, 58}
     assert first.real_tokens / first.padded_tokens > 0.75
@@ -92,15 +95,13 @@ def test_token_budget_limits_padded_tokens() -> None:
     """A batch never exceeds max_batch_tokens (padded), but always holds at least one item."""
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([30, 30, 30, 30], now=clock()))
-    batch = plan_batch(queue, clock(), limits(max_batch_tokens=64)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_tokens=64))
     assert batch.padded_tokens <= 64
     assert len(batch.items) == 2
     queue2 = new_queue()
     queue2.push(make_items([100], now=clock()))
     clock.advance(1)
-    lone = plan_batch(queue2, clock(), limits(max_batch_tokens=64)).batch
-    assert lone is not None
+    lone = formed(queue2, clock(), limits(max_batch_tokens=64))
     assert len(lone.items) == 1
 
 
@@ -130,8 +131,7 @@ def test_high_priority_goes_first() -> None:
     queue.push(make_items([5] * 4, now=clock(), priority=Priority.NORMAL))
     clock.advance(0.001)
     queue.push(make_items([6] * 4, now=clock(), priority=Priority.HIGH))
-    batch = plan_batch(queue, clock(), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits())
     assert all(i.priority is Priority.HIGH for i in batch.items)
 
 
@@ -141,8 +141,7 @@ def test_aging_lifts_a_waiting_low_request() -> None:
     queue.push(make_items([5], now=clock(), priority=Priority.LOW))
     clock.advance(0.5)  # 2.5 classes of aging at 0.2 s per class
     queue.push(make_items([6] * 4, now=clock(), priority=Priority.HIGH))
-    batch = plan_batch(queue, clock(), limits(max_batch_size=2)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_size=2))
     assert batch.items[0].priority is Priority.LOW
 
 
@@ -151,8 +150,7 @@ def test_lower_classes_get_a_guaranteed_share() -> None:
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5] * 10, now=clock(), priority=Priority.HIGH))
     queue.push(make_items([5] * 10, now=clock(), priority=Priority.LOW))
-    batch = plan_batch(queue, clock(), limits(max_batch_size=10, lower_class_share=0.2)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_size=10, lower_class_share=0.2))
     priorities = [i.priority for i in batch.items]
     assert priorities.count(Priority.LOW) == 2
     assert priorities.count(Priority.HIGH) == 8
@@ -163,8 +161,7 @@ def test_versions_never_share_a_batch() -> None:
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5, 5], now=clock(), group="v1"))
     queue.push(make_items([5, 5], now=clock(), group="v2"))
-    batch = plan_batch(queue, clock(), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits())
     assert len({i.group for i in batch.items}) == 1
 
 
@@ -174,8 +171,7 @@ def test_full_bucket_goes_before_the_delay() -> None:
     policy = FixedBuckets([8, 64])
     queue.push(make_items([50], now=clock(), bucket_of=policy.bucket_of))
     queue.push(make_items([5] * 4, now=clock(), bucket_of=policy.bucket_of))
-    batch = plan_batch(queue, clock(), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits())
     assert [i.length for i in batch.items] == [5, 5, 5, 5]
 
 
@@ -188,8 +184,7 @@ def test_neighbouring_buckets_top_up_a_batch_above_the_efficiency_floor() -> Non
     queue.push(make_items([60], now=clock(), bucket_of=policy.bucket_of))
     clock.advance(0.011)
     strict = limits(max_batch_size=8, min_padding_efficiency=0.85)
-    batch = plan_batch(queue, clock(), strict).batch
-    assert batch is not None
+    batch = formed(queue, clock(), strict)
     assert sorted(i.length for i in batch.items) == [7, 8, 9, 10]
     assert batch.real_tokens / batch.padded_tokens >= 0.85
     assert len(queue) == 1
@@ -202,8 +197,7 @@ def test_efficiency_floor_of_one_keeps_buckets_strict() -> None:
     queue.push(make_items([7], now=clock(), bucket_of=policy.bucket_of))
     queue.push(make_items([9], now=clock(), bucket_of=policy.bucket_of))
     clock.advance(0.011)
-    batch = plan_batch(queue, clock(), limits(min_padding_efficiency=1.0)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(min_padding_efficiency=1.0))
     assert [i.length for i in batch.items] == [7]
 
 
@@ -217,8 +211,7 @@ def test_busy_executor_holds_a_partial_batch_until_it_is_needed() -> None:
     assert held.batch is None
     assert held.wake_at == pytest.approx(busy_until)
     clock.advance(0.1)
-    batch = plan_batch(queue, clock(), limits(), not_before=busy_until).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(), not_before=busy_until)
     assert len(batch.items) == 2
 
 
@@ -226,8 +219,7 @@ def test_busy_executor_still_takes_a_full_bucket() -> None:
     """A full bucket is dispatched (and prepared) even while the device is busy."""
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5] * 4, now=clock()))
-    batch = plan_batch(queue, clock(), limits(), not_before=clock() + 1).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(), not_before=clock() + 1)
     assert len(batch.items) == 4
 
 
@@ -243,8 +235,7 @@ def test_an_urgent_item_is_not_starved_by_a_bucket_that_stays_full() -> None:
         clock.advance(0.02)
         held = plan_batch(queue, clock(), limits(), not_before=clock() + 1)
         assert held.batch is None, "busy: the urgent partial bucket waits for the executor"
-        batch = plan_batch(queue, clock(), limits()).batch
-        assert batch is not None
+        batch = formed(queue, clock(), limits())
         if any(i.priority is Priority.HIGH for i in batch.items):
             return
     pytest.fail("the high-priority item never got a batch")
@@ -257,8 +248,7 @@ def test_token_budget_does_not_let_shares_crowd_out_the_most_urgent() -> None:
     queue.push(make_items([100, 100, 100], now=clock(), priority=Priority.LOW))
     clock.advance(0.011)
     tight = limits(max_batch_tokens=600, lower_class_share=0.5)
-    batch = plan_batch(queue, clock(), tight).batch
-    assert batch is not None
+    batch = formed(queue, clock(), tight)
     assert batch.items[0].priority is Priority.HIGH
     assert batch.padded_tokens <= 600
 
@@ -384,8 +374,7 @@ def test_a_partial_batch_goes_exactly_at_the_delay() -> None:
     items = make_items([5, 6], now=FakeClock()())
     queue.push(items)
     lim = limits()
-    batch = plan_batch(queue, items[0].enqueued_at + lim.max_queue_delay_s, lim).batch
-    assert batch is not None
+    batch = formed(queue, items[0].enqueued_at + lim.max_queue_delay_s, lim)
     assert batch.items == tuple(items)
 
 
@@ -396,8 +385,7 @@ def test_a_full_bucket_counts_one_class_better_not_more() -> None:
     queue.push(make_items([50], now=clock(), bucket_of=policy.bucket_of))
     clock.advance(0.1)  # half a class at aging_s=0.2
     queue.push(make_items([5] * 4, now=clock(), priority=Priority.LOW, bucket_of=policy.bucket_of))
-    batch = plan_batch(queue, clock(), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits())
     assert [i.length for i in batch.items] == [50]
 
 
@@ -410,8 +398,7 @@ def test_top_up_takes_the_nearest_bucket_first() -> None:
     queue.push(make_items([8], now=clock(), bucket_of=policy.bucket_of))
     clock.advance(0.011)
     loose = limits(max_batch_size=2, min_padding_efficiency=0.5)
-    batch = plan_batch(queue, clock(), loose).batch
-    assert batch is not None
+    batch = formed(queue, clock(), loose)
     assert [i.length for i in batch.items] == [12, 8]
 
 
@@ -425,8 +412,7 @@ def test_top_up_takes_a_neighbouring_bucket_by_priority() -> None:
     queue.push(make_items([8], now=clock(), priority=Priority.LOW, bucket_of=policy.bucket_of))
     queue.push(make_items([7], now=clock(), priority=Priority.HIGH, bucket_of=policy.bucket_of))
     loose = limits(max_batch_size=3, min_padding_efficiency=0.5)
-    batch = plan_batch(queue, clock(), loose).batch
-    assert batch is not None
+    batch = formed(queue, clock(), loose)
     assert [i.length for i in batch.items] == [16, 16, 7]
 
 
@@ -434,8 +420,7 @@ def test_a_batch_exactly_at_the_token_budget_is_allowed() -> None:
     """max_batch_tokens is inclusive: four rows of five tokens fit a budget of 20."""
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5] * 4, now=clock()))
-    batch = plan_batch(queue, clock(), limits(max_batch_tokens=20)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_tokens=20))
     assert len(batch.items) == 4
     assert batch.padded_tokens == 20
 
@@ -446,8 +431,7 @@ def test_shares_never_overfill_a_batch() -> None:
     for priority in (Priority.HIGH, Priority.NORMAL, Priority.LOW):
         queue.push(make_items([5], now=clock(), priority=priority))
     clock.advance(0.011)
-    batch = plan_batch(queue, clock(), limits(max_batch_size=2, lower_class_share=0.5)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_size=2, lower_class_share=0.5))
     assert [i.priority for i in batch.items] == [Priority.HIGH, Priority.NORMAL]
 
 
@@ -456,8 +440,7 @@ def test_a_share_below_one_item_still_guarantees_exactly_one() -> None:
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5] * 4, now=clock(), priority=Priority.HIGH))
     queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
-    batch = plan_batch(queue, clock(), limits(lower_class_share=0.1)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(lower_class_share=0.1))
     assert [i.priority for i in batch.items].count(Priority.LOW) == 1
 
 
@@ -467,8 +450,7 @@ def test_a_class_short_of_its_share_leaves_the_next_class_its_share() -> None:
     queue.push(make_items([5] * 8, now=clock(), priority=Priority.HIGH))
     queue.push(make_items([5], now=clock(), priority=Priority.NORMAL))
     queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
-    batch = plan_batch(queue, clock(), limits(max_batch_size=8, lower_class_share=0.25)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(max_batch_size=8, lower_class_share=0.25))
     priorities = [i.priority for i in batch.items]
     assert priorities.count(Priority.NORMAL) == 1
     assert priorities.count(Priority.LOW) == 2
@@ -481,8 +463,7 @@ def test_efficiency_floor_of_one_excludes_an_equal_length_neighbour() -> None:
     queue.push(make_items([7], now=clock()))
     queue.push(make_items([7], now=clock(), bucket_of=lambda _: 1))
     clock.advance(0.011)
-    batch = plan_batch(queue, clock(), limits(min_padding_efficiency=1.0)).batch
-    assert batch is not None
+    batch = formed(queue, clock(), limits(min_padding_efficiency=1.0))
     assert len(batch.items) == 1
 
 
@@ -491,8 +472,7 @@ def test_batch_carries_its_version_and_formation_time() -> None:
     clock, queue = FakeClock(), new_queue()
     queue.push(make_items([5, 5], now=clock(), group="v1"))
     queue.push(make_items([5, 5], now=clock(), group="v2"))
-    batch = plan_batch(queue, clock.advance(0.011), limits()).batch
-    assert batch is not None
+    batch = formed(queue, clock.advance(0.011), limits())
     assert {i.group for i in batch.items} == {batch.group}
     assert batch.group in {"v1", "v2"}
     assert batch.formed_at == clock()

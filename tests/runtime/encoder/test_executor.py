@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from fleetserve_runtime.core.errors import BatchFailed, OutOfMemory
 from fleetserve_runtime.core.memory import BufferPool, MemoryProfile
 from fleetserve_runtime.encoder.batcher import Batch
 from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor, resolve_device
-from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
+from fleetserve_runtime.models.base import BatchLayout, CollateContext, PreparedInput
 from fleetserve_runtime.models.registry import LoadedModel
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
 from fleetserve_runtime.testing import make_items
@@ -36,20 +37,13 @@ class RecordingHandler(SyntheticHandler):
         self.second_collated = threading.Event()
         self._batch = 0
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Collate, recording it, and tag the batch with its number."""
         self._batch += 1
         self.events.append(("collate", self._batch))
         if self._batch == 2:
             self.second_collated.set()
-        return (*super().collate(items, layout=layout, alloc=alloc, device=device), self._batch)
+        return (*super().collate(items, ctx), self._batch)
 
     def forward(self, batch: Any) -> Any:
         """Run the synthetic forward, recording its start and end."""
@@ -201,18 +195,11 @@ def test_oom_while_collating_splits_the_batch() -> None:
     """Running out of memory while preparing a batch splits it like a forward-pass OOM."""
 
     class TightCollate(SyntheticHandler):
-        def collate(
-            self,
-            items: Sequence[PreparedInput],
-            *,
-            layout: BatchLayout,
-            alloc: TensorAllocator,
-            device: torch.device,
-        ) -> Any:
+        def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
             """Refuse batches of more than one item."""
             if len(items) > 1:
                 raise OutOfMemory("copy does not fit")
-            return super().collate(items, layout=layout, alloc=alloc, device=device)
+            return super().collate(items, ctx)
 
     handler = TightCollate("s", "v1", params=SyntheticParams(latency_ms=0))
     (outcome,) = run(DEFAULTS, [job(handler, [5, 6, 7])])
@@ -261,37 +248,47 @@ def digests(each: BatchJob, *indices: int) -> list[int]:
     return [each.batch.items[i].payload.data for i in indices]
 
 
-def test_a_withdrawn_request_is_never_computed() -> None:
-    """A request withdrawn while its batch waits is left out; the rest of the batch runs."""
+@dataclass(frozen=True)
+class Withdrawal:
+    """What `withdraw_behind_a_running_batch` ran, and the outcomes of its two batches."""
+
+    handler: Gated
+    first: BatchJob
+    second: BatchJob
+    executor: Executor
+    outcomes: list[BatchOutcome]
+
+
+def withdraw_behind_a_running_batch(*indices: int) -> Withdrawal:
+    """Withdraw `indices` of a two-item batch waiting behind a computing one; then run both."""
     handler = Gated(hold=1)
     first, second = job(handler, [5]), job(handler, [6, 7])
     with executor_for(2) as (executor, collector):
         executor.submit(first)
         assert handler.entered.wait(10)
         executor.submit(second)
-        assert executor.withdraw(second, 0)
+        for index in indices:
+            assert executor.withdraw(second, index)
         assert not executor.withdraw(first, 0), "a computing batch keeps its requests"
         handler.gate.set()
-    waited = collector.outcomes[1]
+    return Withdrawal(handler, first, second, executor, collector.outcomes)
+
+
+def test_a_withdrawn_request_is_never_computed() -> None:
+    """A request withdrawn while its batch waits is left out; the rest of the batch runs."""
+    run = withdraw_behind_a_running_batch(0)
+    waited = run.outcomes[1]
     assert waited.withdrawn == {0}
     assert isinstance(waited.results[1], np.ndarray)
-    assert handler.seen == [digests(first, 0), digests(second, 1)]
+    assert run.handler.seen == [digests(run.first, 0), digests(run.second, 1)]
 
 
 def test_a_batch_whose_requests_were_all_withdrawn_is_skipped() -> None:
     """Nothing runs for a batch left empty, and the executor takes work again."""
-    handler = Gated(hold=1)
-    first, second = job(handler, [5]), job(handler, [6, 7])
-    with executor_for(2) as (executor, collector):
-        executor.submit(first)
-        assert handler.entered.wait(10)
-        executor.submit(second)
-        assert executor.withdraw(second, 0)
-        assert executor.withdraw(second, 1)
-        handler.gate.set()
-    assert collector.outcomes[1].withdrawn == {0, 1}
-    assert handler.seen == [digests(first, 0)]
-    assert executor.has_capacity
+    run = withdraw_behind_a_running_batch(0, 1)
+    assert run.outcomes[1].withdrawn == {0, 1}
+    assert run.handler.seen == [digests(run.first, 0)]
+    assert run.executor.has_capacity
 
 
 def test_the_running_batch_carries_its_expected_time_once_a_pace_is_measured() -> None:

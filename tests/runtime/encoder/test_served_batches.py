@@ -17,14 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-from asgi_lifespan import LifespanManager
 
-from fleetserve_runtime.models.base import BatchLayout, PreparedInput, TensorAllocator
+from fleetserve_runtime.models.base import CollateContext, PreparedInput
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams, text_digest
-from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import infer_request
+from fleetserve_runtime.testing.asgi import serve
 
 INFER = "/v2/models/test/infer"
 HOLD = "hold"
@@ -49,17 +47,10 @@ class Recording(SyntheticHandler):
         self.gate = threading.Event()
         self._hold = text_digest(HOLD)
 
-    def collate(
-        self,
-        items: Sequence[PreparedInput],
-        *,
-        layout: BatchLayout,
-        alloc: TensorAllocator,
-        device: torch.device,
-    ) -> Any:
+    def collate(self, items: Sequence[PreparedInput], ctx: CollateContext) -> Any:
         """Record the batch's shape, then collate as the synthetic model does."""
-        self.shapes.append((len(items), layout.pad_to))
-        return super().collate(items, layout=layout, alloc=alloc, device=device)
+        self.shapes.append((len(items), ctx.layout.pad_to))
+        return super().collate(items, ctx)
 
     def forward(self, batch: Any) -> Any:
         """Record the rows; wait at the gate when the batch holds `hold`."""
@@ -85,21 +76,13 @@ def recording(name: str, version: str, max_sequence_length: int) -> Recording:
 @asynccontextmanager
 async def served(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime, Recording]]:
     """The API app serving the recording model once ready, a client, and the model."""
-    app = create_app(make_config(model=f"{__name__}:recording", **overrides))
-    async with LifespanManager(app, startup_timeout=60, shutdown_timeout=60) as manager:
-        runtime: Runtime = app.state.runtime
+    async with serve(f"{__name__}:recording", **overrides) as (client, runtime):
         model = (await runtime.wait_ready()).handler
         assert isinstance(model, Recording)
-        transport = httpx.ASGITransport(app=manager.app)
         try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://rt") as client:
-                yield client, runtime, model
+            yield client, runtime, model
         finally:
             model.gate.set()
-
-
-def v2(text: str) -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -150,7 +133,9 @@ async def test_requests_of_very_different_lengths_are_batched_apart() -> None:
     }
     texts = [text for i in range(4) for text in (f"short {i}", f"long {i} " + "w " * 46)]
     async with served(batching=batching) as (client, runtime, _):
-        responses = await asyncio.gather(*(client.post(INFER, json=v2(text)) for text in texts))
+        responses = await asyncio.gather(
+            *(client.post(INFER, json=infer_request([text])) for text in texts)
+        )
     assert [r.status_code for r in responses] == [200] * 8
     assert max(int(r.headers["x-fleetserve-batch-size"]) for r in responses) <= 4
     assert tokens(runtime, "real") == 4 * 4 + 4 * 50
@@ -180,7 +165,9 @@ async def test_a_high_priority_request_is_computed_before_queued_low_ones(
             headers = {"x-fleetserve-priority": priority}
             if priority == "high":
                 headers["authorization"] = f"Bearer {token.read_text()}"
-            return asyncio.create_task(client.post(INFER, json=v2(text), headers=headers))
+            return asyncio.create_task(
+                client.post(INFER, json=infer_request([text]), headers=headers)
+            )
 
         held = post(HOLD, "normal")
         assert await asyncio.to_thread(model.holding.wait, 10)
@@ -208,7 +195,7 @@ async def test_one_batch_in_log_batch_sample_is_logged_with_its_detail(
     caplog.set_level(logging.INFO, logger="fleetserve.executor")
     async with served(log_batch_sample=3, batching={"max_queue_delay_ms": 0}) as (client, _, _):
         for i in range(7):
-            response = await client.post(INFER, json=v2(" ".join(["w"] * (i + 1))))
+            response = await client.post(INFER, json=infer_request([" ".join(["w"] * (i + 1))]))
             assert response.status_code == 200
     logged = [r.__dict__ for r in caplog.records if r.name == "fleetserve.executor"]
     detail = [(r["msg"], r["size"], r["pad_to"], r["real_tokens"]) for r in logged]

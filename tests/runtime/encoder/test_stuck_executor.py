@@ -14,16 +14,14 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
-import pytest
-import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.models.synthetic import STALL_TEXT
 from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import infer_request, make_config, metric_total
+from tests.runtime.uvicorn_thread import uvicorn_thread
 
 STALL_S = 4.0
 """How long the stuck batch runs: long against the deadlines below, short for a test."""
@@ -176,37 +174,14 @@ async def test_a_stalled_event_loop_fails_liveness_during_and_just_after_the_sta
 @contextmanager
 def real_server(**overrides: Any) -> Iterator[str]:
     """The app under uvicorn on a free loopback port, in a thread; yields its URL once ready."""
-    config = make_config(model=STUCK_MODEL, **overrides)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_config=None)
-    )
-    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
-    thread.start()
-    try:
-        for _ in range(600):
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.05)
-        assert server.started, "the server did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
+    with uvicorn_thread(create_app(make_config(model=STUCK_MODEL, **overrides))) as port:
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def body(text: str) -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
 
 
 def stalled_gauge(metrics: str) -> float:
-    for family in text_string_to_metric_families(metrics):
-        for sample in family.samples:
-            if sample.name == "fleetserve_executor_stalled":
-                return sample.value
-    pytest.fail("fleetserve_executor_stalled is not exported")
+    return metric_total(metrics, "fleetserve_executor_stalled")
 
 
 def test_over_http_a_stuck_batch_fails_live_and_504s_arrive_on_time() -> None:
@@ -218,12 +193,14 @@ def test_over_http_a_stuck_batch_fails_live_and_504s_arrive_on_time() -> None:
 
     async def scenario(url: str) -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            stuck = asyncio.create_task(client.post("/v2/models/test/infer", json=body(STALL_TEXT)))
+            stuck = asyncio.create_task(
+                client.post("/v2/models/test/infer", json=infer_request([STALL_TEXT]))
+            )
             await asyncio.sleep(0.3)
             began = time.monotonic()
             late = await client.post(
                 "/v2/models/test/infer",
-                json=body("late"),
+                json=infer_request(["late"]),
                 headers={"x-fleetserve-timeout-ms": str(DEADLINE_MS)},
             )
             seen: dict[str, Any] = {"late": late.status_code, "waited": time.monotonic() - began}

@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -25,8 +23,6 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
-from fleetserve_runtime.cli import EXIT_LOAD_FAILED
 from fleetserve_runtime.core.memory import MemoryProfile, resident_peak_bytes
 from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
@@ -39,8 +35,8 @@ from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.minilm_onnx import MiniLMOnnxHandler, graph_key
 from fleetserve_runtime.models.registry import Backend, choose_backend, resolve_handler
 from fleetserve_runtime.serving.versions import calibration_shapes
+from tests.runtime.models.cli_server import embeddings, load_failure, serving
 
-CLI = Path(sys.executable).with_name("fleetserve-runtime")
 CPU = torch.device("cpu")
 MINILM = "builtin://minilm-l6"
 TEXTS = [*GUARD_TEXTS[:6], "A much longer text " * 20]
@@ -134,29 +130,17 @@ def cached_graph(tmp: Path) -> Path:
 
 
 @contextmanager
-def serving(tmp: Path, log: Path, *args: str) -> Iterator[str]:
-    """`fleetserve-runtime serve` of MiniLM on loopback with `TMPDIR=tmp`, its output to `log`."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = runtime_serve_argv([str(CLI)], model=MINILM, name="minilm", port=port)
-    flags = ["--max-sequence-length", str(MAX_LEN), "--log-format", "text", *args]
-    with running_server(
-        [*argv, *flags], base_url=url, core=0, log_path=log, env={"TMPDIR": str(tmp)}
-    ):
+def serving_minilm(tmp: Path, log: Path, *args: str) -> Iterator[str]:
+    """`fleetserve-runtime serve` of MiniLM with `TMPDIR=tmp`, its output to `log`; its URL."""
+    flags = ("--max-sequence-length", str(MAX_LEN), *args)
+    with serving(MINILM, "minilm", log, *flags, env={"TMPDIR": str(tmp)}) as url:
         yield url
 
 
 def served(url: str) -> tuple[npt.NDArray[np.float32], dict[str, object]]:
     """Embeddings of `TEXTS` (truncated to `MAX_LEN`) and the model metadata."""
-    body = {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}],
-        "parameters": {"truncate": True},
-    }
-    response = httpx.post(f"{url}/v2/models/minilm/infer", json=body, timeout=60)
-    assert response.status_code == 200, response.text
-    output = response.json()["outputs"][0]
     metadata = httpx.get(f"{url}/v2/models/minilm", timeout=10).json()
-    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"]), metadata
+    return embeddings(url, "minilm", TEXTS), metadata
 
 
 def test_default_serves_minilm_on_onnxruntime_like_torch(
@@ -166,9 +150,9 @@ def test_default_serves_minilm_on_onnxruntime_like_torch(
     graph = cached_graph(tmpdir_with_graph)
     before = graph.stat()
     log = tmp_path / "ort.log"
-    with serving(tmpdir_with_graph, log) as url:
+    with serving_minilm(tmpdir_with_graph, log) as url:
         ort_embeddings, ort_metadata = served(url)
-    with serving(tmpdir_with_graph, tmp_path / "torch.log", "--backend", "torch") as url:
+    with serving_minilm(tmpdir_with_graph, tmp_path / "torch.log", "--backend", "torch") as url:
         torch_embeddings, torch_metadata = served(url)
     assert ort_metadata["platform"] == "onnxruntime"
     assert torch_metadata["platform"] == "pytorch"
@@ -205,16 +189,8 @@ def test_a_refused_backend_stops_the_process_with_the_reason(
     args: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
     """A contradicting backend: exit EXIT_LOAD_FAILED with the reason on stderr."""
-    done = subprocess.run(
-        [str(CLI), "serve", "--port", str(free_port()), "--device", "cpu"]
-        + ["--model", MINILM, "--log-format", "text", *args],
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == EXIT_LOAD_FAILED
-    assert message in done.stderr.decode()
+    flags = ("--device", "cpu", "--model", MINILM, "--log-format", "text", *args)
+    assert message in load_failure(*flags, env={"TMPDIR": str(tmp_path)})
 
 
 def test_a_corrupted_cached_graph_is_exported_again(

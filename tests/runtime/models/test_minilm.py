@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fleetserve_runtime.core.errors import InputTooLong, InvalidInput
-from fleetserve_runtime.models.base import BatchLayout, ModelHandler, PreparedInput
+from fleetserve_runtime.models.base import BatchLayout, CollateContext, ModelHandler, PreparedInput
 from fleetserve_runtime.models.bert import PackedBatch
 from fleetserve_runtime.models.minilm import EMBEDDING_DIM, FLOPS_PER_TOKEN, MiniLMHandler
 
@@ -39,6 +39,11 @@ class TorchAllocator:
         return tensor
 
 
+def on_cpu(layout: BatchLayout) -> CollateContext:
+    """`layout` on the CPU, in fresh poisoned buffers."""
+    return CollateContext(layout, TorchAllocator(), CPU)
+
+
 @pytest.fixture(scope="module")
 def handler() -> MiniLMHandler:
     """Load the real model once for the whole module."""
@@ -56,7 +61,7 @@ def embed(
 ) -> list[npt.NDArray[np.float32]]:
     """Run items through collate, forward and postprocess in one batch."""
     layout = BatchLayout(pad_to=pad_to or max(item.length for item in items), packed=packed)
-    batch = handler.collate(items, layout=layout, alloc=TorchAllocator(), device=CPU)
+    batch = handler.collate(items, on_cpu(layout))
     return handler.postprocess(handler.forward(batch), len(items))
 
 
@@ -134,8 +139,7 @@ def test_packed_batch_groups_by_length(handler: MiniLMHandler) -> None:
     """A mixed batch attends in several groups, padded only where lengths differ."""
     items = sample_items(handler, GROUPED_LENGTHS)
     assert [item.length for item in items] == list(GROUPED_LENGTHS)
-    layout = BatchLayout(pad_to=max(GROUPED_LENGTHS))
-    batch = handler.collate(items, layout=layout, alloc=TorchAllocator(), device=CPU)
+    batch = handler.collate(items, on_cpu(BatchLayout(pad_to=max(GROUPED_LENGTHS))))
     assert isinstance(batch, PackedBatch)
     shapes = [(group.batch_size, group.length, group.padding is None) for group in batch.groups]
     assert shapes == [(20, 7, False), (5, 30, True), (5, 50, True)]

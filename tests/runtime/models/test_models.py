@@ -14,7 +14,8 @@ from fleetserve_runtime.core.errors import InvalidInput, ModelNotFound, ModelNot
 from fleetserve_runtime.models.registry import LoadedModel, ModelRegistry, resolve_handler
 from fleetserve_runtime.models.synthetic import SyntheticHandler
 from fleetserve_runtime.server.app import create_app
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import infer_request, make_config
+from fleetserve_runtime.testing.asgi import serve
 
 HANDLER_PY = """
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams
@@ -24,6 +25,30 @@ def create_handler(name, version, max_sequence_length):
     return SyntheticHandler(name, version, max_sequence_length=max_sequence_length,
                             params=SyntheticParams(dim=3, latency_ms=0))
 """
+
+
+OLD_STYLE_HANDLER_PY = """
+from fleetserve_runtime.models.synthetic import SyntheticHandler
+
+
+class OldStyle(SyntheticHandler):
+    def collate(self, items, *, layout, alloc, device):
+        return super().collate(items, layout)
+
+
+def create_handler(name, version, max_sequence_length):
+    return OldStyle(name, version, max_sequence_length=max_sequence_length)
+"""
+
+HANDLER_DOCS = (
+    Path(__file__).resolve().parents[3] / "docs" / "reference" / "runtime-configuration.md"
+)
+
+
+def documented_handler_py() -> str:
+    """The complete `handler.py` the configuration reference shows under "Model handlers"."""
+    section = HANDLER_DOCS.read_text().split("## Model handlers", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def loaded(version: str) -> LoadedModel:
@@ -57,6 +82,27 @@ def test_handler_directory(tmp_path: Path) -> None:
     handler = resolve_handler(f"file://{tmp_path}", name="m", version="7", max_sequence_length=8)
     assert handler.metadata.outputs[0].shape == (-1, 3)
     assert handler.metadata.version == "7"
+
+
+def test_a_plugin_with_another_collate_signature_is_refused_saying_why(tmp_path: Path) -> None:
+    """A `collate` that cannot take `(items, ctx)` is refused at resolve, not at its first batch."""
+    (tmp_path / "handler.py").write_text(OLD_STYLE_HANDLER_PY)
+    with pytest.raises(TypeError, match=r"OldStyle\.collate\(items, \*, layout, alloc, device\) "):
+        resolve_handler(f"file://{tmp_path}", name="m", version="1", max_sequence_length=8)
+    with pytest.raises(TypeError, match="in one CollateContext"):
+        resolve_handler(f"file://{tmp_path}", name="m", version="1", max_sequence_length=8)
+
+
+async def test_the_documented_handler_directory_serves(tmp_path: Path) -> None:
+    """The reference's example `handler.py` loads, warms up and serves through the v2 API."""
+    (tmp_path / "handler.py").write_text(documented_handler_py())
+    async with serve(f"file://{tmp_path}", warmup=True) as (client, _):
+        answer = await client.post(
+            "/v2/models/test/infer", json=infer_request(["one two three", "four"])
+        )
+    assert answer.status_code == 200, answer.text
+    output = answer.json()["outputs"][0]
+    assert (output["name"], output["shape"], output["data"]) == ("words", [2, 1], [3.0, 1.0])
 
 
 def test_registry_swaps_and_switches_back() -> None:

@@ -8,10 +8,6 @@ with the torch MiniLM handler's.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -21,8 +17,6 @@ import onnx
 import pytest
 import torch
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
-from fleetserve_runtime.cli import EXIT_LOAD_FAILED
 from fleetserve_runtime.models.accuracy import (
     GUARD_TEXTS,
     AccuracyError,
@@ -32,8 +26,8 @@ from fleetserve_runtime.models.accuracy import (
 from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.onnx_export import export_minilm
 from fleetserve_runtime.models.onnx_model import OnnxEncoderHandler, quantized_path
+from tests.runtime.models.cli_server import embeddings, load_failure, serving
 
-CLI = Path(sys.executable).with_name("fleetserve-runtime")
 CPU = torch.device("cpu")
 TEXTS = [*GUARD_TEXTS[:5], "A much longer text " * 20]
 MAX_LEN = 64
@@ -53,35 +47,13 @@ def torch_embeddings() -> npt.NDArray[np.float32]:
     return embed_texts(handler, TEXTS, CPU)
 
 
-@contextmanager
-def serving(model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`fleetserve-runtime serve` of `model` on loopback until the block ends; its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = runtime_serve_argv([str(CLI)], model=f"file://{model}", name="onnx", port=port)
-    with running_server(
-        [*argv, "--log-format", "text", *args], base_url=url, core=0, log_path=log, env=env
-    ):
-        yield url
-
-
-def infer(url: str, texts: list[str]) -> npt.NDArray[np.float32]:
-    body = {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}],
-        "parameters": {"truncate": True},
-    }
-    response = httpx.post(f"{url}/v2/models/onnx/infer", json=body, timeout=60)
-    assert response.status_code == 200, response.text
-    output = response.json()["outputs"][0]
-    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-
-
 def test_onnx_model_serves_embeddings_like_torch(
     onnx_model: Path, torch_embeddings: npt.NDArray[np.float32], tmp_path: Path
 ) -> None:
     """Over loopback, the ONNX graph's pooled embeddings match the torch path (cos ≥ 0.999)."""
-    with serving(onnx_model, tmp_path / "log", "--max-sequence-length", str(MAX_LEN)) as url:
-        served = infer(url, TEXTS)
+    args = ("--max-sequence-length", str(MAX_LEN))
+    with serving(f"file://{onnx_model}", "onnx", tmp_path / "log", *args) as url:
+        served = embeddings(url, "onnx", TEXTS)
         metadata = httpx.get(f"{url}/v2/models/onnx", timeout=10).json()
     cosines = (served * torch_embeddings).sum(axis=1)
     assert served.shape == (len(TEXTS), 384)
@@ -98,8 +70,8 @@ def test_int8_onnx_model_is_quantised_guarded_and_cached(
     """`--precision int8` quantises at load into the temp dir, passes the guard, serves."""
     env = {"TMPDIR": str(tmp_path)}
     args = ("--precision", "int8", "--no-warmup", "--max-sequence-length", str(MAX_LEN))
-    with serving(onnx_model, tmp_path / "log", *args, env=env) as url:
-        served = infer(url, TEXTS[:5])
+    with serving(f"file://{onnx_model}", "onnx", tmp_path / "log", *args, env=env) as url:
+        served = embeddings(url, "onnx", TEXTS[:5])
     cached = list((tmp_path / "fleetserve-onnx-int8").glob("*.int8.onnx"))
     assert len(cached) == 1
     assert cached[0].stat().st_size < onnx_model.stat().st_size * 0.8
@@ -119,14 +91,7 @@ def test_int8_onnx_under_the_floor_is_refused(onnx_model: Path, tmp_path: Path) 
 def test_a_missing_onnx_model_stops_the_process_with_the_reason(tmp_path: Path) -> None:
     """A model path that does not exist: exit EXIT_LOAD_FAILED, the path named on stderr."""
     missing = tmp_path / "nope" / "model.onnx"
-    done = subprocess.run(
-        [str(CLI), "serve", "--port", str(free_port()), "--model", f"file://{missing}"],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == EXIT_LOAD_FAILED
-    assert f"ONNX model {missing} does not exist" in done.stderr.decode()
+    assert f"ONNX model {missing} does not exist" in load_failure("--model", f"file://{missing}")
 
 
 def test_a_corrupt_graph_or_no_tokenizer_is_a_clear_load_error(

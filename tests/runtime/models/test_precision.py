@@ -31,7 +31,7 @@ from fleetserve_runtime.models.bert import BertEncoder
 from fleetserve_runtime.models.minilm import MiniLMHandler
 from fleetserve_runtime.models.registry import resolve_handler
 from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import infer_request, make_config
 
 # The `serve_with_admin` fixture (conftest.py).
 ServeWithAdmin = Callable[
@@ -53,10 +53,6 @@ def fp32_guard() -> np.ndarray:
     return embed_texts(handler, GUARD_TEXTS, CPU)
 
 
-def infer_body(texts: list[str]) -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
-
-
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 async def test_reduced_precision_loads_and_serves_close_to_fp32(
     precision: str,
@@ -74,7 +70,7 @@ async def test_reduced_precision_loads_and_serves_close_to_fp32(
         runtime,
     ):
         loaded = await ctl.post("/v2/repository/models/test/load", json=load_v2())
-        response = await client.post("/v2/models/test/infer", json=infer_body(texts))
+        response = await client.post("/v2/models/test/infer", json=infer_request(texts))
         metadata = runtime.registry.active.metadata
         described = (await client.get("/v2/models/test")).json()["parameters"]
     assert loaded.status_code == 200, loaded.text
@@ -124,7 +120,7 @@ async def test_a_broken_quantisation_is_refused_and_never_ready(
         runtime,
     ):
         refused = await ctl.post("/v2/repository/models/test/load", json=load_v2())
-        still = await client.post("/v2/models/test/infer", json=infer_body(["x"]))
+        still = await client.post("/v2/models/test/infer", json=infer_request(["x"]))
         versions = runtime.registry.versions()
     assert refused.status_code == 400
     error = refused.json()["error"]
