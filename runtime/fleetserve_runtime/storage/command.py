@@ -25,7 +25,7 @@ from fleetserve_runtime.storage.install import WORK_DIR
 from fleetserve_runtime.storage.options import FetchOptions, HfSettings, S3Settings
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason
 
-__all__ = ["EXIT_FETCH_FAILED", "add_arguments", "run"]
+__all__ = ["EXIT_FETCH_FAILED", "add_arguments", "fetch_options", "run"]
 
 EXIT_FETCH_FAILED = 1
 _DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     # looks for a token, where hf_xet keeps its chunk cache) goes in the volume's work area.
     os.environ.setdefault("HF_HOME", str(args.dest / WORK_DIR / "hf-home"))
     try:
-        fetched = fetch(args.uri, _options(args), _emit)
+        fetched = fetch(args.uri, fetch_options(args), _emit)
     except FetchFailed as exc:
         failure = exc
     except Exception as exc:
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FETCH_FAILED
 
 
-def _options(args: argparse.Namespace) -> FetchOptions:
+def fetch_options(args: argparse.Namespace) -> FetchOptions:
+    """The options `fetch` flags give (those not given keep their defaults)."""
     given = {key: value for key, value in vars(args).items() if value is not None}
     s3 = {key.removeprefix("s3_"): given.pop(key) for key in list(given) if key.startswith("s3_")}
     hf = {key.removeprefix("hf_"): given.pop(key) for key in list(given) if key.startswith("hf_")}
