@@ -187,10 +187,10 @@ class _Registry:
 
     def __init__(self, host: str, options: FetchOptions) -> None:
         self.base = f"https://{host}/v2"
-        bundle = ca_bundle(options.ca_file)
-        self._oras = oras.provider.Registry(hostname=host, tls_verify=bundle)
+        # Given with every request: a session's own `verify` loses to REQUESTS_CA_BUNDLE.
+        self._bundle = ca_bundle(options.ca_file)
+        self._oras = oras.provider.Registry(hostname=host, tls_verify=self._bundle)
         session: requests.Session = self._oras.session
-        session.verify = bundle
         adapter = _BoundedAdapter((options.connect_timeout_s, options.read_timeout_s))
         session.mount("https://", adapter)
         session.mount("http://", adapter)
@@ -209,7 +209,7 @@ class _Registry:
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
         session: requests.Session = self._oras.session
-        got = session.get(url, headers=headers, stream=stream)
+        got = session.get(url, headers=headers, stream=stream, verify=self._bundle)
         if got.status_code != 401:
             return got
         authorization = self._answer(got)
@@ -217,7 +217,7 @@ class _Registry:
             return got
         got.close()
         self._authorization = headers["Authorization"] = authorization
-        return session.get(url, headers=headers, stream=stream)
+        return session.get(url, headers=headers, stream=stream, verify=self._bundle)
 
     def _answer(self, challenged: requests.Response) -> str | None:
         challenge = challenged.headers.get("WWW-Authenticate", "")

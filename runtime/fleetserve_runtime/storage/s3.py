@@ -41,7 +41,7 @@ from fleetserve_runtime.storage.credentials import (
 )
 from fleetserve_runtime.storage.options import FetchOptions
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason, for_status
-from fleetserve_runtime.storage.staging import CHUNK_BYTES
+from fleetserve_runtime.storage.staging import CHUNK_BYTES, safe_relative_path
 from fleetserve_runtime.storage.tls import ca_bundle, check_endpoint
 from fleetserve_runtime.storage.uri import S3Uri
 
@@ -99,7 +99,9 @@ def _listing(client: Minio, uri: S3Uri, max_files: int) -> list[_Object]:
         key = item.object_name or ""
         if key.endswith("/"):
             continue
-        objects.append(_Object(key, key[len(prefix) :], item.size or 0))
+        # Checked before any body is read (staging checks again when writing).
+        path = safe_relative_path(key[len(prefix) :])
+        objects.append(_Object(key, path, item.size or 0))
         if len(objects) > max_files:
             raise FetchFailed(
                 Reason.INVALID_ARCHIVE, f"{uri} holds more than {max_files} objects (--max-files)"

@@ -1,10 +1,11 @@
 """A loopback HTTPS file server for the storage initializer's tests, with faults on demand.
 
-Each path serves a `Route`: a body with a status, an ETag, ranges honoured or not, and the
-faults a real store shows: a connection cut after some bytes, a stall, no Content-Length, a
-bearer token required, a redirect. Every request's path and headers are kept, so a test can
-check what the client sent (a Range, an If-Range, a token). TLS with the certificates of
-`fleetserve_e2e.pki` (the server's is valid for 127.0.0.1).
+Each path (its query aside) serves a `Route`: a body with a status, an ETag, ranges honoured
+or not, and the faults a real store shows: a connection cut after some bytes, a stall, no
+Content-Length, credentials required (401 with a challenge), a redirect. Every request's path
+and headers are kept, so a test can check what the client sent (a Range, an If-Range, a
+token). TLS with the certificates of `fleetserve_e2e.pki` (the server's is valid for
+127.0.0.1). The OCI tests lay a registry's manifests and blobs out as routes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from fleetserve_e2e.pki import ClusterPki
 
@@ -37,10 +39,14 @@ class Route:
     """Close the connection after this many body bytes (Content-Length still says all)."""
     stall_after: int | None = None
     """Send this many body bytes, then nothing until the server stops."""
-    token: str | None = None
-    """The bearer token required (401 without it)."""
+    authorization: str | None = None
+    """The Authorization header required (401 with `challenge` without it)."""
+    challenge: str = "Bearer"
+    """The WWW-Authenticate header of that 401."""
     redirect: str | None = None
     """Answer 302 to this location."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """More headers of every answer (a Content-Type)."""
 
 
 @dataclass(frozen=True)
@@ -85,15 +91,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         self.server.state.seen.append(Seen(self.path, headers))
-        route = self.server.state.routes.get(self.path)
+        route = self.server.state.routes.get(urlsplit(self.path).path)
         if route is None:
             self._answer(404, b"not found")
         elif route.redirect is not None:
             self._answer(302, b"", {"Location": route.redirect})
-        elif route.token is not None and headers.get("authorization") != f"Bearer {route.token}":
-            self._answer(401, b"no", {"WWW-Authenticate": "Bearer"})
+        elif route.authorization not in (None, headers.get("authorization")):
+            self._answer(401, b"no", {"WWW-Authenticate": route.challenge})
         elif route.status != 200:
-            self._answer(route.status, b"failure")
+            self._answer(route.status, route.body or b"failure", route.headers)
         else:
             self._serve(route, headers)
 
@@ -107,11 +113,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(
                 "Content-Range", f"bytes {start}-{len(route.body) - 1}/{len(route.body)}"
             )
+        for name, value in route.headers.items():
+            self.send_header(name, value)
         if route.send_length:
             self.send_header("Content-Length", str(len(body)))
         else:
             self.send_header("Connection", "close")
         self.end_headers()
+        if self.command == "HEAD":
+            return
         limit = route.cut_after if route.cut_after is not None else route.stall_after
         self.wfile.write(body if limit is None else body[:limit])
         self.wfile.flush()
@@ -125,7 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
 
 
 def _range_start(route: Route, headers: dict[str, str]) -> int:

@@ -123,7 +123,9 @@ def test_sha_mismatch(server: FileServer, pki: ClusterPki, tmp_path: Path) -> No
         pytest.param(Route(status=500), Reason.STORAGE_UNREACHABLE, id="500"),
         pytest.param(Route(status=503), Reason.STORAGE_UNREACHABLE, id="503"),
         pytest.param(Route(status=403), Reason.ACCESS_DENIED, id="403"),
-        pytest.param(Route(body=BODY, token="s3cret-token"), Reason.ACCESS_DENIED, id="401"),
+        pytest.param(
+            Route(body=BODY, authorization="Bearer s3cret-token"), Reason.ACCESS_DENIED, id="401"
+        ),
     ],
 )
 def test_status_failures(
@@ -140,7 +142,7 @@ def test_bearer_token_from_the_credentials_dir(
     server: FileServer, pki: ClusterPki, tmp_path: Path
 ) -> None:
     """The credentials directory's token is sent; it never shows in a message."""
-    server.routes["/model.onnx"] = Route(body=BODY, token="s3cret-token")
+    server.routes["/model.onnx"] = Route(body=BODY, authorization="Bearer s3cret-token")
     secret = tmp_path / "secret"
     secret.mkdir()
     (secret / "token").write_text("s3cret-token\n")
