@@ -53,6 +53,7 @@ class Route:
 class Seen:
     """A request the server received."""
 
+    method: str
     path: str
     headers: dict[str, str]
 
@@ -90,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
-        self.server.state.seen.append(Seen(self.path, headers))
+        self.server.state.seen.append(Seen(self.command, self.path, headers))
         route = self.server.state.routes.get(urlsplit(self.path).path)
         if route is None:
             self._answer(404, b"not found")

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fleetserve_e2e.pki import ClusterPki
 
+from fleetserve_runtime.cli import build_parser
+from fleetserve_runtime.storage import command
 from fleetserve_runtime.storage.command import EXIT_FETCH_FAILED
 from tests.runtime.storage.file_server import FileServer, Route
 
@@ -91,3 +94,25 @@ def test_malformed_command_line_exits_2(tmp_path: Path) -> None:
     done = _run("--uri", "s3://b/p")
     assert done.returncode == 2
     assert "--dest" in done.stderr
+
+
+def test_an_unexpected_error_is_an_internal_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure no reason explains still writes a termination message: InternalError."""
+
+    def broken(*_: object) -> None:
+        msg = "boom"
+        raise RuntimeError(msg)
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(command, "fetch", broken)
+    log = tmp_path / "log"
+    args = build_parser().parse_args(
+        ["fetch", "--uri", "s3://b/p", "--dest", str(tmp_path / "v"), "--termination-log", str(log)]
+    )
+    assert command.run(args) == EXIT_FETCH_FAILED
+    assert json.loads(log.read_text()) == {
+        "reason": "InternalError",
+        "message": "RuntimeError: boom",
+    }

@@ -1,13 +1,15 @@
-"""Hugging Face repositories: offline from a pre-populated cache, and the Hub's errors mapped.
+"""Hugging Face repositories: offline from a pre-populated cache, online from a loopback Hub.
 
 The cache is built here in huggingface_hub's own layout (blobs, refs, snapshots of links)
 from tiny files; offline fetches name an endpoint nothing listens on, so any network use
-would fail them. The online cases point the endpoint at the loopback HTTPS server.
+would fail them. The online cases point the endpoint at the loopback HTTPS server, laid out
+with the three Hub routes a snapshot download uses (the revision, the file tree, each file).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -162,3 +164,62 @@ def test_plain_http_hub_only_when_allowed(tmp_path: Path) -> None:
     assert not _fetch(
         "hf://org/tiny@main", _offline(tmp_path, cache, hf=plain, allow_http=True)
     ).reused
+
+
+def _hub(server: FileServer, files: dict[str, bytes] = FILES) -> None:
+    """The Hub's routes for `org/tiny` at `main` = COMMIT, holding `files`."""
+    info = {"id": "org/tiny", "sha": COMMIT, "siblings": [{"rfilename": p} for p in files]}
+    tree = [
+        {"type": "file", "oid": hashlib.sha1(d).hexdigest(), "size": len(d), "path": p}
+        for p, d in files.items()
+    ]
+    json_type = {"Content-Type": "application/json"}
+    server.routes["/api/models/org/tiny/revision/main"] = Route(
+        body=json.dumps(info).encode(), headers=json_type
+    )
+    server.routes[f"/api/models/org/tiny/tree/{COMMIT}"] = Route(
+        body=json.dumps(tree).encode(), headers=json_type
+    )
+    for path, data in files.items():
+        server.routes[f"/org/tiny/resolve/{COMMIT}/{path}"] = Route(
+            body=data, etag=f'"{hashlib.sha1(data).hexdigest()}"', headers={"X-Repo-Commit": COMMIT}
+        )
+
+
+def _online(
+    server: FileServer, pki: ClusterPki, tmp_path: Path, **overrides: object
+) -> FetchOptions:
+    settings: dict[str, object] = {
+        "dest": tmp_path / "volume",
+        "ca_file": pki.ca_cert,
+        "hf": HfSettings(endpoint=server.url("").rstrip("/")),
+    }
+    settings.update(overrides)
+    return FetchOptions(**settings)  # type: ignore[arg-type]
+
+
+def test_online_download_with_the_token(
+    server: FileServer, pki: ClusterPki, tmp_path: Path
+) -> None:
+    """Downloaded through a scratch cache in the volume, the token sent; only the model stays."""
+    _hub(server)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "token").write_text("hf_fetchtesttoken")
+    options = _online(server, pki, tmp_path, credentials_dir=secret)
+    fetched = _fetch("hf://org/tiny@main", options)
+    for path, data in FILES.items():
+        assert (options.dest / "model" / path).read_bytes() == data
+    assert fetched.record.bytes == sum(len(d) for d in FILES.values())
+    assert sorted(p.name for p in options.dest.iterdir()) == ["model", "model.json"]
+    assert all(
+        seen.headers.get("authorization") == "Bearer hf_fetchtesttoken" for seen in server.seen
+    )
+
+
+def test_online_sizes_over_budget(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
+    """The repository's declared sizes over --max-bytes: ModelTooLarge before any file body."""
+    _hub(server)
+    failure = _fails("hf://org/tiny@main", _online(server, pki, tmp_path, max_bytes=100))
+    assert failure.reason is Reason.MODEL_TOO_LARGE
+    assert not [seen for seen in server.seen if seen.method == "GET" and "/resolve/" in seen.path]
