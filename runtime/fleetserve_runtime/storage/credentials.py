@@ -21,7 +21,7 @@ import binascii
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason
 from fleetserve_runtime.storage.redact import remember_secret
@@ -57,16 +57,12 @@ class WebIdentity:
 
 
 class _Login(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
     auth: str | None = None
     username: str | None = None
     password: str | None = None
 
 
 class _DockerConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
     auths: dict[str, _Login] = {}
 
 

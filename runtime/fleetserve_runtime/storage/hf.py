@@ -23,6 +23,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from huggingface_hub import set_client_factory, snapshot_download
@@ -60,26 +61,17 @@ def fetch_hf(uri: HfUri, ctx: FetchContext) -> None:
     disable_progress_bars()
     set_client_factory(functools.partial(_client, ctx.options))
     cache = settings.cache_dir or ctx.resume_dir / "hf-cache"
-    token: str | bool = bearer_token(ctx.options.credentials_dir) or False
+    where: dict[str, Any] = {
+        "revision": uri.revision,
+        "cache_dir": cache,
+        "token": bearer_token(ctx.options.credentials_dir) or False,
+        "endpoint": settings.endpoint,
+    }
     with _mapped_errors(uri, offline=settings.offline):
         if not settings.offline:
-            plan = snapshot_download(
-                uri.repo_id,
-                revision=uri.revision,
-                cache_dir=cache,
-                token=token,
-                endpoint=settings.endpoint,
-                dry_run=True,
-            )
+            plan = snapshot_download(uri.repo_id, **where, dry_run=True)
             _check(uri, [info.file_size or 0 for info in plan], ctx)
-        folder = snapshot_download(
-            uri.repo_id,
-            revision=uri.revision,
-            cache_dir=cache,
-            token=token,
-            endpoint=settings.endpoint,
-            local_files_only=settings.offline,
-        )
+        folder = snapshot_download(uri.repo_id, **where, local_files_only=settings.offline)
     files = _snapshot_files(Path(folder), cache, uri)
     _check(uri, [size for _, _, size in files], ctx)
     ctx.progress.start(sum(size for _, _, size in files))

@@ -16,25 +16,29 @@ __all__ = ["FetchFailed", "Reason", "for_status"]
 
 
 class Reason(StrEnum):
-    """The reasons a fetch fails, spelled as they appear in the termination message."""
+    """The reasons a fetch fails, spelled as they appear in the termination message.
 
-    MODEL_NOT_FOUND = "ModelNotFound"
-    """The bucket, prefix, object, repository, manifest, revision or file does not exist."""
+    The operator reads these names back (its `contract.FetchFailure`; a contract test keeps
+    the two in step).
+    """
+
     ACCESS_DENIED = "AccessDenied"
     """The store refused the credentials (or their absence), or they could not be read."""
     DIGEST_MISMATCH = "DigestMismatch"
     """The bytes fetched are not the ones the URI or `--digest` pins."""
-    MODEL_TOO_LARGE = "ModelTooLarge"
-    """The model is larger than `--max-bytes`, or the volume ran out of space."""
-    STORAGE_UNREACHABLE = "StorageUnreachable"
-    """The store could not be reached, stalled, or answered with a server error."""
+    INTERNAL_ERROR = "InternalError"
+    """A failure no other reason explains: a bug; the message names the exception type."""
     INVALID_ARCHIVE = "InvalidArchive"
     """An archive or a store's listing cannot be laid out safely (a link, a path outside the
     model, a device, a truncated or corrupt archive, too many files)."""
     INVALID_URI = "InvalidUri"
     """The URI (or `--digest`) is not one this initializer accepts."""
-    INTERNAL_ERROR = "InternalError"
-    """A failure none of the above explains: a bug; the message names the exception type."""
+    MODEL_NOT_FOUND = "ModelNotFound"
+    """The bucket, prefix, object, repository, manifest, revision or file does not exist."""
+    MODEL_TOO_LARGE = "ModelTooLarge"
+    """The model is larger than `--max-bytes`, or the volume ran out of space."""
+    STORAGE_UNREACHABLE = "StorageUnreachable"
+    """The store could not be reached, stalled, or answered with a server error."""
 
 
 class FetchFailed(Exception):

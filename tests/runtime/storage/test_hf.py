@@ -17,9 +17,9 @@ import pytest
 from fleetserve_e2e.pki import ClusterPki
 
 from fleetserve_runtime.storage.digests import Digest, FileEntry, tree_digest
-from fleetserve_runtime.storage.fetch import Fetched, fetch
 from fleetserve_runtime.storage.options import FetchOptions, HfSettings
-from fleetserve_runtime.storage.reasons import FetchFailed, Reason
+from fleetserve_runtime.storage.reasons import Reason
+from tests.runtime.storage.fetching import failed_fetch, run_fetch
 from tests.runtime.storage.file_server import FileServer, Route
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -52,24 +52,12 @@ def _offline(tmp_path: Path, cache: Path, **overrides: object) -> FetchOptions:
     return FetchOptions(**settings)  # type: ignore[arg-type]
 
 
-def _fetch(uri: str, options: FetchOptions) -> Fetched:
-    events: list[dict[str, object]] = []
-    return fetch(uri, options, events.append)
-
-
-def _fails(uri: str, options: FetchOptions) -> FetchFailed:
-    with pytest.raises(FetchFailed) as failed:
-        _fetch(uri, options)
-    assert not (options.dest / "model").exists()
-    return failed.value
-
-
 @pytest.mark.parametrize("revision", ["main", COMMIT])
 def test_offline_from_a_prepopulated_cache(tmp_path: Path, revision: str) -> None:
     """The snapshot's files are copied (not linked) into model/; the digest is the tree's."""
     cache = _cache(tmp_path / "cache")
     options = _offline(tmp_path, cache)
-    fetched = _fetch(f"hf://org/tiny@{revision}", options)
+    fetched = run_fetch(f"hf://org/tiny@{revision}", options)
     for path, data in FILES.items():
         installed = options.dest / "model" / path
         assert installed.read_bytes() == data
@@ -84,10 +72,10 @@ def test_offline_from_a_prepopulated_cache(tmp_path: Path, revision: str) -> Non
 def test_offline_digest_pin(tmp_path: Path) -> None:
     """--digest pins the tree: the right one passes, another fails DigestMismatch."""
     cache = _cache(tmp_path / "cache")
-    first = _fetch("hf://org/tiny@main", _offline(tmp_path, cache))
+    first = run_fetch("hf://org/tiny@main", _offline(tmp_path, cache))
     pinned = Digest.parse(first.record.digest)
-    assert _fetch("hf://org/tiny@main", _offline(tmp_path, cache, digest=pinned)).reused
-    failure = _fails(
+    assert run_fetch("hf://org/tiny@main", _offline(tmp_path, cache, digest=pinned)).reused
+    failure = failed_fetch(
         "hf://org/tiny@main",
         _offline(tmp_path, cache, dest=tmp_path / "v2", digest=Digest("1" * 64)),
     )
@@ -98,7 +86,7 @@ def test_offline_cache_miss_is_model_not_found(tmp_path: Path) -> None:
     """A revision or repository not in the cache: ModelNotFound, without any network."""
     cache = _cache(tmp_path / "cache")
     for uri in ("hf://org/tiny@v2", "hf://org/other@main"):
-        failure = _fails(uri, _offline(tmp_path, cache))
+        failure = failed_fetch(uri, _offline(tmp_path, cache))
         assert failure.reason is Reason.MODEL_NOT_FOUND
         assert "offline" in failure.message
 
@@ -106,17 +94,17 @@ def test_offline_cache_miss_is_model_not_found(tmp_path: Path) -> None:
 def test_offline_over_budget(tmp_path: Path) -> None:
     """The snapshot's sizes are checked against --max-bytes before anything is copied."""
     cache = _cache(tmp_path / "cache")
-    failure = _fails("hf://org/tiny@main", _offline(tmp_path, cache, max_bytes=100))
+    failure = failed_fetch("hf://org/tiny@main", _offline(tmp_path, cache, max_bytes=100))
     assert failure.reason is Reason.MODEL_TOO_LARGE
 
 
-def test_a_cache_link_out_of_the_cache_is_refused(tmp_path: Path) -> None:
+def test_a_cache_link_out_of_the_cache_is_failed_fetch(tmp_path: Path) -> None:
     """A snapshot entry that leads out of the cache is not followed: InvalidArchive."""
     cache = _cache(tmp_path / "cache")
     outside = tmp_path / "outside-secret"
     outside.write_text("not a model file")
     (cache / "models--org--tiny/snapshots" / COMMIT / "leak").symlink_to(outside)
-    failure = _fails("hf://org/tiny@main", _offline(tmp_path, cache))
+    failure = failed_fetch("hf://org/tiny@main", _offline(tmp_path, cache))
     assert failure.reason is Reason.INVALID_ARCHIVE
     assert "leak" in failure.message
 
@@ -140,7 +128,7 @@ def test_online_errors_are_mapped(
         ca_file=pki.ca_cert,
         hf=HfSettings(endpoint=server.url("").rstrip("/"), cache_dir=tmp_path / "cache"),
     )
-    failure = _fails("hf://org/tiny@main", options)
+    failure = failed_fetch("hf://org/tiny@main", options)
     assert failure.reason is reason
     assert server.seen, "the Hub was not asked"
 
@@ -151,17 +139,17 @@ def test_unreachable_hub(tmp_path: Path) -> None:
         dest=tmp_path / "volume",
         hf=HfSettings(endpoint=NOWHERE, cache_dir=tmp_path / "cache"),
     )
-    assert _fails("hf://org/tiny@main", options).reason is Reason.STORAGE_UNREACHABLE
+    assert failed_fetch("hf://org/tiny@main", options).reason is Reason.STORAGE_UNREACHABLE
 
 
 def test_plain_http_hub_only_when_allowed(tmp_path: Path) -> None:
     """An http:// endpoint is refused (InvalidUri) unless --allow-http."""
     cache = _cache(tmp_path / "cache")
     plain = HfSettings(endpoint="http://127.0.0.1:9", cache_dir=cache, offline=True)
-    failure = _fails("hf://org/tiny@main", _offline(tmp_path, cache, hf=plain))
+    failure = failed_fetch("hf://org/tiny@main", _offline(tmp_path, cache, hf=plain))
     assert failure.reason is Reason.INVALID_URI
     assert "--allow-http" in failure.message
-    assert not _fetch(
+    assert not run_fetch(
         "hf://org/tiny@main", _offline(tmp_path, cache, hf=plain, allow_http=True)
     ).reused
 
@@ -207,7 +195,7 @@ def test_online_download_with_the_token(
     secret.mkdir()
     (secret / "token").write_text("hf_fetchtesttoken")
     options = _online(server, pki, tmp_path, credentials_dir=secret)
-    fetched = _fetch("hf://org/tiny@main", options)
+    fetched = run_fetch("hf://org/tiny@main", options)
     for path, data in FILES.items():
         assert (options.dest / "model" / path).read_bytes() == data
     assert fetched.record.bytes == sum(len(d) for d in FILES.values())
@@ -220,6 +208,6 @@ def test_online_download_with_the_token(
 def test_online_sizes_over_budget(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """The repository's declared sizes over --max-bytes: ModelTooLarge before any file body."""
     _hub(server)
-    failure = _fails("hf://org/tiny@main", _online(server, pki, tmp_path, max_bytes=100))
+    failure = failed_fetch("hf://org/tiny@main", _online(server, pki, tmp_path, max_bytes=100))
     assert failure.reason is Reason.MODEL_TOO_LARGE
     assert not [seen for seen in server.seen if seen.method == "GET" and "/resolve/" in seen.path]

@@ -16,9 +16,9 @@ import pytest
 from fleetserve_e2e.pki import ClusterPki
 
 from fleetserve_runtime.storage.digests import Digest
-from fleetserve_runtime.storage.fetch import Fetched, fetch
 from fleetserve_runtime.storage.options import FetchOptions
-from fleetserve_runtime.storage.reasons import FetchFailed, Reason
+from fleetserve_runtime.storage.reasons import Reason
+from tests.runtime.storage.fetching import failed_fetch, run_fetch
 from tests.runtime.storage.file_server import FileServer, Route
 
 BODY = bytes(range(256)) * 4096
@@ -39,26 +39,12 @@ def _options(tmp_path: Path, pki: ClusterPki, **overrides: object) -> FetchOptio
     return FetchOptions(**settings)  # type: ignore[arg-type]
 
 
-def _fetch(
-    uri: str, options: FetchOptions, events: list[dict[str, object]] | None = None
-) -> Fetched:
-    return fetch(uri, options, (events if events is not None else []).append)
-
-
-def _fails(uri: str, options: FetchOptions) -> FetchFailed:
-    with pytest.raises(FetchFailed) as failed:
-        _fetch(uri, options)
-    assert not (options.dest / "model").exists()
-    assert not (options.dest / "model.json").exists()
-    return failed.value
-
-
 def test_single_file(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """The file lands in model/ by its URL's name, with its record, progress and digest."""
     server.routes["/m/model.onnx"] = Route(body=BODY)
     events: list[dict[str, object]] = []
     options = _options(tmp_path, pki)
-    fetched = _fetch(_uri(server, "/m/model.onnx", BODY), options, events)
+    fetched = run_fetch(_uri(server, "/m/model.onnx", BODY), options, events)
     assert (options.dest / "model/model.onnx").read_bytes() == BODY
     assert fetched.record.digest == f"sha256:{_sha(BODY)}"
     assert fetched.record.bytes == len(BODY)
@@ -80,7 +66,7 @@ def test_archive_is_unpacked(server: FileServer, pki: ClusterPki, tmp_path: Path
             tar.addfile(info, io.BytesIO(data))
     server.routes["/model.tar.gz"] = Route(body=archive.getvalue())
     options = _options(tmp_path, pki)
-    fetched = _fetch(_uri(server, "/model.tar.gz", archive.getvalue()), options)
+    fetched = run_fetch(_uri(server, "/model.tar.gz", archive.getvalue()), options)
     assert (options.dest / "model/weights/w.bin").read_bytes() == BODY
     assert not (options.dest / "model/model.tar.gz").exists()
     assert fetched.record.digest == f"sha256:{_sha(archive.getvalue())}"
@@ -100,7 +86,8 @@ def test_hostile_archive_installs_nothing(
     server.routes["/m.tar"] = Route(body=archive.getvalue())
     options = _options(tmp_path, pki)
     assert (
-        _fails(_uri(server, "/m.tar", archive.getvalue()), options).reason is Reason.INVALID_ARCHIVE
+        failed_fetch(_uri(server, "/m.tar", archive.getvalue()), options).reason
+        is Reason.INVALID_ARCHIVE
     )
     assert not (tmp_path / "escape").exists()
     assert not any((options.dest / ".fetch/resume").iterdir())
@@ -110,7 +97,7 @@ def test_sha_mismatch(server: FileServer, pki: ClusterPki, tmp_path: Path) -> No
     """Bytes that are not the pinned ones: DigestMismatch, and the download is dropped."""
     server.routes["/model.onnx"] = Route(body=BODY)
     options = _options(tmp_path, pki)
-    failure = _fails(f"{server.url('/model.onnx')}#sha256={'0' * 64}", options)
+    failure = failed_fetch(f"{server.url('/model.onnx')}#sha256={'0' * 64}", options)
     assert failure.reason is Reason.DIGEST_MISMATCH
     assert _sha(BODY) in failure.message
     assert not any((options.dest / ".fetch/resume").iterdir())
@@ -134,7 +121,7 @@ def test_status_failures(
     """Each failing status is its reason, with the status in the message."""
     if route is not None:
         server.routes["/model.onnx"] = route
-    failure = _fails(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki))
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki))
     assert failure.reason is reason
 
 
@@ -146,10 +133,10 @@ def test_bearer_token_from_the_credentials_dir(
     secret = tmp_path / "secret"
     secret.mkdir()
     (secret / "token").write_text("s3cret-token\n")
-    _fetch(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki, credentials_dir=secret))
+    run_fetch(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki, credentials_dir=secret))
     assert server.seen[-1].headers["authorization"] == "Bearer s3cret-token"
     (secret / "token").write_text("wrong-token-value")
-    failure = _fails(
+    failure = failed_fetch(
         _uri(server, "/model.onnx", BODY),
         _options(tmp_path, pki, credentials_dir=secret, dest=tmp_path / "v2"),
     )
@@ -161,7 +148,7 @@ def test_stall_mid_body(server: FileServer, pki: ClusterPki, tmp_path: Path) -> 
     """A server that stops sending mid-body fails StorageUnreachable after the read timeout."""
     server.routes["/model.onnx"] = Route(body=BODY, stall_after=1000)
     options = _options(tmp_path, pki, read_timeout_s=0.5)
-    failure = _fails(_uri(server, "/model.onnx", BODY), options)
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), options)
     assert failure.reason is Reason.STORAGE_UNREACHABLE
     assert "timeout" in failure.message
 
@@ -174,10 +161,10 @@ def test_resume_after_an_interrupted_download(
     server.routes["/model.onnx"] = Route(body=BODY, cut_after=half)
     options = _options(tmp_path, pki)
     uri = _uri(server, "/model.onnx", BODY)
-    assert _fails(uri, options).reason is Reason.STORAGE_UNREACHABLE
+    assert failed_fetch(uri, options).reason is Reason.STORAGE_UNREACHABLE
     assert (options.dest / ".fetch/resume" / _sha(BODY)).stat().st_size == half
     server.routes["/model.onnx"].cut_after = None
-    _fetch(uri, options)
+    run_fetch(uri, options)
     resumed = server.seen[-1].headers
     assert resumed["range"] == f"bytes={half}-"
     assert resumed["if-range"] == '"v1"'
@@ -199,12 +186,12 @@ def test_resume_starts_over_when_the_server_sends_all(
     server.routes["/model.onnx"] = Route(body=BODY, cut_after=len(BODY) // 3)
     options = _options(tmp_path, pki)
     uri = _uri(server, "/model.onnx", BODY)
-    _fails(uri, options)
+    failed_fetch(uri, options)
     route = server.routes["/model.onnx"]
     route.cut_after = None
     for name, value in change.items():
         setattr(route, name, value)
-    _fetch(uri, options)
+    run_fetch(uri, options)
     assert (options.dest / "model/model.onnx").read_bytes() == BODY
 
 
@@ -212,7 +199,7 @@ def test_content_length_over_budget(server: FileServer, pki: ClusterPki, tmp_pat
     """A Content-Length over --max-bytes fails ModelTooLarge before the body is read."""
     server.routes["/model.onnx"] = Route(body=BODY)
     options = _options(tmp_path, pki, max_bytes=len(BODY) - 1)
-    failure = _fails(_uri(server, "/model.onnx", BODY), options)
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), options)
     assert failure.reason is Reason.MODEL_TOO_LARGE
     assert str(len(BODY)) in failure.message
     assert not (options.dest / ".fetch/resume" / _sha(BODY)).exists()
@@ -222,37 +209,28 @@ def test_streamed_body_over_budget(server: FileServer, pki: ClusterPki, tmp_path
     """A body without Content-Length stops at --max-bytes with ModelTooLarge."""
     server.routes["/model.onnx"] = Route(body=BODY, send_length=False)
     options = _options(tmp_path, pki, max_bytes=len(BODY) // 4)
-    failure = _fails(_uri(server, "/model.onnx", BODY), options)
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), options)
     assert failure.reason is Reason.MODEL_TOO_LARGE
     partial = options.dest / ".fetch/resume" / _sha(BODY)
     assert partial.stat().st_size <= len(BODY) // 4 + (1 << 20)
 
 
-def test_rerun_with_the_same_pin_reuses_the_install(
+def test_rerun_reuses_an_intact_install_only(
     server: FileServer, pki: ClusterPki, tmp_path: Path
 ) -> None:
-    """An init container that runs again finds the install and fetches nothing."""
+    """An init container that runs again fetches nothing; a damaged install is fetched again."""
     server.routes["/model.onnx"] = Route(body=BODY)
     options = _options(tmp_path, pki)
     uri = _uri(server, "/model.onnx", BODY)
-    _fetch(uri, options)
-    again = _fetch(uri, options)
+    run_fetch(uri, options)
+    again = run_fetch(uri, options)
     assert again.reused
     assert again.record.digest == f"sha256:{_sha(BODY)}"
     assert len(server.seen) == 1
-
-
-def test_a_damaged_install_is_fetched_again(
-    server: FileServer, pki: ClusterPki, tmp_path: Path
-) -> None:
-    """A recorded file whose size changed is not reused: the model is fetched again."""
-    server.routes["/model.onnx"] = Route(body=BODY)
-    options = _options(tmp_path, pki)
-    uri = _uri(server, "/model.onnx", BODY)
-    _fetch(uri, options)
     (options.dest / "model/model.onnx").write_bytes(b"truncated")
-    assert not _fetch(uri, options).reused
+    assert not run_fetch(uri, options).reused
     assert (options.dest / "model/model.onnx").read_bytes() == BODY
+    assert len(server.seen) == 2
 
 
 def test_another_uri_replaces_the_install(
@@ -262,8 +240,8 @@ def test_another_uri_replaces_the_install(
     server.routes["/a.bin"] = Route(body=b"first")
     server.routes["/b.bin"] = Route(body=b"second")
     options = _options(tmp_path, pki)
-    _fetch(_uri(server, "/a.bin", b"first"), options)
-    _fetch(_uri(server, "/b.bin", b"second"), options)
+    run_fetch(_uri(server, "/a.bin", b"first"), options)
+    run_fetch(_uri(server, "/b.bin", b"second"), options)
     assert [p.name for p in (options.dest / "model").iterdir()] == ["b.bin"]
 
 
@@ -272,7 +250,7 @@ def test_digest_flag_must_agree_with_the_uri(
 ) -> None:
     """--digest that differs from the URI's sha256 fails before any request."""
     options = _options(tmp_path, pki, digest=Digest("1" * 64))
-    failure = _fails(_uri(server, "/model.onnx", BODY), options)
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), options)
     assert failure.reason is Reason.DIGEST_MISMATCH
     assert server.seen == []
 
@@ -280,24 +258,26 @@ def test_digest_flag_must_agree_with_the_uri(
 def test_digest_flag_pins_a_plain_url(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """The operator's form: the URL alone, its SHA-256 in --digest; a wrong one fails."""
     server.routes["/model.onnx"] = Route(body=BODY)
-    fetched = _fetch(server.url("/model.onnx"), _options(tmp_path, pki, digest=Digest(_sha(BODY))))
+    fetched = run_fetch(
+        server.url("/model.onnx"), _options(tmp_path, pki, digest=Digest(_sha(BODY)))
+    )
     assert fetched.record.digest == f"sha256:{_sha(BODY)}"
     assert fetched.record.uri == server.url("/model.onnx")
-    failure = _fails(
+    failure = failed_fetch(
         server.url("/model.onnx"),
         _options(tmp_path, pki, dest=tmp_path / "v2", digest=Digest("2" * 64)),
     )
     assert failure.reason is Reason.DIGEST_MISMATCH
-    no_pin = _fails(server.url("/model.onnx"), _options(tmp_path, pki, dest=tmp_path / "v3"))
+    no_pin = failed_fetch(server.url("/model.onnx"), _options(tmp_path, pki, dest=tmp_path / "v3"))
     assert no_pin.reason is Reason.INVALID_URI
 
 
-def test_redirect_to_plain_http_is_refused(
+def test_redirect_to_plain_http_is_failed_fetch(
     server: FileServer, pki: ClusterPki, tmp_path: Path
 ) -> None:
     """A redirect from https to http is refused unless --allow-http."""
     server.routes["/model.onnx"] = Route(redirect="http://127.0.0.1:9/model.onnx")
-    failure = _fails(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki))
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki))
     assert failure.reason is Reason.STORAGE_UNREACHABLE
     assert "plain http" in failure.message
 
@@ -305,6 +285,6 @@ def test_redirect_to_plain_http_is_refused(
 def test_untrusted_certificate(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """Without the CA that signed the server's certificate, TLS fails: StorageUnreachable."""
     server.routes["/model.onnx"] = Route(body=BODY)
-    failure = _fails(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki, ca_file=None))
+    failure = failed_fetch(_uri(server, "/model.onnx", BODY), _options(tmp_path, pki, ca_file=None))
     assert failure.reason is Reason.STORAGE_UNREACHABLE
     assert "CERTIFICATE_VERIFY_FAILED" in failure.message

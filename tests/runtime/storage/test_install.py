@@ -5,15 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from fleetserve_runtime.storage import install
 from fleetserve_runtime.storage.digests import Digest, FileEntry, tree_digest
-from fleetserve_runtime.storage.install import (
-    InstallRecord,
-    abandon,
-    commit,
-    finish,
-    installed,
-    prepare,
-)
+from fleetserve_runtime.storage.install import InstallRecord, installed, prepare
 
 URI = "s3://models/bert"
 
@@ -27,8 +21,8 @@ def _install(dest: Path, files: dict[str, bytes], *, uri: str = URI) -> InstallR
         entries.append(FileEntry(path, len(data), hashlib.sha256(data).hexdigest()))
     tree = tree_digest(entries)
     record = InstallRecord.of(uri, tree, tree, entries)
-    commit(dest, staging, record)
-    finish(dest)
+    install.commit(dest, staging, record)
+    install.finish(dest)
     return record
 
 
@@ -83,7 +77,7 @@ def test_prepare_clears_the_old_install_and_keeps_what_resumes(tmp_path: Path) -
     staging, resume = prepare(tmp_path)
     (staging / "half-written").write_bytes(b"x")
     (resume / "partial").write_bytes(b"y")
-    abandon(tmp_path)
+    install.abandon(tmp_path)
     (tmp_path / "model").mkdir()
     (tmp_path / "model/orphan").write_bytes(b"z")
     staging, resume = prepare(tmp_path)
@@ -97,6 +91,6 @@ def test_abandon_keeps_no_model(tmp_path: Path) -> None:
     """A failed fetch leaves nothing at model/ and no record; only the resume area stays."""
     staging, resume = prepare(tmp_path)
     (staging / "a.bin").write_bytes(b"abc")
-    abandon(tmp_path)
+    install.abandon(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fetch"]
     assert [p.name for p in (tmp_path / ".fetch").iterdir()] == ["resume"]

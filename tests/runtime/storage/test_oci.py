@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from fleetserve_e2e.pki import ClusterPki
 
-from fleetserve_runtime.storage.fetch import Fetched, fetch
 from fleetserve_runtime.storage.options import FetchOptions
-from fleetserve_runtime.storage.reasons import FetchFailed, Reason
+from fleetserve_runtime.storage.reasons import Reason
+from tests.runtime.storage.fetching import failed_fetch, run_fetch
 from tests.runtime.storage.file_server import FileServer, Route
 
 REPO = "models/enc"
@@ -100,18 +100,6 @@ def _options(tmp_path: Path, pki: ClusterPki, **overrides: Any) -> FetchOptions:
     return FetchOptions(**settings)
 
 
-def _fetch(uri: str, options: FetchOptions) -> Fetched:
-    events: list[dict[str, object]] = []
-    return fetch(uri, options, events.append)
-
-
-def _fails(uri: str, options: FetchOptions) -> FetchFailed:
-    with pytest.raises(FetchFailed) as failed:
-        _fetch(uri, options)
-    assert not (options.dest / "model").exists()
-    return failed.value
-
-
 def _docker_config(tmp_path: Path, registry: str, user: str, password: str) -> Path:
     secret = tmp_path / "secret"
     secret.mkdir(parents=True, exist_ok=True)
@@ -126,7 +114,7 @@ def test_pulls_files_and_unpacks_directories(
     """Layers land at their titles, a directory is unpacked; the digest is the manifest's."""
     uri = _model(server)
     options = _options(tmp_path, pki)
-    fetched = _fetch(uri, options)
+    fetched = run_fetch(uri, options)
     model = options.dest / "model"
     assert (model / "config.json").read_bytes() == CONFIG
     assert (model / "onnx/model.onnx").read_bytes() == WEIGHTS
@@ -149,7 +137,7 @@ def test_manifest_that_is_not_the_pinned_one(
     uri = _model(server)
     pinned = uri.rsplit("@", 1)[1]
     server.routes[f"/v2/{REPO}/manifests/{pinned}"].body += b" "
-    failure = _fails(uri, _options(tmp_path, pki))
+    failure = failed_fetch(uri, _options(tmp_path, pki))
     assert failure.reason is Reason.DIGEST_MISMATCH
     assert "manifest" in failure.message
 
@@ -169,7 +157,7 @@ def test_blob_that_is_not_its_digest(
     uri = _model(server)
     route = server.routes[f"/v2/{REPO}/blobs/{_sha(WEIGHTS)}"]
     route.body = tamper(route.body)
-    failure = _fails(uri, _options(tmp_path, pki))
+    failure = failed_fetch(uri, _options(tmp_path, pki))
     assert failure.reason is Reason.DIGEST_MISMATCH
     assert _sha(WEIGHTS) in failure.message
 
@@ -177,13 +165,13 @@ def test_blob_that_is_not_its_digest(
 def test_missing_manifest(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """No such manifest: ModelNotFound."""
     uri = f"oci://127.0.0.1:{server.port}/{REPO}@sha256:{'c' * 64}"
-    assert _fails(uri, _options(tmp_path, pki)).reason is Reason.MODEL_NOT_FOUND
+    assert failed_fetch(uri, _options(tmp_path, pki)).reason is Reason.MODEL_NOT_FOUND
 
 
 def test_declared_layers_over_budget(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """Layer sizes over --max-bytes fail ModelTooLarge before any blob is asked for."""
     uri = _model(server)
-    failure = _fails(uri, _options(tmp_path, pki, max_bytes=len(WEIGHTS)))
+    failure = failed_fetch(uri, _options(tmp_path, pki, max_bytes=len(WEIGHTS)))
     assert failure.reason is Reason.MODEL_TOO_LARGE
     assert not any("/blobs/" in seen.path for seen in server.seen)
 
@@ -192,7 +180,7 @@ def test_server_error_fails_at_once(server: FileServer, pki: ClusterPki, tmp_pat
     """A 500 on a blob is StorageUnreachable on the first answer (no retry loop)."""
     uri = _model(server)
     server.routes[f"/v2/{REPO}/blobs/{_sha(WEIGHTS)}"].status = 500
-    assert _fails(uri, _options(tmp_path, pki)).reason is Reason.STORAGE_UNREACHABLE
+    assert failed_fetch(uri, _options(tmp_path, pki)).reason is Reason.STORAGE_UNREACHABLE
     assert sum("/blobs/" in seen.path for seen in server.seen) == 2
 
 
@@ -200,7 +188,7 @@ def test_stalled_blob(server: FileServer, pki: ClusterPki, tmp_path: Path) -> No
     """A blob that stops arriving fails StorageUnreachable after the read timeout."""
     uri = _model(server)
     server.routes[f"/v2/{REPO}/blobs/{_sha(WEIGHTS)}"].stall_after = 100
-    failure = _fails(uri, _options(tmp_path, pki, read_timeout_s=0.5))
+    failure = failed_fetch(uri, _options(tmp_path, pki, read_timeout_s=0.5))
     assert failure.reason is Reason.STORAGE_UNREACHABLE
 
 
@@ -211,13 +199,13 @@ def test_basic_auth_from_a_docker_config(
     registry = f"127.0.0.1:{server.port}"
     login = "Basic " + base64.b64encode(b"robot:pa55word").decode()
     uri = _model(server, authorization=login, challenge='Basic realm="registry"')
-    assert _fails(uri, _options(tmp_path, pki)).reason is Reason.ACCESS_DENIED
+    assert failed_fetch(uri, _options(tmp_path, pki)).reason is Reason.ACCESS_DENIED
     wrong = _docker_config(tmp_path / "wrong", registry, "robot", "guess")
-    failure = _fails(uri, _options(tmp_path, pki, credentials_dir=wrong))
+    failure = failed_fetch(uri, _options(tmp_path, pki, credentials_dir=wrong))
     assert failure.reason is Reason.ACCESS_DENIED
     assert "guess" not in failure.message
     right = _docker_config(tmp_path, registry, "robot", "pa55word")
-    _fetch(uri, _options(tmp_path, pki, credentials_dir=right))
+    run_fetch(uri, _options(tmp_path, pki, credentials_dir=right))
     assert (tmp_path / "volume/model/onnx/model.onnx").read_bytes() == WEIGHTS
 
 
@@ -230,7 +218,7 @@ def test_bearer_token_from_the_realm(server: FileServer, pki: ClusterPki, tmp_pa
     login = "Basic " + base64.b64encode(b"robot:pa55word").decode()
     server.routes["/token"] = Route(body=b'{"token": "t0ken"}', authorization=login)
     secret = _docker_config(tmp_path, registry, "robot", "pa55word")
-    _fetch(uri, _options(tmp_path, pki, credentials_dir=secret))
+    run_fetch(uri, _options(tmp_path, pki, credentials_dir=secret))
     token_requests = [seen for seen in server.seen if seen.path.startswith("/token")]
     assert len(token_requests) == 1
     assert "scope=repository%3Amodels%2Fenc%3Apull" in token_requests[0].path
@@ -238,7 +226,7 @@ def test_bearer_token_from_the_realm(server: FileServer, pki: ClusterPki, tmp_pa
     assert all(seen.headers.get("authorization") == "Bearer t0ken" for seen in blob_requests)
 
 
-def test_image_index_is_refused(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
+def test_image_index_is_failed_fetch(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """An index (several platforms) is not a model: InvalidArchive, name one manifest."""
     index = json.dumps(
         {
@@ -249,7 +237,7 @@ def test_image_index_is_refused(server: FileServer, pki: ClusterPki, tmp_path: P
     ).encode()
     server.routes[f"/v2/{REPO}/manifests/{_sha(index)}"] = Route(body=index)
     uri = f"oci://127.0.0.1:{server.port}/{REPO}@{_sha(index)}"
-    failure = _fails(uri, _options(tmp_path, pki))
+    failure = failed_fetch(uri, _options(tmp_path, pki))
     assert failure.reason is Reason.INVALID_ARCHIVE
     assert "index" in failure.message
 
@@ -263,7 +251,7 @@ def test_layer_titles_must_name_a_path_inside(
 ) -> None:
     """A layer without a title, or titled out of the model directory: InvalidArchive."""
     uri = _publish(server, {_sha(CONFIG): CONFIG}, [_layer(CONFIG, title)])
-    failure = _fails(uri, _options(tmp_path, pki))
+    failure = failed_fetch(uri, _options(tmp_path, pki))
     assert failure.reason is Reason.INVALID_ARCHIVE
     assert says in failure.message
     assert not (tmp_path / "escape").exists()

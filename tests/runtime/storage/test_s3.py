@@ -15,9 +15,9 @@ import pytest
 from fleetserve_e2e.pki import ClusterPki
 
 from fleetserve_runtime.storage.digests import FileEntry, tree_digest
-from fleetserve_runtime.storage.fetch import Fetched, fetch
 from fleetserve_runtime.storage.options import FetchOptions, S3Settings
-from fleetserve_runtime.storage.reasons import FetchFailed, Reason
+from fleetserve_runtime.storage.reasons import Reason
+from tests.runtime.storage.fetching import failed_fetch, run_fetch
 from tests.runtime.storage.file_server import FileServer, Route
 
 OBJECTS = {
@@ -69,23 +69,11 @@ def _options(server: FileServer, pki: ClusterPki, tmp_path: Path, **overrides: A
     return FetchOptions(**settings)
 
 
-def _fetch(uri: str, options: FetchOptions) -> Fetched:
-    events: list[dict[str, object]] = []
-    return fetch(uri, options, events.append)
-
-
-def _fails(uri: str, options: FetchOptions) -> FetchFailed:
-    with pytest.raises(FetchFailed) as failed:
-        _fetch(uri, options)
-    assert not (options.dest / "model").exists()
-    return failed.value
-
-
 def test_every_object_under_the_prefix(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """Objects land at their keys below the prefix; folder markers are skipped; tree digest."""
     _store(server, {**OBJECTS, "enc/2/onnx/": b""})
     options = _options(server, pki, tmp_path)
-    fetched = _fetch("s3://models/enc/2", options)
+    fetched = run_fetch("s3://models/enc/2", options)
     model = options.dest / "model"
     for key, data in OBJECTS.items():
         assert (model / key.removeprefix("enc/2/")).read_bytes() == data
@@ -101,7 +89,7 @@ def test_every_object_under_the_prefix(server: FileServer, pki: ClusterPki, tmp_
 def test_listed_sizes_over_budget(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """The listing's sizes over --max-bytes fail ModelTooLarge before any object is read."""
     _store(server, OBJECTS)
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path, max_bytes=1000))
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path, max_bytes=1000))
     assert failure.reason is Reason.MODEL_TOO_LARGE
     assert not any(seen.path.startswith("/models/enc") for seen in server.seen)
 
@@ -109,7 +97,7 @@ def test_listed_sizes_over_budget(server: FileServer, pki: ClusterPki, tmp_path:
 def test_object_unlike_its_listing(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """An object that is not the size its listing said fails: it changed under the fetch."""
     _store(server, OBJECTS, **{"enc/2/tokenizer.json": 5})
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path))
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path))
     assert failure.reason is Reason.STORAGE_UNREACHABLE
     assert "changed" in failure.message
 
@@ -129,7 +117,7 @@ def test_s3_error_codes(
 ) -> None:
     """The store's error code decides the reason; the message names the code."""
     server.routes["/models"] = Route(status=status, body=_error(code), headers=XML)
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path))
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path))
     assert failure.reason is reason
     assert code in failure.message
 
@@ -140,7 +128,7 @@ def test_server_errors_are_retried_briefly(
     """A 503 is retried twice, then StorageUnreachable."""
     _store(server, OBJECTS)
     server.routes["/models/enc/2/config.json"].status = 503
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path))
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path))
     assert failure.reason is Reason.STORAGE_UNREACHABLE
     asked = [seen for seen in server.seen if seen.path == "/models/enc/2/config.json"]
     assert len(asked) == 3
@@ -152,7 +140,7 @@ def test_a_single_object(server: FileServer, pki: ClusterPki, tmp_path: Path) ->
     _store(server, {"enc/model.onnx": data})
     server.routes["/models"] = Route(body=_listing({}), headers=XML)
     options = _options(server, pki, tmp_path)
-    _fetch("s3://models/enc/model.onnx", options)
+    run_fetch("s3://models/enc/model.onnx", options)
     assert (options.dest / "model/model.onnx").read_bytes() == data
 
 
@@ -160,7 +148,7 @@ def test_nothing_there(server: FileServer, pki: ClusterPki, tmp_path: Path) -> N
     """No object under the prefix and none named by it: ModelNotFound."""
     server.routes["/models"] = Route(body=_listing({}), headers=XML)
     assert (
-        _fails("s3://models/enc/2", _options(server, pki, tmp_path)).reason
+        failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path)).reason
         is Reason.MODEL_NOT_FOUND
     )
 
@@ -170,7 +158,7 @@ def test_key_leaving_the_model_directory(
 ) -> None:
     """A key whose path below the prefix has a `..` part: InvalidArchive."""
     _store(server, {"enc/2/../../escape": b"x"})
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path))
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path))
     assert failure.reason is Reason.INVALID_ARCHIVE
     assert not (tmp_path / "escape").exists()
 
@@ -184,7 +172,9 @@ def test_static_keys_sign_and_stay_secret(
     (secret / "accessKeyId").write_text("AKIAFETCHTEST")
     (secret / "secretAccessKey").write_text("fetch-secret-key-value")
     server.routes["/models"] = Route(status=403, body=_error("SignatureDoesNotMatch"), headers=XML)
-    failure = _fails("s3://models/enc/2", _options(server, pki, tmp_path, credentials_dir=secret))
+    failure = failed_fetch(
+        "s3://models/enc/2", _options(server, pki, tmp_path, credentials_dir=secret)
+    )
     assert "Credential=AKIAFETCHTEST/" in server.seen[0].headers["authorization"]
     assert "fetch-secret-key-value" not in failure.message
     assert "AKIAFETCHTEST" not in failure.message
@@ -197,6 +187,6 @@ def test_plain_http_endpoint_needs_allow_http(
     options = _options(
         server, pki, tmp_path, s3=S3Settings(endpoint="http://127.0.0.1:9", region="us-east-1")
     )
-    failure = _fails("s3://models/enc/2", options)
+    failure = failed_fetch("s3://models/enc/2", options)
     assert failure.reason is Reason.INVALID_URI
     assert "--allow-http" in failure.message

@@ -59,37 +59,42 @@ def test_https_sha256_from_the_digest_flag() -> None:
     assert pinned.sha256 == Digest("cd" * 32)
 
 
-@pytest.mark.parametrize(
-    ("text", "part"),
-    [
-        pytest.param("models/bert", "no scheme", id="no-scheme"),
-        pytest.param("gs://bucket/x", "scheme 'gs'", id="unknown-scheme"),
-        pytest.param(" s3://b/x", "white space", id="space"),
-        pytest.param("s3://B_/x", "bucket 'B_'", id="bad-bucket"),
-        pytest.param("s3://key:secret@bucket/x", "credentials", id="s3-credentials"),
-        pytest.param("s3://bucket/a//b", "'//'", id="s3-empty-part"),
-        pytest.param("s3://bucket/x?versionId=1", "query", id="s3-query"),
-        pytest.param("oci://registry.local/bert:v1", "no digest", id="oci-tag-only"),
-        pytest.param("oci://registry.local/bert", "no digest", id="oci-neither"),
-        pytest.param("oci://registry.local/bert@sha256:abc", "digest 'sha256:abc'", id="oci-short"),
-        pytest.param(f"oci://registry.local/Bert@sha256:{HEX}", "repository 'Bert'", id="oci-repo"),
-        pytest.param(f"oci://u:p@registry.local/b@sha256:{HEX}", "credentials", id="oci-userinfo"),
-        pytest.param(f"oci://registry.local/b:-x@sha256:{HEX}", "tag '-x'", id="oci-tag"),
-        pytest.param(f"oci://registry.local@sha256:{HEX}", "no repository", id="oci-no-repo"),
-        pytest.param(f"oci://reg_istry/b@sha256:{HEX}", "registry 'reg_istry'", id="oci-bad-host"),
-        pytest.param("https://files.local/model.onnx", "--digest", id="https-no-sha"),
-        pytest.param("https://files.local/m.onnx#x", "fragment", id="https-other-fragment"),
-        pytest.param("https://files.local/model.onnx#sha256=12", "digest", id="https-short-sha"),
-        pytest.param(f"https://files.local/#sha256={HEX}", "file name", id="https-no-file"),
-        pytest.param(f"https://u:p@files.local/m#sha256={HEX}", "credentials", id="https-userinfo"),
-        pytest.param(f"http://files.local/m#sha256={HEX}", "--allow-http", id="plain-http"),
-        pytest.param("hf://org/name", "no revision", id="hf-no-revision"),
-        pytest.param("hf://org/name@", "no revision", id="hf-empty-revision"),
-        pytest.param("hf://name@main", "hf://org/name@revision", id="hf-no-org"),
-        pytest.param("hf://org/na--me@main", "'--'", id="hf-double-dash"),
-        pytest.param("hf://org/name@a..b", "revision 'a..b'", id="hf-bad-revision"),
-    ],
-)
+# Each refusal: its id | the URI (`{hex}`: a digest's 64 hex digits) | what the message names.
+REFUSALS = """
+no-scheme | models/bert | no scheme
+unknown-scheme | gs://bucket/x | scheme 'gs'
+space |  s3://b/x | white space
+s3-bad-bucket | s3://B_/x | bucket 'B_'
+s3-credentials | s3://key:secret@bucket/x | credentials
+s3-empty-part | s3://bucket/a//b | '//'
+s3-query | s3://bucket/x?versionId=1 | query
+oci-tag-only | oci://registry.local/bert:v1 | no digest
+oci-neither | oci://registry.local/bert | no digest
+oci-short-digest | oci://registry.local/bert@sha256:abc | digest 'sha256:abc'
+oci-no-repository | oci://registry.local@sha256:{hex} | no repository
+oci-bad-repository | oci://registry.local/Bert@sha256:{hex} | repository 'Bert'
+oci-userinfo | oci://u:p@registry.local/b@sha256:{hex} | credentials
+oci-bad-tag | oci://registry.local/b:-x@sha256:{hex} | tag '-x'
+oci-bad-host | oci://reg_istry/b@sha256:{hex} | registry 'reg_istry'
+https-no-sha | https://files.local/model.onnx | --digest
+https-other-fragment | https://files.local/m.onnx#x | fragment
+https-short-sha | https://files.local/model.onnx#sha256=12 | digest
+https-no-file | https://files.local/#sha256={hex} | file name
+https-userinfo | https://u:p@files.local/m#sha256={hex} | credentials
+plain-http | http://files.local/m#sha256={hex} | --allow-http
+hf-no-revision | hf://org/name | no revision
+hf-empty-revision | hf://org/name@ | no revision
+hf-no-org | hf://name@main | hf://org/name@revision
+hf-double-dash | hf://org/na--me@main | '--'
+hf-bad-revision | hf://org/name@a..b | revision 'a..b'
+"""
+REFUSED = {
+    name: (uri.format(hex=HEX), part)
+    for name, uri, part in (row.split(" | ") for row in REFUSALS.strip("\n").splitlines())
+}
+
+
+@pytest.mark.parametrize(("text", "part"), REFUSED.values(), ids=REFUSED.keys())
 def test_refuses_naming_the_part(text: str, part: str) -> None:
     """A bad URI is an InvalidUri failure whose message names what is wrong with it."""
     with pytest.raises(FetchFailed) as failed:
