@@ -3,7 +3,8 @@
 The file downloads into `resume/<sha256>`, which outlives a failed run, so the next run asks
 only for the rest: `Range: bytes=<have>-` with `If-Range:` the first answer's strong ETag
 (else its Last-Modified). The server answers 206 with the rest, or 200 with the whole file
-(it changed, or it ignores ranges), which starts the file over. The SHA-256 of the whole file
+(it changed, or it ignores ranges), which starts the file over. A whole file left by a run that
+failed after downloading it is taken as it is, without a request. The SHA-256 of the whole file
 must be the URI's, else DigestMismatch, and the partial file goes. Bytes are taken as sent
 (`Accept-Encoding: identity`, no decoding), so what is hashed is what the server holds.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 
@@ -33,6 +34,9 @@ from fleetserve_runtime.storage.reasons import FetchFailed, Reason, for_status
 from fleetserve_runtime.storage.staging import chunks_of
 from fleetserve_runtime.storage.tls import client_context
 from fleetserve_runtime.storage.uri import HttpsUri
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
 __all__ = ["fetch_https"]
 
@@ -57,7 +61,12 @@ def fetch_https(uri: HttpsUri, ctx: FetchContext) -> Digest:
 def _download(uri: HttpsUri, path: Path, ctx: FetchContext) -> None:
     """`path` holds the file `uri` pins when this returns (resuming what is there)."""
     validator_path = path.with_name(f"{path.name}.validator")
-    have = path.stat().st_size if path.exists() else 0
+    prefix = hashlib.sha256()
+    have = _feed(prefix, path)
+    if have and prefix.hexdigest() == uri.sha256.hex:
+        # Downloaded whole by a run that failed after it (a server would answer 416).
+        validator_path.unlink(missing_ok=True)
+        return
     headers = _headers(ctx.options, have, validator_path)
     try:
         with (
@@ -66,7 +75,8 @@ def _download(uri: HttpsUri, path: Path, ctx: FetchContext) -> None:
         ):
             offset = _offset(response, have, uri, path)
             _remember_validator(response, validator_path, fresh=offset == 0)
-            sha256 = _receive(response, path, offset, ctx, str(uri))
+            hasher = prefix if offset else hashlib.sha256()
+            sha256 = _receive(response, path, offset, hasher, ctx, str(uri))
     except httpx2.TimeoutException as exc:
         raise FetchFailed(
             Reason.STORAGE_UNREACHABLE,
@@ -98,23 +108,37 @@ def _headers(options: FetchOptions, have: int, validator_path: Path) -> dict[str
     return headers
 
 
+def _feed(hasher: HASH, path: Path) -> int:
+    """Feed the bytes of `path` (if it exists) to `hasher`; how many there were."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as partial:
+        for chunk in chunks_of(partial):
+            hasher.update(chunk)
+    return path.stat().st_size
+
+
 def _receive(
-    response: httpx2.Response, path: Path, offset: int, ctx: FetchContext, source: str
+    response: httpx2.Response,
+    path: Path,
+    offset: int,
+    hasher: HASH,
+    ctx: FetchContext,
+    source: str,
 ) -> str:
-    """Write the body at `offset` of `path`; the SHA-256 (hex) of the whole file."""
+    """Write the body at `offset` of `path`; the SHA-256 (hex) of the whole file.
+
+    `hasher` has been fed the `offset` bytes already there.
+    """
     budget = ByteBudget(ctx.options.max_bytes, "the download")
     length = response.headers.get("content-length", "")
     total = offset + int(length) if length.isdigit() else None
     if total is not None:
         budget.check_declared(total, f"{source} (Content-Length)")
     ctx.progress.start(total)
-    hasher = hashlib.sha256()
-    with path.open("r+b" if offset else "wb") as out:
-        if offset:
-            for chunk in chunks_of(out):
-                hasher.update(chunk)
-            budget.charge(offset)
-            ctx.progress.advance(offset)
+    budget.charge(offset)
+    ctx.progress.advance(offset)
+    with path.open("ab" if offset else "wb") as out:
         for chunk in metered(response.iter_raw(), budget, ctx.progress):
             out.write(chunk)
             hasher.update(chunk)

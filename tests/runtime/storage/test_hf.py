@@ -98,7 +98,7 @@ def test_offline_over_budget(tmp_path: Path) -> None:
     assert failure.reason is Reason.MODEL_TOO_LARGE
 
 
-def test_a_cache_link_out_of_the_cache_is_failed_fetch(tmp_path: Path) -> None:
+def test_a_cache_link_out_of_the_cache_is_refused(tmp_path: Path) -> None:
     """A snapshot entry that leads out of the cache is not followed: InvalidArchive."""
     cache = _cache(tmp_path / "cache")
     outside = tmp_path / "outside-secret"

@@ -172,6 +172,19 @@ def test_resume_after_an_interrupted_download(
     assert not (options.dest / ".fetch").exists()
 
 
+def test_a_whole_download_left_behind_is_not_fetched_again(
+    server: FileServer, pki: ClusterPki, tmp_path: Path
+) -> None:
+    """A run that downloaded the whole file and then failed leaves it; the next asks nothing."""
+    options = _options(tmp_path, pki)
+    resume = options.dest / ".fetch/resume"
+    resume.mkdir(parents=True)
+    (resume / _sha(BODY)).write_bytes(BODY)
+    run_fetch(_uri(server, "/model.onnx", BODY), options)
+    assert (options.dest / "model/model.onnx").read_bytes() == BODY
+    assert server.seen == []
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -272,7 +285,7 @@ def test_digest_flag_pins_a_plain_url(server: FileServer, pki: ClusterPki, tmp_p
     assert no_pin.reason is Reason.INVALID_URI
 
 
-def test_redirect_to_plain_http_is_failed_fetch(
+def test_redirect_to_plain_http_is_refused(
     server: FileServer, pki: ClusterPki, tmp_path: Path
 ) -> None:
     """A redirect from https to http is refused unless --allow-http."""

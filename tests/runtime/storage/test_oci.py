@@ -226,7 +226,7 @@ def test_bearer_token_from_the_realm(server: FileServer, pki: ClusterPki, tmp_pa
     assert all(seen.headers.get("authorization") == "Bearer t0ken" for seen in blob_requests)
 
 
-def test_image_index_is_failed_fetch(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
+def test_image_index_is_refused(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
     """An index (several platforms) is not a model: InvalidArchive, name one manifest."""
     index = json.dumps(
         {
