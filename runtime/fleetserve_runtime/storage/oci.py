@@ -4,10 +4,11 @@ The manifest is fetched by its digest and its bytes must hash to it (else Digest
 image index is refused (the URI must name one manifest). Every layer must carry the title
 annotation `oras push` writes (`org.opencontainers.image.title`), its path in the model, and
 the layers' declared sizes are checked against the budget and `--max-files` before any blob
-is read. A layer `oras push` made of a directory (annotated `io.deis.oras.content.unpack`,
-a gzip'd tar holding the directory) is unpacked at the model's root as `archive` unpacks; any
-other layer is the file at its title. Each blob must have its declared size and digest, else
-DigestMismatch.
+is read. A layer `oras push` made of a directory (a gzip'd tar holding the directory, which
+the oras CLI annotates `io.deis.oras.content.unpack` and oras-py types
+`application/vnd.oci.image.layer.v1.tar+gzip`) is unpacked at the model's root as `archive`
+unpacks; any other layer is the file at its title. Each blob must have its declared size
+and digest, else DigestMismatch.
 
 Through oras' registry client: its requests session and its token authentication (a Bearer
 challenge answered with a token from the registry's realm). Not through its `pull`, which
@@ -56,6 +57,7 @@ _MAX_MANIFEST_BYTES = 4 << 20
 """The largest manifest read (the registries' own limit)."""
 _TITLE = "org.opencontainers.image.title"
 _UNPACK = "io.deis.oras.content.unpack"
+_DIRECTORY_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
 class _Layer(BaseModel):
@@ -91,7 +93,7 @@ def fetch_oci(uri: OciUri, ctx: FetchContext) -> Digest:
     download = ByteBudget(ctx.options.max_bytes, "the download")
     for layer, title in zip(manifest.layers, titles, strict=True):
         chunks = _blob(registry, uri, layer, download, ctx)
-        if layer.annotations.get(_UNPACK) != "true":
+        if layer.annotations.get(_UNPACK) != "true" and layer.media_type != _DIRECTORY_TYPE:
             ctx.staging.write(title, chunks)
             continue
         tarball = ctx.resume_dir / f"layer-{_layer_digest(layer, uri).hex}.tar.gz"

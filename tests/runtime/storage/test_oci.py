@@ -80,17 +80,14 @@ def _publish(
     return f"oci://127.0.0.1:{server.port}/{REPO}:v1@{digest}"
 
 
-def _model(server: FileServer, **route: Any) -> str:
+def _model(server: FileServer, *, oras_py: bool = False, **route: Any) -> str:
+    """The model as the oras CLI pushes it (directory annotated), or oras-py (typed only)."""
     tokenizer = _tokenizer_dir()
     blobs = {_sha(d): d for d in (CONFIG, WEIGHTS, tokenizer)}
-    layers = [
-        _layer(CONFIG, "config.json"),
-        _layer(WEIGHTS, "onnx/model.onnx"),
-        {
-            **_layer(tokenizer, "tokenizer", **{UNPACK: "true"}),
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-        },
-    ]
+    directory = _layer(tokenizer, "tokenizer", **({} if oras_py else {UNPACK: "true"}))
+    if oras_py:
+        directory["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
+    layers = [_layer(CONFIG, "config.json"), _layer(WEIGHTS, "onnx/model.onnx"), directory]
     return _publish(server, blobs, layers, **route)
 
 
@@ -108,11 +105,12 @@ def _docker_config(tmp_path: Path, registry: str, user: str, password: str) -> P
     return secret
 
 
+@pytest.mark.parametrize("oras_py", [False, True], ids=["oras-cli", "oras-py"])
 def test_pulls_files_and_unpacks_directories(
-    server: FileServer, pki: ClusterPki, tmp_path: Path
+    server: FileServer, pki: ClusterPki, tmp_path: Path, oras_py: bool
 ) -> None:
     """Layers land at their titles, a directory is unpacked; the digest is the manifest's."""
-    uri = _model(server)
+    uri = _model(server, oras_py=oras_py)
     options = _options(tmp_path, pki)
     fetched = run_fetch(uri, options)
     model = options.dest / "model"
