@@ -3,11 +3,11 @@
 The file downloads into `resume/<sha256>`, which outlives a failed run, so the next run asks
 only for the rest: `Range: bytes=<have>-` with `If-Range:` the first answer's strong ETag
 (else its Last-Modified). The server answers 206 with the rest, or 200 with the whole file
-(it changed, or it ignores ranges), which starts the file over. A whole file left by a run that
-failed after downloading it is taken as it is, without a request. The SHA-256 of the whole file
-must be the pinned one (`--digest`, or the URI's `#sha256=`), else DigestMismatch, and the
-partial file goes. Bytes are taken as sent
-(`Accept-Encoding: identity`, no decoding), so what is hashed is what the server holds.
+(it changed, or it ignores ranges), which starts the file over. A whole file left by a run
+that failed after downloading it is taken as it is, without a request. The SHA-256 of the
+whole file must be the pinned one (`--digest`, or the URI's `#sha256=`), else
+DigestMismatch, and the partial file goes. Bytes are taken as sent (`Accept-Encoding:
+identity`, no decoding), so what is hashed is what the server holds.
 
 A Content-Length over the budget fails before the body is read; a body without one stops at
 the budget. 401 and 403: AccessDenied; 404 and 410: ModelNotFound; any other status, a
