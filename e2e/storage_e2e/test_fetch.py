@@ -26,6 +26,8 @@ from fleetserve_e2e.file_server import Fault, HttpsFileServer
 from fleetserve_e2e.object_store import ObjectStore, S3Credentials
 from fleetserve_e2e.oci_registry import OciRegistry
 
+WRONG = "not-the-secret"
+"""The wrong secret or password the refused logins use (never to appear in a report)."""
 FILES = {
     "config.json": b'{"hidden_size": 8}',
     "onnx/model.onnx": bytes(range(256)) * 2048,
@@ -71,6 +73,11 @@ def _failed(run: Run, reason: str) -> None:
     assert run.report["reason"] == reason, run.report
     assert not (run.dest / "model").exists()
     assert not (run.dest / "model.json").exists()
+
+
+def _cases(table: str) -> dict[str, str]:
+    """`case: reason` lines, by case."""
+    return dict(line.split(": ") for line in table.strip().splitlines())
 
 
 def _tree_digest(files: dict[str, bytes]) -> str:
@@ -130,25 +137,13 @@ def test_s3_prefix_with_a_read_only_key(
     assert again.events == [{**run.events[-1], "reused": True}]
 
 
-@pytest.mark.parametrize(
-    ("case", "reason"),
-    [
-        pytest.param("wrong-secret", "AccessDenied", id="wrong-secret"),
-        pytest.param("anonymous", "AccessDenied", id="anonymous"),
-        pytest.param("missing-prefix", "ModelNotFound", id="missing-prefix"),
-        pytest.param("missing-bucket", "ModelNotFound", id="missing-bucket-admin-key"),
-        pytest.param("other-bucket", "AccessDenied", id="bucket-beyond-the-key"),
-        pytest.param("over-budget", "ModelTooLarge", id="over-budget"),
-        pytest.param("other-digest", "DigestMismatch", id="other-digest"),
-    ],
-)
-def test_s3_failures(
-    object_store: ObjectStore, s3_model: str, tmp_path: Path, case: str, reason: str
-) -> None:
-    """Each way an S3 fetch fails leaves nothing installed and names its reason."""
+def _s3_failure(request: pytest.FixtureRequest, case: str, tmp_path: Path) -> list[str | Path]:
+    """The flags of an S3 fetch that fails as `case` says."""
+    object_store: ObjectStore = request.getfixturevalue("object_store")
+    s3_model: str = request.getfixturevalue("s3_model")
     # The read-only key is limited to its bucket: a bucket beyond it is refused, not missing.
     identity = object_store.admin if case == "missing-bucket" else object_store.read_only
-    secret = "not-the-secret" if case == "wrong-secret" else None
+    secret = WRONG if case == "wrong-secret" else None
     keys = _s3_keys(tmp_path / "keys", identity, secret=secret)
     uri = {
         "missing-prefix": f"{s3_model}-gone",
@@ -162,9 +157,7 @@ def test_s3_failures(
     args = ["--uri", uri.get(case, s3_model), *_s3_flags(object_store), *extra.get(case, [])]
     if case != "anonymous":
         args += ["--credentials-dir", keys]
-    run = _fetch(tmp_path / "volume", *args)
-    _failed(run, reason)
-    assert "not-the-secret" not in json.dumps(run.report)
+    return args
 
 
 # OCI (Distribution)
@@ -210,37 +203,50 @@ def test_oci_artifact_with_a_pull_secret(
     assert run.events[-1]["digest"] == oci_model.rsplit("@", 1)[1]
 
 
-@pytest.mark.parametrize(
-    ("case", "reason"),
-    [
-        pytest.param("wrong-password", "AccessDenied", id="wrong-password"),
-        pytest.param("no-secret", "AccessDenied", id="no-secret"),
-        pytest.param("unknown-digest", "ModelNotFound", id="unknown-digest"),
-        pytest.param("over-budget", "ModelTooLarge", id="over-budget"),
-        pytest.param("untrusted", "StorageUnreachable", id="untrusted-certificate"),
-    ],
-)
-def test_oci_failures(
-    oci_registry: OciRegistry, oci_model: str, tmp_path: Path, case: str, reason: str
-) -> None:
-    """Each way an OCI fetch fails leaves nothing installed and names its reason."""
-    password = "not-the-password" if case == "wrong-password" else None
+def _oci_failure(request: pytest.FixtureRequest, case: str, tmp_path: Path) -> list[str | Path]:
+    """The flags of an OCI fetch that fails as `case` says."""
+    oci_registry: OciRegistry = request.getfixturevalue("oci_registry")
+    oci_model: str = request.getfixturevalue("oci_model")
+    password = WRONG if case == "wrong-password" else None
     secret = _pull_secret(oci_registry, tmp_path / "secret", password=password)
-    uri = (
-        oci_model
-        if case != "unknown-digest"
-        else oci_model.rsplit("@", 1)[0] + "@sha256:" + "1" * 64
-    )
+    uri = oci_model
+    if case == "unknown-digest":
+        uri = oci_model.rsplit("@", 1)[0] + "@sha256:" + "1" * 64
     args: list[str | Path] = ["--uri", uri]
-    if case != "untrusted":
+    if case != "untrusted-certificate":
         args += ["--ca-file", oci_registry.ca_cert]
     if case != "no-secret":
         args += ["--credentials-dir", secret]
     if case == "over-budget":
         args += ["--max-bytes", "1000"]
-    run = _fetch(tmp_path / "volume", *args)
+    return args
+
+
+# Each failure: the store and the case, and the reason its fetch fails with.
+FAILURES = _cases("""
+s3/wrong-secret: AccessDenied
+s3/anonymous: AccessDenied
+s3/missing-prefix: ModelNotFound
+s3/missing-bucket: ModelNotFound
+s3/other-bucket: AccessDenied
+s3/over-budget: ModelTooLarge
+s3/other-digest: DigestMismatch
+oci/wrong-password: AccessDenied
+oci/no-secret: AccessDenied
+oci/unknown-digest: ModelNotFound
+oci/over-budget: ModelTooLarge
+oci/untrusted-certificate: StorageUnreachable
+""")
+
+
+@pytest.mark.parametrize(("case", "reason"), FAILURES.items(), ids=FAILURES)
+def test_failures(request: pytest.FixtureRequest, tmp_path: Path, case: str, reason: str) -> None:
+    """Each way an S3 or OCI fetch fails leaves nothing installed and names its reason."""
+    store, _, what = case.partition("/")
+    flags = _s3_failure if store == "s3" else _oci_failure
+    run = _fetch(tmp_path / "volume", *flags(request, what, tmp_path))
     _failed(run, reason)
-    assert "not-the-password" not in json.dumps(run.report)
+    assert WRONG not in json.dumps(run.report)
 
 
 # HTTPS (the file server)
