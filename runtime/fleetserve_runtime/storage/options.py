@@ -32,7 +32,8 @@ class S3Settings:
     role_arn: str | None = None
     """The role the web identity token assumes."""
     sts_endpoint: str | None = None
-    """STS endpoint for the web identity exchange; None: the S3 endpoint itself."""
+    """STS endpoint for the web identity exchange; None: AWS's regional STS for an AWS
+    endpoint, the S3 endpoint itself elsewhere."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ Keys ending in `/` (folder markers) are skipped.
 Credentials: static keys from the credentials directory; else a web identity token (the
 directory's `webIdentityToken` and `roleArn`, or `--s3-web-identity-token-file` and
 `--s3-role-arn`) exchanged for temporary keys (AssumeRoleWithWebIdentity, MinIO's
-`WebIdentityProvider`) at the STS endpoint (`--s3-sts-endpoint`, else the S3 endpoint); else
+`WebIdentityProvider`) at the STS endpoint (`--s3-sts-endpoint`; else AWS's regional STS for
+an AWS endpoint, the S3 endpoint itself elsewhere, as MinIO and SeaweedFS serve STS); else
 none (anonymous). Errors: the S3 codes NoSuchBucket and NoSuchKey are
 ModelNotFound; AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch and the token codes
 AccessDenied; other answers go by HTTP status (`reasons.for_status`); a refused, failed or
@@ -39,7 +40,7 @@ from fleetserve_runtime.storage.credentials import (
     s3_keys,
     s3_web_identity,
 )
-from fleetserve_runtime.storage.options import FetchOptions
+from fleetserve_runtime.storage.options import FetchOptions, S3Settings
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason, for_status
 from fleetserve_runtime.storage.staging import CHUNK_BYTES, safe_relative_path
 from fleetserve_runtime.storage.tls import ca_bundle, check_endpoint
@@ -181,7 +182,7 @@ def _credentials(options: FetchOptions, http: urllib3.PoolManager) -> Provider |
     if identity is None:
         return None
     token_file = identity.token_file
-    sts = settings.sts_endpoint or settings.endpoint
+    sts = _sts_endpoint(settings)
     return _Exchange(
         WebIdentityProvider(
             jwt_provider_func=lambda: {"access_token": read_secret(token_file)},
@@ -191,6 +192,16 @@ def _credentials(options: FetchOptions, http: urllib3.PoolManager) -> Provider |
         ),
         sts,
     )
+
+
+def _sts_endpoint(settings: S3Settings) -> str:
+    """`--s3-sts-endpoint`; else AWS's STS for an AWS endpoint, the S3 endpoint elsewhere."""
+    if settings.sts_endpoint is not None:
+        return settings.sts_endpoint
+    if (urlsplit(settings.endpoint).hostname or "").endswith(".amazonaws.com"):
+        region = f".{settings.region}" if settings.region else ""
+        return f"https://sts{region}.amazonaws.com"
+    return settings.endpoint
 
 
 class _Exchange(Provider):

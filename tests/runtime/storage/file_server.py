@@ -142,6 +142,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
 
 def _range_start(route: Route, headers: dict[str, str]) -> int:
     """Where the answer starts: the Range asked for, if honoured and If-Range still holds."""

@@ -190,3 +190,59 @@ def test_plain_http_endpoint_needs_allow_http(
     failure = failed_fetch("s3://models/enc/2", options)
     assert failure.reason is Reason.INVALID_URI
     assert "--allow-http" in failure.message
+
+
+def _sts_answer(access_key: str) -> bytes:
+    return (
+        '<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+        "<AssumeRoleWithWebIdentityResult><Credentials>"
+        f"<AccessKeyId>{access_key}</AccessKeyId><SecretAccessKey>temporary-secret</SecretAccessKey>"
+        "<SessionToken>temporary-session-token</SessionToken>"
+        "<Expiration>2099-01-01T00:00:00Z</Expiration>"
+        "</Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>"
+    ).encode()
+
+
+def test_web_identity_from_the_credentials_dir(
+    server: FileServer, pki: ClusterPki, tmp_path: Path
+) -> None:
+    """The Secret's webIdentityToken and roleArn are exchanged for keys that sign the fetch."""
+    _store(server, OBJECTS)
+    server.routes["/sts"] = Route(body=_sts_answer("ASIATEMPORARY"), headers=XML)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "webIdentityToken").write_text("eyJ-web-identity-token")
+    (secret / "roleArn").write_text("arn:aws:iam::123:role/fetch")
+    settings = S3Settings(
+        endpoint=server.url(""), region="us-east-1", sts_endpoint=server.url("/sts")
+    )
+    options = _options(server, pki, tmp_path, credentials_dir=secret, s3=settings)
+    run_fetch("s3://models/enc/2", options)
+    exchange = next(seen for seen in server.seen if seen.path.startswith("/sts"))
+    assert exchange.method == "POST"
+    assert "Action=AssumeRoleWithWebIdentity" in exchange.path
+    assert "WebIdentityToken=eyJ-web-identity-token" in exchange.path
+    assert "RoleArn=arn%3Aaws%3Aiam%3A%3A123%3Arole%2Ffetch" in exchange.path
+    signed = [seen for seen in server.seen if seen.path.startswith("/models")]
+    assert all("Credential=ASIATEMPORARY/" in seen.headers["authorization"] for seen in signed)
+    assert all(seen.headers["x-amz-security-token"] == "temporary-session-token" for seen in signed)
+
+
+def test_refused_web_identity_is_access_denied(
+    server: FileServer, pki: ClusterPki, tmp_path: Path
+) -> None:
+    """An exchange the STS refuses is AccessDenied, and the token shows in no message."""
+    server.routes["/sts"] = Route(status=403, body=_error("AccessDenied"), headers=XML)
+    token = tmp_path / "token"
+    token.write_text("eyJ-refused-token")
+    settings = S3Settings(
+        endpoint=server.url(""),
+        region="us-east-1",
+        sts_endpoint=server.url("/sts"),
+        web_identity_token_file=token,
+        role_arn="arn:aws:iam::123:role/fetch",
+    )
+    failure = failed_fetch("s3://models/enc/2", _options(server, pki, tmp_path, s3=settings))
+    assert failure.reason is Reason.ACCESS_DENIED
+    assert "eyJ-refused-token" not in failure.message
+    assert "web identity" in failure.message
