@@ -73,8 +73,8 @@ def test_rendered_fetch_flags_parse_and_name_a_fetchable_uri(name: str) -> None:
 
 
 def test_the_operator_reads_every_reason_it_names() -> None:
-    """Each reason the operator knows is one the fetch writes, spelled the same."""
-    assert {str(r) for r in contract.FetchFailure} <= {r.value for r in Reason}
+    """The operator knows every reason the fetch writes, spelled the same."""
+    assert {str(r) for r in contract.FetchFailure} == {r.value for r in Reason}
 
 
 def test_the_fetch_installs_what_the_runtime_serves() -> None:
