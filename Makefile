@@ -10,9 +10,10 @@ PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
 LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 BENCH_OPERATOR_FLAGS ?=
+BENCH_FETCH_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
-        bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
+        bench-analysis bench-operator bench-fetch bench-peers peers-venvs peers-lock lock clean \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
         e2e-storage demo-runtime demo-generate mutate
 
@@ -196,6 +197,12 @@ bench-runtime: setup
 ##                 rss_mb= (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
 bench-operator: setup tools
 	PYTHONPATH=e2e $(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
+
+## bench-fetch: `fleetserve-runtime fetch` of MiniLM from SeaweedFS (S3), Distribution (OCI) and
+##              HTTPS on loopback vs a raw download of the same bytes; last line fetch_mb_s_*=
+##              fetch_vs_raw_*= (BENCH_FETCH_FLAGS="--repeats 1": a quick run)
+bench-fetch: setup storage-tools
+	PYTHONPATH=e2e $(PY) -m bench.fetch_bench $(BENCH_FETCH_FLAGS)
 
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup
