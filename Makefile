@@ -10,10 +10,12 @@ PACKAGES := runtime/fleetserve_runtime operator/fleetserve_operator
 LINTED := runtime operator tests bench examples
 DEMO_FLAGS ?=
 BENCH_OPERATOR_FLAGS ?=
+BENCH_FETCH_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
-        bench-analysis bench-operator bench-peers peers-venvs peers-lock lock clean \
-        crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo demo-runtime demo-generate mutate
+        bench-analysis bench-operator bench-fetch bench-peers peers-venvs peers-lock lock clean \
+        crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
+        e2e-storage demo-runtime demo-generate mutate
 
 # `## target: what it does` lines are what `make help` lists; `##@ Group` lines head them.
 
@@ -127,7 +129,7 @@ mutate: setup
 	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
 	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
 
-E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo
+E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage
 # `prepare` first, so the table shows what installing and building cost apart from the tests.
 TIERS := prepare lint unit $(E2E_TIERS)
 
@@ -137,7 +139,7 @@ test:
 	@MAKE="$(MAKE)" scripts/test-tiers.sh $(TIERS)
 
 # Everything the tiers need that is installed or built once and cached.
-prepare: setup tools keda-tools prometheus-install
+prepare: setup tools keda-tools storage-tools prometheus-install
 
 ## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
 proto: setup
@@ -170,6 +172,11 @@ e2e-rollout: setup tools keda-tools prometheus-install
 e2e-demo: setup tools prometheus-install
 	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
 
+## e2e-storage: the storage servers models are fetched from, with real clients: SeaweedFS's S3
+##              (minio), Distribution's OCI registry (oras), the HTTPS file server (Range, faults)
+e2e-storage: setup storage-tools
+	cd e2e && timeout 600 ../$(PY) -m pytest storage_e2e $(E2E_PYTEST_ARGS)
+
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
 e2e: $(E2E_TIERS)
 
@@ -190,6 +197,12 @@ bench-runtime: setup
 ##                 rss_mb= (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
 bench-operator: setup tools
 	PYTHONPATH=e2e $(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
+
+## bench-fetch: `fleetserve-runtime fetch` of MiniLM from SeaweedFS (S3), Distribution (OCI) and
+##              HTTPS on loopback vs a raw download of the same bytes; last line fetch_mb_s_*=
+##              fetch_vs_raw_*= (BENCH_FETCH_FLAGS="--repeats 1": a quick run)
+bench-fetch: setup storage-tools
+	PYTHONPATH=e2e $(PY) -m bench.fetch_bench $(BENCH_FETCH_FLAGS)
 
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup

@@ -587,35 +587,27 @@ def measure_all(args: argparse.Namespace, log_dir: Path) -> list[Row]:
     """Run the runtime, then each selected peer; a peer's failure is recorded, not raised."""
     workloads = build_workloads(args)
     own_python = Path(sys.executable)
-    rows, reference = run_server(
-        OURS,
-        python=own_python,
-        reference=None,
-        workloads=workloads,
-        args=args,
-        log_dir=log_dir,
-    )
-    torch_rows, _ = run_server(
-        OURS_TORCH,
-        python=own_python,
-        reference=reference,
-        workloads=workloads,
-        args=args,
-        log_dir=log_dir,
-    )
+
+    def run(
+        server: Server, python: Path, reference: list[list[float]] | None
+    ) -> tuple[list[Row], list[list[float]]]:
+        return run_server(
+            server,
+            python=python,
+            reference=reference,
+            workloads=workloads,
+            args=args,
+            log_dir=log_dir,
+        )
+
+    rows, reference = run(OURS, own_python, None)
+    torch_rows, _ = run(OURS_TORCH, own_python, reference)
     rows.extend(torch_rows)
     for name in args.peers:
         peer = PEERS[name]
         try:
             python = ensure_venv(name, args.cache_dir) if peer.venv else own_python
-            peer_rows, _ = run_server(
-                peer,
-                python=python,
-                reference=reference,
-                workloads=workloads,
-                args=args,
-                log_dir=log_dir,
-            )
+            peer_rows, _ = run(peer, python, reference)
         except (PeerUnavailable, RuntimeError, subprocess.CalledProcessError) as error:
             peer_rows = failed_rows(
                 peer, f"{error}{log_tail(log_dir / f'{name}.log')}", args.profiles

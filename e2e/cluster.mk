@@ -7,7 +7,7 @@ E2E_HARNESS := env PYTHONPATH=e2e $(PY) -m fleetserve_e2e
 E2E_RUNTIME ?= venv
 E2E_PYTEST_ARGS ?=
 
-.PHONY: tools keda-tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down \
+.PHONY: tools keda-tools storage-tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down \
         e2e-harness
 
 ##@ Local cluster (e2e/cluster.mk), and the harness's own e2e tier
@@ -19,6 +19,11 @@ tools: setup
 ## keda-tools: build KEDA's operator and metrics API server from e2e/keda-tools (once, cached)
 keda-tools: setup
 	nice -n 10 $(E2E_HARNESS) keda-tools
+
+## storage-tools: build SeaweedFS's weed (S3) and Distribution's registry (OCI) from
+##                e2e/storage-tools (once, cached)
+storage-tools: setup
+	nice -n 10 $(E2E_HARNESS) storage-tools
 
 ## prometheus-install: Debian's prometheus package, if missing (the daemon is not started)
 prometheus-install:

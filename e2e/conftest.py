@@ -20,8 +20,10 @@ from fleetserve_e2e import KubeApiError, KubeClient, LocalCluster, LocalPromethe
 from fleetserve_e2e.cluster import standin_commands, venv_commands
 
 # The operator fixtures (CRD, least-privilege identity, `start_operator`), for operator_e2e/
-# and rollout_e2e/; a plugin, as only the root conftest may register one.
-pytest_plugins = ["fleetserve_e2e.operator_fixtures"]
+# and rollout_e2e/, and the storage servers models are fetched from (S3, an OCI registry,
+# HTTPS files), for storage_e2e/ and any test that fetches; plugins, as only the root
+# conftest may register one.
+pytest_plugins = ["fleetserve_e2e.operator_fixtures", "fleetserve_e2e.storage_fixtures"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

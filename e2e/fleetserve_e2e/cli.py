@@ -1,8 +1,9 @@
 """Command line behind the make targets: ``python -m fleetserve_e2e <command>``.
 
-``tools`` builds the binaries and ``keda-tools`` KEDA's; ``cluster-up``/``cluster-down`` and
-``prometheus-up``/``prometheus-down`` start and stop background instances whose state lives under
-``~/.cache/fleetserve/``; ``run-cluster`` and ``run-prometheus`` are the daemons' bodies.
+``tools`` builds the binaries, ``keda-tools`` KEDA's and ``storage-tools`` the storage
+servers'; ``cluster-up``/``cluster-down`` and ``prometheus-up``/``prometheus-down`` start and
+stop background instances whose state lives under ``~/.cache/fleetserve/``; ``run-cluster`` and
+``run-prometheus`` are the daemons' bodies.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fleetserve_e2e.cluster import LocalCluster, standin_commands, venv_commands
 from fleetserve_e2e.keda import build_keda
 from fleetserve_e2e.paths import binary, state_dir
 from fleetserve_e2e.prometheus import LocalPrometheus
+from fleetserve_e2e.storage_tools import build_storage_tools
 from fleetserve_e2e.toolchain import build_tools
 
 CLUSTER = "cluster"
@@ -31,6 +33,10 @@ def _tools(_args: argparse.Namespace) -> None:
 
 def _keda_tools(_args: argparse.Namespace) -> None:
     build_keda()
+
+
+def _storage_tools(_args: argparse.Namespace) -> None:
+    build_storage_tools()
 
 
 def _cluster_up(args: argparse.Namespace) -> None:
@@ -101,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     handlers: dict[str, Callable[[argparse.Namespace], None]] = {
         "tools": _tools,
         "keda-tools": _keda_tools,
+        "storage-tools": _storage_tools,
         "cluster-up": _cluster_up,
         "cluster-down": _cluster_down,
         "run-cluster": _run_cluster,

@@ -1,7 +1,9 @@
 """Where the harness finds its pinned versions, built binaries and long-lived state.
 
-Everything here derives from ``e2e/tools/go.mod`` (the single place versions are pinned) and
-from the user's cache directory, so builds survive ``git clean`` and are shared by checkouts.
+Everything here derives from the go.mod files of the tools modules (``e2e/tools`` pins the
+Kubernetes binaries; ``kwok-tools``, ``keda-tools`` and ``storage-tools/*`` beside it pin
+theirs) and from the user's cache directory, so builds survive ``git clean`` and are shared by
+checkouts.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ TOOLS_DIR = E2E_DIR / "tools"
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?(\S+)\s+(v\S+)", re.MULTILINE)
 
 
-def pinned_version(module: str, tools_dir: Path = TOOLS_DIR) -> str:
-    """Return the version ``tools_dir``'s go.mod (``e2e/tools/go.mod``) pins for ``module``.
+def pinned_version(module: str, tools_module: Path = TOOLS_DIR) -> str:
+    """Return the version the go.mod of ``tools_module`` (``e2e/tools``) pins for ``module``.
 
     Raises:
         LookupError: The module is not required by that go.mod.
     """
-    go_mod = tools_dir / "go.mod"
+    go_mod = tools_module / "go.mod"
     for path, version in _REQUIRE.findall(go_mod.read_text(encoding="utf-8")):
         if path == module:
             return str(version)

@@ -5,6 +5,8 @@ One CA signs the API server's serving certificate and an admin client certificat
 front-proxy CA of the aggregation layer, signs the client certificate kube-apiserver presents
 when it proxies a request to an aggregated API server (KEDA's metrics API server); keeping it
 apart from the cluster CA is what stops any cluster client from asserting a user by header.
+Servers the tests run on loopback (the storage servers models are fetched from) get serving
+certificates from a throwaway CA of their own (`write_ca`, `issue_loopback_cert`).
 ECDSA P-256 keys are used because they are generated in milliseconds, which keeps cluster start
 fast.
 """
@@ -178,18 +180,54 @@ def write_pki(directory: Path) -> ClusterPki:
     return pki
 
 
-def write_mutual_tls_dir(pki: ClusterPki, directory: Path, server_name: str) -> Path:
-    """Write ``ca.crt``, ``tls.crt`` and ``tls.key`` for a component that serves and dials TLS.
+@dataclass(frozen=True)
+class LocalCa:
+    """A throwaway CA's certificate and key (PEM files), to sign loopback serving certificates."""
 
-    The certificate is signed by the cluster CA, valid for ``server_name``, ``localhost`` and
-    127.0.0.1, and usable for both server and client authentication: KEDA's operator and
-    metrics API server use one such directory each for their mutual-TLS gRPC link, as KEDA's
-    own certificate rotation lays it out.
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A certificate for a loopback server, its key and the CA that signed it (PEM files).
+
+    The file names (``ca.crt``, ``tls.crt``, ``tls.key``) are those of a ``kubernetes.io/tls``
+    Secret with its CA, which is how KEDA and most servers' flags expect them.
     """
-    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_directory(cls, directory: Path) -> TlsFiles:
+        """Return the file layout used in ``directory``."""
+        return cls(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+
+
+def write_ca(directory: Path, common_name: str) -> LocalCa:
+    """Write a fresh self-signed CA (``ca.crt``, ``ca.key``) into ``directory``."""
+    ca, key = _new_ca(common_name)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = LocalCa(cert=directory / "ca.crt", key=directory / "ca.key")
+    files.cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(_key_pem(key))
+    return files
+
+
+def issue_loopback_cert(
+    ca: LocalCa, directory: Path, server_name: str, *, client_auth: bool = False
+) -> TlsFiles:
+    """Write a certificate signed by ``ca`` for ``server_name``, ``localhost`` and 127.0.0.1.
+
+    It serves TLS; with ``client_auth`` it may also authenticate as a client. ``directory``
+    receives ``ca.crt`` (a copy of the CA's certificate), ``tls.crt`` and ``tls.key``.
+    """
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{pki.ca_key} is not an EC private key")
+        raise TypeError(f"{ca.key} is not an EC private key")
     key = _new_key()
     names = x509.SubjectAlternativeName(
         [
@@ -198,20 +236,32 @@ def write_mutual_tls_dir(pki: ClusterPki, directory: Path, server_name: str) -> 
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         ]
     )
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    if client_auth:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     cert = (
-        _builder(_name(server_name), ca.subject, key.public_key())
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
+        _builder(_name(server_name), ca_cert.subject, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(names, critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
+    files = TlsFiles.in_directory(directory)
     pem = serialization.Encoding.PEM
-    (directory / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (directory / "tls.crt").write_bytes(cert.public_bytes(pem))
-    (directory / "tls.key").write_bytes(_key_pem(key))
+    files.ca_cert.write_bytes(ca_cert.public_bytes(pem))
+    files.cert.write_bytes(cert.public_bytes(pem))
+    files.key.write_bytes(_key_pem(key))
+    return files
+
+
+def write_mutual_tls_dir(pki: ClusterPki, directory: Path, server_name: str) -> Path:
+    """Write ``ca.crt``, ``tls.crt`` and ``tls.key`` for a component that serves and dials TLS.
+
+    The certificate is signed by the cluster CA, valid for ``server_name``, ``localhost`` and
+    127.0.0.1, and usable for both server and client authentication: KEDA's operator and
+    metrics API server use one such directory each for their mutual-TLS gRPC link, as KEDA's
+    own certificate rotation lays it out.
+    """
+    cluster_ca = LocalCa(cert=pki.ca_cert, key=pki.ca_key)
+    issue_loopback_cert(cluster_ca, directory, server_name, client_auth=True)
     return directory

@@ -84,6 +84,8 @@ class FetchFailure(StrEnum):
     MODEL_TOO_LARGE = "ModelTooLarge"
     STORAGE_UNREACHABLE = "StorageUnreachable"
     INVALID_ARCHIVE = "InvalidArchive"
+    INVALID_URI = "InvalidUri"
+    INTERNAL_ERROR = "InternalError"
 
 
 FETCH_FAILED = "ModelFetchFailed"

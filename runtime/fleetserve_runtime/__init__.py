@@ -3,7 +3,7 @@
 Public surface: `create_app`, `RuntimeConfig`, `ModelHandler`. Everything else is internal.
 
 Packages, each importing only those below it (`make lint` checks this with import-linter):
-`cli | testing → server → serving → encoder | generate → models → core`.
+`cli | testing → server → serving → encoder | generate → models | storage → core`.
 
 - `cli` (and `__main__`): argv and environment to a `RuntimeConfig`; starts uvicorn.
 - `server`: the edge. App assembly and middlewares, the OIP routes, the OpenAI routes and
@@ -20,6 +20,9 @@ Packages, each importing only those below it (`make lint` checks this with impor
 - `models`: the handler protocol (`models.base`), the registry, the encoders, ONNX (the only
   onnxruntime user), precision, the causal-LM protocol the generative engine steps, and
   `models.llama`; it imports neither engine.
+- `storage`: the storage initializer (`fleetserve-runtime fetch`, an init container): a model
+  from `s3://`, `oci://`, `https://` or `hf://` into a volume, all or nothing; it imports
+  nothing of the serving side.
 - `core`: config, metrics, memory budget, cache, errors, logs, limits, liveness, auth, JSON
   limits, priority classes. torch stays in `encoder`, `generate`, `models` and `core.memory`.
 """

@@ -1,5 +1,8 @@
 """`fleetserve-runtime serve`: flags and env into `RuntimeConfig`, then uvicorn.
 
+(`fleetserve-runtime fetch`, the storage initializer an init container runs, takes its flags
+from `storage.command`.)
+
 Flags are derived from the config model, one per field, so the CLI, the `FLEETSERVE_*`
 variables and the YAML file can never disagree: a top-level field `max_body_bytes` is
 `--max-body-bytes`, a section field `batching.max_batch_size` is `--max-batch-size`, and
@@ -35,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from fleetserve_runtime.core.config import RuntimeConfig, load_config
+from fleetserve_runtime.storage import command as fetch_command
 
 EXIT_LOAD_FAILED = 3
 """Exit status when the first model load fails (2 is a bad configuration)."""
@@ -92,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             serve.add_argument(flag.flag, dest=flag.dest, help=help_text)
+    fetch_command.add_arguments(
+        commands.add_parser("fetch", help="fetch a model into a volume (an init container)")
+    )
     return parser
 
 
@@ -112,6 +119,8 @@ def parse_config(argv: Sequence[str]) -> RuntimeConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `fleetserve-runtime`; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "fetch":
+        return fetch_command.run(build_parser().parse_args(argv))
     if not argv or argv[0] != "serve":
         build_parser().parse_args(argv)
         return 2

@@ -85,6 +85,13 @@ def _read_facts(value: str) -> object:
     return facts
 
 
+def _at_least(name: str, value: float, floor_name: str, floor: float, *, why: str = "") -> None:
+    """`ValueError` unless setting `name` is at least setting `floor_name`; `why` says why."""
+    if value < floor:
+        msg = f"{name} ({value}) must be >= {floor_name} ({floor})" + (f": {why}" if why else "")
+        raise ValueError(msg)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -155,12 +162,10 @@ class QueueConfig(_Section):
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> QueueConfig:
-        if self.max_timeout_ms < self.default_timeout_ms:
-            msg = (
-                f"queue.max_timeout_ms ({self.max_timeout_ms}) must be >= "
-                f"queue.default_timeout_ms ({self.default_timeout_ms})"
-            )
-            raise ValueError(msg)
+        _at_least(
+            "queue.max_timeout_ms", self.max_timeout_ms,
+            "queue.default_timeout_ms", self.default_timeout_ms,
+        )  # fmt: skip
         return self
 
 
@@ -231,34 +236,20 @@ class GenerationConfig(_Section):
     connection reset."""
 
     @model_validator(mode="after")
-    def _check_timeouts(self) -> GenerationConfig:
-        if self.max_timeout_ms < self.default_timeout_ms:
-            msg = (
-                f"generation.max_timeout_ms ({self.max_timeout_ms}) must be >= "
-                f"generation.default_timeout_ms ({self.default_timeout_ms})"
-            )
-            raise ValueError(msg)
-        return self
-
-    @model_validator(mode="after")
-    def _check_max_tokens(self) -> GenerationConfig:
-        if self.max_output_tokens < self.default_max_tokens:
-            msg = (
-                f"generation.max_output_tokens ({self.max_output_tokens}) must be >= "
-                f"generation.default_max_tokens ({self.default_max_tokens})"
-            )
-            raise ValueError(msg)
-        return self
-
-    @model_validator(mode="after")
-    def _check_step(self) -> GenerationConfig:
-        if self.max_step_tokens < self.max_running_sequences:
-            msg = (
-                f"generation.max_step_tokens ({self.max_step_tokens}) must be >= "
-                f"generation.max_running_sequences ({self.max_running_sequences}): every "
-                "running sequence decodes one token per step"
-            )
-            raise ValueError(msg)
+    def _check_bounds(self) -> GenerationConfig:
+        _at_least(
+            "generation.max_timeout_ms", self.max_timeout_ms,
+            "generation.default_timeout_ms", self.default_timeout_ms,
+        )  # fmt: skip
+        _at_least(
+            "generation.max_output_tokens", self.max_output_tokens,
+            "generation.default_max_tokens", self.default_max_tokens,
+        )  # fmt: skip
+        _at_least(
+            "generation.max_step_tokens", self.max_step_tokens,
+            "generation.max_running_sequences", self.max_running_sequences,
+            why="every running sequence decodes one token per step",
+        )  # fmt: skip
         return self
 
 
@@ -533,12 +524,11 @@ class RuntimeConfig(BaseSettings):
                 f"({self.queue.max_queue_size}), or no request that large could ever be queued"
             )
             raise ValueError(msg)
-        if self.max_tensor_elements < self.max_instances:
-            msg = (
-                f"max_tensor_elements ({self.max_tensor_elements}) must be >= max_instances "
-                f"({self.max_instances}): every instance has at least one value"
-            )
-            raise ValueError(msg)
+        _at_least(
+            "max_tensor_elements", self.max_tensor_elements,
+            "max_instances", self.max_instances,
+            why="every instance has at least one value",
+        )  # fmt: skip
         return self
 
     @classmethod

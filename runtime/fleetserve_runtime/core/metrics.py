@@ -14,11 +14,17 @@ from every check (the instrumentation rule for label values known in advance).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -31,6 +37,7 @@ __all__ = [
     "RuntimeMetrics",
     "StateSnapshot",
     "StreamLimit",
+    "VersionFamilies",
 ]
 
 LATENCY_BUCKETS_S = (
@@ -51,6 +58,27 @@ STALLED_DOC = "1 while the running batch is past its stuck limit and liveness fa
 
 # `_created` series double the scrape size and no query of ours reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+
+
+@dataclass(frozen=True, slots=True)
+class VersionFamilies:
+    """Declares metric families labelled model/version/track (`LABELS`) in one registry."""
+
+    registry: CollectorRegistry
+
+    def counter(self, name: str, doc: str) -> Counter:
+        """A counter family."""
+        return Counter(name, doc, LABELS, registry=self.registry)
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        """A gauge family."""
+        return Gauge(name, doc, LABELS, registry=self.registry)
+
+    def histogram(
+        self, name: str, doc: str, buckets: Sequence[float] = LATENCY_BUCKETS_S
+    ) -> Histogram:
+        """A histogram family; its buckets are the latency ones (seconds) unless given."""
+        return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,49 +231,41 @@ class RuntimeMetrics:
         self._batch_series: dict[str, _BatchSeries] = {}
         reg = self.registry
         reg.register(LoadedVersionsCollector(self, snapshot))
+        families = VersionFamilies(reg)
         self.requests = Counter(
             "fleetserve_requests", "Requests answered, by status code.",
             [*LABELS, "code"], registry=reg,
         )  # fmt: skip
-        self.request_seconds = Histogram(
-            "fleetserve_request_duration_seconds", "Time from arrival to answer.",
-            LABELS, buckets=LATENCY_BUCKETS_S, registry=reg,
-        )  # fmt: skip
-        self.queue_wait_seconds = Histogram(
-            "fleetserve_queue_wait_seconds", "Time an instance waited before its batch formed.",
-            LABELS, buckets=LATENCY_BUCKETS_S, registry=reg,
-        )  # fmt: skip
-        self.compute_seconds = Histogram(
-            "fleetserve_batch_compute_seconds", "Forward + postprocess time of one batch.",
-            LABELS, buckets=LATENCY_BUCKETS_S, registry=reg,
-        )  # fmt: skip
-        self.batch_size = Histogram(
-            "fleetserve_batch_size", "Instances per batch.",
-            LABELS, buckets=BATCH_SIZE_BUCKETS, registry=reg,
-        )  # fmt: skip
-        self.padding_efficiency = Histogram(
-            "fleetserve_padding_efficiency_ratio", "Real tokens / padded tokens, per batch.",
-            LABELS, buckets=RATIO_BUCKETS, registry=reg,
-        )  # fmt: skip
-        self.real_tokens = Counter(
-            "fleetserve_batch_tokens_real", "Real (unpadded) tokens computed.", LABELS, registry=reg
+        self.request_seconds = families.histogram(
+            "fleetserve_request_duration_seconds", "Time from arrival to answer."
         )
-        self.padded_tokens = Counter(
-            "fleetserve_batch_tokens_padded", "Tokens of the padded batch rectangles.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.cache_hits = Counter(
-            "fleetserve_cache_hits", "Result cache hits.", LABELS, registry=reg
+        self.queue_wait_seconds = families.histogram(
+            "fleetserve_queue_wait_seconds", "Time an instance waited before its batch formed."
         )
-        self.cache_misses = Counter(
-            "fleetserve_cache_misses", "Result cache misses.", LABELS, registry=reg
+        self.compute_seconds = families.histogram(
+            "fleetserve_batch_compute_seconds", "Forward + postprocess time of one batch."
         )
-        self.oom_splits = Counter(
-            "fleetserve_oom_splits", "Batches split in half after running out of memory.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.batch_failures = Counter(
-            "fleetserve_batch_failures", "Batches whose forward pass raised.", LABELS, registry=reg
+        self.batch_size = families.histogram(
+            "fleetserve_batch_size", "Instances per batch.", BATCH_SIZE_BUCKETS
+        )
+        self.padding_efficiency = families.histogram(
+            "fleetserve_padding_efficiency_ratio",
+            "Real tokens / padded tokens, per batch.",
+            RATIO_BUCKETS,
+        )
+        self.real_tokens = families.counter(
+            "fleetserve_batch_tokens_real", "Real (unpadded) tokens computed."
+        )
+        self.padded_tokens = families.counter(
+            "fleetserve_batch_tokens_padded", "Tokens of the padded batch rectangles."
+        )
+        self.cache_hits = families.counter("fleetserve_cache_hits", "Result cache hits.")
+        self.cache_misses = families.counter("fleetserve_cache_misses", "Result cache misses.")
+        self.oom_splits = families.counter(
+            "fleetserve_oom_splits", "Batches split in half after running out of memory."
+        )
+        self.batch_failures = families.counter(
+            "fleetserve_batch_failures", "Batches whose forward pass raised."
         )
         self.stream_limits = Counter(
             "fleetserve_generation_stream_limits",

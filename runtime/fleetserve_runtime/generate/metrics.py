@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fleetserve_runtime.core.metrics import LABELS, LATENCY_BUCKETS_S
+from fleetserve_runtime.core.metrics import VersionFamilies
 
 __all__ = ["GenerationMetrics", "VersionGenerationMetrics"]
 
@@ -44,52 +44,45 @@ class GenerationMetrics:
     def __init__(self, registry: CollectorRegistry, *, model: str, track: str) -> None:
         self._model = model
         self._track = track
-        reg = self._registry = registry
-        self.time_to_first_token = Histogram(
+        self._registry = registry
+        families = VersionFamilies(registry)
+        self.time_to_first_token = families.histogram(
             "fleetserve_time_to_first_token_seconds",
             "Time from a generation request's arrival to its first token.",
-            LABELS, buckets=LATENCY_BUCKETS_S, registry=reg,
-        )  # fmt: skip
-        self.inter_token_latency = Histogram(
+        )
+        self.inter_token_latency = families.histogram(
             "fleetserve_inter_token_latency_seconds",
             "Time between consecutive tokens of one stream.",
-            LABELS, buckets=INTER_TOKEN_BUCKETS_S, registry=reg,
-        )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "fleetserve_prompt_tokens", "Prompt tokens of admitted generation requests.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.generation_tokens = Counter(
-            "fleetserve_generation_tokens", "Tokens generated.", LABELS, registry=reg
+            INTER_TOKEN_BUCKETS_S,
         )
-        self.kv_cache_usage = Gauge(
+        self.prompt_tokens = families.counter(
+            "fleetserve_prompt_tokens", "Prompt tokens of admitted generation requests."
+        )
+        self.generation_tokens = families.counter(
+            "fleetserve_generation_tokens", "Tokens generated."
+        )
+        self.kv_cache_usage = families.gauge(
             "fleetserve_kv_cache_usage_ratio",
             "Share of KV cache blocks held by sequences (cached free blocks count as free).",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.running = Gauge(
-            "fleetserve_running_sequences", "Sequences in the running batch.", LABELS, registry=reg
         )
-        self.waiting = Gauge(
+        self.running = families.gauge(
+            "fleetserve_running_sequences", "Sequences in the running batch."
+        )
+        self.waiting = families.gauge(
             "fleetserve_waiting_sequences",
             "Sequences waiting for admission, preempted ones included.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.preemptions = Counter(
+        )
+        self.preemptions = families.counter(
             "fleetserve_preemptions",
             "Sequences preempted (blocks freed, recomputed later) when KV blocks ran out.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.prefix_cache_hits = Counter(
+        )
+        self.prefix_cache_hits = families.counter(
             "fleetserve_prefix_cache_hits",
             "Prompt tokens whose KV blocks came from the prefix cache.",
-            LABELS, registry=reg,
-        )  # fmt: skip
-        self.prefix_cache_queries = Counter(
-            "fleetserve_prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            LABELS, registry=reg,
-        )  # fmt: skip
+        )
+        self.prefix_cache_queries = families.counter(
+            "fleetserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
 
     @property
     def registry(self) -> CollectorRegistry:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from fastapi import FastAPI, Request, Response
 
@@ -44,7 +45,12 @@ from fleetserve_runtime.core.errors import (
     TooManyStreams,
 )
 from fleetserve_runtime.core.json_limits import check_depth
-from fleetserve_runtime.generate.contracts import FinishEvent, GenerationRequest
+from fleetserve_runtime.generate.contracts import (
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    Usage,
+)
 from fleetserve_runtime.server.generation_schemas import RequestControls, usage_body
 from fleetserve_runtime.server.http_errors import (
     GENERATION_STATUS_OF,
@@ -65,6 +71,7 @@ from fleetserve_runtime.server.oip_generate_schemas import (
 from fleetserve_runtime.server.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
+    StreamOptions,
     chat_generation,
     completion_generation,
 )
@@ -183,34 +190,46 @@ def oip_failure(error: Exception) -> Failure:
     return failure_of(error, GENERATION_STATUS_OF)
 
 
+_Delta = TypeVar("_Delta")
+"""What one OpenAI stream chunk adds: chat's `delta` object, or completions' `text`."""
+
+
 @dataclass(frozen=True, slots=True)
-class ChatFormat:
-    """`chat.completion` answers and `chat.completion.chunk` streams."""
+class _OpenAIFormat(ABC, Generic[_Delta]):
+    """What OpenAI's two generation APIs share: the closing chunks and the error shape.
+
+    A subclass says how a chunk looks (`_chunk`), what its delta without text is
+    (`_no_text`), which request field a too-long prompt names (`prompt_param`), and what
+    its answers' ids start with (`id_prefix`).
+    """
 
     id_: str
     created: int
     model: str
     include_usage: bool
     terminator: bytes = DONE
+    prompt_param: ClassVar[str]
+    id_prefix: ClassVar[str]
 
-    def _chunk(self, delta: dict[str, str] | None, finish: FinishEvent | None = None) -> ChatChunk:
-        return chat_chunk(
-            id_=self.id_,
-            created=self.created,
-            model=self.model,
-            delta=delta,
-            reason=finish.reason if finish is not None and delta is not None else None,
-            usage=finish.usage if finish is not None else None,
-            null_usage=self.include_usage,
+    @classmethod
+    def answering(cls, model: str, stream_options: StreamOptions | None) -> Self:
+        """The format of one request's answer: a new id, created now, usage as it asks."""
+        return cls(
+            id_=f"{cls.id_prefix}-{request_id()}",
+            created=int(time.time()),
+            model=model,
+            include_usage=stream_options is not None and stream_options.include_usage,
         )
 
-    def opening(self) -> list[object]:
-        """The assistant's role, with empty content, as OpenAI starts a stream."""
-        return [self._chunk({"role": "assistant", "content": ""})]
+    @abstractmethod
+    def _chunk(
+        self, delta: _Delta | None, reason: FinishReason | None = None, usage: Usage | None = None
+    ) -> object:
+        """One chunk; `delta=None` gives the usage-only chunk (no choices)."""
 
-    def delta(self, text: str) -> object:
-        """A content delta."""
-        return self._chunk({"content": text})
+    @abstractmethod
+    def _no_text(self) -> _Delta:
+        """The delta of a chunk that adds no text (the finish reason's)."""
 
     def closing(self, finish: FinishEvent) -> list[object]:
         """The finish reason with the usage; with `include_usage`, OpenAI's usage-only chunk.
@@ -219,16 +238,55 @@ class ChatFormat:
         on the finish chunk, so every stream's last chunk carries the counts.
         """
         if self.include_usage:
-            bare = chat_chunk(
-                id_=self.id_,
-                created=self.created,
-                model=self.model,
-                delta={},
-                reason=finish.reason,
-                null_usage=True,
-            )
-            return [bare, self._chunk(None, finish)]
-        return [self._chunk({}, finish)]
+            return [
+                self._chunk(self._no_text(), finish.reason),
+                self._chunk(None, usage=finish.usage),
+            ]
+        return [self._chunk(self._no_text(), finish.reason, finish.usage)]
+
+    def failure(self, error: Exception) -> Failure:
+        """OpenAI's error shape; a too-long prompt names `prompt_param`."""
+        return self.failure_of(error)
+
+    @classmethod
+    def failure_of(cls, error: Exception) -> Failure:
+        """`failure`, before a format exists (errors while admitting)."""
+        return openai_failure(error, prompt_param=cls.prompt_param)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFormat(_OpenAIFormat[dict[str, str]]):
+    """`chat.completion` answers and `chat.completion.chunk` streams."""
+
+    prompt_param = "messages"
+    id_prefix = "chatcmpl"
+
+    def _chunk(
+        self,
+        delta: dict[str, str] | None,
+        reason: FinishReason | None = None,
+        usage: Usage | None = None,
+    ) -> ChatChunk:
+        return chat_chunk(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            reason=reason,
+            usage=usage,
+            null_usage=self.include_usage,
+        )
+
+    def _no_text(self) -> dict[str, str]:
+        return {}
+
+    def opening(self) -> list[object]:
+        """The assistant's role, with empty content, as OpenAI starts a stream."""
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, text: str) -> object:
+        """A content delta."""
+        return self._chunk({"content": text})
 
     def whole(self, text: str, finish: FinishEvent) -> ChatCompletion:
         """The non-streamed answer, with usage."""
@@ -241,36 +299,29 @@ class ChatFormat:
             usage=finish.usage,
         )
 
-    def failure(self, error: Exception) -> Failure:
-        """OpenAI's error shape; a too-long prompt names `messages`."""
-        return self.failure_of(error)
-
-    @staticmethod
-    def failure_of(error: Exception) -> Failure:
-        """`failure`, before a format exists (errors while admitting)."""
-        return openai_failure(error, prompt_param="messages")
-
 
 @dataclass(frozen=True, slots=True)
-class CompletionFormat:
+class CompletionFormat(_OpenAIFormat[str]):
     """`text_completion` answers and streams (the legacy completions API)."""
 
-    id_: str
-    created: int
-    model: str
-    include_usage: bool
-    terminator: bytes = DONE
+    prompt_param = "prompt"
+    id_prefix = "cmpl"
 
-    def _body(self, text: str | None, finish: FinishEvent | None = None) -> Completion:
+    def _chunk(
+        self, delta: str | None, reason: FinishReason | None = None, usage: Usage | None = None
+    ) -> Completion:
         return completion_chunk(
             id_=self.id_,
             created=self.created,
             model=self.model,
-            text=text,
-            reason=finish.reason if finish is not None and text is not None else None,
-            usage=finish.usage if finish is not None else None,
+            text=delta,
+            reason=reason,
+            usage=usage,
             null_usage=self.include_usage,
         )
+
+    def _no_text(self) -> str:
+        return ""
 
     def opening(self) -> list[object]:
         """Nothing: completions streams start with text."""
@@ -278,34 +329,11 @@ class CompletionFormat:
 
     def delta(self, text: str) -> object:
         """A text delta."""
-        return self._body(text)
-
-    def closing(self, finish: FinishEvent) -> list[object]:
-        """As `ChatFormat.closing`: finish reason and usage, or a usage-only chunk after it."""
-        if self.include_usage:
-            bare = completion_chunk(
-                id_=self.id_,
-                created=self.created,
-                model=self.model,
-                text="",
-                reason=finish.reason,
-                null_usage=True,
-            )
-            return [bare, self._body(None, finish)]
-        return [self._body("", finish)]
+        return self._chunk(text)
 
     def whole(self, text: str, finish: FinishEvent) -> Completion:
         """The non-streamed answer, with usage."""
-        return self._body(text, finish)
-
-    def failure(self, error: Exception) -> Failure:
-        """OpenAI's error shape; a too-long prompt names `prompt`."""
-        return self.failure_of(error)
-
-    @staticmethod
-    def failure_of(error: Exception) -> Failure:
-        """`failure`, before a format exists (errors while admitting)."""
-        return openai_failure(error, prompt_param="prompt")
+        return self._chunk(text, finish.reason, finish.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,12 +489,7 @@ class _Routes:
             generation = chat_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = ChatFormat(
-                id_=f"chatcmpl-{request_id()}",
-                created=int(time.time()),
-                model=body.model,
-                include_usage=body.stream_options is not None and body.stream_options.include_usage,
-            )
+            fmt = ChatFormat.answering(body.model, body.stream_options)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, ChatFormat.failure_of)
@@ -480,12 +503,7 @@ class _Routes:
             generation = completion_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = CompletionFormat(
-                id_=f"cmpl-{request_id()}",
-                created=int(time.time()),
-                model=body.model,
-                include_usage=body.stream_options is not None and body.stream_options.include_usage,
-            )
+            fmt = CompletionFormat.answering(body.model, body.stream_options)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, CompletionFormat.failure_of)

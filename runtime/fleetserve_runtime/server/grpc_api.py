@@ -24,12 +24,13 @@ module only when `grpc_port` is set.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -49,6 +50,7 @@ from fleetserve_runtime.core.logs import (
     unbind_request,
 )
 from fleetserve_runtime.encoder.engine import InferenceCall
+from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
     DTYPES,
     declared_elements,
@@ -71,6 +73,8 @@ from fleetserve_runtime.serving.facade import ServingFacade
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
 
 log = logging.getLogger("fleetserve.grpc")
+
+_T = TypeVar("_T")
 
 GRPC_CODE_OF_STATUS: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -132,6 +136,31 @@ class GrpcHost(Protocol):
         ...
 
 
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+_Rpc = Callable[["_Service", _Request, Any], Awaitable[_Response]]
+
+
+def _rpc(
+    probe_path: str | None = None,
+) -> Callable[[_Rpc[_Request, _Response]], _Rpc[_Request, _Response]]:
+    """What every RPC does first: bind its request id (`_bound`), then check its token.
+
+    `probe_path` is the HTTP probe the RPC stands for, exempt from the token as that path is.
+    """
+
+    def frame(method: _Rpc[_Request, _Response]) -> _Rpc[_Request, _Response]:
+        @functools.wraps(method)
+        async def rpc(service: _Service, request: _Request, context: Any) -> _Response:
+            with _bound(context):
+                await service._authorize(context, probe_path)
+                return await method(service, request, context)
+
+        return rpc
+
+    return frame
+
+
 class _Service:
     """The RPCs; method names are the protocol's."""
 
@@ -150,114 +179,80 @@ class _Service:
         self.token = auth_token
         self.priority_token = priority_token
 
+    @_rpc("/v2/health/live")
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: Any
     ) -> pb.ServerLiveResponse:
         """Liveness, as `GET /v2/health/live`."""
-        with _bound(context):
-            await self._authorize(context, "/v2/health/live")
-            return pb.ServerLiveResponse(live=self.host.liveness().ok)
+        return pb.ServerLiveResponse(live=self.host.liveness().ok)
 
+    @_rpc("/v2/health/ready")
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Any
     ) -> pb.ServerReadyResponse:
         """Readiness, as `GET /v2/health/ready`."""
-        with _bound(context):
-            await self._authorize(context, "/v2/health/ready")
-            try:
-                return pb.ServerReadyResponse(ready=self.host.rt.is_ready)
-            except FleetserveError:
-                return pb.ServerReadyResponse(ready=False)
+        try:
+            return pb.ServerReadyResponse(ready=self.host.rt.is_ready)
+        except FleetserveError:
+            return pb.ServerReadyResponse(ready=False)
 
+    @_rpc()
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
         """Whether the model (and version) takes requests, as `GET /v2/models/{m}/ready`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            try:
-                self.host.check_name(request.name)
-                rt = self.host.rt
-            except FleetserveError as exc:
-                await _abort(context, exc)
-            if request.version:
-                return pb.ModelReadyResponse(ready=request.version in rt.versions())
-            return pb.ModelReadyResponse(ready=rt.active_version is not None)
+        rt = await _or_abort(context, lambda: self._served(request.name))
+        if request.version:
+            return pb.ModelReadyResponse(ready=request.version in rt.versions())
+        return pb.ModelReadyResponse(ready=rt.active_version is not None)
 
+    @_rpc()
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
         """The server's name and version, as `GET /v2`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            extensions = ["model_repository"] if self.config.model_control == "explicit" else []
-            return pb.ServerMetadataResponse(
-                name="fleetserve-runtime", version=self.server_version, extensions=extensions
-            )
+        extensions = ["model_repository"] if self.config.model_control == "explicit" else []
+        return pb.ServerMetadataResponse(
+            name="fleetserve-runtime", version=self.server_version, extensions=extensions
+        )
 
+    @_rpc()
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
         """The model's versions and tensors, as `GET /v2/models/{m}`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            try:
-                self.host.check_name(request.name)
-                rt = self.host.rt
-                meta = rt.model(request.version or None).metadata
-            except FleetserveError as exc:
-                await _abort(context, exc)
-            tensor = pb.ModelMetadataResponse.TensorMetadata
-            return pb.ModelMetadataResponse(
-                name=meta.name,
-                versions=rt.versions(),
-                platform=meta.platform,
-                inputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs
-                ],
-                outputs=[
-                    tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs
-                ],
-            )
+        rt = await _or_abort(context, lambda: self._served(request.name))
+        meta = await _or_abort(context, lambda: rt.model(request.version or None).metadata)
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=rt.versions(),
+            platform=meta.platform,
+            inputs=_tensor_metadata(meta.inputs),
+            outputs=_tensor_metadata(meta.outputs),
+        )
 
+    @_rpc()
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
         """One inference through the runtime's queue, as `POST /v2/models/{m}/infer`."""
-        with _bound(context):
-            await self._authorize(context, None)
-            version = request.model_version or None
-            started = time.perf_counter()
-            try:
-                response = await self._infer_in_time(
-                    request, version, context.time_remaining(), self._privileged(context)
-                )
-            except FleetserveError as exc:
-                self.host.count(version, status_of(exc), time.perf_counter() - started)
-                await _abort(context, exc)
-            except Exception:
-                # A bug: counted and answered like any server error, the traceback in the log.
-                self.host.count(version, 500, time.perf_counter() - started)
-                await context.abort(
-                    grpc.StatusCode.INTERNAL, f"internal error (error id {log_unexpected()})"
-                )
-            self.host.count(version, 200, time.perf_counter() - started)
-            return response
-
-    async def _infer_in_time(
-        self,
-        request: pb.ModelInferRequest,
-        version: str | None,
-        remaining_s: float | None,
-        privileged: bool,
-    ) -> pb.ModelInferResponse:
-        """`_infer`, given up at the client's deadline: a batch computing then is not awaited."""
+        version = request.model_version or None
+        started = time.perf_counter()
         try:
-            async with asyncio.timeout(remaining_s):
-                return await self._infer(request, version, remaining_s, privileged)
-        except TimeoutError:
-            msg = "the client's deadline passed before the answer was ready"
-            raise DeadlineExceeded(msg) from None
+            remaining_s = context.time_remaining()
+            answer = self._infer(request, version, remaining_s, self._privileged(context))
+            response = await _in_time(answer, remaining_s)
+        except FleetserveError as exc:
+            self.host.count(version, status_of(exc), time.perf_counter() - started)
+            await _abort(context, exc)
+        except Exception:
+            # A bug: counted and answered like any server error, the traceback in the log.
+            self.host.count(version, 500, time.perf_counter() - started)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error (error id {log_unexpected()})"
+            )
+        self.host.count(version, 200, time.perf_counter() - started)
+        return response
 
     async def _infer(
         self,
@@ -299,6 +294,11 @@ class _Service:
             outputs=[output],
             raw_output_contents=[encode_tensor(data, spec_out.datatype)],
         )
+
+    def _served(self, name: str) -> ServingFacade:
+        """The runtime, once `name` is the served model's name."""
+        self.host.check_name(name)
+        return self.host.rt
 
     def _privileged(self, context: Any) -> bool:
         """Whether the metadata carries the priority token (`priority_token_file`)."""
@@ -346,6 +346,31 @@ async def _abort(context: Any, exc: FleetserveError) -> NoReturn:
     await context.abort(GRPC_CODE_OF_STATUS[status_of(exc)], exc.message)
     # grpc's `abort` always raises; this tells the type checker, which sees it untyped.
     raise AssertionError(exc.message)
+
+
+async def _in_time(answer: Awaitable[_T], remaining_s: float | None) -> _T:
+    """`answer`, given up at the client's deadline: a batch computing then is not awaited."""
+    try:
+        async with asyncio.timeout(remaining_s):
+            return await answer
+    except TimeoutError:
+        msg = "the client's deadline passed before the answer was ready"
+        raise DeadlineExceeded(msg) from None
+
+
+async def _or_abort(context: Any, read: Callable[[], _T]) -> _T:
+    """`read()`; a domain error it raises ends the RPC with that error's gRPC code."""
+    try:
+        return read()
+    except FleetserveError as exc:
+        await _abort(context, exc)
+
+
+def _tensor_metadata(
+    specs: Sequence[TensorSpec],
+) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+    return [tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in specs]
 
 
 def _request_input(request: pb.ModelInferRequest, limits: TensorLimits) -> RequestInput:

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_MESSAGES",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "StreamOptions",
     "chat_generation",
     "completion_generation",
 ]

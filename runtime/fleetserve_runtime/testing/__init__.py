@@ -1,6 +1,7 @@
 """Public test helpers (like `kopf.testing`): fakes, factories, a reading of `/metrics`.
 
-A fake clock; config, infer-request and queue-item factories; `metric_total`.
+A fake clock; config, infer-request and queue-item factories; `metric_total`, the message of
+an error answer (`error_message`), and a wait for a state to be reached (`until`).
 
 Tests import these instead of sharing conftest fixtures, so they work under pytest's
 importlib import mode and in other projects' tests of custom handlers. `asgi` serves a
@@ -10,7 +11,8 @@ module imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import asyncio
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,11 +24,13 @@ from fleetserve_runtime.encoder.request_queue import PendingItem
 __all__ = [
     "SYNTHETIC_MODEL",
     "FakeClock",
+    "error_message",
     "exploding_handler",
     "infer_request",
     "make_config",
     "make_items",
     "metric_total",
+    "until",
 ]
 
 SYNTHETIC_MODEL = "builtin://synthetic?latency_ms=0&per_item_ms=0"
@@ -84,6 +88,25 @@ def metric_total(text: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     )
+
+
+def error_message(body: Any) -> str:
+    """The message of an error answer's JSON `body`: the runtime's shape or OpenAI's.
+
+    The runtime answers `{"error": message}`; the OpenAI routes `{"error": {"message": ...}}`.
+    """
+    error = body["error"]
+    return str(error if isinstance(error, str) else error["message"])
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (up to 10 s) until `condition` holds; a state to reach, not a speed to meet."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    msg = "the expected state was not reached within 10 s"
+    raise AssertionError(msg)
 
 
 def make_items(

@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 
 from fleetserve_runtime.core.errors import DeadlineExceeded
 from fleetserve_runtime.core.liveness import Liveness
@@ -22,6 +21,7 @@ from fleetserve_runtime.models.synthetic import STALL_TEXT
 from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.serving.runtime import InferenceCall, Runtime
 from fleetserve_runtime.testing import infer_request, make_config, metric_total
+from tests.runtime.uvicorn_thread import uvicorn_thread
 
 STALL_S = 4.0
 """How long the stuck batch runs: long against the deadlines below, short for a test."""
@@ -174,25 +174,10 @@ async def test_a_stalled_event_loop_fails_liveness_during_and_just_after_the_sta
 @contextmanager
 def real_server(**overrides: Any) -> Iterator[str]:
     """The app under uvicorn on a free loopback port, in a thread; yields its URL once ready."""
-    config = make_config(model=STUCK_MODEL, **overrides)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_config=None)
-    )
-    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
-    thread.start()
-    try:
-        for _ in range(600):
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.05)
-        assert server.started, "the server did not start"
-        port = server.servers[0].sockets[0].getsockname()[1]
+    with uvicorn_thread(create_app(make_config(model=STUCK_MODEL, **overrides))) as port:
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def stalled_gauge(metrics: str) -> float:

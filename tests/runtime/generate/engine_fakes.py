@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -223,6 +225,20 @@ def make_engine(
     return engine
 
 
+@asynccontextmanager
+async def running_engine(
+    lm: PagedEcho | None = None, **options: Any
+) -> AsyncIterator[GenerationEngine]:
+    """`make_engine(lm, **options)`, stopped on leaving; a gated `lm` is let go first."""
+    engine = make_engine(lm, **options)
+    try:
+        yield engine
+    finally:
+        if lm is not None and lm.gate is not None:
+            lm.gate.set()
+        await engine.stop()
+
+
 def request(prompt: str, max_tokens: int = 12, **sampling: object) -> GenerationRequest:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     if sampling:
@@ -257,23 +273,13 @@ async def run_all(engine: GenerationEngine) -> list[Result]:
 
 
 async def one_at_a_time() -> list[Result]:
-    engine = make_engine(max_running_sequences=1, policy="static", prefix_caching=False)
-    try:
+    async with running_engine(
+        max_running_sequences=1, policy="static", prefix_caching=False
+    ) as engine:
         return [await collect(await engine.submit(request(p, m))) for p, m in PROMPTS]
-    finally:
-        await engine.stop()
 
 
 def texts(results: list[Result]) -> list[tuple[str, list[int], FinishReason, int]]:
     return [
         (r.text, r.token_ids, r.finish.reason, r.finish.usage.completion_tokens) for r in results
     ]
-
-
-async def wait_for(condition: Callable[[], bool]) -> None:
-    """Wait (up to 10 s) until `condition` holds; a state to reach, not a speed to meet."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("the engine never reached the expected state")

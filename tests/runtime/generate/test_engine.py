@@ -9,6 +9,7 @@ import pytest
 
 from fleetserve_runtime.core.errors import ModelNotReady, QueueFull
 from fleetserve_runtime.models.causal_lm import StepInput
+from fleetserve_runtime.testing import until
 from tests.runtime.generate.engine_fakes import (
     LONG_PROMPT,
     GatedCodec,
@@ -16,7 +17,7 @@ from tests.runtime.generate.engine_fakes import (
     collect,
     make_engine,
     request,
-    wait_for,
+    running_engine,
 )
 
 
@@ -25,10 +26,9 @@ async def test_a_full_queue_refuses_with_retry_after_before_any_event() -> None:
     gate = threading.Event()
     lm = PagedEcho(gate=gate)
     codec = GatedCodec()
-    engine = make_engine(
+    async with running_engine(
         lm, codec=codec, max_running_sequences=1, max_queue_size=2, retry_after_s=3.0
-    )
-    try:
+    ) as engine:
         running = await engine.submit(request("a"))
         await asyncio.to_thread(lm.in_step.wait, 5)
         waiting = [await engine.submit(request(p)) for p in ("b", "c")]
@@ -40,9 +40,6 @@ async def test_a_full_queue_refuses_with_retry_after_before_any_event() -> None:
         gate.set()
         for stream in (running, *waiting):
             assert len((await collect(stream)).text) == 12
-    finally:
-        gate.set()
-        await engine.stop()
 
 
 async def test_an_engine_stopped_while_a_prompt_is_tokenised_refuses_it() -> None:
@@ -92,16 +89,13 @@ async def test_a_worker_thread_that_died_is_reported_and_takes_no_new_requests()
     def kill(step: StepInput) -> bool:
         raise WorkerKilled
 
-    engine = make_engine(PagedEcho(fail_when=kill))
-    try:
+    async with running_engine(PagedEcho(fail_when=kill)) as engine:
         assert not engine.worker_died
         stranded = await engine.submit(request("doomed", 4))
-        await wait_for(lambda: engine.worker_died)
+        await until(lambda: engine.worker_died)
         assert not engine.is_running
         with pytest.raises(ModelNotReady):
             await engine.submit(request("next", 4))
-    finally:
-        await engine.stop()
     assert not engine.worker_died, "a stopped engine is not a dead one"
     with pytest.raises(ModelNotReady):
         await collect(stranded)

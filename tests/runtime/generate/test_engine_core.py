@@ -25,6 +25,7 @@ from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.models.causal_lm import TextCodec
 from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.models.llama.model import LlamaModel
+from fleetserve_runtime.testing import until
 from tests.runtime.generate.engine_fakes import (
     PROMPTS,
     SYSTEM,
@@ -34,8 +35,8 @@ from tests.runtime.generate.engine_fakes import (
     one_at_a_time,
     request,
     run_all,
+    running_engine,
     texts,
-    wait_for,
 )
 
 
@@ -54,10 +55,15 @@ async def test_continuous_batching_gives_the_outputs_of_one_at_a_time() -> None:
     assert all(sum(n for _, n in step) <= 16 for step in lm.steps)
 
 
-async def test_a_tiny_block_pool_preempts_without_changing_outputs() -> None:
-    """Blocks for barely more than the longest sequence: preemption happens, outputs hold."""
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["plain", "prefix-caching"])
+async def test_a_tiny_block_pool_preempts_without_changing_outputs(prefix_caching: bool) -> None:
+    """Blocks for barely more than the longest sequence: preemption happens, outputs hold.
+
+    With prefix caching, preemption and prefix reuse together (cached blocks evicted under
+    pressure); every block is free again at the end, cached ones included.
+    """
     reference = await one_at_a_time()
-    engine = make_engine(num_blocks=36, prefix_caching=False)
+    engine = make_engine(num_blocks=36, prefix_caching=prefix_caching)
     results = await run_all(engine)
     assert engine.stats().preemptions > 0
     assert texts(results) == texts(reference)
@@ -79,20 +85,10 @@ async def test_prefix_caching_reuses_blocks_without_changing_outputs() -> None:
     assert cached[1] == cached[3] == 0
 
 
-async def test_a_tiny_pool_with_prefix_caching_still_gives_the_same_outputs() -> None:
-    """Preemption and prefix reuse together (cached blocks evicted under pressure)."""
-    reference = await one_at_a_time()
-    engine = make_engine(num_blocks=36, prefix_caching=True)
-    results = await run_all(engine)
-    assert engine.stats().preemptions > 0
-    assert texts(results) == texts(reference)
-
-
 async def test_a_seed_reproduces_the_output_in_any_batch() -> None:
     """Temperature > 0 with a seed: same text alone and inside a batch of other requests."""
     seeded = request("tell me", 20, temperature=0.9, seed=1234)
-    engine = make_engine()
-    try:
+    async with running_engine() as engine:
         alone = await collect(await engine.submit(seeded))
         crowd = [request(f"noise {n}", 15, temperature=1.1) for n in range(5)]
         streams = [await engine.submit(r) for r in crowd[:3]]
@@ -102,8 +98,6 @@ async def test_a_seed_reproduces_the_output_in_any_batch() -> None:
         other_seed = await collect(
             await engine.submit(request("tell me", 20, temperature=0.9, seed=99))
         )
-    finally:
-        await engine.stop()
     assert together[3].text == alone.text
     assert other_seed.text != alone.text
 
@@ -112,15 +106,12 @@ async def test_a_failing_step_fails_its_sequences_not_the_engine() -> None:
     """A forward that raises fails the sequences of that step; the engine serves the next."""
     poison = ord("!")
     lm = PagedEcho(fail_when=lambda step: any(poison in c.token_ids for c in step.chunks))
-    engine = make_engine(lm)
-    try:
+    async with running_engine(lm) as engine:
         with pytest.raises(BatchFailed, match="error id"):
             await collect(await engine.submit(request("boom!", 5)))
         fine = await collect(await engine.submit(request("fine", 5)))
         assert len(fine.text) == 5
         assert engine.stats().free_blocks == 512
-    finally:
-        await engine.stop()
 
 
 async def test_metrics_count_tokens_latencies_and_cache_use() -> None:
@@ -163,8 +154,7 @@ def test_the_step_pace_expects_the_larger_of_a_mean_step_and_its_tokens_at_the_m
 async def test_the_running_step_is_exposed_with_its_expected_time_for_liveness() -> None:
     """While the worker is in a step, `running_step` gives its start; once paced, its pace."""
     lm = PagedEcho(gate=threading.Event())
-    engine = make_engine(lm)
-    try:
+    async with running_engine(lm) as engine:
         assert engine.running_step() is None
         before = time.perf_counter()
         first = await engine.submit(request("first", 4))
@@ -176,7 +166,7 @@ async def test_the_running_step_is_exposed_with_its_expected_time_for_liveness()
         assert lm.gate is not None
         lm.gate.set()
         await collect(first)
-        await wait_for(lambda: engine.running_step() is None)
+        await until(lambda: engine.running_step() is None)
         lm.gate = threading.Event()
         lm.in_step.clear()
         second = await engine.submit(request("second", 4))
@@ -188,11 +178,7 @@ async def test_the_running_step_is_exposed_with_its_expected_time_for_liveness()
         assert paced.expected_s > 0
         lm.gate.set()
         await collect(second)
-        await wait_for(lambda: engine.running_step() is None)
-    finally:
-        if lm.gate is not None:
-            lm.gate.set()
-        await engine.stop()
+        await until(lambda: engine.running_step() is None)
 
 
 OUTPUT_TOKENS = 40

@@ -14,6 +14,15 @@ def computed(kv: KVManager, seq: Seq, tokens: int) -> None:
     kv.cache_computed(seq)
 
 
+def computed_and_freed(kv: KVManager, tokens: int) -> Seq:
+    """A sequence of `tokens` prompt tokens, started cold, computed whole, then freed."""
+    seq = Seq(0, list(range(tokens)), tokens)
+    kv.start(seq, [])
+    computed(kv, seq, tokens)
+    kv.free(seq)
+    return seq
+
+
 def test_a_sequence_reuses_the_full_blocks_another_computed() -> None:
     """The cached prefix stops before the last token, which must be computed to sample."""
     kv = KVManager(BlockPool(16, 4, prefix_caching=True))
@@ -31,10 +40,7 @@ def test_a_sequence_reuses_the_full_blocks_another_computed() -> None:
 
 def test_freeing_returns_every_block_and_keeps_full_ones_cached() -> None:
     kv = KVManager(BlockPool(8, 4, prefix_caching=True))
-    seq = Seq(0, list(range(10)), 10)
-    kv.start(seq, [])
-    computed(kv, seq, 10)
-    kv.free(seq)
+    seq = computed_and_freed(kv, 10)
     assert seq.block_table == []
     assert kv.free_blocks == 8
     assert kv.pool.cached_blocks == 2
@@ -44,10 +50,7 @@ def test_a_preempted_sequence_registers_its_blocks_again_when_restarted() -> Non
     """Freeing forgets what was registered: the restarted table registers from its prefix on."""
     pool = BlockPool(8, 4, prefix_caching=True)
     kv = KVManager(pool)
-    seq = Seq(0, list(range(9)), 9)
-    kv.start(seq, [])
-    computed(kv, seq, 9)
-    kv.free(seq)
+    seq = computed_and_freed(kv, 9)
     # Another sequence takes every free block, evicting the cached ones.
     hog = Seq(1, [99] * 32, 32)
     kv.start(hog, [])
@@ -75,10 +78,7 @@ def test_without_prefix_caching_nothing_is_reused() -> None:
 def test_a_prefix_no_one_holds_counts_against_the_free_blocks() -> None:
     """Taking an unreferenced cached block removes it from the free count before allocating."""
     kv = KVManager(BlockPool(3, 4, prefix_caching=True))
-    seq = Seq(0, list(range(5)), 5)
-    kv.start(seq, [])
-    computed(kv, seq, 5)
-    kv.free(seq)
+    computed_and_freed(kv, 5)
     again = Seq(1, list(range(5)), 5)
     prefix = kv.cached_prefix(again)
     assert len(prefix) == 1

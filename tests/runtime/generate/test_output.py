@@ -11,23 +11,20 @@ from tests.runtime.generate.engine_fakes import (
     AsciiCodec,
     AsciiDecoder,
     collect,
-    make_engine,
     request,
+    running_engine,
     texts,
 )
 
 
 async def test_stop_strings_are_cut_and_end_the_generation() -> None:
     """The output ends before the first stop string; the reason is stop."""
-    engine = make_engine()
-    try:
+    async with running_engine() as engine:
         full = await collect(await engine.submit(request("stop test", 30)))
         stop = full.text[10:13]
         cut = await collect(
             await engine.submit(request("stop test", 30, temperature=0.0, stop=(stop, "no such")))
         )
-    finally:
-        await engine.stop()
     assert cut.text == full.text[: full.text.index(stop)]
     assert cut.finish.reason is FinishReason.STOP
     assert cut.finish.usage.completion_tokens == full.text.index(stop) + len(stop)
@@ -36,21 +33,15 @@ async def test_stop_strings_are_cut_and_end_the_generation() -> None:
 
 async def test_an_end_of_sequence_token_stops_unless_ignored() -> None:
     """EOS ends the output (not emitted); ignore_eos runs on to max_tokens."""
-    engine = make_engine()
-    try:
+    async with running_engine() as engine:
         full = await collect(await engine.submit(request("eos test", 20)))
-    finally:
-        await engine.stop()
     eos_token = full.token_ids[7]
     first = full.token_ids.index(eos_token)
-    engine = make_engine(codec=AsciiCodec(frozenset({eos_token})))
-    try:
+    async with running_engine(codec=AsciiCodec(frozenset({eos_token}))) as engine:
         ended = await collect(await engine.submit(request("eos test", 20)))
         ignored = await collect(
             await engine.submit(request("eos test", 20, temperature=0.0, ignore_eos=True))
         )
-    finally:
-        await engine.stop()
     assert ended.text == full.text[:first]
     assert ended.finish.reason is FinishReason.STOP
     assert ended.finish.usage.completion_tokens == first + 1
@@ -60,13 +51,10 @@ async def test_an_end_of_sequence_token_stops_unless_ignored() -> None:
 
 async def test_usage_counts_prompt_completion_and_cached_tokens() -> None:
     """Usage: prompt tokens as tokenised (BOS included), completion tokens, cached prefix."""
-    engine = make_engine(prefix_caching=True)
-    try:
+    async with running_engine(prefix_caching=True) as engine:
         stream = await engine.submit(request("abcdefghij", 6))
         first = await collect(stream)
         second = await collect(await engine.submit(request("abcdefghij", 6)))
-    finally:
-        await engine.stop()
     assert stream.prompt_tokens == 11
     assert first.finish.usage.prompt_tokens == 11
     assert first.finish.usage.completion_tokens == 6
@@ -99,18 +87,12 @@ class OneBrokenDecoderCodec(AsciiCodec):
 
 async def test_a_sequence_whose_text_fails_to_decode_fails_alone() -> None:
     """Decoding that raises for one sequence fails it; its step's others finish unchanged."""
-    alone = make_engine()
-    try:
+    async with running_engine() as alone:
         expected = [await collect(await alone.submit(request(p, 12))) for p in ("one", "two")]
-    finally:
-        await alone.stop()
-    engine = make_engine(codec=OneBrokenDecoderCodec(broken=1))
-    try:
+    async with running_engine(codec=OneBrokenDecoderCodec(broken=1)) as engine:
         streams = [await engine.submit(request(p, 12)) for p in ("one", "bad", "two")]
         results = await asyncio.gather(*(collect(s) for s in streams), return_exceptions=True)
         assert isinstance(results[1], BatchFailed)
         assert [texts([r]) for r in (results[0], results[2])] == [texts([e]) for e in expected]
         assert engine.is_running
         assert engine.stats().free_blocks == 512
-    finally:
-        await engine.stop()

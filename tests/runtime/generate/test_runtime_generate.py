@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,7 +36,7 @@ from fleetserve_runtime.models.causal_lm import StepInput
 from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.models.synthetic_lm import SyntheticLM
 from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import make_config, until
 
 SYNTHETIC = "builtin://synthetic-generate?per_token_ms=0&output_tokens=6"
 BLOCK_BYTES = 16 * 16
@@ -70,15 +70,6 @@ async def collect(stream: GenerationStream) -> tuple[str, GenerationEvent]:
             text += event.text
     assert last is not None
     return text, last
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (up to 10 s) until `condition` holds; a state to reach, not a speed to meet."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("the runtime never reached the expected state")
 
 
 async def test_generates_with_the_synthetic_model() -> None:
@@ -272,14 +263,22 @@ async def test_ready_only_after_a_warm_up_generation() -> None:
         assert sample("fleetserve_generation_tokens_total", labels) == 1.0
 
 
-async def test_stop_ends_running_streams_with_an_error() -> None:
-    """Shutting down fails what still streams; later requests get ModelNotReady."""
-    slow = "builtin://synthetic-generate?per_token_ms=50&output_tokens=1000"
-    runtime = Runtime(make_config(model=slow))
+SLOW = "builtin://synthetic-generate?per_token_ms=50&output_tokens=1000"
+
+
+async def streaming_slowly() -> tuple[Runtime, GenerationStream]:
+    """A ready runtime of a slow model (the test stops it) and a stream it has begun."""
+    runtime = Runtime(make_config(model=SLOW))
     await runtime.start()
     await runtime.wait_ready()
     stream = await runtime.generate(request("keep going", max_tokens=1000))
     assert isinstance(await anext(aiter(stream)), TokenEvent)
+    return runtime, stream
+
+
+async def test_stop_ends_running_streams_with_an_error() -> None:
+    """Shutting down fails what still streams; later requests get ModelNotReady."""
+    runtime, stream = await streaming_slowly()
     await runtime.stop()
     _, last = await collect(stream)
     assert isinstance(last, ErrorEvent)
@@ -289,15 +288,10 @@ async def test_stop_ends_running_streams_with_an_error() -> None:
 
 async def test_stop_also_stops_a_released_version_still_draining() -> None:
     """A released version's engine, waiting for its last stream, stops with the runtime."""
-    slow = "builtin://synthetic-generate?per_token_ms=50&output_tokens=1000"
-    runtime = Runtime(make_config(model=slow))
-    await runtime.start()
-    await runtime.wait_ready()
-    stream = await runtime.generate(request("keep going", max_tokens=1000))
-    assert isinstance(await anext(aiter(stream)), TokenEvent)
+    runtime, stream = await streaming_slowly()
     old_engine = runtime.model("v1").engine
     assert old_engine is not None
-    await runtime.load_version(f"{slow}&seed=1", "v2")
+    await runtime.load_version(f"{SLOW}&seed=1", "v2")
     runtime.release_previous()
     await runtime.stop()
     _, last = await collect(stream)

@@ -15,35 +15,27 @@ from fleetserve_runtime.generate.contracts import (
     TokenEvent,
 )
 from fleetserve_runtime.generate.stream import GenerationStream
-from tests.runtime.generate.engine_fakes import PagedEcho, collect, make_engine, request
+from fleetserve_runtime.testing import until
+from tests.runtime.generate.engine_fakes import PagedEcho, collect, request, running_engine
 
 
 async def test_a_deadline_before_the_first_token_raises_504() -> None:
     """A request whose deadline passes while it waits raises DeadlineExceeded, frees all."""
     gate = threading.Event()
     lm = PagedEcho(gate=gate)
-    engine = make_engine(lm)
-    try:
+    async with running_engine(lm) as engine:
         stream = await engine.submit(
             GenerationRequest(sampling=SamplingParams(max_tokens=5), prompt="hi", timeout_s=0.05)
         )
         with pytest.raises(DeadlineExceeded, match="before the first token"):
             await anext(stream)
         gate.set()
-        for _ in range(200):
-            if engine.stats().running == 0 and engine.stats().free_blocks == 512:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.stats().free_blocks == 512
-    finally:
-        gate.set()
-        await engine.stop()
+        await until(lambda: engine.stats().running == 0 and engine.stats().free_blocks == 512)
 
 
 async def test_a_deadline_after_the_first_token_ends_the_stream_with_an_error_event() -> None:
     """Once tokens flowed, a passed deadline is an ErrorEvent and the stream's last event."""
-    engine = make_engine(PagedEcho(step_delay_s=0.01))
-    try:
+    async with running_engine(PagedEcho(step_delay_s=0.01)) as engine:
         stream = await engine.submit(
             GenerationRequest(
                 sampling=SamplingParams(max_tokens=400, temperature=0.0),
@@ -56,15 +48,12 @@ async def test_a_deadline_after_the_first_token_ends_the_stream_with_an_error_ev
         assert isinstance(events[-1], ErrorEvent)
         assert isinstance(events[-1].error, DeadlineExceeded)
         assert all(isinstance(event, TokenEvent) for event in events[:-1])
-    finally:
-        await engine.stop()
 
 
 async def test_cancelling_a_stream_frees_its_blocks_within_one_step() -> None:
     """After `aclose`, the sequence is in at most the step already running, then leaves."""
     lm = PagedEcho(step_delay_s=0.01)
-    engine = make_engine(lm, prefix_caching=False)
-    try:
+    async with running_engine(lm, prefix_caching=False) as engine:
         other = asyncio.create_task(collect(await engine.submit(request("other", 40))))
         stream = await engine.submit(request("cancel me", 400))
         async for event in stream:
@@ -79,8 +68,6 @@ async def test_cancelling_a_stream_frees_its_blocks_within_one_step() -> None:
         assert len(result.text) == 40
         assert engine.stats().free_blocks == 512
         assert engine.stats().running == 0
-    finally:
-        await engine.stop()
 
 
 async def test_a_stream_reaches_its_sequence_only_through_the_callbacks_it_was_given() -> None:

@@ -72,56 +72,42 @@ async def test_health_and_metadata() -> None:
     assert {"bytes_per_token", "max_batch_tokens", "weights_bytes"} <= set(meta["parameters"])
 
 
+async def infer_each(client: httpx.AsyncClient, texts: list[str]) -> list[httpx.Response]:
+    """Each text as a v2 infer request of its own, all sent at once."""
+    infer = "/v2/models/test/infer"
+    return await asyncio.gather(*(client.post(infer, json=infer_request([t])) for t in texts))
+
+
+def infer_body(
+    data: list[object], *, parameters: dict[str, Any] | None = None, **tensor: Any
+) -> bytes:
+    """`infer_request(data, **parameters)` as bytes, its tensor's fields overridden by `tensor`."""
+    body = infer_request(data, **(parameters or {}))
+    body["inputs"][0].update(tensor)
+    return orjson.dumps(body)
+
+
 BAD_REQUESTS = [
     pytest.param(b"", 400, "empty", id="empty-body"),
     pytest.param(b"{not json", 400, "not valid JSON", id="malformed-json"),
     pytest.param(b'{"inputs": "\xff\xfe"}', 400, "UTF-8", id="invalid-utf8"),
     pytest.param(b"[]", 400, "body", id="not-an-object"),
     pytest.param(b"{}", 400, "inputs", id="no-inputs"),
+    pytest.param(infer_body([1.0], datatype="FP32"), 400, "datatype BYTES", id="wrong-datatype"),
+    pytest.param(infer_body(["a"], datatype="STRING"), 400, "datatype", id="unknown-datatype"),
+    pytest.param(infer_body(["a"], shape=[3]), 400, "shape", id="shape-mismatch"),
+    pytest.param(infer_body(["a"], name="img"), 400, "input name", id="wrong-input-name"),
+    pytest.param(infer_body([""]), 400, "non-empty", id="empty-string"),
+    pytest.param(infer_body([5]), 400, "string", id="not-a-string"),
     pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"FP32","shape":[1],"data":[1.0]}]}',
-        400, "datatype BYTES", id="wrong-datatype",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"STRING","shape":[1],"data":["a"]}]}',
-        400, "datatype", id="unknown-datatype",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[3],"data":["a"]}]}',
-        400, "shape", id="shape-mismatch",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"img","datatype":"BYTES","shape":[1],"data":["a"]}]}',
-        400, "input name", id="wrong-input-name",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":[""]}]}',
-        400, "non-empty", id="empty-string",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":[5]}]}',
-        400, "string", id="not-a-string",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'
-        b'"parameters":{"timeout_ms":999999}}',
+        infer_body(["a"], parameters={"timeout_ms": 999999}),
         403, "parameters.timeout_ms 999999 is above the default", id="timeout-over-default",
     ),
     pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["a"]}],'
-        b'"parameters":{"priority":"urgent"}}',
-        400, "priority", id="bad-priority",
+        infer_body(["a"], parameters={"priority": "urgent"}), 400, "priority", id="bad-priority"
     ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[5],"data":["a","b","c","d","e"]}]}',
-        413, "limit is 4", id="too-many-instances",
-    ),
-    pytest.param(
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["'
-        + b"w " * 40
-        + b'"]}]}',
-        413, "max_sequence_length 32", id="input-too-long",
-    ),
+    pytest.param(infer_body(list("abcde")), 413, "limit is 4", id="too-many-instances"),
+    pytest.param(infer_body(["w " * 40]), 413, "max_sequence_length 32", id="input-too-long"),
     pytest.param(b'{"x":"' + b"a" * 5000 + b'"}', 413, "exceeds the limit", id="body-too-large"),
 ]  # fmt: skip
 
@@ -211,9 +197,7 @@ async def test_full_queue_answers_503_with_retry_after() -> None:
     async with serve(
         model=slow, max_instances=1, queue={"max_queue_size": 1}, batching={"max_batch_size": 1}
     ) as (client, _):
-        responses = await asyncio.gather(
-            *(client.post("/v2/models/test/infer", json=infer_request([f"t{i}"])) for i in range(8))
-        )
+        responses = await infer_each(client, [f"t{i}" for i in range(8)])
         codes = sorted(r.status_code for r in responses)
         rejected = [r for r in responses if r.status_code == 503]
         after = await client.post("/v2/models/test/infer", json=infer_request(["later"]))
@@ -281,12 +265,7 @@ async def test_oom_splits_the_batch_and_retries() -> None:
     """A batch over the memory limit is halved until it fits; only a lone misfit gets 503."""
     model = "builtin://synthetic?latency_ms=20&oom_above_tokens=12"
     async with serve(model=model, batching={"max_batch_size": 8}) as (client, _):
-        small = await asyncio.gather(
-            *(
-                client.post("/v2/models/test/infer", json=infer_request([f"a b c{i}"]))
-                for i in range(6)
-            )
-        )
+        small = await infer_each(client, [f"a b c{i}" for i in range(6)])
         huge = await client.post("/v2/models/test/infer", json=infer_request(["w " * 20]))
         metrics = (await client.get("/metrics")).text
     assert [r.status_code for r in small] == [200] * 6
@@ -299,12 +278,7 @@ async def test_concurrent_requests_are_batched() -> None:
     """Concurrent requests share forward passes: fewer batches than requests."""
     model = "builtin://synthetic?latency_ms=30&per_item_ms=0"
     async with serve(model=model, batching={"max_batch_size": 16}) as (client, _):
-        responses = await asyncio.gather(
-            *(
-                client.post("/v2/models/test/infer", json=infer_request([f"t {i}"]))
-                for i in range(32)
-            )
-        )
+        responses = await infer_each(client, [f"t {i}" for i in range(32)])
         metrics = (await client.get("/metrics")).text
     assert all(r.status_code == 200 for r in responses)
     batches = metric_total(metrics, "fleetserve_batch_size_count")

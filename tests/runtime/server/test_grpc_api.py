@@ -24,12 +24,12 @@ from pydantic import ValidationError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
 from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing.process import CLI
+from tests.runtime.server.grpc_process import grpc_runtime
 
 ROOT = Path(__file__).resolve().parents[3]
 PROTO = "fleetserve_runtime/server/oip/inference.proto"
-CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TOKEN = "grpc-test-token-0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 PRIORITY_TOKEN = "grpc-priority-token-0123456789"
@@ -58,21 +58,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     token_file.write_text(TOKEN)
     priority_token_file = tmp / "priority-token"
     priority_token_file.write_text(PRIORITY_TOKEN)
-    port, grpc_port = free_port(), free_port()
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=16&stall_ms=1500"
-    argv = runtime_serve_argv([CLI], model=model, name="test", port=port)
     flags = [
-        "--no-warmup",
-        f"--grpc-port={grpc_port}",
         f"--auth-token-file={token_file}",
         f"--priority-token-file={priority_token_file}",
         f"--default-timeout-ms={DEFAULT_TIMEOUT_MS}",
         f"--max-body-bytes={MAX_BODY}",
     ]
-    with running_server(
-        [*argv, *flags], base_url=f"http://127.0.0.1:{port}", core=0, log_path=tmp / "log"
-    ):
-        yield Server(f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}")
+    with grpc_runtime(tmp, model, flags) as (http, grpc_address):
+        yield Server(http, grpc_address)
 
 
 def text_input(texts: list[str]) -> triton.InferInput:

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from tests.runtime.server.grpc_process import grpc_runtime
 
-CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS, PING, GOAWAY = 0x4, 0x6, 0x7
 ACK = 0x1
@@ -38,21 +35,15 @@ MAX_SEND = 1024
 @pytest.fixture(scope="module")
 def grpc_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("grpc-limits")
-    port, grpc_port = free_port(), free_port()
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=16"
-    argv = runtime_serve_argv([CLI], model=model, name="test", port=port)
     flags = [
-        "--no-warmup",
-        f"--grpc-port={grpc_port}",
         f"--grpc-max-concurrent-streams={STREAMS}",
         f"--grpc-idle-timeout-s={IDLE_S}",
         f"--grpc-max-send-bytes={MAX_SEND}",
         f"--header-timeout-s={HEADER_TIMEOUT_S}",
     ]
-    with running_server(
-        [*argv, *flags], base_url=f"http://127.0.0.1:{port}", core=0, log_path=tmp / "log"
-    ):
-        yield f"127.0.0.1:{grpc_port}"
+    with grpc_runtime(tmp, model, flags) as (_, grpc_address):
+        yield grpc_address
 
 
 def frame(kind: int, payload: bytes = b"", flags: int = 0) -> bytes:

@@ -12,6 +12,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import SYNTHETIC_MODEL as SYNTH
@@ -48,52 +49,49 @@ async def test_hot_swap_and_instant_switch_back(serve_with_admin: ServeWithAdmin
     assert runtime.registry.versions() == ["v1"]
 
 
-async def test_reusing_a_loaded_label_for_another_model_is_refused(
+@pytest.mark.parametrize(
+    ("allowed", "version", "uri", "status", "message"),
+    [
+        pytest.param(
+            "builtin://synthetic", "v1", SYNTH + "&dim=4", 400, "already loaded",
+            id="loaded-label-for-another-uri",
+        ),
+        pytest.param(
+            "no_such_module_here:factory", "v2", "no_such_module_here:factory", 400,
+            "cannot load", id="unimportable-factory",
+        ),
+        pytest.param(
+            "builtin://", "v2", "builtin://nope", 400, "unknown builtin model",
+            id="unknown-builtin",
+        ),
+        pytest.param(
+            "builtin://synthetic", "v2", "builtin://[oops", 403,
+            "not a valid URI (Invalid IPv6 URL)", id="malformed-uri",
+        ),
+    ],
+)  # fmt: skip
+async def test_a_refused_load_names_its_reason_and_v1_keeps_serving(
     serve_with_admin: ServeWithAdmin,
+    allowed: str,
+    version: str,
+    uri: str,
+    status: int,
+    message: str,
 ) -> None:
-    """A loaded version label cannot silently point at a different URI."""
-    async with serve_with_admin() as (_, ctl, _):
+    """A load that cannot or may not be done is the caller's error, never a 500.
+
+    A loaded label cannot silently point at a different URI; a module:factory that cannot be
+    imported, an unknown model and a URI that does not parse are refused naming the problem.
+    """
+    async with serve_with_admin(allowed=allowed) as (client, ctl, runtime):
         response = await ctl.post(
             "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v1", "uri": SYNTH + "&dim=4"}},
-        )
-    assert response.status_code == 400
-    assert "already loaded" in response.json()["error"]
-
-
-async def test_loading_an_unimportable_factory_is_400(serve_with_admin: ServeWithAdmin) -> None:
-    """A module:factory that cannot be imported is the caller's error, not a 500."""
-    async with serve_with_admin(allowed="no_such_module_here:factory") as (_, ctl, _):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "no_such_module_here:factory"}},
-        )
-    assert response.status_code == 400
-    assert "cannot load" in response.json()["error"]
-
-
-async def test_bad_load_request_is_400(serve_with_admin: ServeWithAdmin) -> None:
-    """Loading an unknown model URI is refused and the active version keeps serving."""
-    async with serve_with_admin(allowed="builtin://") as (client, ctl, _):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "builtin://nope"}},
+            json={"parameters": {"version": version, "uri": uri}},
         )
         still = await client.post("/v2/models/test/infer", json=infer_request(["x"]))
-    assert response.status_code == 400
-    assert "unknown builtin model" in response.json()["error"]
+    assert response.status_code == status
+    assert message in response.json()["error"]
     assert still.json()["model_version"] == "v1"
-
-
-async def test_a_malformed_uri_is_refused_with_a_reason(serve_with_admin: ServeWithAdmin) -> None:
-    """A URI that does not parse is 403 naming the problem, never a 500."""
-    async with serve_with_admin() as (_, ctl, runtime):
-        response = await ctl.post(
-            "/v2/repository/models/test/load",
-            json={"parameters": {"version": "v2", "uri": "builtin://[oops"}},
-        )
-    assert response.status_code == 403
-    assert "not a valid URI (Invalid IPv6 URL)" in response.json()["error"]
     assert runtime.registry.versions() == ["v1"]
 
 

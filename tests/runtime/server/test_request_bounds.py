@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +17,7 @@ import fleetserve_runtime.server.generation as generation
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import MAX_JSON_DEPTH, check_depth
 from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
+from fleetserve_runtime.testing import error_message
 from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 8192
@@ -43,11 +43,6 @@ def counted(metrics: str) -> dict[str, float]:
         for sample in family.samples
         if sample.name == "fleetserve_requests_total" and sample.value
     }
-
-
-def message(response: httpx.Response) -> str:
-    error = response.json()["error"]
-    return str(error if isinstance(error, str) else error["message"])
 
 
 # -- nesting ------------------------------------------------------------------------------
@@ -87,7 +82,7 @@ async def test_deeply_nested_bodies_are_a_400_naming_the_limit(path: str, body: 
         response = await client.post(path, content=raw, headers=JSON)
         metrics = (await client.get("/metrics")).text
     assert response.status_code == 400, response.text
-    assert f"deeper than {MAX_JSON_DEPTH} levels" in message(response)
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in error_message(response.json())
     assert counted(metrics) == {"400": 1.0}
 
 
@@ -166,8 +161,8 @@ async def test_a_text_too_many_bytes_for_the_context_is_refused_before_tokenisin
         tokenised.clear()
         response = await client.post(path, content=orjson.dumps(body), headers=JSON)
     assert response.status_code == 400, response.text[:300]
-    assert f"cannot fit the model's context of {CONTEXT} tokens" in message(response)
-    assert "bytes" in message(response)
+    assert f"cannot fit the model's context of {CONTEXT} tokens" in error_message(response.json())
+    assert "bytes" in error_message(response.json())
     assert tokenised == []
 
 

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 
 from fleetserve_runtime.server.app import create_app
 from fleetserve_runtime.server.http_protocol import hardened_protocol
 from fleetserve_runtime.testing import make_config
+from tests.runtime.uvicorn_thread import uvicorn_thread
 
 CHAT = "/v1/chat/completions"
 LLM = "builtin://synthetic-generate?per_token_ms={ms}&output_tokens=100000&context_length=8192"
@@ -40,25 +39,10 @@ def serving(*, per_token_ms: float = 0, **generation: Any) -> Iterator[int]:
         generation={"max_output_tokens": 8000, **generation},
     )
     http = hardened_protocol(header_timeout_s=10.0, max_header_bytes=16_384)
-    settings = uvicorn.Config(
-        create_app(config), host="127.0.0.1", port=0, loop="uvloop", http=http, log_config=None
-    )
-    server = uvicorn.Server(settings)
-    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
-    thread.start()
-    try:
-        for _ in range(600):
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.05)
-        assert server.started, "the server did not start"
-        port: int = server.servers[0].sockets[0].getsockname()[1]
+    with uvicorn_thread(create_app(config), loop="uvloop", http=http) as port:
         ready = f"http://127.0.0.1:{port}/v2/health/ready"
         wait_for(lambda: httpx.get(ready, timeout=LIMIT_S).is_success, "the model is not ready")
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(LIMIT_S)
 
 
 def chat_request(max_tokens: int = MAX_TOKENS) -> bytes:

@@ -11,7 +11,6 @@ import datetime
 import ipaddress
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,8 +27,8 @@ from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
 from bench.server_proc import free_port, runtime_serve_argv
+from fleetserve_runtime.testing.process import CLI
 
-CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TOKEN = "tls-admin-token-0123456789"
 
 
@@ -109,7 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     (tmp / "admin-token").write_text(TOKEN)
     port, admin_port, grpc_port = free_port(), free_port(), free_port()
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=4"
-    argv = runtime_serve_argv([CLI], model=model, name="test", port=port)
+    argv = runtime_serve_argv([str(CLI)], model=model, name="test", port=port)
     flags = [
         "--no-warmup",
         f"--tls-cert-file={pki.cert}",

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from fleetserve_runtime.testing import error_message, infer_request
 from fleetserve_runtime.testing.asgi import serve
+from fleetserve_runtime.testing.process import bearer
 
 CONTEXT = 256
 LLM = f"builtin://synthetic-generate?per_token_ms=0&output_tokens=100000&context_length={CONTEXT}"
@@ -29,17 +31,8 @@ def chat(**fields: Any) -> dict[str, Any]:
     return {"model": "test", "messages": [{"role": "user", "content": "go on"}], **fields}
 
 
-def v2(text: str = "hello", **parameters: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]
-    }
-    if parameters:
-        body["parameters"] = parameters
-    return body
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
+def v2(**parameters: Any) -> dict[str, Any]:
+    return infer_request(["hello"], **parameters)
 
 
 @pytest.fixture
@@ -97,7 +90,7 @@ async def test_max_tokens_over_the_cap_is_a_400_naming_both(
         response = await client.post(path, json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    message = error if isinstance(error, str) else error["message"]
+    message = error_message(response.json())
     assert f"{field} 9" in message
     assert "generation.max_output_tokens" in message
     assert "8" in message
@@ -125,8 +118,7 @@ async def test_ignore_eos_is_refused_unless_allowed(
     async with serve(LLM, generation={"allow_ignore_eos": True}) as (client, _):
         allowed = await client.post(path, json=body)
     assert refused.status_code == 400, refused.text
-    error = refused.json()["error"]
-    message = error if isinstance(error, str) else error["message"]
+    message = error_message(refused.json())
     assert field in message
     assert "generation.allow_ignore_eos" in message
     assert allowed.status_code == 200, allowed.text
@@ -190,8 +182,7 @@ async def test_raising_priority_or_deadline_on_the_generation_routes_needs_the_t
         granted = await client.post(path, json=body, headers={**headers, **bearer(PRIORITY_TOKEN)})
     for answer in (refused, forged):
         assert answer.status_code == 403, answer.text
-        error = answer.json()["error"]
-        message = error if isinstance(error, str) else error["message"]
+        message = error_message(answer.json())
         assert named in message
         assert "priority_token_file" in message
     assert granted.status_code == 200, granted.text
