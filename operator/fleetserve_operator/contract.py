@@ -10,6 +10,7 @@ select against the runtime's real registry, so the two programs cannot drift apa
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -230,6 +231,7 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
         "memory-budget-bytes": memory.budget_bytes,
         "memory-reserve-fraction": memory.reserve_fraction,
     }
+    flags |= _source_flags(model)
     if pods.runtime.auth_secret_ref is not None:
         flags["auth-token-file"] = AUTH_TOKEN_FILE
     if pods.runtime.priority_token_secret_ref is not None:
@@ -247,6 +249,24 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
 def as_args(flags: dict[str, object]) -> list[str]:
     """`--flag value` pairs, in `flags`' order."""
     return [part for flag, value in flags.items() for part in (f"--{flag}", str(value))]
+
+
+def _source_flags(model: ModelSpec) -> dict[str, object]:
+    """Where the model came from, for its metadata; only what the spec sets.
+
+    A fetched model also gets its declared task, so that a directory holding the other kind
+    of model is refused before its weights are read. The flags of models in the image stay
+    as they were, so an operator upgrade rolls nothing out.
+    """
+    flags: dict[str, object] = {}
+    if fetched_scheme(model.uri) is not None:
+        flags |= {"task": model.effective_task, "model-source": model.uri}
+        if model.digest is not None:
+            flags["model-digest"] = model.digest
+    if model.metadata:
+        # JSON, not key=value pairs: a value may hold commas.
+        flags["model-metadata"] = json.dumps(model.metadata, sort_keys=True)
+    return flags
 
 
 def fetch_budget_bytes(model: ModelSpec) -> int:

@@ -34,6 +34,10 @@ SPECS = {
         "fallback": {"enabled": True, "threads": 2, "batching": {"maxBatchSize": 4}},
     },
     "pvc": {"model": {"name": "enc", "version": "2024.1_b", "uri": "pvc://w/enc/v1"}},
+    "fetched": {"model": {"name": "enc", "version": "3", "uri": "s3://models/enc/3",
+                          "digest": "sha256:" + "d" * 64,
+                          "metadata": {"dataVersion": "2026-11", "lr": "2e-5,warmup=100"}},
+                "fallback": {"enabled": True}},
     "auth": {"runtime": {"authSecretRef": {"name": "tokens", "key": "current"}},
              "fallback": {"enabled": True}},
     "tls-and-priority": {"runtime": {"tls": {"secretName": "demo-cert"},
@@ -94,6 +98,11 @@ def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
         tls = spec.runtime.tls is not None
         assert config.tls_cert_file == (Path(contract.TLS_CERT_FILE) if tls else None)
         assert config.tls_key_file == (Path(contract.TLS_KEY_FILE) if tls else None)
+        fetched = spec.model.uri is not None and spec.model.uri.startswith("s3://")
+        assert config.model_source == (spec.model.uri if fetched else None)
+        assert config.model_digest == spec.model.digest
+        assert config.task == (spec.model.effective_task if fetched else "auto")
+        assert config.model_metadata == spec.model.metadata
 
 
 @pytest.mark.parametrize("name", SPECS)
