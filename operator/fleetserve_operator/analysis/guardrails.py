@@ -48,7 +48,9 @@ class BoundTest:
     """The test of "the canary's rate of an event is at most `rate`", at level `alpha`."""
 
     rate: float
+    """The bound: `maxErrorRate`, or the 1% of answers a p99 leaves above it."""
     alpha: float
+    """The test's share of the analysis's α."""
 
     @property
     def threshold(self) -> float:

@@ -84,7 +84,9 @@ class PowerGate:
     """One test's gate: clears when "the canary is `ratio` times worse" is rejected at `beta`."""
 
     ratio: float
+    """R, `minDetectableRatio`: how many times stable's odds the gate rules out."""
     beta: float
+    """1 - `power`: the most probability that a canary R times worse clears."""
 
     @property
     def threshold(self) -> float:

@@ -51,8 +51,9 @@ class RolloutPhase(StrEnum):
     - `Paused`: a person paused the rollout; the weight stays, but analysis still runs and
       a failing canary is still rolled back.
     - `Holding`: `inconclusiveThreshold` analyses in a row had no verdict (too little
-      traffic, Prometheus down); the weight stays until a verdict, never promoting on
-      missing data.
+      traffic, Prometheus down), or a step before more than half of the traffic waits for
+      the evidence of sequential mode's power gates; the weight stays until a verdict,
+      never promoting on missing data (a wait for evidence ends at `progressDeadline`).
     - `Promoting`: the last step passed; the stable track rolls to the new spec while the
       canary carries all traffic, then the canary goes.
     - `RolledBack`: the canary was withdrawn (failed analyses, OOM kill or restart, abort);
