@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from fleetserve_e2e.loadgen import LoadDriver
 from fleetserve_e2e.rollout_testing import (
     NAME,
@@ -29,6 +31,8 @@ from fleetserve_e2e.waiting import wait_until
 RATE_RPS = 100.0
 DECISION_S = 300.0
 """Long enough for the 3m deadline after the 50% step's interval, and the steps before it."""
+# A rollback at the deadline comes after the steps before it and the 3m hold.
+pytestmark = pytest.mark.timeout(DECISION_S + 120)
 DEFAULTS = {"minDetectableRatio": 2.0, "power": 0.9}
 """The defaults, restated over the harness's faster setting for tests of other things."""
 STABLE_ERRORS = 0.01

@@ -267,7 +267,8 @@ class RolloutSpec(Wire):
     )
     """Canary traffic percentages, strictly increasing, ending at 100."""
     interval: Duration = "1m"
-    """How long each step is held before it is analysed."""
+    """How long each step is held before it is analysed: a minimum, as a step before more than
+    half of the traffic waits for the sequential analysis's evidence."""
     progress_deadline: Duration = "10m"
     """How long the canary may take to become ready before the rollout fails, and how long
     a step may hold for evidence after its interval (sequential analysis) before the canary
