@@ -78,7 +78,7 @@ SPEC = AnalysisSpec(prometheus_url="http://prometheus:9090")
 """The defaults of `spec.rollout.analysis`: α 0.01, the tolerances."""
 POWER_SPEC = SPEC.model_copy(update={"max_error_rate": 0.02})
 """The power table's: the defaults (`minDetectableRatio` 2, `power` 0.9), the error bound
-above stable's 1%, as in the report that asked for the table."""
+above stable's 1%, so the 1.5x and 2x error canaries are judged against stable, not by it."""
 
 
 @dataclass(frozen=True, slots=True)
