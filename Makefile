@@ -208,8 +208,8 @@ bench-fetch: setup storage-tools
 bench-scheduler: setup
 	$(PY) -m bench.scheduler_bench
 
-## bench-analysis: simulated canaries, sequential vs threshold analysis; last lines
-##                 false_rollback_rate=, median_detection_s_sequential=, _threshold=
+## bench-analysis: simulated canaries, sequential vs threshold analysis, the power table;
+##                 last lines promoted_at_3x_errors=, false_rollback_rate=
 bench-analysis: setup
 	$(PY) -m bench.analysis_bench
 

@@ -1,4 +1,4 @@
-"""Canary analysis, simulated: false rollbacks and detection times, sequential vs threshold.
+"""Canary analysis, simulated: false rollbacks, detection times and power, sequential mode.
 
 Each simulated canary serves a share `weight` of `rate_rps` requests per second next to the
 stable track, for `horizon_s`. Every `scrape_s` (one Prometheus scrape) both tracks' counter
@@ -14,9 +14,21 @@ bounds; log-normal latencies, the canary's tail above stable's p98 stretched by
   `max_latency_ratio` × stable's; `failure_threshold` failed analyses in a row roll back,
   fewer than `min_requests` canary requests is inconclusive (as the operator's defaults).
 
-The last three lines are the headline: `false_rollback_rate=` (sequential, A/A, all
-weights), `median_detection_s_sequential=` and `median_detection_s_threshold=` (a canary
-with twice stable's error rate at 5% weight).
+The power table rolls canaries out whole, through the operator's own sequential path
+(`analysis.accumulate` at every scrape, `judged_at_interval_end` at each interval's end, and
+the rollout's rules: a rejection rolls back at once, a pass advances, too little evidence at
+a gated step holds until `progressDeadline` after the interval, then rolls back): steps
+5/20/50/100, the analysis's defaults but `maxErrorRate: 0.02` (above stable's 1%), stable's
+10 minutes before the rollout as part of its baseline. For each regression (errors or p99
+1.5x, 2x, 3x, 5x, and none: A/A) at 50 and 500 requests/s and 4/15/60 s steps, it prints
+the fraction promoted, rolled back, and rolled back at the deadline, and the median time
+to that decision.
+
+The last lines are the headline: `median_detection_s_sequential=`,
+`median_detection_s_threshold=` (a canary with twice stable's error rate at 5% weight),
+`promoted_at_3x_errors=` (the power table's 3x error canaries, all rates and steps) and
+`false_rollback_rate=` (the largest share of A/A canaries rolled back: at the fixed weights,
+and in the power table's whole rollouts).
 """
 
 from __future__ import annotations
@@ -29,15 +41,44 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fleetserve_operator.analysis import ERROR_TEST, LATENCY_TEST, sequential_tests
+from fleetserve_operator.analysis import (
+    ERROR_TEST,
+    LATENCY_TEST,
+    AnalysisTarget,
+    TrackScope,
+    accumulate,
+    sequential_plan,
+)
 from fleetserve_operator.analysis.count_tests import CountTest, Increment, exceedances
+from fleetserve_operator.analysis.sequential import judged_at_interval_end
 from fleetserve_operator.contract import LATENCY_BOUNDS_S
-from fleetserve_operator.spec import AnalysisSpec
+from fleetserve_operator.naming import Track
+from fleetserve_operator.spec import (
+    AnalysisSpec,
+    Evidence,
+    InconclusiveReason,
+    TrackCounts,
+    Verdict,
+)
+from fleetserve_operator.testing import ScriptedMetricSource
 
-__all__ = ["Canary", "Outcome", "Scenario", "Threshold", "median_detection_s", "simulate"]
+__all__ = [
+    "Canary",
+    "Decision",
+    "Outcome",
+    "Rollout",
+    "Scenario",
+    "Threshold",
+    "median_detection_s",
+    "roll_out",
+    "simulate",
+]
 
 SPEC = AnalysisSpec(prometheus_url="http://prometheus:9090")
 """The defaults of `spec.rollout.analysis`: α 0.01, the tolerances."""
+POWER_SPEC = SPEC.model_copy(update={"max_error_rate": 0.02})
+"""The power table's: the defaults (`minDetectableRatio` 2, `power` 0.9), the error bound
+above stable's 1%, so the 1.5x and 2x error canaries are judged against stable, not by it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +161,12 @@ class Canary:
         """Requests, 5xx answers and cumulative bucket counts of one scrape interval."""
         s = self.scenario
         share = s.weight if canary else 1.0 - s.weight
-        requests = int(self.rng.poisson(s.rate_rps * share * s.scrape_s))
+        return self.draw(share, s.scrape_s, canary=canary)
+
+    def draw(self, share: float, seconds: float, *, canary: bool) -> tuple[int, int, list[int]]:
+        """What a track with `share` of the traffic answers in `seconds`."""
+        s = self.scenario
+        requests = int(self.rng.poisson(s.rate_rps * share * seconds))
         rate = s.stable_error_rate * (s.error_factor if canary else 1.0)
         errors = int(self.rng.binomial(requests, min(rate, 1.0)))
         counts = self.rng.multinomial(requests, self.p_canary if canary else self.p_stable)
@@ -170,7 +216,7 @@ def simulate(
 ) -> list[Outcome]:
     """Run `canaries` independent canaries of `scenario` through both modes (same draws)."""
     rng = np.random.default_rng(seed)
-    tests = sequential_tests(spec)
+    tests = sequential_plan(spec).tests
     scrapes = int(scenario.horizon_s // scenario.scrape_s)
     outcomes = []
     for _ in range(canaries):
@@ -215,13 +261,160 @@ def median_detection_s(outcomes: Sequence[Outcome], mode: str, horizon_s: float)
     return statistics.median(horizon_s if t is None else t for t in times)
 
 
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """A whole rollout: its traffic and steps, and how the canary differs from stable."""
+
+    rate_rps: float
+    """Both tracks' requests per second."""
+    interval_s: float
+    """Each step's interval (`rollout.interval`)."""
+    error_factor: float = 1.0
+    """The canary's error rate over stable's (1%)."""
+    tail_factor: float = 1.0
+    """The canary's p99 over stable's (its answers above stable's p98 stretched)."""
+    steps: tuple[int, ...] = (5, 20, 50, 100)
+    scrape_s: float = 5.0
+    """Prometheus's scrape interval; the operator looks at every scrape."""
+    deadline_s: float = 600.0
+    """`progressDeadline`: the longest hold for evidence after a step's interval."""
+    history_s: float = 600.0
+    """Stable's traffic before the rollout (part of the 100% step's baseline)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How a rollout ended (`promoted`, `rolled_back`, `deadline`) and when (s from its start)."""
+
+    outcome: str
+    at_s: float
+
+
+class _Totals:
+    """One track's cumulative counters, as Prometheus sums them."""
+
+    def __init__(self) -> None:
+        self.requests, self.errors = 0, 0
+        self.buckets = [0] * (len(LATENCY_BOUNDS_S) + 1)
+
+    def add(self, drawn: tuple[int, int, list[int]]) -> TrackCounts:
+        requests, errors, buckets = drawn
+        self.requests += requests
+        self.errors += errors
+        self.buckets = [a + b for a, b in zip(self.buckets, buckets, strict=True)]
+        return TrackCounts(
+            requests=self.requests,
+            errors=self.errors,
+            latency_buckets=[float(b) for b in self.buckets],
+        )
+
+
+_CANARY = TrackScope("bench", "model", "2", Track.CANARY)
+_STABLE = TrackScope("bench", "model", "1", Track.STABLE)
+_NO_QUERIES = ScriptedMetricSource()
+"""No PromQL check is configured: a step's verdict rests on the tests alone."""
+
+
+def _next_step(evidence: Evidence) -> Evidence:
+    return evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0})
+
+
+def roll_out(
+    rollout: Rollout, rng: np.random.Generator, spec: AnalysisSpec = POWER_SPEC
+) -> Decision:
+    """One canary rolled out through every step as the operator would, scrape by scrape."""
+    draws = Canary(
+        Scenario(
+            weight=0.0,
+            rate_rps=rollout.rate_rps,
+            error_factor=rollout.error_factor,
+            tail_factor=rollout.tail_factor,
+        ),
+        rng,
+    )
+    canary, stable = _Totals(), _Totals()
+    evidence = accumulate(
+        spec, None, canary.add((0, 0, [0] * len(canary.buckets))),
+        stable.add(draws.draw(1.0, rollout.history_s, canary=False)),
+    )  # fmt: skip
+    now = 0.0
+    steps = rollout.steps
+    for index, weight in enumerate(steps):
+        following = steps[index + 1] if index + 1 < len(steps) else 100
+        target = AnalysisTarget(
+            _CANARY, _STABLE, "1m", gated=following > 50, canary_alone=weight == 100
+        )
+        interval_start = now
+        evidence = _next_step(evidence)
+        while True:
+            now += rollout.scrape_s
+            share = weight / 100
+            canary_counts = canary.add(draws.draw(share, rollout.scrape_s, canary=True))
+            stable_counts = stable.add(draws.draw(1 - share, rollout.scrape_s, canary=False))
+            evidence = accumulate(
+                spec, evidence, canary_counts, stable_counts, canary_alone=weight == 100
+            )
+            if evidence.rejected:
+                return Decision("rolled_back", now)
+            waited = now - interval_start - rollout.interval_s
+            if waited < 0:
+                continue
+            result = judged_at_interval_end(_NO_QUERIES, spec, target, evidence)
+            if result.verdict is Verdict.PASSED:
+                break
+            if result.reason is InconclusiveReason.INSUFFICIENT_EVIDENCE:
+                if waited >= rollout.deadline_s:
+                    return Decision("deadline", now)
+                continue
+            interval_start = now  # too few requests: judged again after a fresh interval
+    return Decision("promoted", now)
+
+
+POWER_REGRESSIONS: dict[str, tuple[float, float]] = {
+    "none": (1.0, 1.0),
+    **{f"errors_x{f:g}": (f, 1.0) for f in (1.5, 2.0, 3.0, 5.0)},
+    **{f"p99_x{f:g}": (1.0, f) for f in (1.5, 2.0, 3.0, 5.0)},
+}
+"""The power table's canaries, as (error factor, p99 factor): A/A, then error rates and p99s
+1.5, 2, 3 and 5 times stable's."""
+
+
+def power_table(canaries: int, seed: int) -> dict[tuple[str, float, float], list[Decision]]:
+    """Every regression at 50 and 500 requests/s with 4, 15 and 60 s steps, printed by line."""
+    table: dict[tuple[str, float, float], list[Decision]] = {}
+    for name, (errors, tail) in POWER_REGRESSIONS.items():
+        for rate in (50.0, 500.0):
+            for interval in (4.0, 15.0, 60.0):
+                rng = np.random.default_rng([seed, int(rate), int(interval), len(table)])
+                rollout = Rollout(rate, interval, error_factor=errors, tail_factor=tail)
+                decisions = [roll_out(rollout, rng) for _ in range(canaries)]
+                table[name, rate, interval] = decisions
+                shares = {
+                    outcome: sum(d.outcome == outcome for d in decisions) / len(decisions)
+                    for outcome in ("promoted", "rolled_back", "deadline")
+                }
+                median = statistics.median(d.at_s for d in decisions)
+                print(
+                    f"power regression={name} rate_rps={rate:g} interval_s={interval:g} "
+                    f"canaries={canaries} promoted={shares['promoted']:.3f} "
+                    f"rolled_back={shares['rolled_back']:.3f} "
+                    f"deadline={shares['deadline']:.3f} median_decision_s={median:g}"
+                )
+    return table
+
+
+def _share(decisions: Sequence[Decision], *outcomes: str) -> float:
+    return sum(d.outcome in outcomes for d in decisions) / len(decisions)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the A/A false-rollback rates and the detection times; headline last."""
+    """Print the A/A false-rollback rates, detection times and the power table; headline last."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--canaries", type=int, default=1000, help="A/A canaries per weight")
     parser.add_argument("--regressed", type=int, default=200, help="canaries per regression")
     parser.add_argument("--rate-rps", type=float, default=50.0, help="total requests/s (A/A)")
     parser.add_argument("--detect-rate-rps", type=float, default=500.0, help="requests/s")
+    parser.add_argument("--rollouts", type=int, default=200, help="canaries per power-table cell")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     false_rollbacks: list[float] = []
@@ -254,9 +447,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"detected_sequential={rollback_rate(outcomes, 'sequential'):.2f} "
             f"detected_threshold={rollback_rate(outcomes, 'threshold'):.2f}"
         )
-    print(f"false_rollback_rate={max(false_rollbacks):.4f}")
+    table = power_table(args.rollouts, args.seed + 2)
+    same = [d for (name, _, _), ds in table.items() if name == "none" for d in ds]
+    tripled = [d for (name, _, _), ds in table.items() if name == "errors_x3" for d in ds]
+    false_rollbacks.append(_share(same, "rolled_back", "deadline"))
     print(f"median_detection_s_sequential={medians['errors_x2']['sequential']:g}")
     print(f"median_detection_s_threshold={medians['errors_x2']['threshold']:g}")
+    print(f"promoted_at_3x_errors={_share(tripled, 'promoted'):.4f}")
+    print(f"false_rollback_rate={max(false_rollbacks):.4f}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,17 @@ estimating a quantile). By Ville's inequality, P(sup_T E_T ≥ 1/α) ≤ α unde
 the check rejects the first time its e-value reaches 1/α, and that is valid whenever,
 and however often, it is looked at.
 
+Without stable traffic (the 100% step) there is no share to compare: each increment of
+the canary is then held to stable's baseline instead (`update_vs_baseline`): its counts
+before stable's traffic ran out, in the previous steps and before the rollout. The
+canary's own events are scored with the Bernoulli likelihood ratio (`rates`) against the
+rate p0 whose odds are ψ0 times those of an upper confidence bound of stable's rate from
+that baseline, at level δ per series. On the event that every series' bound holds
+(probability ≥ 1 - δ·series, fixed before those increments), each factor is again a fair
+bet or better under the null, so the running product stays a supermartingale there, and
+the check rejects falsely with probability at most α + δ·series: the caller sets δ aside
+from α (`sequential.sequential_plan`).
+
 Only increments and the running sums L are needed: the state of a check is its list of
 log-likelihood ratios (one per series and alternative), so a restarted operator resumes
 from `status` with the same evidence. Pure functions of the standard library (`math`):
@@ -51,6 +62,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from fleetserve_operator.analysis.rates import bernoulli_log_ratio, odds_scaled, upper_bound
 
 __all__ = [
     "ALTERNATIVES",
@@ -68,12 +81,17 @@ few events are enough."""
 
 @dataclass(frozen=True, slots=True)
 class Increment:
-    """What both tracks answered between two looks: requests, and events per series."""
+    """What both tracks answered between two looks: requests, and events per series.
+
+    `weight` (at most 1, fixed before the events are seen) scales every score of the
+    increment: a stream's token gaps weigh as one answer (`queries.HistogramTest`).
+    """
 
     canary_requests: float
     stable_requests: float
     canary_events: Sequence[float]
     stable_events: Sequence[float]
+    weight: float = 1.0
 
     @property
     def informative(self) -> bool:
@@ -143,7 +161,31 @@ class CountTest:
                 continue
             base = s * len(ALTERNATIVES)
             for j, (up, down) in enumerate(steps):
-                updated[base + j] += max(k, 0.0) * up + max(m, 0.0) * down
+                updated[base + j] += increment.weight * (max(k, 0.0) * up + max(m, 0.0) * down)
+        return tuple(updated)
+
+    def update_vs_baseline(
+        self,
+        state: Sequence[float],
+        increment: Increment,
+        baseline: tuple[float, Sequence[float]],
+        delta: float,
+    ) -> tuple[float, ...]:
+        """The state after an increment of the canary alone, held to stable's baseline.
+
+        `baseline`: stable's trials and events per series before its traffic ran out;
+        `delta`: the level of each series' upper confidence bound on stable's rate.
+        """
+        trials, events = baseline
+        updated = list(state)
+        null = 1.0 + self.tolerance
+        n = increment.canary_requests
+        for s, k in enumerate(increment.canary_events):
+            p0 = odds_scaled(upper_bound(events[s], trials, delta), null)
+            base = s * len(ALTERNATIVES)
+            for j, g in enumerate(ALTERNATIVES):
+                ratio = bernoulli_log_ratio(k, n, odds_scaled(p0, g), p0)
+                updated[base + j] += increment.weight * ratio
         return tuple(updated)
 
     def e_value(self, state: Sequence[float]) -> float:

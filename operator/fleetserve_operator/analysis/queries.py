@@ -24,14 +24,20 @@ from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, parse_duration_s
 
 __all__ = [
+    "ERROR_RATE",
     "ERROR_TEST",
+    "GAP_CHECKS",
+    "GATED_ABOVE",
     "ITL",
+    "ITL_P99",
     "ITL_TEST",
     "LATENCY",
     "LATENCY_TEST",
+    "P99_LATENCY",
     "REJECTIONS",
     "SERVER_ERRORS",
     "TTFT",
+    "TTFT_P99",
     "TTFT_TEST",
     "AnalysisTarget",
     "HistogramTest",
@@ -108,6 +114,16 @@ class AnalysisTarget:
     generative: bool = False
     """The model generates text (`spec.model.task`): judged per token (time to first
     token, inter-token latency, tokens), not on request latency and queue wait."""
+    gated: bool = False
+    """Sequential mode: the step's pass gives the canary more than half of the traffic, or
+    promotes it, so it needs the evidence of the power gates (`power`) as well."""
+    canary_alone: bool = False
+    """The canary carries all the traffic (the 100% step): sequential mode holds it to
+    stable's baseline when stable answers nothing."""
+
+
+GATED_ABOVE = 50
+"""A step whose pass gives the canary more than this share (or promotes it) is gated."""
 
 
 def target_for(
@@ -121,19 +137,24 @@ def target_for(
     window = (spec.rollout.analysis and spec.rollout.analysis.window) or spec.rollout.interval
     model = spec.model.name
     canary = TrackScope(namespace, model, status.canary_version or spec.model.version, Track.CANARY)
+    alone = status.canary_weight == 100
     stable = TrackScope(
         namespace,
         model,
         status.stable_version or "",
         Track.STABLE,
-        offset=window if status.canary_weight == 100 else None,
+        offset=window if alone else None,
     )
+    steps, index = spec.rollout.steps, status.rollout.step_index
+    following = 100 if index is None or index + 1 >= len(steps) else steps[index + 1]
     return AnalysisTarget(
         canary,
         stable,
         window,
         queue_wait_floor_ms=spec.batching.max_queue_delay_ms,
         generative=spec.model.generates,
+        gated=index is not None and following > GATED_ABOVE,
+        canary_alone=alone,
     )
 
 
@@ -228,6 +249,13 @@ ERROR_TEST = "error-rate-vs-stable"
 LATENCY_TEST = "latency-vs-stable"
 TTFT_TEST = "ttft-vs-stable"
 ITL_TEST = "itl-vs-stable"
+ERROR_RATE = "error-rate"
+P99_LATENCY = "p99-latency"
+TTFT_P99 = "ttft-p99"
+ITL_P99 = "itl-p99"
+"""The absolute bounds' checks, by the name both modes give them."""
+GAP_CHECKS = frozenset({ITL_TEST, ITL_P99})
+"""The checks that count gaps between tokens, not requests."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fleetserve_operator.analysis.prometheus import MetricSource, value_of
 from fleetserve_operator.analysis.queries import (
+    ERROR_RATE,
+    P99_LATENCY,
     REJECTIONS,
     SERVER_ERRORS,
     AnalysisTarget,
@@ -60,7 +62,7 @@ def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck
     canary, stable, window = target.canary, target.stable, target.window
     planned = [
         PlannedCheck(
-            "error-rate",
+            ERROR_RATE,
             code_ratio_query(canary, window, SERVER_ERRORS),
             max=spec.max_error_rate,
         )
@@ -75,7 +77,7 @@ def plan_checks(spec: AnalysisSpec, target: AnalysisTarget) -> list[PlannedCheck
     else:
         if spec.max_p99_latency_ms is not None:
             latency = p99_ms_query(REQUEST_DURATION_METRIC, canary, window)
-            planned.append(PlannedCheck("p99-latency", latency, max=spec.max_p99_latency_ms))
+            planned.append(PlannedCheck(P99_LATENCY, latency, max=spec.max_p99_latency_ms))
         planned += [
             _ratio_check("p99-latency-vs-stable", REQUEST_DURATION_METRIC, target,
                          spec.max_latency_ratio_vs_stable),

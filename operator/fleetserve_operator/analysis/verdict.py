@@ -12,13 +12,14 @@ step of both modes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleetserve_operator.analysis.prometheus import MetricSource, value_of
 from fleetserve_operator.analysis.queries import (
+    GAP_CHECKS,
     ITL,
-    ITL_TEST,
+    ITL_P99,
+    TTFT_P99,
     AnalysisTarget,
     custom_query,
     p99_ms_query,
@@ -75,9 +76,9 @@ def generative_bounds(spec: AnalysisSpec, target: AnalysisTarget) -> list[Planne
     """
     canary, window = target.canary, target.window
     bounded = [
-        ("ttft-p99", p99_ms_query(TIME_TO_FIRST_TOKEN_METRIC, canary, window),
+        (TTFT_P99, p99_ms_query(TIME_TO_FIRST_TOKEN_METRIC, canary, window),
          None, spec.max_ttft_p99_ms),
-        ("itl-p99", p99_ms_query(INTER_TOKEN_LATENCY_METRIC, canary, window),
+        (ITL_P99, p99_ms_query(INTER_TOKEN_LATENCY_METRIC, canary, window),
          None, spec.max_itl_p99_ms),
         ("preemption-rate", per_request_query(PREEMPTIONS_METRIC, canary, window),
          None, spec.max_preemption_rate),
@@ -131,7 +132,7 @@ def judge(source: MetricSource, planned: PlannedCheck) -> CheckResult:
 def _describe(check: CheckResult) -> str:
     if check.e_value is not None and check.threshold is not None:
         relation = ">=" if check.outcome is CheckOutcome.REJECTED else "<"
-        unit = ITL.unit if check.name == ITL_TEST else "requests"
+        unit = ITL.unit if check.name in GAP_CHECKS else "requests"
         return (
             f"{check.name} e-value {check.e_value:.4g} {relation} {check.threshold:.4g} "
             f"after {check.samples or 0:.0f} canary {unit}"
@@ -219,14 +220,12 @@ def gated_verdict(
     requests: float | None,
     tokens: float | None,
     span: str,
-    settled: Sequence[CheckResult] = (),
 ) -> AnalysisResult:
-    """The min-sample gate over `span`; past it, `settled` and `planned` judged into a verdict.
+    """The min-sample gate over `span`; past it, `planned` judged into a verdict.
 
     Nothing is queried for a step that has too few samples.
     """
     too_few = too_few_samples(spec, target, requests, tokens, span)
     if too_few is not None:
         return too_few
-    checks = [*settled, *(judge(source, check) for check in planned)]
-    return verdict_of(checks, requests, tokens)
+    return verdict_of([judge(source, check) for check in planned], requests, tokens)

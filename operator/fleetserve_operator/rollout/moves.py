@@ -352,9 +352,45 @@ def failed(t: Tick) -> Step:
     return Step(status, (new_event("Warning", "AnalysisFailed", detail),))
 
 
+HOLDING_FOR_EVIDENCE = "holding for evidence"
+
+
+def hold_for_evidence(t: Tick, result: AnalysisResult) -> Step:
+    """Hold the step until the power gates clear, or roll back `progressDeadline` after it.
+
+    The deadline counts from the end of the interval.
+    The analysis stays due at every look (the interval is not restarted, nothing is
+    counted or kept in the history); status says what the evidence has and needs, and an
+    Event marks the start of the hold.
+    """
+    rollout_spec = t.spec.rollout
+    deadline = rollout_spec.progress_deadline
+    waited = elapsed_s(t.status.rollout.interval_started_at, t.now)
+    if waited - parse_duration_s(rollout_spec.interval) >= parse_duration_s(deadline):
+        detail = (
+            f"the evidence did not suffice within progressDeadline {deadline} after the "
+            f"interval: {result.message}"
+        )
+        return roll_back(t, "ProgressDeadlineExceeded", detail)
+    detail = (
+        f"{HOLDING_FOR_EVIDENCE} at {t.status.canary_weight}% (at most progressDeadline "
+        f"{deadline} after the interval): {result.message}"
+    )
+    update = {"phase": P.HOLDING} | with_rollout(t.status, message=detail)
+    status = t.status.model_copy(update=update)
+    if t.phase is P.HOLDING and t.status.rollout.message.startswith(HOLDING_FOR_EVIDENCE):
+        return Step(status)
+    return Step(status, (new_event("Normal", "HoldingForEvidence", detail),))
+
+
 def inconclusive(t: Tick) -> Step:
-    """Count an analysis without verdict; `inconclusiveThreshold` in a row holds the step."""
+    """Count an analysis without verdict; `inconclusiveThreshold` in a row holds the step.
+
+    Too little evidence at a gated step is not counted: the step holds for it at once.
+    """
     result, analysis = due_analysis(t), t.spec.rollout.analysis
+    if result.reason is InconclusiveReason.INSUFFICIENT_EVIDENCE:
+        return hold_for_evidence(t, result)
     count = t.status.rollout.inconclusive_analyses + 1
     threshold = analysis.inconclusive_threshold if analysis else 1
     t = recorded(t, inconclusive_analyses=count)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_snake
 
 from fleetserve_operator.spec.base import DnsLabel, DnsSubdomain, Duration, Wire, cel
 
 __all__ = [
     "COMMAND_PREFIX",
+    "MAX_INTER_TOKEN_BOUND_MS",
+    "MAX_LATENCY_BOUND_MS",
     "AnalysisMode",
     "AnalysisSpec",
     "MetricCheck",
@@ -22,6 +25,11 @@ __all__ = [
 ]
 
 COMMAND_PREFIX = "serving.fleetserve.io/"
+MAX_LATENCY_BOUND_MS = 30_000.0
+"""The last bucket bound of the runtime's request and first-token histograms
+(`contract.LATENCY_BOUNDS_S`): a p99 above it cannot be measured, so no bound may lie there."""
+MAX_INTER_TOKEN_BOUND_MS = 2_500.0
+"""The last bucket bound of the inter-token histogram (`contract.INTER_TOKEN_BOUNDS_S`)."""
 # Gateway API's own Hostname type: a DNS name, optionally with one leading wildcard label.
 _HOSTNAME_RE = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 Hostname = Annotated[str, Field(pattern=_HOSTNAME_RE, max_length=253)]
@@ -94,23 +102,63 @@ class AnalysisMode(StrEnum):
     SEQUENTIAL = "sequential"
     """Anytime-valid tests of the canary against stable, fed at every look (every rollout
     tick) with the counter increases since the last: errors and the latency histogram
-    (generative models: the time-to-first-token and inter-token-latency histograms).
-    A rejection at level `alpha` rolls the canary back at once; a step passes after its
-    `interval` with `minRequests` canary requests and no rejection."""
+    (generative models: the time-to-first-token and inter-token-latency histograms), and
+    of the canary's own rates against the absolute bounds. A rejection at level `alpha`
+    rolls the canary back at once; a step passes after its `interval` with `minRequests`
+    canary requests and no rejection, and a step before more than half of the traffic (or
+    before promotion) only once the evidence rules out a `minDetectableRatio` regression
+    at `power`."""
     THRESHOLD = "threshold"
     """Once per `interval`, each metric of the window against a fixed bound;
     `failureThreshold` failed analyses in a row roll the canary back."""
 
 
+_SEQUENTIAL_ONLY = ("alpha", "errorTolerance", "latencyTolerance", "minDetectableRatio", "power")
+_THRESHOLD_ONLY = (
+    "maxLatencyRatioVsStable",
+    "maxQueueWaitRatioVsStable",
+    "maxRejectionRatioVsStable",
+    "maxTtftRatioVsStable",
+    "maxItlRatioVsStable",
+)
+_MODE_FIELDS = {AnalysisMode.SEQUENTIAL: _SEQUENTIAL_ONLY, AnalysisMode.THRESHOLD: _THRESHOLD_ONLY}
+"""The fields only one mode uses. Each has a default, which the API server fills in, so the
+other mode refuses a field only when it differs from its default: a value the user chose."""
+
+
+def _unused(field: str, mode: AnalysisMode) -> str:
+    return f"analysis.{field} is used in {mode} mode only: remove it, or set mode: {mode}"
+
+
+def _mode_rules(schema: dict[str, Any]) -> None:
+    """Add the CEL rule of each one-mode field (its default read from the schema)."""
+    rules = [
+        cel(
+            f"self.mode == '{mode}' || !has(self.{field})"
+            f" || self.{field} == {float(schema['properties'][field]['default'])!r}",
+            _unused(field, mode),
+            f".{field}",
+        )
+        for mode, fields in _MODE_FIELDS.items()
+        for field in fields
+    ]
+    schema["x-kubernetes-validations"] = rules
+
+
 class AnalysisSpec(Wire):
     """How a canary step is judged from Prometheus (canary vs stable by the `track` label)."""
 
+    model_config = ConfigDict(json_schema_extra=_mode_rules)
+
     mode: AnalysisMode = AnalysisMode.SEQUENTIAL
     """`sequential` (anytime-valid tests, see docs/explanation/canary-analysis.md) or
-    `threshold` (fixed bounds per interval). The PromQL `checks` are bounds in both modes."""
+    `threshold` (fixed bounds per interval). The absolute bounds (`maxErrorRate`,
+    `maxP99LatencyMs`, a generative model's bounds) and the PromQL `checks` apply in both
+    modes; a field only the other mode uses is refused unless left at its default."""
     alpha: float = Field(0.01, gt=0, le=0.5)
     """Sequential mode: the most probability of ever rolling back a canary that is no worse
-    than stable (by the tolerances), split evenly between the built-in tests."""
+    than stable (by the tolerances) and within the absolute bounds, split evenly between
+    the built-in tests, the absolute bounds' tests and the baseline of the 100% step."""
     error_tolerance: float = Field(0.0, ge=0, le=100)
     """Sequential mode: the canary's odds of a 5xx answer may be this much above stable's
     (0: not at all; 0.1: by 10%) before the error test counts it as worse."""
@@ -118,6 +166,15 @@ class AnalysisSpec(Wire):
     """Sequential mode: at every latency bucket bound, the canary's odds of a slower answer
     (generative models: a slower first token, a slower gap between tokens) may be this much
     above stable's before a latency test counts it as slower."""
+    min_detectable_ratio: float = Field(2.0, gt=1, le=100)
+    """Sequential mode: the regression the evidence must rule out before the canary gets
+    more than half of the traffic, or is promoted: this many times stable's odds of a 5xx
+    answer, and of a slow answer (slower than the bucket bound at stable's p99), where
+    stable's rate counts as at least 1%. Until the evidence does, the step holds, at most
+    `progressDeadline` after its interval."""
+    power: float = Field(0.9, ge=0.5, le=0.999)
+    """Sequential mode: the least probability that a canary `minDetectableRatio` times
+    worse is held (never promoted); 1 - power is the evidence's level."""
     prometheus_url: str = Field(pattern=r"^https?://.+", max_length=512)
     """Prometheus base URL, e.g. `http://prometheus.monitoring:9090`; it must be one the
     operator's configuration allows (`allowed_prometheus_urls` or its own `prometheus_url`),
@@ -125,16 +182,20 @@ class AnalysisSpec(Wire):
     window: Duration | None = None
     """Range of each query; unset means the rollout interval."""
     max_error_rate: float = Field(0.01, ge=0, le=1)
-    """Threshold mode: highest passing ratio of 5xx answers to all answers."""
-    max_p99_latency_ms: float | None = Field(None, gt=0)
-    """Threshold mode: highest passing p99 request latency, in milliseconds; unset: no
-    absolute bound."""
+    """Both modes: highest passing ratio of 5xx answers to all answers (threshold mode: in
+    the window; sequential mode: an anytime-valid test of the canary's rate, so 0 rolls
+    back at the first 5xx)."""
+    max_p99_latency_ms: float | None = Field(None, gt=0, le=MAX_LATENCY_BOUND_MS)
+    """Both modes: highest passing canary p99 request latency, in milliseconds (sequential
+    mode: judged at the first bucket bound at or above it); at most the histogram's last
+    bound. Unset: no absolute bound."""
     max_latency_ratio_vs_stable: float = Field(1.5, ge=1)
     """Threshold mode: highest passing canary p99 / stable p99."""
     max_queue_wait_ratio_vs_stable: float = Field(2.0, ge=1)
     """Threshold mode: highest passing canary queue-wait p99 / stable queue-wait p99."""
     max_rejection_ratio_vs_stable: float = Field(2.0, ge=1)
-    """Threshold mode: highest passing canary 503/504 ratio / stable's."""
+    """Threshold mode: highest passing canary 503/504 ratio / stable's (sequential mode
+    counts 503/504 as errors)."""
     min_requests: int = Field(20, ge=0)
     """Fewest canary requests for a verdict (in the window; sequential mode: in the step);
     fewer is inconclusive."""
@@ -142,13 +203,13 @@ class AnalysisSpec(Wire):
     """Generative models: fewest tokens the canary generated for a verdict (in the window;
     sequential mode: in the step), on top of `minRequests`; fewer is inconclusive. A few
     dozen chat answers; latency per token from fewer is noise."""
-    max_ttft_p99_ms: float | None = Field(2000.0, gt=0)
+    max_ttft_p99_ms: float | None = Field(2000.0, gt=0, le=MAX_LATENCY_BOUND_MS)
     """Generative models, both modes: highest passing canary p99 time to first token
     (arrival to first token: queueing and prefill), in milliseconds; 2 s is where a chat
     user starts to wait. Unset: no absolute bound."""
     max_ttft_ratio_vs_stable: float = Field(1.5, ge=1)
     """Generative models, threshold mode: highest passing canary TTFT p99 / stable's."""
-    max_itl_p99_ms: float | None = Field(200.0, gt=0)
+    max_itl_p99_ms: float | None = Field(200.0, gt=0, le=MAX_INTER_TOKEN_BOUND_MS)
     """Generative models, both modes: highest passing canary p99 gap between two tokens of
     a stream (inter-token latency), in milliseconds; 200 ms (5 tokens/s) is about reading
     speed. Unset: no absolute bound."""
@@ -175,6 +236,17 @@ class AnalysisSpec(Wire):
     )
     """Extra PromQL checks with bounds."""
 
+    @model_validator(mode="after")
+    def _one_mode_fields(self) -> AnalysisSpec:
+        for mode, fields in _MODE_FIELDS.items():
+            for field in fields:
+                name = to_snake(field)
+                value, default = getattr(self, name), type(self).model_fields[name].default
+                if self.mode is not mode and value != default:
+                    msg = f"{_unused(field, mode)} (it is {value}, its default {default})"
+                    raise ValueError(msg)
+        return self
+
 
 class RolloutSpec(Wire):
     """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
@@ -195,9 +267,12 @@ class RolloutSpec(Wire):
     )
     """Canary traffic percentages, strictly increasing, ending at 100."""
     interval: Duration = "1m"
-    """How long each step is held before it is analysed."""
+    """How long each step is held before it is analysed: a minimum, as a step before more than
+    half of the traffic waits for the sequential analysis's evidence."""
     progress_deadline: Duration = "10m"
-    """How long the canary may take to become ready before the rollout fails."""
+    """How long the canary may take to become ready before the rollout fails, and how long
+    a step may hold for evidence after its interval (sequential analysis) before the canary
+    is rolled back."""
     max_surge_gpus: int | None = Field(None, ge=0, alias="maxSurgeGPUs")
     """Most extra GPUs a rollout may use above the stable track's; unset: no bound."""
     analysis: AnalysisSpec | None = None

@@ -20,6 +20,7 @@ __all__ = [
     "CheckOutcome",
     "CheckEvidence",
     "CheckResult",
+    "PowerEvidence",
     "Condition",
     "ConditionType",
     "Evidence",
@@ -50,8 +51,9 @@ class RolloutPhase(StrEnum):
     - `Paused`: a person paused the rollout; the weight stays, but analysis still runs and
       a failing canary is still rolled back.
     - `Holding`: `inconclusiveThreshold` analyses in a row had no verdict (too little
-      traffic, Prometheus down); the weight stays until a verdict, never promoting on
-      missing data.
+      traffic, Prometheus down), or a step before more than half of the traffic waits for
+      the evidence of sequential mode's power gates; the weight stays until a verdict,
+      never promoting on missing data (a wait for evidence ends at `progressDeadline`).
     - `Promoting`: the last step passed; the stable track rolls to the new spec while the
       canary carries all traffic, then the canary goes.
     - `RolledBack`: the canary was withdrawn (failed analyses, OOM kill or restart, abort);
@@ -121,6 +123,10 @@ class InconclusiveReason(StrEnum):
     """A query returned no series (or NaN)."""
     NOT_RUN = "NotRun"
     """The analysis was due but no result was supplied."""
+    INSUFFICIENT_EVIDENCE = "InsufficientEvidence"
+    """Sequential mode: the step's interval is over, but the evidence does not yet rule out
+    a `minDetectableRatio` regression at `power`; the step holds (not counted as an
+    inconclusive analysis), at most `progressDeadline` after its interval."""
 
 
 class CheckResult(Wire):
@@ -194,6 +200,29 @@ class TrackCounts(Wire):
     like `latencyBuckets` (each count is a gap between two tokens)."""
 
 
+class PowerEvidence(Wire):
+    """The running state of a test's power gate (see `fleetserve_operator.analysis.power`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    e_value: float = Field(1.0, ge=0)
+    """Evidence against "the canary is `minDetectableRatio` times worse"; 1 before any data."""
+    threshold: float = Field(gt=0)
+    """The e-value that clears the gate: 1/(0.9·(1 - power))."""
+    cleared: bool = False
+    """The e-value has reached the threshold: a step may advance past half of the traffic."""
+    samples_needed: float | None = Field(None, ge=0)
+    """About how many canary requests (inter-token test: token gaps) the gate needs in all
+    to clear if the canary is like stable, at stable's rate and the traffic split now."""
+    baseline_rate: float | None = Field(None, ge=0, le=1)
+    """Stable's rate of the gate's event (5xx answers; answers slower than `boundS`)."""
+    bound_s: float | None = Field(None, gt=0)
+    """Latency tests: the bucket bound a slow answer is slower than (at or above stable's
+    p99); unset until stable has answered 100 requests."""
+    log_likelihood_ratios: list[float] = Field(default_factory=list, max_length=64)
+    """One running sum per component of the gate's mixture."""
+
+
 class CheckEvidence(Wire):
     """The running state of one sequential test (see `fleetserve_operator.analysis.count_tests`)."""
 
@@ -201,17 +230,22 @@ class CheckEvidence(Wire):
 
     name: str = Field(max_length=64)
     """The test: `error-rate-vs-stable`, and `latency-vs-stable` (or, for generative
-    models, `ttft-vs-stable` and `itl-vs-stable`)."""
+    models, `ttft-vs-stable` and `itl-vs-stable`); the absolute bounds' tests `error-rate`,
+    `p99-latency`, `ttft-p99` and `itl-p99`."""
     e_value: float = Field(1.0, ge=0)
-    """Evidence against "the canary is no worse than stable"; 1 before any data."""
+    """Evidence against "the canary is no worse than stable" (an absolute bound's test:
+    "the canary's rate is within the bound"); 1 before any data."""
     threshold: float = Field(gt=0)
     """The e-value that rejects: 1/α of this test."""
     samples: float = Field(0, ge=0)
-    """Canary requests the test has seen in this rollout."""
+    """Canary requests (inter-token tests: token gaps) the test has seen in this rollout."""
     rejected: bool = False
     """The e-value has reached the threshold: the canary is worse, at level α."""
     log_likelihood_ratios: list[float] = Field(default_factory=list, max_length=512)
     """One running sum per event series and alternative; the e-value is their mixture."""
+    power: PowerEvidence | None = None
+    """Tests against stable: the evidence that the canary is not `minDetectableRatio` times
+    worse, which a step needs before more than half of the traffic or promotion."""
 
 
 class Evidence(Wire):
@@ -227,13 +261,21 @@ class Evidence(Wire):
     """Canary requests the tests have seen since the current step began."""
     step_tokens: float = Field(0, ge=0)
     """Generative models: tokens the canary generated since the current step began."""
-    checks: list[CheckEvidence] = Field(default_factory=list, max_length=8)
+    baseline: TrackCounts | None = None
+    """Stable's counters when its traffic ran out (the 100% step): the baseline the canary
+    is held to from then on, its counts before the rollout and in the previous steps."""
+    checks: list[CheckEvidence] = Field(default_factory=list, max_length=16)
     """One entry per sequential test."""
 
     @property
     def rejected(self) -> list[CheckEvidence]:
         """The tests that rejected."""
         return [check for check in self.checks if check.rejected]
+
+    @property
+    def short(self) -> list[CheckEvidence]:
+        """The tests whose power gate has not cleared yet."""
+        return [c for c in self.checks if c.power is not None and not c.power.cleared]
 
 
 class Acknowledgement(Wire):

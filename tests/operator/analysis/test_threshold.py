@@ -27,7 +27,9 @@ from tests.operator.analysis.window_answers import window_answers
 CANARY = TrackScope("ns", "demo", "2", Track.CANARY)
 STABLE = TrackScope("ns", "demo", "1", Track.STABLE)
 TARGET = AnalysisTarget(CANARY, STABLE, "1m", queue_wait_floor_ms=10.0)
-SPEC = AnalysisSpec(prometheus_url="http://prometheus:9090", max_p99_latency_ms=500)
+SPEC = AnalysisSpec(
+    prometheus_url="http://prometheus:9090", mode="threshold", max_p99_latency_ms=500
+)
 
 
 def scripted(**overrides: float | None) -> ScriptedMetricSource:
@@ -334,7 +336,7 @@ def test_ratio_knobs_set_the_bound_against_stable(
     source = scripted(**overrides)
     assert evaluate(source, SPEC, TARGET).verdict == "Failed"
     relaxed = AnalysisSpec.model_validate(
-        {"prometheusUrl": "http://p:9090", "maxP99LatencyMs": 500, knob: 4}
+        {"prometheusUrl": "http://p:9090", "mode": "threshold", "maxP99LatencyMs": 500, knob: 4}
     )
     result = evaluate(scripted(**overrides), relaxed, TARGET)
     outcome = next(c for c in result.checks if c.name == check)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from fleetserve_operator import rollout
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import EventNote, rfc3339
 from fleetserve_operator.rollout import Facts, IncrementCounter, OperatorCounter
+from fleetserve_operator.spec import AnalysisResult, InconclusiveReason, Verdict
 from fleetserve_operator.testing.rollout import (
     ANALYSIS,
     HEALTHY,
@@ -195,3 +197,44 @@ def test_the_analysis_history_is_bounded(knobs: dict[str, Any], kept: int) -> No
     analyses = world.status.rollout.analyses
     assert len(analyses) == kept
     assert analyses[-1].weight == 11
+
+
+HELD = AnalysisResult(
+    verdict=Verdict.INCONCLUSIVE,
+    reason=InconclusiveReason.INSUFFICIENT_EVIDENCE,
+    message="error-rate-vs-stable has 40 of about 1500 canary requests to rule out 2x",
+)
+
+
+def test_too_little_evidence_holds_at_once_uncounted_until_the_deadline() -> None:
+    """The step holds at its first InsufficientEvidence: no count, no history, one Event.
+
+    `progressDeadline` (5m here) after the interval, still short: rolled back.
+    """
+    world = stable_world()
+    start_v2(world)
+    world.clear()
+
+    def look(seconds: float) -> None:
+        world.clock.advance(seconds)
+        facts = replace(world.facts(), analysis=HELD)
+        transition = rollout.next_step(world.spec, world.status, facts, world.clock.now)
+        world.status = transition.status
+        world.actions.extend(transition.actions)
+
+    look(60)
+    state = world.status.rollout
+    assert (world.status.phase, world.status.canary_weight) == ("Holding", 1)
+    assert state.message.startswith("holding for evidence at 1% (at most progressDeadline 5m")
+    assert HELD.message in state.message
+    assert (state.analyses, state.inconclusive_analyses) == ([], 0)
+    look(100)
+    look(199)
+    assert world.status.phase == "Holding"
+    assert [reason for _, reason, _ in events(world)] == ["HoldingForEvidence"]
+    look(1)
+    assert (world.status.phase, world.status.canary_weight) == ("RolledBack", 0)
+    assert world.status.rollout.message.startswith("ProgressDeadlineExceeded")
+    assert "did not suffice within progressDeadline 5m after the interval" in (
+        world.status.rollout.message
+    )
