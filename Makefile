@@ -172,8 +172,9 @@ e2e-rollout: setup tools keda-tools prometheus-install
 e2e-demo: setup tools prometheus-install
 	cd e2e && timeout 600 ../$(PY) -m pytest demo_e2e -s $(E2E_PYTEST_ARGS)
 
-## e2e-storage: the storage servers models are fetched from, with real clients: SeaweedFS's S3
-##              (minio), Distribution's OCI registry (oras), the HTTPS file server (Range, faults)
+## e2e-storage: `fleetserve-runtime fetch` against the stores models are fetched from, each proven
+##              with real clients first: SeaweedFS's S3 (minio), Distribution's OCI registry
+##              (oras), the HTTPS file server (Range, faults)
 e2e-storage: setup storage-tools
 	cd e2e && timeout 600 ../$(PY) -m pytest storage_e2e $(E2E_PYTEST_ARGS)
 
