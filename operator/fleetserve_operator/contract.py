@@ -17,7 +17,7 @@ from enum import StrEnum
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
 from fleetserve_operator.spec.base import parse_quantity
-from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, fetched_scheme
+from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES
 
 __all__ = [
     "AUTH_MOUNT",
@@ -199,7 +199,7 @@ def runtime_model_uri(model: ModelSpec) -> str:
     source = pvc_source(model)
     if source is not None:
         return f"file://{MODEL_MOUNT}/{source.path}"
-    if fetched_scheme(model.uri) is not None:
+    if model.fetched:
         return f"file://{MODEL_MOUNT}/{FETCHED_MODEL_DIR}"
     uri = model.handler if model.uri is None else model.uri
     assert uri is not None  # ModelSpec guarantees exactly one of uri and handler
@@ -259,7 +259,7 @@ def _source_flags(model: ModelSpec) -> dict[str, object]:
     as they were, so an operator upgrade rolls nothing out.
     """
     flags: dict[str, object] = {}
-    if fetched_scheme(model.uri) is not None:
+    if model.fetched:
         flags |= {"task": model.effective_task, "model-source": model.uri}
         if model.digest is not None:
             flags["model-digest"] = model.digest
@@ -280,7 +280,7 @@ def fetch_args(model: ModelSpec) -> list[str]:
     Raises:
         ValueError: `model` is not fetched (its URI is builtin, file, PVC or a handler).
     """
-    if fetched_scheme(model.uri) is None:
+    if not model.fetched:
         msg = f"model.uri {model.uri!r} is not fetched"
         raise ValueError(msg)
     flags: dict[str, object] = {

@@ -32,7 +32,7 @@ from fleetserve_operator.spec import (
     Toleration,
     TopologySpread,
 )
-from fleetserve_operator.spec.model_source import ModelStorage, fetched_scheme
+from fleetserve_operator.spec.model_source import ModelStorage
 
 __all__ = [
     "CONTAINER_NAME",
@@ -202,11 +202,11 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
                 "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True},
             }
         )
-    if fetched_scheme(spec.model.uri) is not None:
+    if spec.model.fetched:
         size = FETCH_VOLUME_FACTOR * contract.fetch_budget_bytes(spec.model)
         volumes.append({"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": str(size)}})
         volumes += _storage_volumes(spec.model.storage)
-    if source is not None or fetched_scheme(spec.model.uri) is not None:
+    if source is not None or spec.model.fetched:
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
     runtime = spec.runtime
     secrets = [
@@ -356,7 +356,7 @@ def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, st
         "containers": [_container(plan, mounts)],
         "volumes": volumes,
     }
-    if fetched_scheme(spec.model.uri) is not None:
+    if spec.model.fetched:
         pod["initContainers"] = [_fetch_container(spec)]
     if spec.runtime.service_account_name:
         pod["serviceAccountName"] = spec.runtime.service_account_name

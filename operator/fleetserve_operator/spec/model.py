@@ -152,7 +152,7 @@ def _fetched_only(field: str, present: Callable[[ModelSpec], bool]) -> SourceRul
         f"!has(self.{field}) || (has(self.uri) && ({_FETCHED}))",
         f"model.{field} applies to fetched models ({_FETCHED_NAMES}) only",
         f".{field}",
-        lambda model: not present(model) or fetched_scheme(model.uri) is not None,
+        lambda model: not present(model) or model.fetched,
     )
 
 
@@ -334,6 +334,11 @@ class ModelSpec(Wire):
             if not rule.holds(self):
                 raise ValueError(rule.message)
         return self
+
+    @property
+    def fetched(self) -> bool:
+        """True when the pod's init container fetches the model (`FETCHED_SCHEMES`)."""
+        return fetched_scheme(self.uri) is not None
 
     @property
     def effective_task(self) -> Task:
