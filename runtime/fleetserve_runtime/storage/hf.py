@@ -47,7 +47,7 @@ from fleetserve_runtime.storage.credentials import bearer_token
 from fleetserve_runtime.storage.options import FetchOptions
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason, for_status
 from fleetserve_runtime.storage.staging import chunks_of
-from fleetserve_runtime.storage.tls import check_endpoint, client_context
+from fleetserve_runtime.storage.tls import check_endpoint, http_client
 from fleetserve_runtime.storage.uri import HfUri
 
 __all__ = ["fetch_hf"]
@@ -110,12 +110,7 @@ def _snapshot_files(folder: Path, cache: Path, uri: HfUri) -> list[tuple[str, Pa
 
 def _client(options: FetchOptions) -> httpx2.Client:
     # huggingface_hub's own request hook (its request ids and offline switch) stays on.
-    return httpx2.Client(
-        verify=client_context(options.ca_file),
-        timeout=httpx2.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
-        follow_redirects=True,
-        event_hooks={"request": [hf_request_event_hook]},
-    )
+    return http_client(options, [hf_request_event_hook])
 
 
 @contextmanager

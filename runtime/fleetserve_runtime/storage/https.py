@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx2
 
@@ -33,7 +33,7 @@ from fleetserve_runtime.storage.digests import Digest
 from fleetserve_runtime.storage.options import FetchOptions
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason, for_status
 from fleetserve_runtime.storage.staging import chunks_of
-from fleetserve_runtime.storage.tls import client_context
+from fleetserve_runtime.storage.tls import http_client
 from fleetserve_runtime.storage.uri import HttpsUri
 
 if TYPE_CHECKING:
@@ -147,15 +147,7 @@ def _receive(
 
 
 def _client(options: FetchOptions) -> httpx2.Client:
-    hooks: dict[str, list[Any]] = {}
-    if not options.allow_http:
-        hooks["request"] = [_refuse_plain_http]
-    return httpx2.Client(
-        verify=client_context(options.ca_file),
-        timeout=httpx2.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
-        follow_redirects=True,
-        event_hooks=hooks,
-    )
+    return http_client(options, [] if options.allow_http else [_refuse_plain_http])
 
 
 def _refuse_plain_http(request: httpx2.Request) -> None:

@@ -8,14 +8,18 @@ holding their roots too.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import certifi
+import httpx2
 
+from fleetserve_runtime.storage.options import FetchOptions
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason
 
-__all__ = ["ca_bundle", "check_endpoint", "client_context"]
+__all__ = ["ca_bundle", "check_endpoint", "client_context", "http_client"]
 
 
 def ca_bundle(ca_file: Path | None) -> str:
@@ -31,6 +35,21 @@ def client_context(ca_file: Path | None) -> ssl.SSLContext:
         raise FetchFailed(
             Reason.STORAGE_UNREACHABLE, f"cannot load the CA file {ca_file}: {exc}"
         ) from exc
+
+
+def http_client(
+    options: FetchOptions, request_hooks: list[Callable[[httpx2.Request], Any]]
+) -> httpx2.Client:
+    """A fetch's HTTP client: `options`' trust and timeouts, redirects followed.
+
+    `request_hooks` run on every request it sends, redirects included.
+    """
+    return httpx2.Client(
+        verify=client_context(options.ca_file),
+        timeout=httpx2.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
+        follow_redirects=True,
+        event_hooks={"request": request_hooks},
+    )
 
 
 def check_endpoint(url: str, *, allow_http: bool, flag: str) -> None:
