@@ -1,7 +1,7 @@
 """Command line behind the make targets: ``python -m fleetserve_e2e <command>``.
 
 ``tools`` builds the binaries, ``keda-tools`` KEDA's and ``storage-tools`` the storage
-servers'; ``cluster-up``/``cluster-down`` and ``prometheus-up``/``prometheus-down`` start and
+servers', ``images`` the container images; ``cluster-up``/``cluster-down`` and ``prometheus-up``/``prometheus-down`` start and
 stop background instances whose state lives under ``~/.cache/fleetserve/``; ``run-cluster`` and
 ``run-prometheus`` are the daemons' bodies.
 """
@@ -15,6 +15,9 @@ from pathlib import Path
 
 from fleetserve_e2e import daemon
 from fleetserve_e2e.cluster import LocalCluster, standin_commands, venv_commands
+from fleetserve_e2e.images.build import build_images, report
+from fleetserve_e2e.images.catalog import NAMES, ImagePlanError
+from fleetserve_e2e.images.podman import PodmanError
 from fleetserve_e2e.keda import build_keda
 from fleetserve_e2e.paths import binary, state_dir
 from fleetserve_e2e.prometheus import LocalPrometheus
@@ -37,6 +40,18 @@ def _keda_tools(_args: argparse.Namespace) -> None:
 
 def _storage_tools(_args: argparse.Namespace) -> None:
     build_storage_tools()
+
+
+def _images(args: argparse.Namespace) -> None:
+    names = tuple(args.only or NAMES)
+    try:
+        built = build_images(names, torch_cpu_sha256=args.torch_cpu_sha256)
+    except (ImagePlanError, PodmanError) as exc:
+        raise SystemExit(f"images: {exc}") from None
+    print(report(built))
+    too_big = [item.spec.name for item in built if not item.within_bound]
+    if too_big:
+        raise SystemExit(f"images: over their size bound: {', '.join(too_big)}")
 
 
 def _cluster_up(args: argparse.Namespace) -> None:
@@ -108,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "tools": _tools,
         "keda-tools": _keda_tools,
         "storage-tools": _storage_tools,
+        "images": _images,
         "cluster-up": _cluster_up,
         "cluster-down": _cluster_down,
         "run-cluster": _run_cluster,
@@ -129,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
                 "--keda",
                 action="store_true",
                 help="also run KEDA's operator and metrics API server (make keda-tools)",
+            )
+        if name == "images":
+            sub.add_argument("--only", action="append", choices=NAMES, help="build only these")
+            sub.add_argument(
+                "--torch-cpu-sha256",
+                default="",
+                help="sha256 of torch's CPU wheel (runtime-cpu; not on PyPI, so not locked)",
             )
         if name in ("prometheus-up", "run-prometheus"):
             sub.add_argument("--scrape-interval-s", type=float, default=1.0)
