@@ -129,7 +129,7 @@ mutate: setup
 	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
 	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
 
-E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage
+E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage e2e-images
 # `prepare` first, so the table shows what installing and building cost apart from the tests.
 TIERS := prepare lint unit $(E2E_TIERS)
 
@@ -177,6 +177,15 @@ e2e-demo: setup tools prometheus-install
 ##              (oras), the HTTPS file server (Range, faults)
 e2e-storage: setup storage-tools
 	cd e2e && timeout 600 ../$(PY) -m pytest storage_e2e $(E2E_PYTEST_ARGS)
+
+## e2e-images: the operator and runtime (GPU-track) images built with podman (`make images`),
+##             then run as a restricted pod runs them: non-root, read-only root, no capabilities,
+##             memory-limited; MiniLM embeddings and a streamed SmolLM2 chat from the image
+# The build runs first, on its own: on a fresh machine it takes minutes, past a test's ceiling;
+# the session's fixture then finds every layer built.
+e2e-images: setup images-install
+	timeout 1800 $(E2E_HARNESS) images --only operator --only runtime-gpu
+	cd e2e && timeout 600 ../$(PY) -m pytest images_e2e -s $(E2E_PYTEST_ARGS)
 
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
 e2e: $(E2E_TIERS)

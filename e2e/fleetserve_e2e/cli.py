@@ -1,9 +1,9 @@
 """Command line behind the make targets: ``python -m fleetserve_e2e <command>``.
 
-``tools`` builds the binaries, ``keda-tools`` KEDA's and ``storage-tools`` the storage
-servers', ``images`` the container images; ``cluster-up``/``cluster-down`` and ``prometheus-up``/``prometheus-down`` start and
-stop background instances whose state lives under ``~/.cache/fleetserve/``; ``run-cluster`` and
-``run-prometheus`` are the daemons' bodies.
+``tools`` builds the binaries, ``keda-tools`` KEDA's, ``storage-tools`` the storage servers'
+and ``images`` the container images; ``cluster-up``/``cluster-down`` and
+``prometheus-up``/``prometheus-down`` start and stop background instances whose state lives
+under ``~/.cache/fleetserve/``; ``run-cluster`` and ``run-prometheus`` are the daemons' bodies.
 """
 
 from __future__ import annotations

@@ -84,8 +84,11 @@ def stage(path: Path, name: str) -> Stage:
     return named
 
 
-def lineage(path: Path, name: str) -> list[Stage]:
-    """The stage `name` and the stages it is built on, the one built on an image first."""
+def lineage(path: Path, name: str | None) -> list[Stage]:
+    """The stage `name` and the stages it is built on, the one built on an image first.
+
+    None names the image's own stage, the one without a name.
+    """
     by_name = {s.name: s for s in stages(path)}
     chain = [by_name[name]]
     while chain[0].base in by_name:

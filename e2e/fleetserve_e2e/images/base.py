@@ -52,8 +52,11 @@ class BaseRecipe:
 
 
 def ensure_base(default_ref: str, recipe: BaseRecipe = BaseRecipe()) -> str:
-    """The base image to build on: ``default_ref`` if it is here or can be pulled, else the
-    stand-in made from ``recipe`` (made now if this machine has none yet)."""
+    """The base image to build on.
+
+    ``default_ref`` if it is here or can be pulled, else the stand-in made from ``recipe``
+    (made now if this machine has none yet).
+    """
     if image_exists(default_ref):
         return default_ref
     why_not = try_pull(default_ref)

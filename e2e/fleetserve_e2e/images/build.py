@@ -49,7 +49,18 @@ def default_base(dockerfile: Path = REPO_DIR / "Dockerfile.operator") -> str:
 
 def build_args(spec: ImageSpec, ca_bundle: Path | None) -> list[str]:
     """The ``podman build`` arguments for ``spec`` (run from the repository root)."""
-    args = ["build", *container_options(), "--layers", "-f", str(spec.dockerfile), "-t", spec.tag]
+    # Docker format: OCI image configs have no HEALTHCHECK, and podman would drop the runtime's.
+    args = [
+        "build",
+        *container_options(),
+        "--format",
+        "docker",
+        "--layers",
+        "-f",
+        str(spec.dockerfile),
+        "-t",
+        spec.tag,
+    ]
     for name, value in sorted(spec.build_args.items()):
         args += ["--build-arg", f"{name}={value}"]
     if ca_bundle is not None:

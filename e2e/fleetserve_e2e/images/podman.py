@@ -72,9 +72,12 @@ def podman(args: Sequence[str], *, timeout_s: float = 3600.0) -> subprocess.Comp
 
 def image_exists(ref: str) -> bool:
     """Whether the local store holds ``ref``."""
-    return subprocess.run(  # podman image exists: exit 0 or 1
-        [executable(), "image", "exists", ref], capture_output=True, check=False, timeout=60
-    ).returncode == 0
+    return (
+        subprocess.run(  # podman image exists: exit 0 or 1
+            [executable(), "image", "exists", ref], capture_output=True, check=False, timeout=60
+        ).returncode
+        == 0
+    )
 
 
 def try_pull(ref: str) -> str | None:

@@ -1,0 +1,137 @@
+"""Run an image as a hardened container, the way a restricted pod runs it, and look inside.
+
+``ContainerSpec`` says what a pod's securityContext and resources say (user, read-only root,
+dropped capabilities, no privilege escalation, memory and process limits, writable tmpfs
+mounts) and which container ports are published on 127.0.0.1; ``run_argv`` turns it into
+``podman run`` arguments (pure), and ``Container`` runs it and answers what a test asks: its
+state, logs, the files it changed outside its mounts, its health check.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from fleetserve_e2e.images.podman import container_options, executable, podman
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container: image, arguments after its entrypoint, and how it is confined."""
+
+    image: str
+    args: tuple[str, ...] = ()
+    entrypoint: str | None = None
+    user: str | None = None
+    """None: the image's own USER."""
+    read_only: bool = True
+    tmpfs: dict[str, str] = field(default_factory=lambda: {"/tmp": "size=1g"})
+    """Writable mounts: path → tmpfs options (a pod's emptyDir volumes)."""
+    memory: str | None = None
+    pids_limit: int = 1024
+    env: dict[str, str] = field(default_factory=dict)
+    ports: dict[int, int] = field(default_factory=dict)
+    """Container port → host port on 127.0.0.1."""
+
+
+def run_argv(spec: ContainerSpec, name: str, *, detach: bool) -> list[str]:
+    """``podman run`` arguments: every capability dropped, no privilege escalation, the limits."""
+    args = ["run", *container_options(), "--name", name, "--cap-drop", "ALL"]
+    args += ["--security-opt", "no-new-privileges", "--pids-limit", str(spec.pids_limit)]
+    args += ["--detach"] if detach else ["--rm"]
+    if spec.read_only:
+        args.append("--read-only")
+    for path, options in sorted(spec.tmpfs.items()):
+        args += ["--tmpfs", f"{path}:{options}"]
+    if spec.user is not None:
+        args += ["--user", spec.user]
+    if spec.memory is not None:
+        # memory-swap equal to memory: over the limit is an OOM kill, never swapping.
+        args += ["--memory", spec.memory, "--memory-swap", spec.memory]
+    for key, value in sorted(spec.env.items()):
+        args += ["--env", f"{key}={value}"]
+    for container_port, host_port in sorted(spec.ports.items()):
+        args += ["--publish", f"{LOOPBACK}:{host_port}:{container_port}"]
+    if spec.entrypoint is not None:
+        args += ["--entrypoint", spec.entrypoint]
+    return [*args, spec.image, *spec.args]
+
+
+def run_once(spec: ContainerSpec, *, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run ``spec`` to completion and return its exit code and output (never raises on exit)."""
+    name = f"fleetserve-once-{secrets.token_hex(4)}"
+    return subprocess.run(  # podman run, with arguments we build
+        [executable(), *run_argv(spec, name, detach=False)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+class Container:
+    """A detached container, removed on exit."""
+
+    def __init__(self, spec: ContainerSpec) -> None:
+        self.spec = spec
+        self.name = f"fleetserve-e2e-{secrets.token_hex(4)}"
+
+    def __enter__(self) -> Container:
+        podman(run_argv(self.spec, self.name, detach=True), timeout_s=300)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        subprocess.run(  # podman rm: best effort, the container may be gone already
+            [executable(), "rm", "--force", "--time", "10", self.name],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+
+    def url(self, container_port: int) -> str:
+        """The published address of ``container_port``."""
+        return f"http://{LOOPBACK}:{self.spec.ports[container_port]}"
+
+    def state(self) -> dict[str, Any]:
+        """``State`` of ``podman inspect``: Status, ExitCode, OOMKilled, ..."""
+        done = podman(["inspect", "--format", "{{json .State}}", self.name])
+        state: dict[str, Any] = json.loads(done.stdout)
+        return state
+
+    def logs(self) -> str:
+        """What the container wrote to stdout and stderr."""
+        done = podman(["logs", self.name])
+        return done.stdout + done.stderr
+
+    def changed_paths(self) -> list[str]:
+        """Paths the container added, changed or deleted in its image's filesystem.
+
+        Mounts (tmpfs, volumes) are not part of it: this is what it wrote outside them.
+        """
+        done = podman(["diff", "--format", "json", self.name])
+        changes: dict[str, Sequence[str] | None] = json.loads(done.stdout or "{}")
+        return sorted(path for paths in changes.values() for path in paths or ())
+
+    def healthy(self) -> bool:
+        """Whether the image's HEALTHCHECK passes now (``podman healthcheck run``)."""
+        return (
+            subprocess.run(  # podman healthcheck run: exit 0 healthy, 1 not
+                [executable(), "healthcheck", "run", self.name],
+                capture_output=True,
+                check=False,
+                timeout=60,
+            ).returncode
+            == 0
+        )
