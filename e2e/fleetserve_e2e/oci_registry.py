@@ -126,10 +126,14 @@ class LocalOciRegistry(Component):
     Args:
         ca: The CA that signs the server's certificate.
         work_dir: Storage, config, certificate and log; a temp dir removed on exit when None.
+        port: The loopback port; None for any free one.
     """
 
-    def __init__(self, ca: LocalCa, *, work_dir: Path | None = None) -> None:
+    def __init__(
+        self, ca: LocalCa, *, work_dir: Path | None = None, port: int | None = None
+    ) -> None:
         """Configure; nothing starts before ``__enter__``."""
+        self._port = port
         self._ca = ca
         self._work_dir = work_dir
         self._owns_work_dir = work_dir is None
@@ -152,7 +156,7 @@ class LocalOciRegistry(Component):
         work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-registry-"))
         self._work_dir = work_dir
         tls = issue_loopback_cert(self._ca, work_dir / "tls", "distribution-registry")
-        port = free_port()
+        port = self._port or free_port()
         registry = OciRegistry(
             host=f"127.0.0.1:{port}",
             url=f"https://127.0.0.1:{port}",

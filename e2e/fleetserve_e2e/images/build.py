@@ -18,6 +18,7 @@ from fleetserve_e2e.images.catalog import MB, ImageSpec, plan, within_bound
 from fleetserve_e2e.images.podman import container_options, image_size, podman
 from fleetserve_e2e.paths import REPO_DIR
 
+REVISION_LABEL = "org.opencontainers.image.revision"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -63,6 +64,11 @@ def build_args(spec: ImageSpec, ca_bundle: Path | None) -> list[str]:
     ]
     for name, value in sorted(spec.build_args.items()):
         args += ["--build-arg", f"{name}={value}"]
+    # The Dockerfiles set this label from the REVISION build arg, but podman's layer cache
+    # keys a LABEL step by its text, not the argument's value: a build whose every step is
+    # cached would keep the last commit's revision. A --label is applied to every build.
+    if "REVISION" in spec.build_args:
+        args += ["--label", f"{REVISION_LABEL}={spec.build_args['REVISION']}"]
     if ca_bundle is not None:
         args += ["--secret", f"id=ca-bundle,src={ca_bundle}"]
     return [*args, str(REPO_DIR)]
