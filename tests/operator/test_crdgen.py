@@ -114,6 +114,17 @@ def test_schema_carries_defaults_bounds_and_enums(path: str, key: str, value: An
     assert dict(_walk(_schema()))[path][key] == value
 
 
+IMAGES = [".spec.runtime.image", ".spec.fallback.image", ".status.rollout.stableSpec.runtime.image"]
+
+
+@pytest.mark.parametrize("path", IMAGES)
+def test_images_have_no_default_so_the_operator_sees_them_unset(path: str) -> None:
+    """The API server fills in no image: left out, the operator runs its configured default."""
+    node = dict(_walk(_schema()))[path]
+    assert "default" not in node
+    assert (node["type"], node["minLength"], node["maxLength"]) == ("string", 1, 512)
+
+
 def test_rendered_yaml_has_no_aliases() -> None:
     """Shared sub-schemas are written out in full (no YAML anchors)."""
     text = crdgen.render_crd()
