@@ -35,7 +35,6 @@ from fleetserve_operator.spec import (
 from fleetserve_operator.spec.model_source import ModelStorage
 
 __all__ = [
-    "CONTAINER_NAME",
     "DRAIN_SECONDS",
     "RUNTIME_UID",
     "SHUTDOWN_SECONDS",
@@ -49,7 +48,6 @@ DRAIN_SECONDS = 5
 SHUTDOWN_SECONDS = 25
 """What the grace period leaves after the drain for the runtime to stop once SIGTERMed (its
 HTTP server waits up to 10 s for open requests, then the engines stop)."""
-CONTAINER_NAME = "runtime"
 # The runtime image's non-root user (distroless convention); Dockerfile.runtime creates it.
 RUNTIME_UID = 65532
 MODEL_VOLUME = "model"
@@ -306,7 +304,7 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     spec = plan.pods
     tls = _serves_tls(spec)
     container: Manifest = {
-        "name": CONTAINER_NAME,
+        "name": contract.CONTAINER_NAME,
         "image": plan.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.COMMAND),

@@ -191,8 +191,15 @@ def test_a_new_default_gpu_image_rolls_out_through_the_canary() -> None:
     cluster = _running(_spec())
     assert cluster.image("demo-stable") == DEFAULT_IMAGE
     cluster.restart(CONFIGURED)
-    assert cluster.reconcile().phase == "Starting"
+    status = cluster.reconcile()
+    assert status.phase == "Starting"
     assert (cluster.image("demo-stable"), cluster.image("demo-canary")) == (
+        DEFAULT_IMAGE,
+        CONFIGURED.gpu,
+    )
+    assert status.tracks.stable is not None
+    assert status.tracks.canary is not None
+    assert (status.tracks.stable.image, status.tracks.canary.image) == (
         DEFAULT_IMAGE,
         CONFIGURED.gpu,
     )
@@ -222,8 +229,11 @@ def test_a_new_default_cpu_image_replaces_the_fallback_pods_without_a_rollout() 
     cluster = _running(_spec(fallback={"enabled": True}))
     assert cluster.image("demo-fallback") == DEFAULT_CPU_IMAGE
     cluster.restart(RuntimeImages(cpu=CONFIGURED.cpu))
-    assert cluster.reconcile().phase == "Succeeded"
+    status = cluster.reconcile()
+    assert status.phase == "Succeeded"
     assert cluster.image("demo-fallback") == CONFIGURED.cpu
+    assert status.tracks.fallback is not None
+    assert status.tracks.fallback.image == CONFIGURED.cpu
     assert cluster.image("demo-stable") == DEFAULT_IMAGE
     assert cluster.deployment("demo-canary") is None
 
