@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from fleetserve_operator.controller import handlers
 from fleetserve_operator.controller.child_watch import ChildWatches
-from fleetserve_operator.controller.kube import KubeApi
+from fleetserve_operator.controller.kube import Cluster, KubeApi
 from fleetserve_operator.controller.leader import (
     KubeLeases,
     LeaderElector,
@@ -85,15 +85,21 @@ def _run(config: OperatorConfig) -> None:
             elector.release()
 
 
-def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> None:
+def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster) -> Sync:
+    """The reconcile every handler runs, with the operator-wide settings of `config`."""
     allowlist = config.prometheus_allowlist
-    sync = Sync(
+    return Sync(
         kube,
         metrics=metrics,
         default_prometheus_url=config.prometheus_url,
         prometheus_allowlist=allowlist,
         metric_source=allowlist.source,
+        images=config.runtime_images,
     )
+
+
+def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> None:
+    sync = _reconciler(config, metrics, kube)
     workers = handlers.QueueWorkers(sync, metrics, workers=config.queue_workers)
     watches = ChildWatches(
         kube.api_client,

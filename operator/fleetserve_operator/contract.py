@@ -24,6 +24,7 @@ __all__ = [
     "AUTH_TOKEN_FILE",
     "AUTH_TOKEN_KEY",
     "COMMAND",
+    "CONTAINER_NAME",
     "FETCH_COMMAND",
     "FETCH_CONTAINER_NAME",
     "FETCH_FAILED",
@@ -68,6 +69,8 @@ __all__ = [
 ]
 
 COMMAND = ("fleetserve-runtime", "serve")
+CONTAINER_NAME = "runtime"
+"""The container that runs `COMMAND` in every track's pods (`observe` reads its image)."""
 FETCH_COMMAND = ("fleetserve-runtime", "fetch")
 """The init container that downloads a fetched model (`spec.model.uri` s3/oci/https/hf)."""
 FETCH_CONTAINER_NAME = "fetch"

@@ -156,6 +156,9 @@ def _printer_columns() -> list[Schema]:
         column("Phase", ".status.phase"),
         column("Ready", ".status.ready"),
         column("Age", ".metadata.creationTimestamp", "date"),
+        # What the pods run, the operator's default images included (the spec may name none).
+        column("Image", ".status.tracks.stable.image", wide=True),
+        column("Fallback Image", ".status.tracks.fallback.image", wide=True),
         column("Source", ".spec.model.uri", wide=True),
         column("Metadata", ".spec.model.metadata", wide=True),
     ]

@@ -294,6 +294,22 @@ def test_dashboard_is_valid_grafana_json(render: Render, only: Only) -> None:
             id="allowlist-scheme",
         ),
         pytest.param(
+            ["--set", "runtime.image.digest=latest"], "/runtime/image/digest", id="runtime-digest"
+        ),
+        pytest.param(
+            ["--set", "runtime.cpuImage.digest=sha256:abc"],
+            "/runtime/cpuImage/digest",
+            id="runtime-cpu-digest",
+        ),
+        pytest.param(
+            ["--set", "runtime.image.repository="], "/runtime/image/repository", id="no-repository"
+        ),
+        pytest.param(
+            ["--set", "runtime.image.pullPolicy=Always"],
+            "'pullPolicy' not allowed",
+            id="runtime-pull-policy-is-the-services",
+        ),
+        pytest.param(
             ["--set", "networkPolicy.apiServer.cidrs={10.0.0.1}"],
             "/networkPolicy/apiServer/cidrs/0",
             id="cidr",

@@ -74,7 +74,7 @@ def test_names_scope_and_subresources() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c]
     assert columns == ["Model", "Stable", "Canary", "Weight", "Phase", "Ready", "Age"]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Source", "Metadata"]
+    assert wide == ["Image", "Fallback Image", "Source", "Metadata"]
 
 
 @pytest.mark.parametrize(
@@ -112,6 +112,17 @@ def test_cel_rules_are_present(path: str, fragment: str) -> None:
 def test_schema_carries_defaults_bounds_and_enums(path: str, key: str, value: Any) -> None:
     """Defaults, ranges, enums and required fields come from the pydantic models."""
     assert dict(_walk(_schema()))[path][key] == value
+
+
+IMAGES = [".spec.runtime.image", ".spec.fallback.image", ".status.rollout.stableSpec.runtime.image"]
+
+
+@pytest.mark.parametrize("path", IMAGES)
+def test_images_have_no_default_so_the_operator_sees_them_unset(path: str) -> None:
+    """The API server fills in no image: left out, the operator runs its configured default."""
+    node = dict(_walk(_schema()))[path]
+    assert "default" not in node
+    assert (node["type"], node["minLength"], node["maxLength"]) == ("string", 1, 512)
 
 
 def test_rendered_yaml_has_no_aliases() -> None:

@@ -37,12 +37,39 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{- define "fleetserve.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{/*
+An image reference from (list VALUES TAG): VALUES is an image block {repository, tag, digest};
+its digest wins over its tag, and an empty tag is TAG.
+*/}}
+{{- define "fleetserve.imageRef" -}}
+{{- $image := index . 0 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $image.repository (default (index . 1) $image.tag) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The operator's own image. */}}
+{{- define "fleetserve.image" -}}
+{{- include "fleetserve.imageRef" (list .Values.image .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The GPU tracks' runtime image, for the services that name none. */}}
+{{- define "fleetserve.runtimeImage" -}}
+{{- include "fleetserve.imageRef" (list .Values.runtime.image .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/*
+The CPU fallback's runtime image, for the services that name none: the CPU-only build of the
+same release, so by default runtime.image's repository, and its tag (or the appVersion) with
+"-cpu". A digest pins one image only: it is never carried over.
+*/}}
+{{- define "fleetserve.runtimeCpuImage" -}}
+{{- $gpu := .Values.runtime.image -}}
+{{- $cpu := .Values.runtime.cpuImage -}}
+{{- $image := dict "repository" (default $gpu.repository $cpu.repository) "tag" $cpu.tag "digest" $cpu.digest -}}
+{{- include "fleetserve.imageRef" (list $image (printf "%s-cpu" (default .Chart.AppVersion $gpu.tag))) -}}
 {{- end -}}
 
 {{/*

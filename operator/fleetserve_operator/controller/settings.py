@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fleetserve_operator import naming
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, parse_base_url
 from fleetserve_operator.controller.leader import LeaseTiming
+from fleetserve_operator.spec import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, Image, RuntimeImages
 
 __all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings"]
 
@@ -59,6 +60,12 @@ class OperatorConfig(BaseSettings):
     besides `prometheus_url` (JSON list, e.g. `["http://prometheus.monitoring:9090"]`). A URL
     is allowed when scheme, host and port are an entry's and its path is the entry's or
     below it; empty: only `prometheus_url`. Any other URL is an invalid spec."""
+    runtime_image: Image = DEFAULT_IMAGE
+    """Runtime image of the GPU tracks (stable, canary) of every service that sets no
+    `spec.runtime.image`; a new one rolls out to them through the canary."""
+    runtime_cpu_image: Image = DEFAULT_CPU_IMAGE
+    """Runtime image (a CPU-only build) of the fallback track of every service that sets no
+    `spec.fallback.image`; a new one replaces their fallback pods."""
     resync_interval_s: float = Field(60.0, ge=1, le=3600)
     """How often every InferenceService is re-checked (memory budget, PVCs, missed events)."""
     rollout_tick_s: float = Field(5.0, ge=0.1, le=600)
@@ -113,6 +120,11 @@ class OperatorConfig(BaseSettings):
     def lease_timing(self) -> LeaseTiming:
         """The leader election's timing."""
         return LeaseTiming(self.lease_duration_s, self.renew_deadline_s, self.retry_period_s)
+
+    @property
+    def runtime_images(self) -> RuntimeImages:
+        """The images of the services whose spec names none."""
+        return RuntimeImages(gpu=self.runtime_image, cpu=self.runtime_cpu_image)
 
     @property
     def is_clusterwide(self) -> bool:

@@ -3,10 +3,11 @@
 `handlers` calls `Sync.run` for every trigger. The decisions are the pure modules'
 (`rollout`, `render`, `observe`); this module only sequences them with the I/O
 of `kube` and `analysis`, so that the same steps run whatever the trigger. The spec is parsed
-first, with what the schema cannot check (`render.check_semantics`, the Prometheus URL
-against the operator's allowlist, the model's PVC); a spec that fails is reported in
-status and nothing else is done, but for an invalid one the rollout's table decides the
-phase (`Failed`, from `rollout.next_step` without a spec). Then:
+first, the runtime images it leaves unset set to the operator's defaults, with what the
+schema cannot check (`render.check_semantics`, the Prometheus URL against the operator's
+allowlist, the model's PVC); a spec that fails is reported in status and nothing else is
+done, but for an invalid one the rollout's table decides the phase (`Failed`, from
+`rollout.next_step` without a spec). Then:
 
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
    annotations, the stable track's error ratio, and the analysis when one is due (in
@@ -75,6 +76,7 @@ from fleetserve_operator.spec import (
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    RuntimeImages,
     TrafficProvider,
 )
 
@@ -84,6 +86,7 @@ logger = logging.getLogger(__name__)
 _MAX_FIELD_PART = 64
 """Longest part of a field path in an error: far longer than any field's name, so only a
 map key (a label key, a resource name) is ever cut."""
+_BUILT_IN_IMAGES = RuntimeImages()
 
 
 def utc_now() -> datetime:
@@ -133,7 +136,8 @@ class Sync:
     `prometheus_allowlist` judges a spec's `rollout.analysis.prometheusUrl` when the spec is
     parsed, so a URL outside it is an invalid spec at once, not when an analysis first falls
     due; None accepts every URL there (tests). `metric_source` makes the source a URL is
-    queried through (the operator's refuses a URL outside the allowlist again).
+    queried through (the operator's refuses a URL outside the allowlist again). `images`
+    fill in the runtime images a spec leaves unset, as it is parsed.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class Sync:
         default_prometheus_url: str | None = None,
         prometheus_allowlist: PrometheusAllowlist | None = None,
         metric_source: Callable[[str], MetricSource] = PrometheusSource,
+        images: RuntimeImages = _BUILT_IN_IMAGES,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._kube = kube
@@ -151,6 +156,7 @@ class Sync:
         self._default_prometheus_url = default_prometheus_url
         self._prometheus_allowlist = prometheus_allowlist
         self._metric_source = metric_source
+        self._images = images
         self._clock = clock
         # Weak values: a service's lock lives only while a reconcile holds or awaits it, so
         # the operator keeps nothing for the services deleted over its lifetime.
@@ -364,7 +370,7 @@ class Sync:
 
     def _checked_spec(self, owner: Owner, raw: Mapping[str, Any]) -> InferenceServiceSpec:
         try:
-            spec = InferenceServiceSpec.model_validate(raw)
+            spec = InferenceServiceSpec.model_validate(raw).with_images(self._images)
         except ValidationError as exc:
             raise _spec_error(exc) from None
         render.check_semantics(owner, spec)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from fleetserve_operator import naming
+from fleetserve_operator import contract, naming
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import EventNote, Manifest, MemoryFigures, Problem
 from fleetserve_operator.rollout.traffic import fallback_active, traffic_split
@@ -145,10 +145,13 @@ def generation_memory_problem(
 
 
 def track_status(deployment: Manifest) -> TrackStatus:
-    """Replica counts of one observed Deployment."""
+    """The version and image of one observed Deployment's pods, and its replica counts."""
     status = deployment.get("status", {})
+    containers = deployment["spec"].get("template", {}).get("spec", {}).get("containers", [])
+    images = [c.get("image") for c in containers if c.get("name") == contract.CONTAINER_NAME]
     return TrackStatus(
         version=deployment["metadata"].get("labels", {}).get(naming.MODEL_VERSION_LABEL),
+        image=images[0] if images else None,
         replicas=deployment["spec"].get("replicas", 0),
         ready_replicas=status.get("readyReplicas", 0),
         available_replicas=status.get("availableReplicas", 0),

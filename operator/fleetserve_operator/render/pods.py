@@ -35,7 +35,6 @@ from fleetserve_operator.spec import (
 from fleetserve_operator.spec.model_source import ModelStorage
 
 __all__ = [
-    "CONTAINER_NAME",
     "DRAIN_SECONDS",
     "RUNTIME_UID",
     "SHUTDOWN_SECONDS",
@@ -49,7 +48,6 @@ DRAIN_SECONDS = 5
 SHUTDOWN_SECONDS = 25
 """What the grace period leaves after the drain for the runtime to stop once SIGTERMed (its
 HTTP server waits up to 10 s for open requests, then the engines stop)."""
-CONTAINER_NAME = "runtime"
 # The runtime image's non-root user (distroless convention); Dockerfile.runtime creates it.
 RUNTIME_UID = 65532
 MODEL_VOLUME = "model"
@@ -82,6 +80,8 @@ class TrackPlan:
     """What one track's Deployment runs; `replicas` None leaves the count to an autoscaler."""
 
     config: contract.TrackConfig
+    image: str
+    """The image of the runtime container and of the model fetch's init container."""
     replicas: int | None
     resources: Resources
     node_selector: dict[str, str]
@@ -246,14 +246,15 @@ def _storage_volumes(storage: ModelStorage | None) -> list[Manifest]:
     return volumes
 
 
-def _fetch_container(spec: GpuTrackSpec) -> Manifest:
+def _fetch_container(plan: TrackPlan) -> Manifest:
     """The init container that fetches the model into the `model` volume, and nothing else.
 
-    It runs the runtime's image as the same non-root user with the same read-only root; the
+    It runs the track's runtime image as the same non-root user with the same read-only root; the
     model volume is the only place it writes, and only it sees the store's credentials. It
     reports a failure as JSON (`reason`, `message`) in its termination message, which
     `observe.facts` turns into the service's `Degraded` reason.
     """
+    spec = plan.pods
     storage = spec.model.storage
     mounts: list[Manifest] = [{"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT}]
     if storage is not None and storage.secret_name is not None:
@@ -270,7 +271,7 @@ def _fetch_container(spec: GpuTrackSpec) -> Manifest:
         )
     return {
         "name": contract.FETCH_CONTAINER_NAME,
-        "image": spec.runtime.image,
+        "image": plan.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.FETCH_COMMAND),
         "args": contract.fetch_args(spec.model),
@@ -303,8 +304,8 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     spec = plan.pods
     tls = _serves_tls(spec)
     container: Manifest = {
-        "name": CONTAINER_NAME,
-        "image": spec.runtime.image,
+        "name": contract.CONTAINER_NAME,
+        "image": plan.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.COMMAND),
         "args": runtime_args(plan),
@@ -357,7 +358,7 @@ def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, st
         "volumes": volumes,
     }
     if spec.model.fetched:
-        pod["initContainers"] = [_fetch_container(spec)]
+        pod["initContainers"] = [_fetch_container(plan)]
     if spec.runtime.service_account_name:
         pod["serviceAccountName"] = spec.runtime.service_account_name
     if plan.node_selector:

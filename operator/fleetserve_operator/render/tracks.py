@@ -3,8 +3,8 @@
 Everything that changes during a rollout follows from `status`, which `rollout.next_step`
 wrote: the stable track runs `status.rollout.stableSpec`, the canary exists only while a
 rollout is active, and replica counts follow `rollout.plan_capacity`. The fallback runs the
-stable track's pods on CPU, with `spec.fallback.batching` and `spec.fallback.generation`
-laid over stable's.
+stable track's pods on CPU, in its own image (`spec.fallback.image`, a CPU-only build), with
+`spec.fallback.batching` and `spec.fallback.generation` laid over stable's.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def _gpu_plan(
         config=contract.TrackConfig(
             track, pods.model.version, pods.batching, runtime.device, runtime.threads
         ),
+        image=pods.pod_image,
         replicas=replicas,
         resources=runtime.resources,
         node_selector=runtime.node_selector,
@@ -143,6 +144,7 @@ def plan_tracks(
                 "cpu",
                 fallback.threads,
             ),
+            image=fallback.pod_image,
             replicas=None if fallback.scaling else fixed,
             resources=fallback.resources,
             node_selector=fallback.node_selector,

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pydantic import ConfigDict, model_validator
 
 from fleetserve_operator.spec.base import (
-    DEFAULT_IMAGE,
     GPU_RESOURCE,
     MAX_QUANTITY,
     DnsSubdomain,
@@ -32,6 +31,12 @@ from fleetserve_operator.spec.delivery import (
     RolloutSpec,
     TrafficProvider,
     TrafficSpec,
+)
+from fleetserve_operator.spec.images import (
+    DEFAULT_CPU_IMAGE,
+    DEFAULT_IMAGE,
+    Image,
+    RuntimeImages,
 )
 from fleetserve_operator.spec.model import GENERATIVE_CEL, ModelSpec, Task
 from fleetserve_operator.spec.scaling import (
@@ -90,6 +95,7 @@ from fleetserve_operator.spec.tracks import (
 )
 
 __all__ = [
+    "DEFAULT_CPU_IMAGE",
     "DEFAULT_IMAGE",
     "GPU_RESOURCE",
     "MAX_QUANTITY",
@@ -113,6 +119,7 @@ __all__ = [
     "GenerationSpec",
     "GpuTrackSpec",
     "GrpcSpec",
+    "Image",
     "InconclusiveReason",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
@@ -130,6 +137,7 @@ __all__ = [
     "RolloutPhase",
     "RolloutSpec",
     "RolloutStatus",
+    "RuntimeImages",
     "RuntimeSpec",
     "ScalingMetric",
     "ScalingSpec",
@@ -326,6 +334,19 @@ class InferenceServiceSpec(Wire):
     def stable_autoscaled(self) -> bool:
         """True when an autoscaler (KEDA's or the user's own) owns the stable track's count."""
         return self.scaling is not None or self.runtime.replicas.is_autoscaled
+
+    def with_images(self, images: RuntimeImages) -> InferenceServiceSpec:
+        """This spec with an unset `runtime.image` and `fallback.image` set from `images`.
+
+        The operator reads every spec through it, before the rollout or the render sees it,
+        as the API server would fill in a default: the GPU tracks' digest and
+        `status.rollout.stableSpec` then hold the image the pods run, so a new default
+        image rolls out like a new `runtime.image` (through the canary), and the fallback's
+        pods are replaced like on any `fallback` change.
+        """
+        runtime = self.runtime.model_copy(update={"image": self.runtime.image or images.gpu})
+        fallback = self.fallback.model_copy(update={"image": self.fallback.image or images.cpu})
+        return self.model_copy(update={"runtime": runtime, "fallback": fallback})
 
     @property
     def gpu_track(self) -> GpuTrackSpec:

@@ -17,7 +17,6 @@ from pydantic.alias_generators import to_camel, to_snake
 from pydantic.config import JsonDict, JsonValue
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "GPU_RESOURCE",
     "MAX_QUANTITY",
     "AtLeast",
@@ -34,7 +33,6 @@ __all__ = [
     "parse_quantity",
 ]
 
-DEFAULT_IMAGE = "ghcr.io/fleetserve/fleetserve-runtime:0.1.0"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 QUANTITY_MAX_LENGTH = 64

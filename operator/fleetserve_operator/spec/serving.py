@@ -7,7 +7,6 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from fleetserve_operator.spec.base import (
-    DEFAULT_IMAGE,
     GPU_RESOURCE,
     AtLeast,
     DnsSubdomain,
@@ -18,6 +17,7 @@ from fleetserve_operator.spec.base import (
     cel,
     parse_quantity,
 )
+from fleetserve_operator.spec.images import Image
 from fleetserve_operator.spec.model import (
     ONNXRUNTIME_ON_GPU,
     onnxruntime_bf16,
@@ -171,8 +171,10 @@ class GrpcSpec(Wire):
 class RuntimeSpec(Wire):
     """How the GPU tracks (stable and canary) run the Fleetserve runtime."""
 
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512)
-    """Runtime container image."""
+    image: Image | None = None
+    """Runtime container image of the GPU tracks (and of their model fetch); unset: the
+    operator's default for them (the chart's `runtime.image`). Changing it, or the operator's
+    default of a service that leaves it unset, is a rollout."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
     replicas: Replicas = Replicas()

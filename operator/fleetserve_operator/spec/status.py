@@ -377,12 +377,14 @@ class Condition(Wire):
 
 
 class TrackStatus(Wire):
-    """Replica counts of one track's Deployment."""
+    """What one track's Deployment runs, and its replica counts."""
 
     model_config = ConfigDict(extra="ignore")
 
     version: str | None = Field(None, max_length=63)
     """Model version of the track's pod template."""
+    image: str | None = Field(None, max_length=512)
+    """Runtime image of the track's pod template: the spec's, else the operator's default."""
     replicas: int = Field(0, ge=0)
     """Desired replicas."""
     ready_replicas: int = Field(0, ge=0)

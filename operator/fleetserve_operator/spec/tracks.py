@@ -21,6 +21,7 @@ from fleetserve_operator.spec.base import (
     Wire,
     cel,
 )
+from fleetserve_operator.spec.images import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, Image
 from fleetserve_operator.spec.model import (
     MINILM_URI,
     ONNX_FILE_URI,
@@ -103,6 +104,11 @@ class FallbackSpec(Wire):
 
     enabled: bool = False
     """Run the CPU fallback track."""
+    image: Image | None = None
+    """Runtime container image of the fallback's pods (and of their model fetch): a CPU-only
+    build; unset: the operator's default for the CPU track (the chart's `runtime.cpuImage`),
+    never the GPU tracks' image. Changing it, or the operator's default of a service that
+    leaves it unset, replaces the fallback's pods, without a canary."""
     replicas: Replicas = Replicas()
     """`min` replicas stay warm; the track grows to `max` while it carries the traffic."""
     resources: Resources = Resources()
@@ -157,6 +163,14 @@ class FallbackSpec(Wire):
         if self.enabled and self.scaling is None and self.replicas.max < 1:
             raise ValueError(_NO_FALLBACK_CAPACITY)
         return self
+
+    @property
+    def pod_image(self) -> str:
+        """The image the fallback's pods run: `image`, else the built-in CPU-track one.
+
+        The operator sets an unset `image` to its own default as it reads a spec.
+        """
+        return self.image or DEFAULT_CPU_IMAGE
 
 
 _BUDGET_CEL = (
@@ -329,15 +343,26 @@ class GpuTrackSpec(Wire):
         return self.generation or GenerationSpec()
 
     @property
+    def pod_image(self) -> str:
+        """The image the GPU tracks' pods run: `runtime.image`, else the built-in GPU one.
+
+        The operator sets an unset `runtime.image` to its own default as it reads a spec.
+        """
+        return self.runtime.image or DEFAULT_IMAGE
+
+    @property
     def digest(self) -> str:
-        """A short hash of the pod-shaping fields.
+        """A short hash of the pod-shaping fields, with the image the pods run.
 
         Replica counts are left out (scaling is not a rollout), and so are fields at their
         defaults, so that a field added to the API later does not start a rollout of every
-        existing service after an operator upgrade.
+        existing service after an operator upgrade. The built-in image counts as a default:
+        it was `runtime.image`'s before the operator's own default could differ, so the
+        services that run it keep their digest; any other image, the operator's default
+        included, is hashed.
         """
-        unscaled = self.model_copy(
-            update={"runtime": self.runtime.model_copy(update={"replicas": Replicas()})}
-        )
+        image = None if self.pod_image == DEFAULT_IMAGE else self.pod_image
+        runtime = self.runtime.model_copy(update={"replicas": Replicas(), "image": image})
+        unscaled = self.model_copy(update={"runtime": runtime})
         shaping = unscaled.model_dump_json(by_alias=True, exclude_defaults=True)
         return hashlib.sha256(shaping.encode()).hexdigest()[:16]

@@ -18,10 +18,17 @@ from fleetserve_operator.controller.metrics import (
 )
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.rollout import OperatorCounter
-from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
+from fleetserve_operator.spec import (
+    DEFAULT_CPU_IMAGE,
+    DEFAULT_IMAGE,
+    ConditionType,
+    InferenceServiceStatus,
+    RuntimeImages,
+)
 from fleetserve_operator.testing import FakeClock, FakeKube, FakeMetricSource, make_service
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
+CONFIGURED = RuntimeImages(gpu="registry.example/rt:2", cpu="registry.example/rt:2-cpu")
 
 
 def _spec(version: str = "1", **sections: Any) -> dict[str, Any]:
@@ -41,12 +48,19 @@ class Cluster:
         self.kube.add_service(make_service(spec))
         self.clock = FakeClock()
         self.metrics = OperatorMetrics()
+        self.source = source
+        self.restart(RuntimeImages())
+
+    def restart(self, images: RuntimeImages) -> None:
+        """Run the operator anew (as after a `helm upgrade`), with these default images."""
+        source = self.source
         self.sync = Sync(
             self.kube,
             metrics=self.metrics,
             clock=lambda: self.clock.now,
             default_prometheus_url="http://prom:9090" if source else None,
             metric_source=lambda url: source or FakeMetricSource(),
+            images=images,
         )
 
     def reconcile(self, *, after_s: float = 0.0) -> InferenceServiceStatus:
@@ -77,6 +91,13 @@ class Cluster:
         assert deployment is not None
         labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
         return labels[naming.MODEL_VERSION_LABEL]
+
+    def image(self, name: str) -> str:
+        """The runtime container's image in Deployment `name`'s pod template."""
+        deployment = self.deployment(name)
+        assert deployment is not None
+        image: str = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        return image
 
     def weights(self) -> dict[str, int]:
         """The HTTPRoute's weight per backend."""
@@ -160,6 +181,61 @@ def test_fallback_backend_change_replaces_the_fallback_pods_without_a_rollout() 
     assert "--backend=torch" in _args(cluster, "demo-fallback")
     assert cluster.deployment("demo-canary") is None
     assert _args(cluster, "demo-stable") == stable_before
+
+
+def test_a_new_default_gpu_image_rolls_out_through_the_canary() -> None:
+    """A new default under a spec that names no image is a rollout, like a new image.
+
+    The canary runs the new image while stable keeps the old one until the promotion.
+    """
+    cluster = _running(_spec())
+    assert cluster.image("demo-stable") == DEFAULT_IMAGE
+    cluster.restart(CONFIGURED)
+    status = cluster.reconcile()
+    assert status.phase == "Starting"
+    assert (cluster.image("demo-stable"), cluster.image("demo-canary")) == (
+        DEFAULT_IMAGE,
+        CONFIGURED.gpu,
+    )
+    assert status.tracks.stable is not None
+    assert status.tracks.canary is not None
+    assert (status.tracks.stable.image, status.tracks.canary.image) == (
+        DEFAULT_IMAGE,
+        CONFIGURED.gpu,
+    )
+    assert cluster.ready("demo-canary").canary_weight == 50
+    assert cluster.reconcile(after_s=10).canary_weight == 100
+    assert cluster.reconcile(after_s=10).phase == "Promoting"
+    assert cluster.image("demo-stable") == CONFIGURED.gpu
+    assert cluster.ready("demo-stable").phase == "Succeeded"
+    assert cluster.deployment("demo-canary") is None
+
+
+def test_a_named_image_does_not_follow_the_default() -> None:
+    """A spec that names its images keeps them, and starts no rollout, when the default moves."""
+    named = {"runtime": {"image": "mine/rt:7"}, "fallback": {"enabled": True, "image": "mine/c:7"}}
+    cluster = _running(_spec(**named))
+    cluster.restart(CONFIGURED)
+    assert cluster.reconcile().phase == "Succeeded"
+    assert cluster.deployment("demo-canary") is None
+    assert (cluster.image("demo-stable"), cluster.image("demo-fallback")) == (
+        "mine/rt:7",
+        "mine/c:7",
+    )
+
+
+def test_a_new_default_cpu_image_replaces_the_fallback_pods_without_a_rollout() -> None:
+    """The fallback runs the CPU default, never the GPU image; a new one replaces its pods."""
+    cluster = _running(_spec(fallback={"enabled": True}))
+    assert cluster.image("demo-fallback") == DEFAULT_CPU_IMAGE
+    cluster.restart(RuntimeImages(cpu=CONFIGURED.cpu))
+    status = cluster.reconcile()
+    assert status.phase == "Succeeded"
+    assert cluster.image("demo-fallback") == CONFIGURED.cpu
+    assert status.tracks.fallback is not None
+    assert status.tracks.fallback.image == CONFIGURED.cpu
+    assert cluster.image("demo-stable") == DEFAULT_IMAGE
+    assert cluster.deployment("demo-canary") is None
 
 
 def test_healthy_canary_is_promoted_through_every_step() -> None:
