@@ -139,7 +139,7 @@ test:
 	@MAKE="$(MAKE)" scripts/test-tiers.sh $(TIERS)
 
 # Everything the tiers need that is installed or built once and cached.
-prepare: setup tools keda-tools storage-tools prometheus-install
+prepare: setup tools keda-tools storage-tools prometheus-install images-install
 
 ## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
 proto: setup
