@@ -85,7 +85,7 @@ def test_build_args_pass_the_ca_bundle_as_a_secret_and_every_build_arg() -> None
 
 
 def test_the_revision_label_is_given_to_every_build() -> None:
-    """podman's layer cache would keep a cached LABEL step's old revision; --label is fresh."""
+    """A cached LABEL step would keep the old revision in podman's cache; --label is fresh."""
     (spec,) = plan((OPERATOR,), base="b", revision="0123abc")
     args = build_args(spec, None)
     assert args[args.index("org.opencontainers.image.revision=0123abc") - 1] == "--label"
