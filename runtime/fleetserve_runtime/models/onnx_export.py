@@ -23,7 +23,15 @@ from fleetserve_runtime.models.minilm import MiniLMHandler, packaged_directory
 
 __all__ = ["export_minilm"]
 
-_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+_QUIETED_LOGGERS = {
+    # Each torchvision operator it cannot register, a warning per line; MiniLM uses none.
+    "torch.onnx._internal.exporter._registration": logging.ERROR,
+    # The graph optimizer's notes ("Replaced initializer ...", constant folding, rewrite
+    # rules), dozens of lines at INFO.
+    "onnx_ir": logging.WARNING,
+    "onnxscript": logging.WARNING,
+}
+"""Loggers that would fill every pod's first load with lines about the export's internals."""
 
 
 class _LastHiddenState(nn.Module):
@@ -44,11 +52,10 @@ def export_minilm(directory: Path) -> Path:
     example = (torch.full((2, 8), 1000, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64))
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     axes = {0: batch, 1: sequence}
-    registry_log = logging.getLogger(_REGISTRY_LOGGER)
-    level = registry_log.level
-    # The exporter lists each torchvision operator it cannot register, a warning per line in
-    # every pod's first load; MiniLM uses none of them.
-    registry_log.setLevel(logging.ERROR)
+    loggers = {name: logging.getLogger(name) for name in _QUIETED_LOGGERS}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    for name, logger in loggers.items():
+        logger.setLevel(_QUIETED_LOGGERS[name])
     with warnings.catch_warnings():
         # Both inputs share the batch and sequence axes on purpose; the exporter says so.
         warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
@@ -64,6 +71,7 @@ def export_minilm(directory: Path) -> Path:
                 verbose=False,
             )
         finally:
-            registry_log.setLevel(level)
+            for name, logger in loggers.items():
+                logger.setLevel(levels[name])
     shutil.copyfile(packaged_directory() / "tokenizer.json", directory / "tokenizer.json")
     return target
