@@ -126,6 +126,9 @@ def _mapped_errors(uri: HfUri, *, offline: bool) -> Iterator[None]:
 
 
 def _failure(exc: BaseException | None, uri: HfUri, *, offline: bool) -> FetchFailed | None:
+    refused = _own_refusal(exc)
+    if refused is not None:
+        return refused
     name = type(exc).__name__
     if isinstance(exc, DryRunError):
         # Raised by the dry run in place of the Hub's answer, which is its cause.
@@ -150,4 +153,19 @@ def _failure(exc: BaseException | None, uri: HfUri, *, offline: bool) -> FetchFa
         return for_status(exc.response.status_code, f"{uri} ({name})")
     if isinstance(exc, OfflineModeIsEnabled | httpx2.TransportError):
         return FetchFailed(Reason.STORAGE_UNREACHABLE, f"{uri}: {name}: {exc}")
+    return None
+
+
+def _own_refusal(exc: BaseException | None) -> FetchFailed | None:
+    """A failure the fetch's own client raised (a refused redirect), under huggingface_hub's.
+
+    huggingface_hub turns any error of a download into its own ("cannot be reached"), with
+    ours as the cause or context; ours says why.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, FetchFailed):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
     return None

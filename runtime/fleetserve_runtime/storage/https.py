@@ -71,7 +71,7 @@ def _download(uri: HttpsUri, path: Path, ctx: FetchContext) -> None:
     headers = _headers(ctx.options, have, validator_path)
     try:
         with (
-            _client(ctx.options) as client,
+            http_client(ctx.options, []) as client,
             client.stream("GET", uri.url, headers=headers) as response,
         ):
             offset = _offset(response, have, uri, path)
@@ -144,18 +144,6 @@ def _receive(
             out.write(chunk)
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def _client(options: FetchOptions) -> httpx2.Client:
-    return http_client(options, [] if options.allow_http else [_refuse_plain_http])
-
-
-def _refuse_plain_http(request: httpx2.Request) -> None:
-    if request.url.scheme != "https":
-        raise FetchFailed(
-            Reason.STORAGE_UNREACHABLE,
-            f"redirected to plain http ({request.url}), which is refused unless --allow-http",
-        )
 
 
 def _offset(response: httpx2.Response, have: int, uri: HttpsUri, path: Path) -> int:

@@ -42,14 +42,25 @@ def http_client(
 ) -> httpx2.Client:
     """A fetch's HTTP client: `options`' trust and timeouts, redirects followed.
 
-    `request_hooks` run on every request it sends, redirects included.
+    `request_hooks` run on every request it sends, redirects included. A redirect to plain
+    http is refused unless `options.allow_http`: it would carry the download (and, to the
+    same host, its credentials) in the clear.
     """
+    hooks = [*request_hooks, *([] if options.allow_http else [_refuse_plain_http])]
     return httpx2.Client(
         verify=client_context(options.ca_file),
         timeout=httpx2.Timeout(options.read_timeout_s, connect=options.connect_timeout_s),
         follow_redirects=True,
-        event_hooks={"request": request_hooks},
+        event_hooks={"request": hooks},
     )
+
+
+def _refuse_plain_http(request: httpx2.Request) -> None:
+    if request.url.scheme != "https":
+        raise FetchFailed(
+            Reason.STORAGE_UNREACHABLE,
+            f"redirected to plain http ({request.url}), which is refused unless --allow-http",
+        )
 
 
 def check_endpoint(url: str, *, allow_http: bool, flag: str) -> None:

@@ -96,7 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None:
             self._answer(404, b"not found")
         elif route.redirect is not None:
-            self._answer(302, b"", {"Location": route.redirect})
+            etag = {} if route.etag is None else {"ETag": route.etag}
+            self._answer(302, b"", {**route.headers, **etag, "Location": route.redirect})
         elif route.authorization not in (None, headers.get("authorization")):
             self._answer(401, b"no", {"WWW-Authenticate": route.challenge})
         elif route.status != 200:

@@ -211,3 +211,19 @@ def test_online_sizes_over_budget(server: FileServer, pki: ClusterPki, tmp_path:
     failure = failed_fetch("hf://org/tiny@main", _online(server, pki, tmp_path, max_bytes=100))
     assert failure.reason is Reason.MODEL_TOO_LARGE
     assert not [seen for seen in server.seen if seen.method == "GET" and "/resolve/" in seen.path]
+
+
+def test_a_redirect_to_plain_http_is_refused(
+    server: FileServer, pki: ClusterPki, tmp_path: Path
+) -> None:
+    """A Hub whose file download redirects to http (a CDN, say) is refused unless allowed."""
+    _hub(server)
+    data = FILES["config.json"]
+    server.routes[f"/org/tiny/resolve/{COMMIT}/config.json"] = Route(
+        redirect="http://127.0.0.1:9/config.json",
+        etag=f'"{hashlib.sha1(data).hexdigest()}"',
+        headers={"X-Repo-Commit": COMMIT, "X-Linked-Size": str(len(data))},
+    )
+    failure = failed_fetch("hf://org/tiny@main", _online(server, pki, tmp_path))
+    assert failure.reason is Reason.STORAGE_UNREACHABLE
+    assert "plain http" in failure.message
