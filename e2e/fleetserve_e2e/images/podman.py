@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 OCI_RUNTIME = "runc"
 PODMAN_NOFILE = 1048576
@@ -113,3 +114,35 @@ def import_rootfs(root: Path, ref: str, *, cmd: Sequence[str]) -> None:
         )
     if tar.returncode != 0 or done.returncode != 0:
         raise PodmanError(f"importing {root} as {ref} failed:\n{done.stderr.strip()}")
+
+
+def container_state(name: str) -> dict[str, Any] | None:
+    """``State`` of ``podman container inspect`` (Status, ExitCode, OOMKilled, Pid, ...).
+
+    None when no such container exists.
+    """
+    done = subprocess.run(  # podman container inspect: exit 125 when there is none
+        [executable(), "container", "inspect", "--format", "{{json .State}}", name],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return None
+    state: dict[str, Any] = json.loads(done.stdout)
+    return state
+
+
+def logs_tail(name: str, lines: int) -> str:
+    """The last ``lines`` lines the container wrote to stdout and stderr."""
+    done = podman(["logs", "--tail", str(lines), name])
+    return done.stdout + done.stderr
+
+
+def remove_containers(label: str, *, grace_s: int = 0) -> list[str]:
+    """Force-remove every container carrying ``label`` (``key=value``); return their ids."""
+    ids = podman(["ps", "--all", "--quiet", "--filter", f"label={label}"]).stdout.split()
+    if ids:
+        podman(["rm", "--force", "--time", str(grace_s), *ids], timeout_s=120 + grace_s)
+    return ids

@@ -1,0 +1,197 @@
+"""Runtime pods run as real containers of the runtime image (the fake kubelet's container backend).
+
+Needs podman and the runtime image (``make images``); skipped without them.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
+from fleetserve_e2e.images.podman import image_exists, podman
+from fleetserve_e2e.kubeapi import JsonObject, namespaced
+from fleetserve_e2e.pod_containers import POD_UID_LABEL, container_name
+from fleetserve_e2e.testing import RUNTIME_IMAGE, list_pods, wait_for_ready_pods
+from fleetserve_e2e.waiting import wait_until
+
+LOCAL_RUNTIME = image_tag(RUNTIME_GPU)
+UID = 65532
+MODEL_SOURCE = "s3://models/minilm-from-a-secret"
+# The init container writes the runtime's config; the runtime reads the model from it.
+WRITE_CONFIG = (
+    "import pathlib; pathlib.Path('/config/runtime.yaml')"
+    ".write_text('model: builtin://minilm-l6\\n')"
+)
+FAIL_WITH_MESSAGE = (
+    "import pathlib, sys; pathlib.Path('/dev/termination-log')"
+    ".write_text('{\"reason\": \"NotFound\", \"message\": \"no such model\"}'); sys.exit(3)"
+)
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or not image_exists(LOCAL_RUNTIME),
+    reason=f"needs podman and {LOCAL_RUNTIME} (make images)",
+)
+
+
+@pytest.fixture(scope="module")
+def containers_cluster() -> Iterator[LocalCluster]:
+    """A cluster whose fake kubelet runs runtime pods as containers of the local image."""
+    with LocalCluster(
+        pod_backend="containers", pod_images={RUNTIME_IMAGE: LOCAL_RUNTIME}
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kube(containers_cluster: LocalCluster) -> KubeClient:
+    """This module's cluster's admin client (the `namespace` fixture creates its namespace)."""
+    return containers_cluster.client
+
+
+def _restricted() -> dict[str, Any]:
+    """The container securityContext the operator renders."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_spec(init_script: str, *, memory: str) -> JsonObject:
+    """A runtime pod as the operator renders one, with an init container writing its config."""
+    return {
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID},
+        "volumes": [
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "config", "emptyDir": {}},
+        ],
+        "initContainers": [
+            {
+                "name": "write-config",
+                "image": RUNTIME_IMAGE,
+                "command": ["python3", "-c", init_script],
+                "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+                "securityContext": _restricted(),
+                "terminationMessagePolicy": "File",
+            }
+        ],
+        "containers": [
+            {
+                "name": "runtime",
+                "image": RUNTIME_IMAGE,
+                "command": ["fleetserve-runtime", "serve"],
+                "args": ["--config", "/config/runtime.yaml"],
+                "env": [
+                    {
+                        "name": "FLEETSERVE_MODEL_SOURCE",
+                        "valueFrom": {"secretKeyRef": {"name": "model", "key": "source"}},
+                    }
+                ],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}},
+                "volumeMounts": [
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "config", "mountPath": "/config", "readOnly": True},
+                ],
+                "securityContext": _restricted(),
+                "resources": {"limits": {"memory": memory, "cpu": "1"}},
+            }
+        ],
+    }
+
+
+def _deploy(kube: KubeClient, namespace: str, name: str, spec: JsonObject) -> None:
+    secret = {
+        "metadata": {"name": "model"},
+        "data": {"source": base64.b64encode(MODEL_SOURCE.encode()).decode()},
+    }
+    kube.create(namespaced("secrets", namespace), secret)
+    labels = {"app.kubernetes.io/name": name}
+    deployment = {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+    kube.create(namespaced("deployments", namespace, group_version="apps/v1"), deployment)
+
+
+def test_runtime_pod_runs_as_a_container_of_its_image(
+    containers_cluster: LocalCluster, kube: KubeClient, namespace: str
+) -> None:
+    """Init container, Secret env, emptyDirs, securityContext: Ready, and MiniLM answers."""
+    _deploy(kube, namespace, "minilm", _pod_spec(WRITE_CONFIG, memory="3Gi"))
+    (pod,) = wait_for_ready_pods(kube, namespace, count=1, timeout_s=180)
+    (init,) = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0
+    assert init["state"]["terminated"]["reason"] == "Completed"
+
+    (address,) = [p for p in containers_cluster.pod_addresses() if p.namespace == namespace]
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a cat"]}]}
+    response = httpx.post(f"{address.url}/v2/models/model/infer", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    vector = np.array(response.json()["outputs"][0]["data"], dtype=np.float32)
+    assert vector.shape == (384,), "not MiniLM: the config the init container wrote was unread"
+    metadata = httpx.get(f"{address.url}/v2/models/model", timeout=10).text
+    assert MODEL_SOURCE in metadata, "the Secret-sourced env var did not reach the runtime"
+
+    name = container_name(pod, "runtime")
+    config = podman(["inspect", "--format", "{{json .HostConfig}}|{{.Config.User}}", name]).stdout
+    host_config, user = config.strip().rsplit("|", 1)
+    assert user == f"{UID}:{UID}"
+    for expected in ('"ReadonlyRootfs":true', '"Memory":3221225472', "no-new-privileges"):
+        assert expected in host_config, expected
+    labelled = podman(["ps", "--quiet", "--filter", f"label={POD_UID_LABEL}"]).stdout.split()
+    assert labelled, "the pod's container carries no pod-uid label"
+
+
+def test_failing_init_container_keeps_the_pod_initializing(
+    kube: KubeClient, namespace: str
+) -> None:
+    """A failed init container is retried; its exit code and termination message are reported."""
+    _deploy(kube, namespace, "badfetch", _pod_spec(FAIL_WITH_MESSAGE, memory="3Gi"))
+
+    def retried() -> JsonObject | None:
+        pods = list_pods(kube, namespace)
+        statuses = pods[0]["status"].get("initContainerStatuses") if pods else None
+        return pods[0] if statuses and statuses[0]["restartCount"] >= 1 else None
+
+    pod = wait_until(retried, timeout_s=90, what="the init container retried")
+    assert pod["status"]["phase"] == "Pending"
+    (init,) = pod["status"]["initContainerStatuses"]
+    failed = init["lastState"]["terminated"]
+    assert failed["exitCode"] == 3
+    assert failed["reason"] == "Error"
+    assert failed["message"] == '{"reason": "NotFound", "message": "no such model"}'
+    (runtime,) = pod["status"]["containerStatuses"]
+    assert runtime["state"] == {"waiting": {"reason": "PodInitializing"}}
+
+
+def test_container_over_its_memory_limit_is_reported_oom_killed(
+    kube: KubeClient, namespace: str
+) -> None:
+    """The runtime in 200 MiB cannot load MiniLM: exit 137, lastState reason OOMKilled."""
+    _deploy(kube, namespace, "tight", _pod_spec(WRITE_CONFIG, memory="200Mi"))
+
+    def terminated() -> JsonObject | None:
+        pods = list_pods(kube, namespace)
+        statuses = pods[0]["status"].get("containerStatuses", []) if pods else []
+        ended: JsonObject | None = statuses[0]["lastState"].get("terminated") if statuses else None
+        return ended
+
+    ended = wait_until(terminated, timeout_s=120, what="the runtime container to be killed")
+    assert ended["exitCode"] == 137
+    assert ended["reason"] == "OOMKilled"
