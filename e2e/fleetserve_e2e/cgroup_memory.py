@@ -49,8 +49,8 @@ class MemoryWatch:
     """Polls a cgroup until it disappears; `reached` turns True once it ran out of memory."""
 
     def __init__(self, cgroup: Path, interval_s: float = 0.05) -> None:
-        """Start polling `cgroup` every `interval_s` seconds in a daemon thread."""
-        self.reached = False
+        """Read `cgroup` once now, then every `interval_s` seconds in a daemon thread."""
+        self.reached = bool(read_reached_limit(cgroup))
         self._cgroup = cgroup
         self._interval_s = interval_s
         self._stop = threading.Event()

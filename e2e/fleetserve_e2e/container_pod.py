@@ -4,7 +4,10 @@
 the pod's volumes, runs the init containers one at a time to completion (a failed one again
 after the restart delay, restartCount + 1, its termination message kept for the status), then
 starts the main container and watches its memory cgroup, so an exit 137 at the memory limit
-reads as ``OOMKilled``.  Stopping removes every container of the pod by its uid label.
+reads as ``OOMKilled``.  Each container's podman runs in a directory of its own, where conmon
+drops its ``oom`` marker when the kernel killed the container for memory (podman, on this
+host's cgroup v1 layout, never reads that marker back: its State.OOMKilled stays false).
+Stopping removes every container of the pod by its uid label.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fleetserve_e2e.pod_containers import (
 from fleetserve_e2e.pod_status import termination_reason, timestamp
 
 OOM_KILLED = "OOMKilled"
+CONMON_OOM_FILE = "oom"
 _SIGKILL_EXIT = 137
 _MESSAGE_LIMIT = 4096
 _FALLBACK_LOG_LINES = 80
@@ -139,7 +143,7 @@ class PodContainers:
         code = self.exit_code()
         if code is None:
             return None
-        if self._state and self._state.get("OOMKilled"):
+        if self._oom_marked(self.plan.main) or (self._state and self._state.get("OOMKilled")):
             return OOM_KILLED
         # podman misses OOM kills on cgroup v1 here; the cgroup's counters do not.
         if code == _SIGKILL_EXIT and self._watch and self._watch.wait_gone(_CGROUP_GONE_S):
@@ -178,7 +182,11 @@ class PodContainers:
     def restart(self) -> None:
         """Start the exited main container again (same container, volumes and ports)."""
         self._reset_termination(self.plan.main)
-        podman(["start", self.plan.main.container_name], timeout_s=120)
+        podman(
+            ["start", self.plan.main.container_name],
+            timeout_s=120,
+            cwd=self._conmon_dir(self.plan.main),
+        )
         self._state = container_state(self.plan.main.container_name)
         self._watch_memory()
 
@@ -211,7 +219,9 @@ class PodContainers:
         code = int(state["ExitCode"])
         terminated: JsonObject = {
             "exitCode": code,
-            "reason": OOM_KILLED if state.get("OOMKilled") else termination_reason(code),
+            "reason": OOM_KILLED
+            if state.get("OOMKilled") or self._oom_marked(planned)
+            else termination_reason(code),
             "startedAt": run.state["running"]["startedAt"],
             "finishedAt": timestamp(),
         }
@@ -233,9 +243,21 @@ class PodContainers:
         return message
 
     def _reset_termination(self, planned: PlannedContainer) -> None:
+        """Empty the termination message file and conmon's OOM marker before a (re)start."""
         path = self._pod_dir / planned.termination_file
         path.write_bytes(b"")
         path.chmod(0o666)  # the container writes it as its own user
+        (self._conmon_dir(planned) / CONMON_OOM_FILE).unlink(missing_ok=True)
+
+    def _conmon_dir(self, planned: PlannedContainer) -> Path:
+        """The working directory of podman (and so conmon) for one container."""
+        path = self._pod_dir / f"conmon-{planned.name}"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def _oom_marked(self, planned: PlannedContainer) -> bool:
+        """Whether conmon marked the container's last run as killed for memory."""
+        return (self._conmon_dir(planned) / CONMON_OOM_FILE).exists()
 
     def _run(self, planned: PlannedContainer) -> None:
         image = planned.spec.image
@@ -244,7 +266,8 @@ class PodContainers:
         self._reset_termination(planned)
         # A leftover of an earlier attempt (the runner restarted, a failed start) goes first.
         podman(["rm", "--force", "--ignore", planned.container_name], timeout_s=120)
-        podman(run_argv(planned.spec, planned.container_name, detach=True), timeout_s=300)
+        argv = run_argv(planned.spec, planned.container_name, detach=True)
+        podman(argv, timeout_s=300, cwd=self._conmon_dir(planned))
 
     def _watch_memory(self) -> None:
         if self._watch is not None:

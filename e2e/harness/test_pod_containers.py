@@ -32,7 +32,7 @@ WRITE_CONFIG = (
 )
 FAIL_WITH_MESSAGE = (
     "import pathlib, sys; pathlib.Path('/dev/termination-log')"
-    ".write_text('{\"reason\": \"NotFound\", \"message\": \"no such model\"}'); sys.exit(3)"
+    '.write_text(\'{"reason": "NotFound", "message": "no such model"}\'); sys.exit(3)'
 )
 
 pytestmark = pytest.mark.skipif(

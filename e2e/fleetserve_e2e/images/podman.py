@@ -56,8 +56,14 @@ def executable() -> str:
     return found
 
 
-def podman(args: Sequence[str], *, timeout_s: float = 3600.0) -> subprocess.CompletedProcess[str]:
-    """Run ``podman <args>``, returning its output, or raise `PodmanError` when it fails."""
+def podman(
+    args: Sequence[str], *, timeout_s: float = 3600.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``podman <args>``, returning its output, or raise `PodmanError` when it fails.
+
+    `cwd` matters for ``run`` and ``start``: on this host conmon writes its ``oom`` marker
+    file, when the kernel kills the container for memory, into the working directory.
+    """
     argv = [executable(), *args]
     done = subprocess.run(  # podman, with arguments we build
         argv,
@@ -65,6 +71,7 @@ def podman(args: Sequence[str], *, timeout_s: float = 3600.0) -> subprocess.Comp
         text=True,
         timeout=timeout_s,
         check=False,
+        cwd=cwd,
     )
     if done.returncode != 0:
         raise PodmanError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr.strip()}")
