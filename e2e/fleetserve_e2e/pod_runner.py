@@ -310,8 +310,7 @@ class PodRunner:
         self._report(pod, running.seen)
 
     def _launch(self, pod: JsonObject, container: JsonObject) -> PodProcess:
-        meta = pod["metadata"]
-        stem = self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
+        stem = self._pod_path(pod)
         token = projected_token(pod)
         kubeconfig = None if token is None else Path(f"{stem}.kubeconfig")
         plan = launch_plan(
@@ -329,6 +328,11 @@ class PodRunner:
         workload = ProcessWorkload(plan, Path(f"{stem}.log"), self._config.work_dir)
         return self._track(pod, plan, workload)
 
+    def _pod_path(self, pod: JsonObject) -> Path:
+        """Where a pod's files go: ``<path>.log`` and the like, or the directory ``<path>``."""
+        meta = pod["metadata"]
+        return self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
+
     def _track(
         self, pod: JsonObject, plan: LaunchPlan | ContainersPlan, workload: Workload
     ) -> PodProcess:
@@ -342,9 +346,8 @@ class PodRunner:
         return running
 
     def _launch_containers(self, pod: JsonObject, container: JsonObject) -> PodProcess:
-        meta = pod["metadata"]
-        pod_dir = self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
-        namespace = meta["namespace"]
+        pod_dir = self._pod_path(pod)
+        namespace = pod["metadata"]["namespace"]
 
         def lookup(kind: str, name: str) -> JsonObject | None:
             try:
@@ -364,16 +367,7 @@ class PodRunner:
             cluster=self._config.marker,
         )
         wanted = projected_token(pod)
-        token = None
-        if wanted is not None:
-            token = request_token(
-                self._client,
-                namespace=namespace,
-                account=wanted.account,
-                expiration_s=wanted.expiration_s,
-                audiences=wanted.audiences,
-                bound_pod=pod,
-            )
+        token = None if wanted is None else self._bound_token(pod, wanted)
         workload = PodContainers(
             plan,
             pod_dir,
@@ -385,16 +379,20 @@ class PodRunner:
 
     def _write_token_kubeconfig(self, pod: JsonObject, wanted: ProjectedToken, path: Path) -> None:
         """Write a kubeconfig at `path` with a token bound to the pod, as it mounts it."""
-        token = request_token(
+        token = self._bound_token(pod, wanted)
+        write_token_kubeconfig(
+            path, server=self._config.server, ca_cert=self._config.ca_cert, token=token
+        )
+
+    def _bound_token(self, pod: JsonObject, wanted: ProjectedToken) -> str:
+        """A token of the pod's ServiceAccount bound to the pod, as its volume asks for it."""
+        return request_token(
             self._client,
             namespace=pod["metadata"]["namespace"],
             account=wanted.account,
             expiration_s=wanted.expiration_s,
             audiences=wanted.audiences,
             bound_pod=pod,
-        )
-        write_token_kubeconfig(
-            path, server=self._config.server, ca_cert=self._config.ca_cert, token=token
         )
 
     def _supervise(self, running: PodProcess) -> None:

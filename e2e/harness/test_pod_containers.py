@@ -129,6 +129,19 @@ def _deploy(kube: KubeClient, namespace: str, name: str, spec: JsonObject) -> No
     kube.create(namespaced("deployments", namespace, group_version="apps/v1"), deployment)
 
 
+def _wait_for_restarts(
+    kube: KubeClient, namespace: str, statuses: str, *, count: int
+) -> JsonObject:
+    """The namespace's pod once the first of its `statuses` has restarted `count` times."""
+
+    def restarted() -> JsonObject | None:
+        pods = list_pods(kube, namespace)
+        found = pods[0]["status"].get(statuses) if pods else None
+        return pods[0] if found and found[0]["restartCount"] >= count else None
+
+    return wait_until(restarted, timeout_s=120, what=f"{statuses}[0] restarted {count} times")
+
+
 def test_runtime_pod_runs_as_a_container_of_its_image(
     containers_cluster: LocalCluster, kube: KubeClient, namespace: str
 ) -> None:
@@ -164,12 +177,7 @@ def test_failing_init_container_keeps_the_pod_initializing(
     """A failed init container is retried; its exit code and termination message are reported."""
     _deploy(kube, namespace, "badfetch", _pod_spec(FAIL_WITH_MESSAGE, memory="3Gi"))
 
-    def retried() -> JsonObject | None:
-        pods = list_pods(kube, namespace)
-        statuses = pods[0]["status"].get("initContainerStatuses") if pods else None
-        return pods[0] if statuses and statuses[0]["restartCount"] >= 1 else None
-
-    pod = wait_until(retried, timeout_s=90, what="the init container retried")
+    pod = _wait_for_restarts(kube, namespace, "initContainerStatuses", count=1)
     assert pod["status"]["phase"] == "Pending"
     (init,) = pod["status"]["initContainerStatuses"]
     failed = init["lastState"]["terminated"]
@@ -183,15 +191,10 @@ def test_failing_init_container_keeps_the_pod_initializing(
 def test_container_over_its_memory_limit_is_reported_oom_killed(
     kube: KubeClient, namespace: str
 ) -> None:
-    """The runtime in 200 MiB cannot load MiniLM: exit 137, lastState reason OOMKilled."""
+    """200 MiB cannot hold MiniLM: exit 137 reported OOMKilled, after each restart too."""
     _deploy(kube, namespace, "tight", _pod_spec(WRITE_CONFIG, memory="200Mi"))
 
-    def terminated() -> JsonObject | None:
-        pods = list_pods(kube, namespace)
-        statuses = pods[0]["status"].get("containerStatuses", []) if pods else []
-        ended: JsonObject | None = statuses[0]["lastState"].get("terminated") if statuses else None
-        return ended
-
-    ended = wait_until(terminated, timeout_s=120, what="the runtime container to be killed")
+    pod = _wait_for_restarts(kube, namespace, "containerStatuses", count=2)
+    ended = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert ended["exitCode"] == 137
     assert ended["reason"] == "OOMKilled"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fleetserve_e2e.container_pod import PullOptions
 from fleetserve_e2e.images.containers import ContainerSpec, Mount, run_argv
 
 IMAGE = "localhost/fleetserve/fleetserve-runtime:0.1.0"
@@ -58,3 +59,14 @@ def test_a_pods_container_gets_its_mounts_labels_limits_and_command() -> None:
         "--entrypoint", '["fleetserve-runtime", "serve"]',
         IMAGE, "--config", "/config/runtime.yaml",
     ]  # fmt: skip
+
+
+def test_a_missing_image_is_pulled_with_the_registry_ca_and_credentials() -> None:
+    options = PullOptions(cert_dir=Path("/certs/registry"), credentials="user:pw")
+    assert options.argv("registry.test:5000/fleetserve/fleetserve-runtime:0.1.0") == [
+        "pull", "--quiet",
+        "--cert-dir", "/certs/registry",
+        "--creds", "user:pw",
+        "registry.test:5000/fleetserve/fleetserve-runtime:0.1.0",
+    ]  # fmt: skip
+    assert PullOptions().argv("img") == ["pull", "--quiet", "img"]
