@@ -54,14 +54,14 @@ class PullOptions:
     credentials: str | None = None
     """``user:password`` for the registry."""
 
+    def options(self) -> list[str]:
+        """The registry options of ``podman pull`` (and ``push``)."""
+        args = [] if self.cert_dir is None else ["--cert-dir", str(self.cert_dir)]
+        return args if self.credentials is None else [*args, "--creds", self.credentials]
+
     def argv(self, ref: str) -> list[str]:
         """``podman pull`` arguments for `ref`."""
-        args = ["pull", "--quiet"]
-        if self.cert_dir is not None:
-            args += ["--cert-dir", str(self.cert_dir)]
-        if self.credentials is not None:
-            args += ["--creds", self.credentials]
-        return [*args, ref]
+        return ["pull", "--quiet", *self.options(), ref]
 
 
 @dataclass

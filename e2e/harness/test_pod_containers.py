@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,10 +17,14 @@ import numpy as np
 import pytest
 
 from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
+from fleetserve_e2e.images.base import BaseRecipe
 from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
+from fleetserve_e2e.images.containers import ContainerSpec, run_argv
 from fleetserve_e2e.images.podman import image_exists, podman
 from fleetserve_e2e.kubeapi import JsonObject, namespaced
-from fleetserve_e2e.pod_containers import POD_UID_LABEL, container_name
+from fleetserve_e2e.oci_registry import OciRegistry
+from fleetserve_e2e.pod_containers import CLUSTER_LABEL, POD_UID_LABEL, container_name
 from fleetserve_e2e.testing import RUNTIME_IMAGE, list_pods, wait_for_ready_pods
 from fleetserve_e2e.waiting import wait_until
 
@@ -44,10 +50,14 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def containers_cluster() -> Iterator[LocalCluster]:
     """A cluster whose fake kubelet runs runtime pods as containers of the local image."""
-    with LocalCluster(
-        pod_backend="containers", pod_images={RUNTIME_IMAGE: LOCAL_RUNTIME}
-    ) as cluster:
+    with _cluster() as cluster:
         yield cluster
+
+
+def _cluster(pull: PullOptions | None = None) -> LocalCluster:
+    return LocalCluster(
+        pod_backend="containers", pod_images={RUNTIME_IMAGE: LOCAL_RUNTIME}, pull=pull
+    )
 
 
 @pytest.fixture
@@ -67,7 +77,7 @@ def _restricted() -> dict[str, Any]:
     }
 
 
-def _pod_spec(init_script: str, *, memory: str) -> JsonObject:
+def _pod_spec(init_script: str, *, memory: str, init_image: str = RUNTIME_IMAGE) -> JsonObject:
     """A runtime pod as the operator renders one, with an init container writing its config."""
     return {
         "terminationGracePeriodSeconds": 5,
@@ -79,7 +89,7 @@ def _pod_spec(init_script: str, *, memory: str) -> JsonObject:
         "initContainers": [
             {
                 "name": "write-config",
-                "image": RUNTIME_IMAGE,
+                "image": init_image,
                 "command": ["python3", "-c", init_script],
                 "volumeMounts": [{"name": "config", "mountPath": "/config"}],
                 "securityContext": _restricted(),
@@ -198,3 +208,57 @@ def test_container_over_its_memory_limit_is_reported_oom_killed(
     ended = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert ended["exitCode"] == 137
     assert ended["reason"] == "OOMKilled"
+
+
+def test_an_image_missing_locally_is_pulled_from_the_registry(
+    oci_registry: OciRegistry, tmp_path: Path
+) -> None:
+    """The init container's image, only in the TLS registry behind a password, is pulled."""
+    base = BaseRecipe().tag()
+    if not image_exists(base):
+        pytest.skip(f"needs the base image {base} (make images)")
+    (tmp_path / "certs").mkdir()
+    shutil.copy(oci_registry.ca_cert, tmp_path / "certs" / "ca.crt")
+    pull = PullOptions(
+        cert_dir=tmp_path / "certs",
+        credentials=f"{oci_registry.username}:{oci_registry.password}",
+    )
+    ref = oci_registry.reference("fleetserve/init", tmp_path.name.lower())
+    podman(["push", "--quiet", *pull.options(), base, f"docker://{ref}"], timeout_s=300)
+    assert not image_exists(ref)
+    try:
+        with _cluster(pull) as cluster:
+            kube = cluster.client
+            kube.create("/api/v1/namespaces", {"metadata": {"name": "pulled"}})
+            spec = _pod_spec(WRITE_CONFIG, memory="3Gi", init_image=ref)
+            _deploy(kube, "pulled", "pulled", spec)
+            pod = _wait_for_init(kube, "pulled")
+        (init,) = pod["status"]["initContainerStatuses"]
+        assert init["state"]["terminated"]["exitCode"] == 0
+        assert image_exists(ref)
+    finally:
+        subprocess.run(["podman", "rmi", "--force", ref], capture_output=True, check=False)
+
+
+def _wait_for_init(kube: KubeClient, namespace: str) -> JsonObject:
+    """The namespace's pod once its first init container terminated."""
+
+    def initialized() -> JsonObject | None:
+        pods = list_pods(kube, namespace)
+        found = pods[0]["status"].get("initContainerStatuses") if pods else None
+        return pods[0] if found and "terminated" in found[0]["state"] else None
+
+    return wait_until(initialized, timeout_s=180, what="the init container to terminate")
+
+
+def test_a_killed_runs_leftover_containers_are_removed_by_the_cluster_label(
+    tmp_path: Path,
+) -> None:
+    """What a killed test run left behind carries its cluster's label, and goes by it."""
+    marker = str(tmp_path)
+    spec = ContainerSpec(LOCAL_RUNTIME, labels={CLUSTER_LABEL: marker})
+    podman(run_argv(spec, f"leftover-{tmp_path.name}", detach=True))
+    labelled = ["ps", "--all", "--quiet", "--filter", f"label={CLUSTER_LABEL}={marker}"]
+    assert podman(labelled).stdout.split()
+    assert remove_cluster_containers(marker)
+    assert podman(labelled).stdout.split() == []
