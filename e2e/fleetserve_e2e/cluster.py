@@ -21,6 +21,7 @@ import httpx
 
 from fleetserve_e2e import controlplane
 from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
+from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
 from fleetserve_e2e.keda import start_keda
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.kubeconfig import write_kubeconfig
@@ -31,6 +32,7 @@ from fleetserve_e2e.pki import ClusterPki, write_pki
 from fleetserve_e2e.pod_map import FILE_SD_FILE, POD_MAP_FILE, PodAddress, read_pod_map
 from fleetserve_e2e.pod_runner import Backend, PodRunner, RunnerConfig
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
+from fleetserve_e2e.testing import RUNTIME_IMAGE
 from fleetserve_e2e.toolchain import gateway_api_crd_dir
 from fleetserve_e2e.waiting import GiveUpError, wait_until
 
@@ -43,6 +45,11 @@ def venv_commands(venv: Path = REPO_DIR / ".venv") -> dict[str, list[str]]:
     bin_dir = venv / "bin"
     names = ("fleetserve-runtime", "fleetserve-operator", "python", "python3")
     return {name: [str(bin_dir / name)] for name in names}
+
+
+def local_runtime_images() -> dict[str, str]:
+    """The runtime image tests (and the operator, by default) name → the one built here."""
+    return {RUNTIME_IMAGE: image_tag(RUNTIME_GPU)}
 
 
 def standin_commands() -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from fleetserve_e2e import KubeClient, LocalCluster
+from fleetserve_e2e.cluster import local_runtime_images
 from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
 from fleetserve_e2e.images.base import BaseRecipe
 from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
@@ -55,9 +56,7 @@ def containers_cluster() -> Iterator[LocalCluster]:
 
 
 def _cluster(pull: PullOptions | None = None) -> LocalCluster:
-    return LocalCluster(
-        pod_backend="containers", pod_images={RUNTIME_IMAGE: LOCAL_RUNTIME}, pull=pull
-    )
+    return LocalCluster(pod_backend="containers", pod_images=local_runtime_images(), pull=pull)
 
 
 @pytest.fixture
