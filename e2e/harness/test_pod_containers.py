@@ -37,6 +37,7 @@ WRITE_CONFIG = (
     "import pathlib; pathlib.Path('/config/runtime.yaml')"
     ".write_text('model: builtin://minilm-l6\\n')"
 )
+FAIL_IN_LOG = "import sys; print('fetch: the bucket is gone', file=sys.stderr); sys.exit(3)"
 FAIL_WITH_MESSAGE = (
     "import pathlib, sys; pathlib.Path('/dev/termination-log')"
     '.write_text(\'{"reason": "NotFound", "message": "no such model"}\'); sys.exit(3)'
@@ -76,7 +77,13 @@ def _restricted() -> dict[str, Any]:
     }
 
 
-def _pod_spec(init_script: str, *, memory: str, init_image: str = RUNTIME_IMAGE) -> JsonObject:
+def _pod_spec(
+    init_script: str,
+    *,
+    memory: str,
+    init_image: str = RUNTIME_IMAGE,
+    init_messages: str = "File",
+) -> JsonObject:
     """A runtime pod as the operator renders one, with an init container writing its config."""
     return {
         "terminationGracePeriodSeconds": 5,
@@ -92,7 +99,7 @@ def _pod_spec(init_script: str, *, memory: str, init_image: str = RUNTIME_IMAGE)
                 "command": ["python3", "-c", init_script],
                 "volumeMounts": [{"name": "config", "mountPath": "/config"}],
                 "securityContext": _restricted(),
-                "terminationMessagePolicy": "File",
+                "terminationMessagePolicy": init_messages,
             }
         ],
         "containers": [
@@ -180,19 +187,27 @@ def test_runtime_pod_runs_as_a_container_of_its_image(
     assert labelled, "the pod's container carries no pod-uid label"
 
 
+@pytest.mark.parametrize(
+    ("script", "policy", "message"),
+    [
+        (FAIL_WITH_MESSAGE, "File", '{"reason": "NotFound", "message": "no such model"}'),
+        (FAIL_IN_LOG, "FallbackToLogsOnError", "fetch: the bucket is gone\n"),
+    ],
+    ids=["file", "fallback-to-logs"],
+)
 def test_failing_init_container_keeps_the_pod_initializing(
-    kube: KubeClient, namespace: str
+    kube: KubeClient, namespace: str, script: str, policy: str, message: str
 ) -> None:
     """A failed init container is retried; its exit code and termination message are reported."""
-    _deploy(kube, namespace, "badfetch", _pod_spec(FAIL_WITH_MESSAGE, memory="3Gi"))
-
+    spec = _pod_spec(script, memory="3Gi", init_messages=policy)
+    _deploy(kube, namespace, "badfetch", spec)
     pod = _wait_for_restarts(kube, namespace, "initContainerStatuses", count=1)
     assert pod["status"]["phase"] == "Pending"
     (init,) = pod["status"]["initContainerStatuses"]
     failed = init["lastState"]["terminated"]
     assert failed["exitCode"] == 3
     assert failed["reason"] == "Error"
-    assert failed["message"] == '{"reason": "NotFound", "message": "no such model"}'
+    assert failed["message"] == message
     (runtime,) = pod["status"]["containerStatuses"]
     assert runtime["state"] == {"waiting": {"reason": "PodInitializing"}}
 

@@ -142,9 +142,13 @@ def container_state(name: str) -> dict[str, Any] | None:
 
 
 def logs_tail(name: str, lines: int) -> str:
-    """The last ``lines`` lines the container wrote to stdout and stderr."""
-    done = podman(["logs", "--tail", str(lines), name])
-    return done.stdout + done.stderr
+    """The last ``lines`` lines the container wrote to stdout and stderr.
+
+    Not ``podman logs --tail``: it counts each piece of a line conmon logged in parts as a line
+    and then prints only the last piece (a line's bare newline, often).
+    """
+    done = podman(["logs", name])
+    return "".join((done.stdout + done.stderr).splitlines(keepends=True)[-lines:])
 
 
 def remove_containers(label: str, *, grace_s: int = 0) -> list[str]:
