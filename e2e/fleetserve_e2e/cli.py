@@ -14,7 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetserve_e2e import daemon
-from fleetserve_e2e.cluster import LocalCluster, standin_commands, venv_commands
+from fleetserve_e2e.cluster import (
+    LocalCluster,
+    local_runtime_images,
+    standin_commands,
+    venv_commands,
+)
 from fleetserve_e2e.images.build import build_images, report
 from fleetserve_e2e.images.catalog import NAMES, ImagePlanError
 from fleetserve_e2e.images.podman import PodmanError
@@ -77,7 +82,14 @@ def _cluster_down(_args: argparse.Namespace) -> None:
 def _run_cluster(args: argparse.Namespace) -> None:
     commands = standin_commands() if args.runtime == "standin" else venv_commands()
     state = state_dir(CLUSTER)
-    with LocalCluster(work_dir=state, commands=commands, keda=args.keda) as cluster:
+    in_containers = args.runtime == "image"
+    with LocalCluster(
+        work_dir=state,
+        commands=commands,
+        keda=args.keda,
+        pod_backend="containers" if in_containers else "processes",
+        pod_images=local_runtime_images() if in_containers else None,
+    ) as cluster:
         info = {
             "KUBECONFIG": str(cluster.kubeconfig),
             "POD_MAP": str(cluster.pod_map_path),
@@ -137,9 +149,10 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("cluster-up", "run-cluster"):
             sub.add_argument(
                 "--runtime",
-                choices=["venv", "standin"],
+                choices=["venv", "standin", "image"],
                 default="venv",
-                help="run runtime pods with the repo venv's fleetserve-runtime or the stand-in",
+                help="run runtime pods with the repo venv's fleetserve-runtime, the stand-in, or "
+                "as podman containers of the built runtime image (make images)",
             )
             sub.add_argument(
                 "--keda",

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 
 from fleetserve_e2e import controlplane
+from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
+from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
 from fleetserve_e2e.keda import start_keda
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.kubeconfig import write_kubeconfig
@@ -28,8 +30,9 @@ from fleetserve_e2e.nodes import DEFAULT_NODES, NodeSpec, register_nodes
 from fleetserve_e2e.paths import REPO_DIR, binary
 from fleetserve_e2e.pki import ClusterPki, write_pki
 from fleetserve_e2e.pod_map import FILE_SD_FILE, POD_MAP_FILE, PodAddress, read_pod_map
-from fleetserve_e2e.pod_runner import PodRunner, RunnerConfig
+from fleetserve_e2e.pod_runner import Backend, PodRunner, RunnerConfig
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
+from fleetserve_e2e.testing import RUNTIME_IMAGE
 from fleetserve_e2e.toolchain import gateway_api_crd_dir
 from fleetserve_e2e.waiting import GiveUpError, wait_until
 
@@ -42,6 +45,11 @@ def venv_commands(venv: Path = REPO_DIR / ".venv") -> dict[str, list[str]]:
     bin_dir = venv / "bin"
     names = ("fleetserve-runtime", "fleetserve-operator", "python", "python3")
     return {name: [str(bin_dir / name)] for name in names}
+
+
+def local_runtime_images() -> dict[str, str]:
+    """The runtime image tests (and the operator, by default) name → the one built here."""
+    return {RUNTIME_IMAGE: image_tag(RUNTIME_GPU)}
 
 
 def standin_commands() -> dict[str, list[str]]:
@@ -71,6 +79,12 @@ class LocalCluster(Component):
             flags appended to its command line (an audit log, higher client QPS for scale).
         keda: Whether to run KEDA's operator and metrics API server (``fleetserve_e2e.keda``),
             so ScaledObjects drive real HPAs; needs ``make keda-tools``.
+        pod_backend: How the fake kubelet runs runtime pods: ``processes`` (local processes
+            from `commands`) or ``containers`` (podman containers of the pod's image; needs
+            ``make images``); operator pods are local processes either way.
+        pod_images: Image reference in pod specs → local tag to run (``containers`` only).
+        pull: How a ``containers`` pod's image missing locally is pulled (registry CA
+            directory, credentials).
     """
 
     def __init__(
@@ -84,6 +98,9 @@ class LocalCluster(Component):
         fake_kubelet: bool = True,
         extra_args: Mapping[str, Sequence[str]] | None = None,
         keda: bool = False,
+        pod_backend: Backend = "processes",
+        pod_images: Mapping[str, str] | None = None,
+        pull: PullOptions | None = None,
     ) -> None:
         """Configure the cluster; nothing starts before ``__enter__``."""
         self._requested_dir = work_dir
@@ -94,6 +111,9 @@ class LocalCluster(Component):
         self._fake_kubelet = fake_kubelet
         self._extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
         self._keda = keda
+        self._pod_backend: Backend = pod_backend
+        self._pod_images = dict(pod_images or {})
+        self._pull = pull or PullOptions()
         self.work_dir = Path()
         self.ports = controlplane.Ports.pick()
         self._processes: list[ManagedProcess] = []
@@ -194,6 +214,8 @@ class LocalCluster(Component):
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
+        if self._pod_backend == "containers":
+            remove_cluster_containers(self.marker)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -252,6 +274,10 @@ class LocalCluster(Component):
             base_env={**os.environ, MARKER_ENV: self.marker},
             server=self.server,
             ca_cert=self.pki.ca_cert,
+            backend=self._pod_backend,
+            images=self._pod_images,
+            pull=self._pull,
+            marker=self.marker,
         )
 
     def _spawn(

@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+from fleetserve_e2e.container_pod import remove_cluster_containers
 from fleetserve_e2e.paths import E2E_DIR
 from fleetserve_e2e.processes import (
     ManagedProcess,
@@ -106,6 +107,7 @@ def stop_daemon(state: Path, *, timeout_s: float) -> bool:
             _kill(pid)
     for leftover in find_marked(str(state)):
         _kill(leftover)
+    remove_cluster_containers(str(state))
     (state / PID_FILE).unlink(missing_ok=True)
     (state / READY_FILE).unlink(missing_ok=True)
     return was_running

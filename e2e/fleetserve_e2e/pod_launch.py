@@ -140,7 +140,7 @@ def resolve_command(
     return [*(mapped if mapped is not None else [program]), *rest]
 
 
-def _field_value(pod: JsonObject, field_path: str) -> str:
+def field_value(pod: JsonObject, field_path: str) -> str:
     """Resolve the downward-API fields a Fleetserve pod is likely to use."""
     values = {
         "metadata.name": pod["metadata"]["name"],
@@ -168,7 +168,7 @@ def container_env(pod: JsonObject, container: JsonObject) -> dict[str, str]:
         if "value" in var:
             env[var["name"]] = str(var["value"])
         elif field_ref:
-            env[var["name"]] = _field_value(pod, field_ref["fieldPath"])
+            env[var["name"]] = field_value(pod, field_ref["fieldPath"])
     return env
 
 
@@ -199,7 +199,7 @@ def readiness_probe(container: JsonObject, host_ports: Mapping[int, int]) -> Htt
     return HttpProbe(port=host_ports[number], path=str(http_get.get("path", "/")))
 
 
-def _distinct_ports(ports: Sequence[int], allocate_port: Callable[[], int]) -> dict[int, int]:
+def distinct_ports(ports: Sequence[int], allocate_port: Callable[[], int]) -> dict[int, int]:
     """A different host port for each of `ports`: two free-port probes may return the same."""
     mapped: dict[int, int] = {}
     for port in ports:
@@ -237,7 +237,7 @@ def launch_plan(
     listening = listen_ports(image, args, env)
     declared = {port["containerPort"] for port in container.get("ports", [])}
     # Port 0 asks for no endpoint (the operator) or any port: nothing to map.
-    host_ports = _distinct_ports(sorted({*declared, *listening.values()} - {0}), allocate_port)
+    host_ports = distinct_ports(sorted({*declared, *listening.values()} - {0}), allocate_port)
     moved = {key: host_ports.get(port, 0) for key, port in listening.items()}
     if image is Image.RUNTIME:
         args = [*without_listen_flags(args), "--host", LOOPBACK, "--port", str(moved["--port"])]

@@ -16,6 +16,13 @@ bound to a node and, for each one:
   (SIGTERM, SIGKILL after its grace period, both capped) and is removed for good, as a
   kubelet confirms a graceful deletion.
 
+With ``backend="containers"`` a runtime pod runs as real containers of its image instead
+(``pod_containers`` plans them, ``container_pod`` runs them with podman): init containers first,
+volumes, securityContext and limits honoured, container ports published on 127.0.0.1 where the
+probe and the pod map reach them, an exit 137 at the memory limit reported as ``OOMKilled``.
+Operator pods stay local processes in either backend: the operator needs the API server on the
+host's loopback.
+
 Polling, rather than a watch, keeps this small and restart-proof; a list every few hundred
 milliseconds is nothing for a local API server.
 """
@@ -26,11 +33,13 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal, Protocol
 
 import httpx
 
+from fleetserve_e2e.container_pod import PodContainers, PullOptions
 from fleetserve_e2e.identity import (
     ProjectedToken,
     projected_token,
@@ -38,10 +47,13 @@ from fleetserve_e2e.identity import (
     write_token_kubeconfig,
 )
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
+from fleetserve_e2e.pod_containers import ContainersPlan, containers_plan
 from fleetserve_e2e.pod_launch import (
     LOOPBACK,
+    Image,
     LaunchPlan,
     fleetserve_container,
+    image_of,
     launch_plan,
     prestop_sleep_s,
 )
@@ -52,21 +64,115 @@ from fleetserve_e2e.pod_map import (
     write_file_sd,
     write_pod_map,
 )
-from fleetserve_e2e.pod_status import Observation, pod_status, timestamp
+from fleetserve_e2e.pod_status import Observation, pod_status, termination_reason, timestamp
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import ManagedProcess, start_process
 
 _MAX_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 1.0
+Backend = Literal["processes", "containers"]
+
+
+class Workload(Protocol):
+    """What runs a pod: its local process, or its containers."""
+
+    @property
+    def pid(self) -> int:
+        """The host pid of the pod's main process."""
+        ...
+
+    def refresh(self) -> None:
+        """Take one step and read the state anew (containers: one podman inspect)."""
+        ...
+
+    def initialized(self) -> bool:
+        """Whether the init containers have completed (always, for a process)."""
+        ...
+
+    def init_statuses(self) -> tuple[JsonObject, ...]:
+        """``initContainerStatuses``; empty when nothing ran before the main container."""
+        ...
+
+    def is_running(self) -> bool:
+        """Whether the main process runs."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """Its exit status once it exited, else None."""
+        ...
+
+    def exit_reason(self) -> str | None:
+        """The termination reason of the exit, None while it runs."""
+        ...
+
+    def restart(self) -> None:
+        """Run the main process again."""
+        ...
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop everything the pod runs."""
+        ...
+
+
+@dataclass
+class ProcessWorkload:
+    """A pod's container run as a local process from its `LaunchPlan`."""
+
+    plan: LaunchPlan
+    log_path: Path
+    cwd: Path
+    process: ManagedProcess = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.restart()
+
+    @property
+    def pid(self) -> int:
+        """The process's pid (and process group)."""
+        return self.process.pid
+
+    def refresh(self) -> None:
+        """Nothing to do: the process's state is read on demand."""
+
+    def initialized(self) -> bool:
+        """Init containers are not run for processes."""
+        return True
+
+    def init_statuses(self) -> tuple[JsonObject, ...]:
+        """None ran."""
+        return ()
+
+    def is_running(self) -> bool:
+        """Whether the process has not exited."""
+        return self.process.is_running()
+
+    def exit_code(self) -> int | None:
+        """The exit status once it exited."""
+        return self.process.exit_code()
+
+    def exit_reason(self) -> str | None:
+        """Completed or Error, from the exit status."""
+        code = self.exit_code()
+        return None if code is None else termination_reason(code)
+
+    def restart(self) -> None:
+        """Start the process (again)."""
+        plan = self.plan
+        self.process = start_process(
+            self.log_path.stem, plan.argv, log_path=self.log_path, env=plan.env, cwd=self.cwd
+        )
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the process group."""
+        self.process.stop(grace_s=grace_s)
 
 
 @dataclass
 class PodProcess:
-    """A Fleetserve pod's local process and what the harness observed about it."""
+    """A Fleetserve pod's workload (process or containers) and what the harness observed."""
 
-    plan: LaunchPlan
-    log_path: Path
-    process: ManagedProcess
+    plan: LaunchPlan | ContainersPlan
+    process: Workload
     seen: Observation
     exited_at: float | None = None
 
@@ -99,6 +205,14 @@ class RunnerConfig:
     ca_cert: Path
     sync_interval_s: float = 0.3
     restart_delay_s: float = 1.0
+    backend: Backend = "processes"
+    """``containers``: runtime pods run as containers of their image (operator pods do not)."""
+    images: Mapping[str, str] = field(default_factory=dict)
+    """Image reference in a pod spec → the local tag to run instead (containers backend)."""
+    pull: PullOptions = field(default_factory=PullOptions)
+    """How an image missing locally is pulled (containers backend)."""
+    marker: str = ""
+    """Labels the containers as this cluster's, for the cleanup of leftovers."""
 
 
 class PodRunner:
@@ -185,13 +299,18 @@ class PodRunner:
                 seen = Observation(started_at=now, ready_changed_at=now, running=True, ready=True)
                 self._report(pod, seen)
             return
-        running = self._processes.get(pod["metadata"]["uid"]) or self._launch(pod, container)
+        running = self._processes.get(pod["metadata"]["uid"])
+        if running is None:
+            in_containers = self._config.backend == "containers"
+            if in_containers and image_of(container) is Image.RUNTIME:
+                running = self._launch_containers(pod, container)
+            else:
+                running = self._launch(pod, container)
         self._supervise(running)
         self._report(pod, running.seen)
 
     def _launch(self, pod: JsonObject, container: JsonObject) -> PodProcess:
-        meta = pod["metadata"]
-        stem = self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
+        stem = self._pod_path(pod)
         token = projected_token(pod)
         kubeconfig = None if token is None else Path(f"{stem}.kubeconfig")
         plan = launch_plan(
@@ -206,20 +325,68 @@ class PodRunner:
         # and must not request a token each time.
         if token is not None and kubeconfig is not None:
             self._write_token_kubeconfig(pod, token, kubeconfig)
-        log_path = Path(f"{stem}.log")
+        workload = ProcessWorkload(plan, Path(f"{stem}.log"), self._config.work_dir)
+        return self._track(pod, plan, workload)
+
+    def _pod_path(self, pod: JsonObject) -> Path:
+        """Where a pod's files go: ``<path>.log`` and the like, or the directory ``<path>``."""
+        meta = pod["metadata"]
+        return self._config.work_dir / "pods" / f"{meta['namespace']}_{meta['name']}"
+
+    def _track(
+        self, pod: JsonObject, plan: LaunchPlan | ContainersPlan, workload: Workload
+    ) -> PodProcess:
         now = timestamp()
         running = PodProcess(
             plan=plan,
-            log_path=log_path,
-            process=self._start(plan, log_path),
+            process=workload,
             seen=Observation(started_at=now, ready_changed_at=now, running=True, ready=False),
         )
-        self._processes[meta["uid"]] = running
+        self._processes[pod["metadata"]["uid"]] = running
         return running
+
+    def _launch_containers(self, pod: JsonObject, container: JsonObject) -> PodProcess:
+        pod_dir = self._pod_path(pod)
+        namespace = pod["metadata"]["namespace"]
+
+        def lookup(kind: str, name: str) -> JsonObject | None:
+            try:
+                return self._client.get(namespaced(kind, namespace, name))
+            except KubeApiError as error:
+                if error.status_code == 404:
+                    return None
+                raise
+
+        plan = containers_plan(
+            pod,
+            container,
+            lookup=lookup,
+            images=self._config.images,
+            pod_dir=pod_dir,
+            allocate_port=free_port,
+            cluster=self._config.marker,
+        )
+        wanted = projected_token(pod)
+        token = None if wanted is None else self._bound_token(pod, wanted)
+        workload = PodContainers(
+            plan,
+            pod_dir,
+            restart_delay_s=self._config.restart_delay_s,
+            pull=self._config.pull,
+            token=token,
+        )
+        return self._track(pod, plan, workload)
 
     def _write_token_kubeconfig(self, pod: JsonObject, wanted: ProjectedToken, path: Path) -> None:
         """Write a kubeconfig at `path` with a token bound to the pod, as it mounts it."""
-        token = request_token(
+        token = self._bound_token(pod, wanted)
+        write_token_kubeconfig(
+            path, server=self._config.server, ca_cert=self._config.ca_cert, token=token
+        )
+
+    def _bound_token(self, pod: JsonObject, wanted: ProjectedToken) -> str:
+        """A token of the pod's ServiceAccount bound to the pod, as its volume asks for it."""
+        return request_token(
             self._client,
             namespace=pod["metadata"]["namespace"],
             account=wanted.account,
@@ -227,18 +394,28 @@ class PodRunner:
             audiences=wanted.audiences,
             bound_pod=pod,
         )
-        write_token_kubeconfig(
-            path, server=self._config.server, ca_cert=self._config.ca_cert, token=token
-        )
-
-    def _start(self, plan: LaunchPlan, log_path: Path) -> ManagedProcess:
-        return start_process(
-            log_path.stem, plan.argv, log_path=log_path, env=plan.env, cwd=self._config.work_dir
-        )
 
     def _supervise(self, running: PodProcess) -> None:
         """Restart an exited process after the delay, and probe a live one for readiness."""
+        running.process.refresh()
         seen = running.seen
+        if not running.process.initialized():
+            running.seen = replace(
+                seen,
+                initialized=False,
+                running=False,
+                init_statuses=running.process.init_statuses(),
+            )
+            return
+        if not seen.initialized:
+            now = timestamp()
+            seen = replace(
+                seen,
+                initialized=True,
+                running=True,
+                started_at=now,
+                init_statuses=running.process.init_statuses(),
+            )
         code = running.process.exit_code()
         if code is not None and running.exited_at is None:
             running.exited_at = time.monotonic()
@@ -247,12 +424,13 @@ class PodRunner:
                 running=False,
                 ready=False,
                 last_exit_code=code,
+                last_reason=running.process.exit_reason(),
                 last_finished_at=timestamp(),
                 ready_changed_at=timestamp() if seen.ready else seen.ready_changed_at,
             )
         elif running.exited_at is not None:
             if time.monotonic() - running.exited_at >= self._config.restart_delay_s:
-                running.process = self._start(running.plan, running.log_path)
+                running.process.restart()
                 running.exited_at = None
                 seen = replace(
                     seen, running=True, started_at=timestamp(), restart_count=seen.restart_count + 1
@@ -263,7 +441,7 @@ class PodRunner:
                 seen = replace(seen, ready=ready, ready_changed_at=timestamp())
         running.seen = seen
 
-    def _is_ready(self, plan: LaunchPlan) -> bool:
+    def _is_ready(self, plan: LaunchPlan | ContainersPlan) -> bool:
         if plan.readiness is None:
             return True
         url = f"http://{LOOPBACK}:{plan.readiness.port}{plan.readiness.path}"

@@ -2,7 +2,9 @@
 
 The status carries the fields controllers and users read: phase, the PodScheduled /
 Initialized / ContainersReady / Ready conditions, podIP 127.0.0.1, and one containerStatus per
-container with ``ready``, ``started``, ``restartCount``, ``state`` and ``lastState``.
+container with ``ready``, ``started``, ``restartCount``, ``state`` and ``lastState``; with
+init containers (the container backend runs them) the pod is Pending until they all completed,
+and ``initContainerStatuses`` says how each one ran.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ class Observation:
 
     ``running`` is False while a crashed process waits for its restart; ``last_exit_code`` and
     ``last_finished_at`` describe the previous run, if any; ``ready_changed_at`` is when
-    ``ready`` last flipped (the Ready condition's lastTransitionTime).
+    ``ready`` last flipped (the Ready condition's lastTransitionTime).  ``last_reason`` is the
+    previous run's termination reason when the runner knows it (``OOMKilled``); else it follows
+    from the exit code.  ``initialized`` is False while init containers run, whose statuses
+    are ``init_statuses``.
     """
 
     started_at: str
@@ -31,6 +36,9 @@ class Observation:
     restart_count: int = 0
     last_exit_code: int | None = None
     last_finished_at: str | None = None
+    last_reason: str | None = None
+    initialized: bool = True
+    init_statuses: tuple[JsonObject, ...] = ()
 
 
 def timestamp(moment: datetime.datetime | None = None) -> str:
@@ -43,8 +51,10 @@ def _condition(kind: str, status: bool, since: str) -> JsonObject:
 
 
 def _container_status(container: JsonObject, seen: Observation) -> JsonObject:
-    if seen.running:
-        state: JsonObject = {"running": {"startedAt": seen.started_at}}
+    if not seen.initialized:
+        state: JsonObject = {"waiting": {"reason": "PodInitializing"}}
+    elif seen.running:
+        state = {"running": {"startedAt": seen.started_at}}
     else:
         state = {"waiting": {"reason": "CrashLoopBackOff", "message": "process exited"}}
     status: JsonObject = {
@@ -62,18 +72,23 @@ def _container_status(container: JsonObject, seen: Observation) -> JsonObject:
         status["lastState"] = {
             "terminated": {
                 "exitCode": seen.last_exit_code,
-                "reason": "Completed" if seen.last_exit_code == 0 else "Error",
+                "reason": seen.last_reason or termination_reason(seen.last_exit_code),
                 "finishedAt": seen.last_finished_at,
             }
         }
     return status
 
 
+def termination_reason(exit_code: int) -> str:
+    """The kubelet's reason for a container that exited on its own."""
+    return "Completed" if exit_code == 0 else "Error"
+
+
 def pod_status(pod: JsonObject, seen: Observation) -> JsonObject:
     """Return the full ``status`` of ``pod`` for a merge patch of its status subresource."""
     since = seen.started_at
-    return {
-        "phase": "Running",
+    status: JsonObject = {
+        "phase": "Running" if seen.initialized else "Pending",
         "hostIP": LOCAL_IP,
         "hostIPs": [{"ip": LOCAL_IP}],
         "podIP": LOCAL_IP,
@@ -81,7 +96,7 @@ def pod_status(pod: JsonObject, seen: Observation) -> JsonObject:
         "startTime": pod["status"].get("startTime", since),
         "conditions": [
             _condition("PodScheduled", True, since),
-            _condition("Initialized", True, since),
+            _condition("Initialized", seen.initialized, since),
             _condition("ContainersReady", seen.ready, seen.ready_changed_at),
             _condition("Ready", seen.ready, seen.ready_changed_at),
         ],
@@ -89,3 +104,6 @@ def pod_status(pod: JsonObject, seen: Observation) -> JsonObject:
             _container_status(container, seen) for container in pod["spec"]["containers"]
         ],
     }
+    if seen.init_statuses:
+        status["initContainerStatuses"] = list(seen.init_statuses)
+    return status

@@ -1,8 +1,9 @@
 """Run an image as a hardened container, the way a restricted pod runs it, and look inside.
 
 ``ContainerSpec`` says what a pod's securityContext and resources say (user, read-only root,
-dropped capabilities, no privilege escalation, memory and process limits, writable tmpfs
-mounts) and which container ports are published on 127.0.0.1; ``run_argv`` turns it into
+dropped capabilities, no privilege escalation, memory, CPU and process limits, writable tmpfs
+mounts, host directories and files bound in), which container ports are published on
+127.0.0.1, and the labels that find it again; ``run_argv`` turns it into
 ``podman run`` arguments (pure), and ``Container`` runs it and answers what a test asks: its
 state, logs, the files it changed outside its mounts, its health check.
 """
@@ -14,6 +15,7 @@ import secrets
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -23,38 +25,75 @@ LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host directory or file bound into the container (a pod's volume mount)."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """One container: image, arguments after its entrypoint, and how it is confined."""
 
     image: str
     args: tuple[str, ...] = ()
     entrypoint: str | None = None
+    """None: the image's ENTRYPOINT; a JSON array replaces it with a whole command line."""
     user: str | None = None
     """None: the image's own USER."""
     read_only: bool = True
     tmpfs: dict[str, str] = field(default_factory=lambda: {"/tmp": "size=1g"})
     """Writable mounts: path → tmpfs options (a pod's emptyDir volumes)."""
     memory: str | None = None
+    cpus: str | None = None
     pids_limit: int = 1024
     env: dict[str, str] = field(default_factory=dict)
     ports: dict[int, int] = field(default_factory=dict)
     """Container port → host port on 127.0.0.1."""
+    mounts: tuple[Mount, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    drop_all_capabilities: bool = True
+    no_new_privileges: bool = True
 
 
-def run_argv(spec: ContainerSpec, name: str, *, detach: bool) -> list[str]:
-    """``podman run`` arguments: every capability dropped, no privilege escalation, the limits."""
-    args = ["run", *container_options(), "--name", name, "--cap-drop", "ALL"]
-    args += ["--security-opt", "no-new-privileges", "--pids-limit", str(spec.pids_limit)]
-    args += ["--detach"] if detach else ["--rm"]
+def _confinement(spec: ContainerSpec) -> list[str]:
+    """Capabilities, privilege escalation, read-only root, user and limits."""
+    args = ["--cap-drop", "ALL"] if spec.drop_all_capabilities else []
+    if spec.no_new_privileges:
+        args += ["--security-opt", "no-new-privileges"]
+    args += ["--pids-limit", str(spec.pids_limit)]
     if spec.read_only:
         args.append("--read-only")
-    for path, options in sorted(spec.tmpfs.items()):
-        args += ["--tmpfs", f"{path}:{options}"]
     if spec.user is not None:
         args += ["--user", spec.user]
     if spec.memory is not None:
         # memory-swap equal to memory: over the limit is an OOM kill, never swapping.
         args += ["--memory", spec.memory, "--memory-swap", spec.memory]
+    if spec.cpus is not None:
+        args += ["--cpus", spec.cpus]
+    return args
+
+
+def _mounts(spec: ContainerSpec) -> list[str]:
+    """Tmpfs mounts, then host directories and files."""
+    args: list[str] = []
+    for path, options in sorted(spec.tmpfs.items()):
+        args += ["--tmpfs", f"{path}:{options}"]
+    for mount in spec.mounts:
+        options = ",ro" if mount.read_only else ""
+        args += ["--mount", f"type=bind,source={mount.source},target={mount.target}{options}"]
+    return args
+
+
+def run_argv(spec: ContainerSpec, name: str, *, detach: bool) -> list[str]:
+    """``podman run`` arguments: capabilities dropped, no privilege escalation, the limits."""
+    args = ["run", *container_options(), "--name", name, *_confinement(spec)]
+    args += ["--detach"] if detach else ["--rm"]
+    args += _mounts(spec)
+    for key, value in sorted(spec.labels.items()):
+        args += ["--label", f"{key}={value}"]
     for key, value in sorted(spec.env.items()):
         args += ["--env", f"{key}={value}"]
     for container_port, host_port in sorted(spec.ports.items()):

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 OCI_RUNTIME = "runc"
 PODMAN_NOFILE = 1048576
@@ -55,8 +56,14 @@ def executable() -> str:
     return found
 
 
-def podman(args: Sequence[str], *, timeout_s: float = 3600.0) -> subprocess.CompletedProcess[str]:
-    """Run ``podman <args>``, returning its output, or raise `PodmanError` when it fails."""
+def podman(
+    args: Sequence[str], *, timeout_s: float = 3600.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``podman <args>``, returning its output, or raise `PodmanError` when it fails.
+
+    `cwd` matters for ``run`` and ``start``: on this host conmon writes its ``oom`` marker
+    file, when the kernel kills the container for memory, into the working directory.
+    """
     argv = [executable(), *args]
     done = subprocess.run(  # podman, with arguments we build
         argv,
@@ -64,6 +71,7 @@ def podman(args: Sequence[str], *, timeout_s: float = 3600.0) -> subprocess.Comp
         text=True,
         timeout=timeout_s,
         check=False,
+        cwd=cwd,
     )
     if done.returncode != 0:
         raise PodmanError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr.strip()}")
@@ -113,3 +121,39 @@ def import_rootfs(root: Path, ref: str, *, cmd: Sequence[str]) -> None:
         )
     if tar.returncode != 0 or done.returncode != 0:
         raise PodmanError(f"importing {root} as {ref} failed:\n{done.stderr.strip()}")
+
+
+def container_state(name: str) -> dict[str, Any] | None:
+    """``State`` of ``podman container inspect`` (Status, ExitCode, OOMKilled, Pid, ...).
+
+    None when no such container exists.
+    """
+    done = subprocess.run(  # podman container inspect: exit 125 when there is none
+        [executable(), "container", "inspect", "--format", "{{json .State}}", name],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return None
+    state: dict[str, Any] = json.loads(done.stdout)
+    return state
+
+
+def logs_tail(name: str, lines: int) -> str:
+    """The last ``lines`` lines the container wrote to stdout and stderr.
+
+    Not ``podman logs --tail``: it counts each piece of a line conmon logged in parts as a line
+    and then prints only the last piece (a line's bare newline, often).
+    """
+    done = podman(["logs", name])
+    return "".join((done.stdout + done.stderr).splitlines(keepends=True)[-lines:])
+
+
+def remove_containers(label: str, *, grace_s: int = 0) -> list[str]:
+    """Force-remove every container carrying ``label`` (``key=value``); return their ids."""
+    ids = podman(["ps", "--all", "--quiet", "--filter", f"label={label}"]).stdout.split()
+    if ids:
+        podman(["rm", "--force", "--time", str(grace_s), *ids], timeout_s=120 + grace_s)
+    return ids

@@ -1,0 +1,72 @@
+"""``podman run`` arguments of a hardened container, and of a pod's container."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetserve_e2e.container_pod import PullOptions
+from fleetserve_e2e.images.containers import ContainerSpec, Mount, run_argv
+
+IMAGE = "localhost/fleetserve/fleetserve-runtime:0.1.0"
+
+
+def _after_options(argv: list[str]) -> list[str]:
+    """The arguments after podman's own ``--runtime`` and ``--ulimit`` options."""
+    return argv[argv.index("--name") :]
+
+
+def test_a_default_spec_is_confined() -> None:
+    argv = _after_options(run_argv(ContainerSpec(IMAGE, args=("serve",)), "c1", detach=True))
+    assert argv == [
+        "--name", "c1",
+        "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges",
+        "--pids-limit", "1024",
+        "--read-only",
+        "--detach",
+        "--tmpfs", "/tmp:size=1g",
+        IMAGE, "serve",
+    ]  # fmt: skip
+
+
+def test_a_pods_container_gets_its_mounts_labels_limits_and_command() -> None:
+    spec = ContainerSpec(
+        IMAGE,
+        args=("--config", "/config/runtime.yaml"),
+        entrypoint='["fleetserve-runtime", "serve"]',
+        user="65532:65532",
+        read_only=False,
+        tmpfs={},
+        memory="209715200",
+        cpus="0.5",
+        ports={8080: 40000},
+        mounts=(Mount(Path("/pods/p/volume-1"), "/config", read_only=True),),
+        labels={"io.fleetserve.e2e.pod-uid": "u-1"},
+        drop_all_capabilities=False,
+        no_new_privileges=False,
+    )
+    argv = _after_options(run_argv(spec, "c2", detach=True))
+    assert argv == [
+        "--name", "c2",
+        "--pids-limit", "1024",
+        "--user", "65532:65532",
+        "--memory", "209715200", "--memory-swap", "209715200",
+        "--cpus", "0.5",
+        "--detach",
+        "--mount", "type=bind,source=/pods/p/volume-1,target=/config,ro",
+        "--label", "io.fleetserve.e2e.pod-uid=u-1",
+        "--publish", "127.0.0.1:40000:8080",
+        "--entrypoint", '["fleetserve-runtime", "serve"]',
+        IMAGE, "--config", "/config/runtime.yaml",
+    ]  # fmt: skip
+
+
+def test_a_missing_image_is_pulled_with_the_registry_ca_and_credentials() -> None:
+    options = PullOptions(cert_dir=Path("/certs/registry"), credentials="user:pw")
+    assert options.argv("registry.test:5000/fleetserve/fleetserve-runtime:0.1.0") == [
+        "pull", "--quiet",
+        "--cert-dir", "/certs/registry",
+        "--creds", "user:pw",
+        "registry.test:5000/fleetserve/fleetserve-runtime:0.1.0",
+    ]  # fmt: skip
+    assert PullOptions().argv("img") == ["pull", "--quiet", "img"]

@@ -1,0 +1,317 @@
+"""How the fake kubelet's container backend turns a runtime pod into podman containers (pure)."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetserve_e2e.images.containers import Mount
+from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.pod_containers import (
+    CLUSTER_LABEL,
+    POD_UID_LABEL,
+    ContainersPlan,
+    HostVolume,
+    PodSpecError,
+    VolumeFile,
+    containers_plan,
+    parse_quantity,
+    resolved_env,
+    volume_file_paths,
+)
+from fleetserve_e2e.pod_launch import HttpProbe
+from fleetserve_e2e.testing import RUNTIME_IMAGE
+
+LOCAL = "localhost/fleetserve/fleetserve-runtime:0.1.0"
+POD_DIR = Path("/work/pods/ns_demo")
+SECRET = {"data": {"token": base64.b64encode(b"s3cret").decode(), "other": "eA=="}}
+CONFIG_MAP = {"data": {"a.yaml": "a: 1\n"}, "binaryData": {"b.bin": "AAE="}}
+
+
+def _lookup(kind: str, name: str) -> JsonObject | None:
+    objects = {("secrets", "creds"): SECRET, ("configmaps", "settings"): CONFIG_MAP}
+    return objects.get((kind, name))
+
+
+def _restricted() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _runtime(**extra: Any) -> JsonObject:
+    return {
+        "name": "runtime",
+        "image": RUNTIME_IMAGE,
+        "command": ["fleetserve-runtime", "serve"],
+        "args": ["--model", "builtin://minilm-l6", "--port", "9000", "--grpc-port", "9001"],
+        "ports": [
+            {"name": "http", "containerPort": 9000},
+            {"name": "metrics", "containerPort": 9100},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}},
+        **extra,
+    }
+
+
+def _pod(container: JsonObject, **spec: Any) -> JsonObject:
+    return {
+        "metadata": {"name": "demo", "namespace": "ns", "uid": "u-1", "labels": {}},
+        "spec": {"containers": [container], **spec},
+        "status": {},
+    }
+
+
+def _plan(pod: JsonObject) -> ContainersPlan:
+    return containers_plan(
+        pod,
+        pod["spec"]["containers"][0],
+        lookup=_lookup,
+        images={RUNTIME_IMAGE: LOCAL},
+        pod_dir=POD_DIR,
+        allocate_port=itertools.count(40000).__next__,
+        cluster="/tmp/cluster-a",
+    )
+
+
+def test_the_mapped_local_image_runs_the_pods_command_and_args_as_written() -> None:
+    """No listen flag is rewritten: the container listens on its own port in its own netns."""
+    main = _plan(_pod(_runtime())).main.spec
+    assert main.image == LOCAL
+    assert json.loads(main.entrypoint or "") == ["fleetserve-runtime", "serve"]
+    assert main.args == ("--model", "builtin://minilm-l6", "--port", "9000", "--grpc-port", "9001")
+
+
+def test_an_unmapped_image_and_no_command_keep_the_reference_and_entrypoint() -> None:
+    container = {**_runtime(), "image": "registry.test/fleetserve-runtime:9"}
+    del container["command"]
+    main = _plan(_pod(container)).main.spec
+    assert main.image == "registry.test/fleetserve-runtime:9"
+    assert main.entrypoint is None
+
+
+def test_every_port_is_published_and_the_probe_and_pod_map_use_the_host_ports() -> None:
+    plan = _plan(_pod(_runtime()))
+    assert plan.host_ports == {9000: 40000, 9001: 40001, 9100: 40002}
+    assert plan.main.spec.ports == {9000: 40000, 9001: 40001, 9100: 40002}
+    assert plan.readiness == HttpProbe(port=40000, path="/v2/health/ready")
+    assert (plan.serving_port, plan.grpc_port) == (40000, 40001)
+
+
+def test_the_default_port_is_published_without_a_port_flag() -> None:
+    container = {**_runtime(args=["--model", "builtin://minilm-l6"]), "ports": []}
+    container.pop("readinessProbe")
+    plan = _plan(_pod(container))
+    assert plan.host_ports == {8080: 40000}
+    assert plan.serving_port == 40000
+    assert plan.readiness is None
+
+
+def test_env_resolves_literals_field_refs_secret_and_config_map_keys() -> None:
+    env = [
+        {"name": "A", "value": "1"},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "a.yaml"}}},
+        {
+            "name": "MAYBE",
+            "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k", "optional": True}},
+        },
+    ]
+    pod = _pod(_runtime(env=env))
+    assert resolved_env(pod, pod["spec"]["containers"][0], _lookup) == {
+        "A": "1",
+        "POD": "demo",
+        "TOKEN": "s3cret",
+        "CFG": "a: 1\n",
+    }
+
+
+@pytest.mark.parametrize(("name", "key"), [("creds", "nope"), ("absent", "token")])
+def test_a_missing_required_secret_key_stops_the_pod(name: str, key: str) -> None:
+    env = [{"name": "X", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}]
+    with pytest.raises(PodSpecError, match=key):
+        _plan(_pod(_runtime(env=env)))
+
+
+def test_security_context_and_limits_become_podman_options() -> None:
+    container = _runtime(
+        securityContext=_restricted(),
+        resources={"limits": {"memory": "512Mi", "cpu": "500m"}},
+    )
+    pod = _pod(container, securityContext={"runAsUser": 65532, "runAsGroup": 65532})
+    main = _plan(pod).main.spec
+    assert main.user == "65532:65532"
+    assert main.read_only
+    assert main.drop_all_capabilities
+    assert main.no_new_privileges
+    assert main.memory == str(512 * 2**20)
+    assert main.cpus == "0.5"
+
+
+def test_the_containers_own_user_overrides_the_pods_and_no_context_confines_nothing() -> None:
+    pod = _pod(_runtime(securityContext={"runAsUser": 1000}), securityContext={"runAsUser": 7})
+    assert _plan(pod).main.spec.user == "1000"
+    bare = _plan(_pod(_runtime())).main.spec
+    assert (bare.user, bare.read_only, bare.drop_all_capabilities) == (None, False, False)
+    assert not bare.no_new_privileges
+    assert (bare.memory, bare.cpus) == (None, None)
+
+
+def _volumes_pod() -> JsonObject:
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "model", "mountPath": "/models", "readOnly": True},
+        {"name": "auth", "mountPath": "/var/run/auth"},
+        {"name": "settings", "mountPath": "/etc/fleetserve/a.yaml", "subPath": "a.yaml"},
+    ]
+    volumes = [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "model", "emptyDir": {"medium": "Memory"}},
+        {
+            "name": "auth",
+            "secret": {
+                "secretName": "creds",
+                "items": [{"key": "token", "path": "s3/token"}],
+                "defaultMode": 0o400,
+            },
+        },
+        {"name": "settings", "configMap": {"name": "settings"}},
+    ]
+    fetch = {
+        "name": "fetch",
+        "image": RUNTIME_IMAGE,
+        "args": ["fetch"],
+        "volumeMounts": [{"name": "model", "mountPath": "/models"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return _pod(_runtime(volumeMounts=mounts), volumes=volumes, initContainers=[fetch])
+
+
+def test_volumes_are_host_directories_with_their_files() -> None:
+    plan = _plan(_volumes_pod())
+    assert plan.volumes == (
+        HostVolume("tmp", "volume-0"),
+        HostVolume("model", "volume-2"),
+        HostVolume("auth", "volume-3", (VolumeFile("s3/token", b"s3cret", 0o400),), True),
+        HostVolume(
+            "settings",
+            "volume-4",
+            (VolumeFile("a.yaml", b"a: 1\n", 0o644), VolumeFile("b.bin", b"\x00\x01", 0o644)),
+            True,
+        ),
+    )
+
+
+def test_mounts_bind_the_volume_directories_read_only_where_asked() -> None:
+    main = _plan(_volumes_pod()).main.spec
+    assert main.mounts == (
+        Mount(POD_DIR / "volume-0", "/tmp"),
+        Mount(POD_DIR / "volume-2", "/models", read_only=True),
+        Mount(POD_DIR / "volume-3", "/var/run/auth", read_only=True),
+        Mount(POD_DIR / "volume-4" / "a.yaml", "/etc/fleetserve/a.yaml", read_only=True),
+        Mount(POD_DIR / "termination-runtime", "/dev/termination-log"),
+    )
+
+
+def test_a_memory_empty_dir_of_one_container_is_a_tmpfs_of_its_size_limit() -> None:
+    """`shm` is the runtime's alone; `model` is shared with the init container: a host dir."""
+    assert _plan(_volumes_pod()).main.spec.tmpfs == {"/dev/shm": f"rw,mode=1777,size={2**26}"}
+
+
+def test_init_containers_run_in_order_with_their_mounts_and_no_ports() -> None:
+    plan = _plan(_volumes_pod())
+    (fetch,) = plan.init
+    assert fetch.name == "fetch"
+    assert fetch.container_name == "fleetserve-pod-u-1-fetch"
+    assert fetch.fallback_to_logs
+    assert not plan.main.fallback_to_logs
+    assert fetch.spec.ports == {}
+    assert fetch.spec.args == ("fetch",)
+    assert fetch.spec.mounts == (
+        Mount(POD_DIR / "volume-2", "/models"),
+        Mount(POD_DIR / "termination-fetch", "/dev/termination-log"),
+    )
+
+
+def test_every_container_is_labelled_with_the_pod_and_the_cluster() -> None:
+    plan = _plan(_volumes_pod())
+    for planned in (*plan.init, plan.main):
+        assert planned.spec.labels[POD_UID_LABEL] == "u-1"
+        assert planned.spec.labels[CLUSTER_LABEL] == "/tmp/cluster-a"
+
+
+def test_a_projected_volume_holds_the_token_config_map_items_and_downward_api() -> None:
+    projected = {
+        "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+            {"configMap": {"name": "settings", "items": [{"key": "a.yaml", "path": "ca.crt"}]}},
+            {
+                "downwardAPI": {
+                    "items": [
+                        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                    ]
+                }
+            },
+        ],
+        "defaultMode": 0o420,
+    }
+    pod = _pod(_runtime(), volumes=[{"name": "kube-api-access", "projected": projected}])
+    (volume,) = _plan(pod).volumes
+    assert volume.token_file == "token"
+    assert volume.read_only
+    assert volume.files == (
+        VolumeFile("ca.crt", b"a: 1\n", 0o420),
+        VolumeFile("namespace", b"ns", 0o420),
+    )
+
+
+def test_a_missing_secret_volume_stops_the_pod_unless_optional() -> None:
+    volume = {"name": "auth", "secret": {"secretName": "absent"}}
+    with pytest.raises(PodSpecError, match="absent"):
+        _plan(_pod(_runtime(), volumes=[volume]))
+    optional = {"name": "auth", "secret": {"secretName": "absent", "optional": True}}
+    assert _plan(_pod(_runtime(), volumes=[optional])).volumes == (
+        HostVolume("auth", "volume-0", (), True),
+    )
+
+
+def test_an_operator_pod_is_not_planned_as_containers() -> None:
+    container = {**_runtime(), "image": "ghcr.io/fleetserve/fleetserve-operator:0.1.0"}
+    with pytest.raises(ValueError, match="runtime image"):
+        _plan(_pod(container))
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b"])
+def test_volume_files_may_not_leave_their_volume(path: str) -> None:
+    volume = HostVolume("v", "volume-0", (VolumeFile(path, b"", 0o644),))
+    with pytest.raises(PodSpecError, match="leaves the volume"):
+        volume_file_paths(volume)
+
+
+@pytest.mark.parametrize(
+    ("quantity", "value"),
+    [
+        ("512Mi", 512 * 2**20),
+        ("1G", 10**9),
+        ("500m", Decimal("0.5")),
+        ("2", 2),
+        ("1.5Gi", 3 * 2**29),
+    ],
+)
+def test_quantities(quantity: str, value: Decimal) -> None:
+    assert parse_quantity(quantity) == value
+
+
+def test_a_malformed_quantity_is_refused() -> None:
+    with pytest.raises(PodSpecError, match="not a quantity"):
+        parse_quantity("lots")
