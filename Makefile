@@ -129,7 +129,8 @@ mutate: setup
 	@echo "not killed (\`cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut show NAME\` for the diff):"
 	@cd $(MUTMUT_DIR) && ../$(VENV)/bin/mutmut results | { grep -v ': not checked$$' || true; }
 
-E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage e2e-images
+E2E_TIERS := e2e-harness e2e-operator e2e-chart e2e-rollout e2e-demo e2e-storage e2e-images \
+             e2e-containers
 # `prepare` first, so the table shows what installing and building cost apart from the tests.
 TIERS := prepare lint unit $(E2E_TIERS)
 
@@ -186,6 +187,13 @@ e2e-storage: setup storage-tools
 e2e-images: setup images-install
 	timeout 1800 $(E2E_HARNESS) images --only operator --only runtime-gpu
 	cd e2e && timeout 600 ../$(PY) -m pytest images_e2e -s $(E2E_PYTEST_ARGS)
+
+## e2e-containers: the fake kubelet's container backend on the local control plane: runtime
+##                 pods as podman/runc containers of the built image (init containers, Secret
+##                 env, volumes, securityContext, memory limits and OOMKilled, a registry pull)
+e2e-containers: setup images-install storage-tools
+	timeout 1800 $(E2E_HARNESS) images --only runtime-gpu
+	cd e2e && timeout 900 ../$(PY) -m pytest containers_e2e $(E2E_PYTEST_ARGS)
 
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
 e2e: $(E2E_TIERS)

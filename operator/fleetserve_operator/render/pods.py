@@ -39,6 +39,7 @@ __all__ = [
     "RUNTIME_UID",
     "SHUTDOWN_SECONDS",
     "TrackPlan",
+    "container_security_context",
     "pod_template",
     "runtime_args",
 ]
@@ -170,7 +171,8 @@ def _probe(path: str, tls: bool, *, period_s: int, failures: int) -> Manifest:
     }
 
 
-def _security_context() -> Manifest:
+def container_security_context() -> Manifest:
+    """Every container of a runtime pod: restricted Pod Security, read-only root, no capability."""
     return {
         "allowPrivilegeEscalation": False,
         "privileged": False,
@@ -275,7 +277,7 @@ def _fetch_container(plan: TrackPlan) -> Manifest:
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": list(contract.FETCH_COMMAND),
         "args": contract.fetch_args(spec.model),
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
         "terminationMessagePolicy": "File",
         "resources": copy.deepcopy(FETCH_RESOURCES),
         "volumeMounts": mounts,
@@ -315,7 +317,7 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
         ),
         "readinessProbe": _probe(contract.READY_PATH, tls, period_s=5, failures=2),
         "livenessProbe": _probe(contract.LIVE_PATH, tls, period_s=10, failures=3),
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
         # The runtime writes why it stopped (a model that cannot load) to stderr; the kubelet
         # puts the log's tail into the container's termination message, which the operator
         # reports in status.

@@ -1,6 +1,7 @@
 """Runtime pods run as real containers of the runtime image (the fake kubelet's container backend).
 
-Needs podman and the runtime image (``make images``); skipped without them.
+`make e2e-containers` builds the images first; without podman or the runtime image every test
+fails at once with the command that makes them, rather than being skipped.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from fleetserve_operator.render.pods import container_security_context
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.cluster import local_runtime_images
@@ -43,10 +44,11 @@ FAIL_WITH_MESSAGE = (
     '.write_text(\'{"reason": "NotFound", "message": "no such model"}\'); sys.exit(3)'
 )
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("podman") is None or not image_exists(LOCAL_RUNTIME),
-    reason=f"needs podman and {LOCAL_RUNTIME} (make images)",
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def _images_built() -> None:
+    if shutil.which("podman") is None or not image_exists(LOCAL_RUNTIME):
+        pytest.fail(f"needs podman and {LOCAL_RUNTIME}: run `make images`", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +66,6 @@ def _cluster(pull: PullOptions | None = None) -> LocalCluster:
 def kube(containers_cluster: LocalCluster) -> KubeClient:
     """This module's cluster's admin client (the `namespace` fixture creates its namespace)."""
     return containers_cluster.client
-
-
-def _restricted() -> dict[str, Any]:
-    """The container securityContext the operator renders."""
-    return {
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
 
 
 def _pod_spec(
@@ -98,7 +89,7 @@ def _pod_spec(
                 "image": init_image,
                 "command": ["python3", "-c", init_script],
                 "volumeMounts": [{"name": "config", "mountPath": "/config"}],
-                "securityContext": _restricted(),
+                "securityContext": container_security_context(),
                 "terminationMessagePolicy": init_messages,
             }
         ],
@@ -120,7 +111,7 @@ def _pod_spec(
                     {"name": "tmp", "mountPath": "/tmp"},
                     {"name": "config", "mountPath": "/config", "readOnly": True},
                 ],
-                "securityContext": _restricted(),
+                "securityContext": container_security_context(),
                 "resources": {"limits": {"memory": memory, "cpu": "1"}},
             }
         ],
@@ -229,8 +220,7 @@ def test_an_image_missing_locally_is_pulled_from_the_registry(
 ) -> None:
     """The init container's image, only in the TLS registry behind a password, is pulled."""
     base = BaseRecipe().tag()
-    if not image_exists(base):
-        pytest.skip(f"needs the base image {base} (make images)")
+    assert image_exists(base), f"needs the base image {base}: run `make images`"
     (tmp_path / "certs").mkdir()
     shutil.copy(oci_registry.ca_cert, tmp_path / "certs" / "ca.crt")
     pull = PullOptions(
