@@ -21,9 +21,14 @@ from fleetserve_e2e.cluster import standin_commands, venv_commands
 
 # The operator fixtures (CRD, least-privilege identity, `start_operator`), for operator_e2e/
 # and rollout_e2e/, and the storage servers models are fetched from (S3, an OCI registry,
-# HTTPS files), for storage_e2e/ and any test that fetches; plugins, as only the root
-# conftest may register one.
-pytest_plugins = ["fleetserve_e2e.operator_fixtures", "fleetserve_e2e.storage_fixtures"]
+# HTTPS files), for storage_e2e/ and any test that fetches, and the built images with the
+# registry that holds them (images_e2e/, containers_e2e/); plugins, as only the root conftest
+# may register one.
+pytest_plugins = [
+    "fleetserve_e2e.operator_fixtures",
+    "fleetserve_e2e.storage_fixtures",
+    "fleetserve_e2e.images.fixtures",
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

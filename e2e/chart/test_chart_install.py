@@ -13,7 +13,6 @@ Helm leaves CRDs in place.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from fleetserve_e2e import KubeClient, LocalCluster, LocalPrometheus
+from fleetserve_e2e.helm import helm
 from fleetserve_e2e.operator_process import (
     CRD_NAME,
     RBAC_API,
@@ -30,7 +30,6 @@ from fleetserve_e2e.operator_process import (
     condition,
     fsvc_path,
 )
-from fleetserve_e2e.paths import binary
 from fleetserve_e2e.testing import assert_operator_log_clean, list_pods, wait_for_deletion
 from fleetserve_e2e.waiting import wait_until
 
@@ -43,23 +42,6 @@ PROMETHEUS_URL_FIELD = "spec.rollout.analysis.prometheusUrl"
 # Install, a runtime pod that imports torch, deletion and uninstall: more than the default
 # per-test timeout on a loaded 2-core machine.
 pytestmark = pytest.mark.timeout(420)
-
-
-def helm(
-    cluster: LocalCluster, home: Path, *args: str, timeout_s: float = 180
-) -> subprocess.CompletedProcess[str]:
-    """Run the built helm against the cluster, with its config and cache kept in `home`."""
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-    return subprocess.run(  # the built helm, our own arguments
-        [str(binary("helm")), *args],
-        env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture

@@ -15,39 +15,14 @@ import httpx
 import pytest
 from fleetserve_operator.contract import HTTP_PORT as RUNTIME_PORT
 
-from fleetserve_e2e.images.build import Built, build_images, report
-from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
+from fleetserve_e2e.images.build import Built
+from fleetserve_e2e.images.catalog import RUNTIME_GPU
 from fleetserve_e2e.images.containers import Container, ContainerSpec
-from fleetserve_e2e.oci_registry import LocalOciRegistry, OciRegistry
-from fleetserve_e2e.paths import cache_dir
-from fleetserve_e2e.pki import LocalCa
-from fleetserve_e2e.ports import free_port, remembered_port
+from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.waiting import GiveUpError, wait_until
 
 READY_TIMEOUT_S = 240.0
 MEMORY_LIMIT = "3g"
-
-
-@pytest.fixture(scope="session")
-def images() -> dict[str, Built]:
-    """The operator and GPU-track runtime images, built (or found built) for this session."""
-    built = build_images((OPERATOR, RUNTIME_GPU))
-    print(report(built))
-    return {item.spec.name: item for item in built}
-
-
-@pytest.fixture(scope="session")
-def image_registry(storage_ca: LocalCa) -> Iterator[OciRegistry]:
-    """Distribution on loopback (TLS, basic auth) whose blobs outlive the session.
-
-    The blobs stay in the cache directory and the port is the last run's when it is free, so
-    a run pushes only the layers the last one did not (the runtime's libraries are gigabytes;
-    its package a few hundred kilobytes).
-    """
-    work_dir = cache_dir() / "image-registry"
-    port = remembered_port(work_dir / "port")
-    with LocalOciRegistry(storage_ca, work_dir=work_dir, port=port) as server:
-        yield server.registry
 
 
 def serve(image: str, *args: str) -> Iterator[Container]:
