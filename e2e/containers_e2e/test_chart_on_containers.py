@@ -11,7 +11,6 @@ run, confined as the operator's pod spec says.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,11 @@ from fleetserve_operator.naming import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER
 from fleetserve_demo.manifest import chat_service, demo_service
 from fleetserve_e2e import LocalCluster, LocalPrometheus
 from fleetserve_e2e.chat import stream_chat
-from fleetserve_e2e.container_pod import PullOptions
 from fleetserve_e2e.helm import helm
 from fleetserve_e2e.images.build import Built
 from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
 from fleetserve_e2e.images.podman import podman
-from fleetserve_e2e.images.registry import push, remote_reference
+from fleetserve_e2e.images.registry import PullOptions, push, remote_reference
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.oci_registry import OciRegistry
 from fleetserve_e2e.operator_process import condition, fsvc_path
@@ -85,12 +83,7 @@ def fleet(
     operator_ref = remote_reference(image_registry, images[OPERATOR].spec.tag)
     runtime_ref = remote_reference(image_registry, images[RUNTIME_GPU].spec.tag)
     work = tmp_path_factory.mktemp("fleet")
-    (work / "certs").mkdir()
-    shutil.copy(image_registry.ca_cert, work / "certs" / "ca.crt")
-    pull = PullOptions(
-        cert_dir=work / "certs",
-        credentials=f"{image_registry.username}:{image_registry.password}",
-    )
+    pull = PullOptions.for_registry(image_registry, work / "certs")
     with (
         LocalCluster(pod_backend="containers", pull=pull) as cluster,
         LocalPrometheus(cluster.file_sd_path, scrape_interval_s=1.0) as prometheus,

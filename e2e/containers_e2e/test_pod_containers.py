@@ -19,11 +19,12 @@ from fleetserve_operator.render.pods import container_security_context
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.cluster import local_runtime_images
-from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
+from fleetserve_e2e.container_pod import remove_cluster_containers
 from fleetserve_e2e.images.base import BaseRecipe
 from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
 from fleetserve_e2e.images.containers import ContainerSpec, run_argv
 from fleetserve_e2e.images.podman import image_exists, podman
+from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.kubeapi import JsonObject, namespaced
 from fleetserve_e2e.oci_registry import OciRegistry
 from fleetserve_e2e.pod_containers import CLUSTER_LABEL, POD_UID_LABEL, container_name
@@ -221,12 +222,7 @@ def test_an_image_missing_locally_is_pulled_from_the_registry(
     """The init container's image, only in the TLS registry behind a password, is pulled."""
     base = BaseRecipe().tag()
     assert image_exists(base), f"needs the base image {base}: run `make images`"
-    (tmp_path / "certs").mkdir()
-    shutil.copy(oci_registry.ca_cert, tmp_path / "certs" / "ca.crt")
-    pull = PullOptions(
-        cert_dir=tmp_path / "certs",
-        credentials=f"{oci_registry.username}:{oci_registry.password}",
-    )
+    pull = PullOptions.for_registry(oci_registry, tmp_path / "certs")
     ref = oci_registry.reference("fleetserve/init", tmp_path.name.lower())
     podman(["push", "--quiet", *pull.options(), base, f"docker://{ref}"], timeout_s=300)
     assert not image_exists(ref)

@@ -20,8 +20,9 @@ from pathlib import Path
 import httpx
 
 from fleetserve_e2e import controlplane
-from fleetserve_e2e.container_pod import PullOptions, remove_cluster_containers
+from fleetserve_e2e.container_pod import remove_cluster_containers
 from fleetserve_e2e.images.catalog import RUNTIME_GPU, image_tag
+from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.keda import start_keda
 from fleetserve_e2e.kubeapi import KubeClient
 from fleetserve_e2e.kubeconfig import write_kubeconfig

@@ -27,6 +27,7 @@ from fleetserve_e2e.images.podman import (
     podman,
     remove_containers,
 )
+from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.pod_containers import (
     CLUSTER_LABEL,
@@ -44,24 +45,6 @@ _SIGKILL_EXIT = 137
 _MESSAGE_LIMIT = 4096
 _FALLBACK_LOG_LINES = 80
 _CGROUP_GONE_S = 3.0
-
-
-@dataclass(frozen=True)
-class PullOptions:
-    """How to pull an image the local store lacks: a registry CA directory, credentials."""
-
-    cert_dir: Path | None = None
-    credentials: str | None = None
-    """``user:password`` for the registry."""
-
-    def options(self) -> list[str]:
-        """The registry options of ``podman pull`` (and ``push``)."""
-        args = [] if self.cert_dir is None else ["--cert-dir", str(self.cert_dir)]
-        return args if self.credentials is None else [*args, "--creds", self.credentials]
-
-    def argv(self, ref: str) -> list[str]:
-        """``podman pull`` arguments for `ref`."""
-        return ["pull", "--quiet", *self.options(), ref]
 
 
 @dataclass

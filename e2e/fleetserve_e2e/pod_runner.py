@@ -39,13 +39,14 @@ from typing import Literal, Protocol
 
 import httpx
 
-from fleetserve_e2e.container_pod import PodContainers, PullOptions
+from fleetserve_e2e.container_pod import PodContainers
 from fleetserve_e2e.identity import (
     ProjectedToken,
     projected_token,
     request_token,
     write_token_kubeconfig,
 )
+from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.pod_containers import ContainersPlan, containers_plan
 from fleetserve_e2e.pod_launch import (

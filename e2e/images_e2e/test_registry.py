@@ -12,7 +12,7 @@ import pytest
 from fleetserve_e2e.images.build import Built
 from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
 from fleetserve_e2e.images.podman import PodmanError, podman
-from fleetserve_e2e.images.registry import push, remote_reference, trust_options
+from fleetserve_e2e.images.registry import push, registry_access, remote_reference
 from fleetserve_e2e.oci_registry import OciRegistry
 
 MANIFEST_TYPES = ", ".join(
@@ -56,10 +56,10 @@ def test_a_node_with_an_empty_store_pulls_the_operator_by_digest(
     local_id = podman(["image", "inspect", "--format", "{{.Id}}", images[OPERATOR].spec.tag])
     with (
         tempfile.TemporaryDirectory(prefix="fleetserve-node-") as node,
-        trust_options(image_registry) as options,
+        registry_access(image_registry) as access,
     ):
         store = ["--root", str(Path(node) / "root"), "--runroot", str(Path(node) / "run")]
-        podman([*store, "pull", "--quiet", *options, reference])
+        podman([*store, *access.argv(reference)])
         pulled = podman([*store, "image", "inspect", "--format", "{{.Id}}", reference])
         podman([*store, "rmi", "--all", "--force"])
     assert pulled.stdout.strip() == local_id.stdout.strip()
@@ -72,7 +72,7 @@ def test_a_push_with_a_wrong_password_is_refused(
     local = images[OPERATOR].spec.tag
     target = remote_reference(image_registry, local) + "-unauthorized"
     with (
-        trust_options(image_registry, password="not-" + image_registry.password) as options,
+        registry_access(image_registry, password="not-" + image_registry.password) as access,
         pytest.raises(PodmanError, match="(?i)unauthorized|authentication required"),
     ):
-        podman(["push", *options, local, target])
+        podman(["push", *access.options(), local, target])

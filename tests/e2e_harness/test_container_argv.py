@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetserve_e2e.container_pod import PullOptions
 from fleetserve_e2e.images.containers import ContainerSpec, Mount, run_argv
+from fleetserve_e2e.images.registry import PullOptions
 
 IMAGE = "localhost/fleetserve/fleetserve-runtime:0.1.0"
 

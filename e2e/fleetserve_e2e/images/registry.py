@@ -1,4 +1,4 @@
-"""Push the built images to an OCI registry, and pull them from it, as a cluster's nodes do.
+"""Reach an OCI registry as a cluster's nodes do: push the built images, pull what is missing.
 
 The registry is any that speaks the OCI distribution API over TLS (in e2e, CNCF Distribution
 on loopback with a CA of its own, ``fleetserve_e2e.oci_registry``); podman trusts that CA
@@ -12,22 +12,49 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleetserve_e2e.images.podman import podman
 from fleetserve_e2e.oci_registry import OciRegistry
 
 
-@contextmanager
-def trust_options(registry: OciRegistry, *, password: str | None = None) -> Iterator[list[str]]:
-    """The podman options that trust ``registry``'s CA and carry its credentials.
+@dataclass(frozen=True)
+class PullOptions:
+    """How podman reaches a registry: a directory holding its CA, and its credentials."""
 
-    ``password`` replaces the real one, to test a refused push.
-    """
-    secret = registry.password if password is None else password
+    cert_dir: Path | None = None
+    credentials: str | None = None
+    """``user:password`` for the registry."""
+
+    @classmethod
+    def for_registry(
+        cls, registry: OciRegistry, cert_dir: Path, *, password: str | None = None
+    ) -> PullOptions:
+        """Trust ``registry``'s CA (copied into ``cert_dir``) and log in as its user.
+
+        ``password`` replaces the real one, to test a refused push.
+        """
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(registry.ca_cert, cert_dir / "ca.crt")
+        secret = registry.password if password is None else password
+        return cls(cert_dir=cert_dir, credentials=f"{registry.username}:{secret}")
+
+    def options(self) -> list[str]:
+        """The registry options of ``podman pull`` and ``podman push``."""
+        args = [] if self.cert_dir is None else ["--cert-dir", str(self.cert_dir)]
+        return args if self.credentials is None else [*args, "--creds", self.credentials]
+
+    def argv(self, ref: str) -> list[str]:
+        """``podman pull`` arguments for `ref`."""
+        return ["pull", "--quiet", *self.options(), ref]
+
+
+@contextmanager
+def registry_access(registry: OciRegistry, *, password: str | None = None) -> Iterator[PullOptions]:
+    """`PullOptions.for_registry` with a certificates directory that lasts the block."""
     with tempfile.TemporaryDirectory(prefix="fleetserve-certs-") as certs:
-        shutil.copyfile(registry.ca_cert, Path(certs) / "ca.crt")
-        yield ["--cert-dir", certs, "--creds", f"{registry.username}:{secret}"]
+        yield PullOptions.for_registry(registry, Path(certs), password=password)
 
 
 def remote_reference(registry: OciRegistry, local_tag: str) -> str:
@@ -42,17 +69,11 @@ def push(local_tag: str, registry: OciRegistry) -> str:
     reference = remote_reference(registry, local_tag)
     with tempfile.TemporaryDirectory(prefix="fleetserve-push-") as work:
         digest_file = Path(work) / "digest"
-        with trust_options(registry) as options:
+        with registry_access(registry) as access:
             podman(
-                ["push", *options, "--digestfile", str(digest_file), local_tag, reference],
+                ["push", *access.options(), "--digestfile", str(digest_file), local_tag, reference],
                 timeout_s=1800,
             )
         digest = digest_file.read_text(encoding="utf-8").strip()
     repository = reference.rsplit(":", 1)[0]
     return f"{repository}@{digest}"
-
-
-def pull(reference: str, registry: OciRegistry) -> None:
-    """Pull ``reference`` from ``registry`` into the local store."""
-    with trust_options(registry) as options:
-        podman(["pull", "--quiet", *options, reference], timeout_s=1800)
