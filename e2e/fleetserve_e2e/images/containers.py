@@ -19,7 +19,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fleetserve_e2e.images.podman import container_options, executable, podman
+from fleetserve_e2e.images.podman import (
+    PodmanError,
+    container_options,
+    container_state,
+    executable,
+    podman,
+)
 
 LOOPBACK = "127.0.0.1"
 
@@ -144,9 +150,14 @@ class Container:
         return f"http://{LOOPBACK}:{self.spec.ports[container_port]}"
 
     def state(self) -> dict[str, Any]:
-        """``State`` of ``podman inspect``: Status, ExitCode, OOMKilled, ..."""
-        done = podman(["inspect", "--format", "{{json .State}}", self.name])
-        state: dict[str, Any] = json.loads(done.stdout)
+        """``State`` of ``podman inspect``: Status, ExitCode, OOMKilled, ...
+
+        Raises:
+            PodmanError: The container is gone.
+        """
+        state = container_state(self.name)
+        if state is None:
+            raise PodmanError(f"container {self.name} is gone")
         return state
 
     def logs(self) -> str:
