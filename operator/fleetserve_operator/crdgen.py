@@ -160,6 +160,7 @@ def _printer_columns() -> list[Schema]:
         column("Image", ".status.tracks.stable.image", wide=True),
         column("Fallback Image", ".status.tracks.fallback.image", wide=True),
         column("Source", ".spec.model.uri", wide=True),
+        column("Digest", ".status.tracks.stable.modelDigest", wide=True),
         column("Metadata", ".spec.model.metadata", wide=True),
     ]
 

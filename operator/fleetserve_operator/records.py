@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ["EventNote", "Manifest", "MemoryFigures", "Problem", "rfc3339"]
+__all__ = ["EventNote", "Manifest", "MemoryFigures", "Problem", "TrackFetch", "rfc3339"]
 
 Manifest = dict[str, Any]
 """A Kubernetes object (or part of one) in the API's own JSON shape."""
@@ -25,6 +25,21 @@ class Problem:
 
     reason: str
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrackFetch:
+    """Where the model fetch of one track's current pods stands (fetched models only)."""
+
+    pods: int
+    """Current pods of the track; each fetches the model in its init container."""
+    fetched: int
+    """Those whose fetch completed."""
+    digests: tuple[str, ...] = ()
+    """The distinct digests the completed fetches reported, sorted: one when the track
+    serves one set of bytes."""
+    failure: Problem | None = None
+    """The first current pod's failed fetch, in the fetch's own words."""
 
 
 @dataclass(frozen=True, slots=True)

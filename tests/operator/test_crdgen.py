@@ -74,7 +74,7 @@ def test_names_scope_and_subresources() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c]
     assert columns == ["Model", "Stable", "Canary", "Weight", "Phase", "Ready", "Age"]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Image", "Fallback Image", "Source", "Metadata"]
+    assert wide == ["Image", "Fallback Image", "Source", "Digest", "Metadata"]
 
 
 @pytest.mark.parametrize(

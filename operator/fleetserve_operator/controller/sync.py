@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,7 +67,7 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
-from fleetserve_operator.records import EventNote, Manifest, Problem, rfc3339
+from fleetserve_operator.records import EventNote, Manifest, Problem, TrackFetch, rfc3339
 from fleetserve_operator.render import Owner
 from fleetserve_operator.spec import (
     AnalysisMode,
@@ -117,6 +117,7 @@ class _Pass:
     """The children this service controls, as last read or written."""
     actions: tuple[rollout.Action, ...] = ()
     problem: Problem | None = None
+    fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
@@ -238,6 +239,7 @@ class Sync:
                 problem=found,
                 now=rfc3339(now),
                 routes_by_weight=routes_by_weight,
+                fetches=run.fetches,
             )
 
         run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
@@ -285,6 +287,7 @@ class Sync:
         )
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
+        run.fetches = observe.track_fetches(deployments, pods)
         run.problem = observe.workload_problem(deployments, pods) or self._memory_problem(
             run.ref.namespace, spec, render.stable_pods(spec, run.previous)
         )

@@ -3,8 +3,9 @@
 Pure: `sync` gathers the observations through `kube` and `analysis` and hands them here.
 Modules, highest first (a module imports only those below it):
 
-    facts       the tracks' Deployments and pods → the rollout's `TrackFacts`, and the
-                failures after the children were applied (`workload_problem`)
+    facts       the tracks' Deployments and pods → the rollout's `TrackFacts`, the model
+                fetches of their pods (`track_fetches`), and the failures after the
+                children were applied (`workload_problem`)
     status      the observed children, problems and measured memory → `.status`, its
                 conditions, and the Events of a status change
 
@@ -13,7 +14,7 @@ This package re-exports what the rest of the operator and the tests use.
 
 from __future__ import annotations
 
-from fleetserve_operator.observe.facts import track_facts, workload_problem
+from fleetserve_operator.observe.facts import track_facts, track_fetches, workload_problem
 from fleetserve_operator.observe.status import (
     Observation,
     compute_status,
@@ -33,6 +34,7 @@ __all__ = [
     "is_rolled_out",
     "memory_problem",
     "track_facts",
+    "track_fetches",
     "track_status",
     "transitions",
     "workload_problem",

@@ -2,6 +2,8 @@
 
 `sync` lists the children and the pods of an InferenceService through `kube` and calls
 `track_facts` for the stable and the canary track (`rollout.next_step` reads the result),
+`track_fetches` for the tracks whose pods fetch their model (`observe.status` reports
+`ModelFetched` and the digest each track serves from it),
 and `workload_problem` for every track: what failed after the operator applied its
 children (pods that crash at start, images that cannot be pulled, a ReplicaSet that may not
 create pods, a rollout past its progress deadline), which `observe.status` reports as `Degraded`.
@@ -19,10 +21,17 @@ from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import bounded
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe.status import is_rolled_out
-from fleetserve_operator.records import Manifest, Problem
+from fleetserve_operator.records import Manifest, Problem, TrackFetch
 from fleetserve_operator.rollout import TrackFacts
 
-__all__ = ["CRASH_LOOP", "MAX_MESSAGE", "OOM_KILLED", "track_facts", "workload_problem"]
+__all__ = [
+    "CRASH_LOOP",
+    "MAX_MESSAGE",
+    "OOM_KILLED",
+    "track_facts",
+    "track_fetches",
+    "workload_problem",
+]
 
 OOM_KILLED = "OOMKilled"
 """The container termination reason the kubelet reports for an out-of-memory kill."""
@@ -30,6 +39,8 @@ CRASH_LOOP = "CrashLoopBackOff"
 """The kubelet's waiting reason for a container that keeps exiting."""
 MAX_MESSAGE = 512
 """Longest message taken from a pod or Deployment into status (they can carry logs)."""
+MAX_DIGEST = 80
+"""Longest digest taken from a fetch's record (`sha256:` and 64 hex digits is 71)."""
 _FAILING_WAITS = frozenset({
     CRASH_LOOP,
     "ErrImagePull",
@@ -98,6 +109,54 @@ def _all_statuses(pod: Manifest) -> list[Manifest]:
     return init + (status.get("containerStatuses") or [])
 
 
+def track_fetches(
+    deployments: Mapping[Track, Manifest], pods: Iterable[Manifest]
+) -> dict[Track, TrackFetch]:
+    """How far the current pods of each track that fetches its model have got.
+
+    A track fetches when its pod template has the fetch init container; the others are
+    left out. A completed fetch's termination message is its record (`{"digest", "bytes",
+    "files"}`), from which the digest it installed is read.
+    """
+    listed = list(pods)
+    fetches: dict[Track, TrackFetch] = {}
+    for track, deployment in deployments.items():
+        template = deployment["spec"].get("template", {}).get("spec", {})
+        init = template.get("initContainers") or []
+        if not any(c.get("name") == contract.FETCH_CONTAINER_NAME for c in init):
+            continue
+        current = _current_pods(deployment, listed)
+        done = [d for d in map(_fetched_digest, current) if d is not None]
+        fetches[track] = TrackFetch(
+            pods=len(current),
+            fetched=len(done),
+            digests=tuple(sorted({d for d in done if d})),
+            failure=next(filter(None, map(_fetch_failure, current)), None),
+        )
+    return fetches
+
+
+def _fetch_status(pod: Manifest) -> Manifest:
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    return next((c for c in statuses if c.get("name") == contract.FETCH_CONTAINER_NAME), {})
+
+
+def _fetched_digest(pod: Manifest) -> str | None:
+    """The digest the pod's completed fetch reported; None while it has not completed.
+
+    "" when it completed without a readable record (an older image).
+    """
+    ended = (_fetch_status(pod).get("state") or {}).get("terminated") or {}
+    if not ended or ended.get("exitCode", 0) != 0:
+        return None
+    try:
+        record = json.loads(str(ended.get("message") or ""))
+    except ValueError:
+        return ""
+    digest = record.get("digest") if isinstance(record, dict) else None
+    return bounded(digest, MAX_DIGEST) if isinstance(digest, str) else ""
+
+
 def _fetch_failure(pod: Manifest) -> Problem | None:
     """Why the pod's model fetch failed, in the fetch's own words; None if it has not failed.
 
@@ -105,16 +164,14 @@ def _fetch_failure(pod: Manifest) -> Problem | None:
     ended otherwise (killed, out of memory) reads as `FETCH_FAILED` with the kubelet's reason.
     While the kubelet backs off, the failed run is the container's `lastState`.
     """
-    for container in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if container.get("name") != contract.FETCH_CONTAINER_NAME:
-            continue
-        states = (container.get("state") or {}, container.get("lastState") or {})
-        for state in states:
-            ended = state.get("terminated") or {}
-            if ended and ended.get("exitCode", 0) != 0:
-                reason, message = _reported(ended)
-                where = f"pod {pod['metadata']['name']}: model fetch failed"
-                return Problem(reason, bounded(f"{where}: {message}", MAX_MESSAGE))
+    container = _fetch_status(pod)
+    states = (container.get("state") or {}, container.get("lastState") or {})
+    for state in states:
+        ended = state.get("terminated") or {}
+        if ended and ended.get("exitCode", 0) != 0:
+            reason, message = _reported(ended)
+            where = f"pod {pod['metadata']['name']}: model fetch failed"
+            return Problem(reason, bounded(f"{where}: {message}", MAX_MESSAGE))
     return None
 
 

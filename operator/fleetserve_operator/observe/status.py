@@ -15,11 +15,12 @@ reason, so whoever waits for Ready sees why it does not come.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from fleetserve_operator import contract, naming
 from fleetserve_operator.naming import Track
-from fleetserve_operator.records import EventNote, Manifest, MemoryFigures, Problem
+from fleetserve_operator.records import EventNote, Manifest, MemoryFigures, Problem, TrackFetch
 from fleetserve_operator.rollout.traffic import fallback_active, traffic_split
 from fleetserve_operator.spec import (
     Condition,
@@ -40,6 +41,7 @@ __all__ = [
     "generation_memory_problem",
     "is_rolled_out",
     "memory_problem",
+    "model_fetched",
     "track_status",
     "transitions",
 ]
@@ -58,6 +60,8 @@ class Observation:
     """RFC 3339 UTC timestamp of this observation."""
     routes_by_weight: bool = False
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
+    fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
+    """The model fetches of the tracks whose pods fetch their model (`facts.track_fetches`)."""
 
 
 def memory_problem(
@@ -159,6 +163,13 @@ def track_status(deployment: Manifest) -> TrackStatus:
     )
 
 
+def _with_digest(track: TrackStatus, fetch: TrackFetch | None) -> TrackStatus:
+    """`track` with the digest its pods fetched, when they agree on one."""
+    if fetch is None or len(fetch.digests) != 1:
+        return track
+    return track.model_copy(update={"model_digest": fetch.digests[0]})
+
+
 def is_rolled_out(deployment: Manifest) -> bool:
     """True when the Deployment controller has finished rolling out the current template."""
     spec, status = deployment["spec"], deployment.get("status", {})
@@ -189,6 +200,31 @@ def _progressing(
     if rolling:
         return make(ConditionType.PROGRESSING, True, "RollingUpdate", tracks.removeprefix("; "))
     return make(ConditionType.PROGRESSING, False, "Complete", "every track is rolled out")
+
+
+def model_fetched(
+    fetches: Mapping[Track, TrackFetch],
+) -> tuple[Literal["True", "False", "Unknown"], str, str] | None:
+    """`ModelFetched`'s (status, reason, message); None when no track fetches its model."""
+    if not fetches:
+        return None
+    counts = "; ".join(
+        f"{track.value}: {fetch.fetched}/{fetch.pods} pods fetched"
+        + (f" {', '.join(fetch.digests)}" if fetch.digests else "")
+        for track, fetch in fetches.items()
+    )
+    failed = next((fetch.failure for fetch in fetches.values() if fetch.failure), None)
+    if failed is not None:
+        return "False", failed.reason, failed.message
+    mixed = [track.value for track, fetch in fetches.items() if len(fetch.digests) > 1]
+    if mixed:
+        why = f"pods of the {', '.join(mixed)} track fetched different bytes; pin model.digest"
+        return "False", "DigestsDiffer", f"{why}: {counts}"
+    if any(fetch.fetched < fetch.pods for fetch in fetches.values()):
+        return "False", "Fetching", counts
+    if not any(fetch.pods for fetch in fetches.values()):
+        return "Unknown", "NoPods", counts
+    return "True", "Fetched", counts
 
 
 def _conditions(
@@ -231,7 +267,25 @@ def _conditions(
         ),
         fallback or make(ConditionType.FALLBACK_ACTIVE, False, "GPUTrackServing", ""),
     ]
-    conditions = list(previous.conditions)
+    fetched = model_fetched(seen.fetches)
+    if fetched is not None:
+        status, reason, message = fetched
+        wanted.append(
+            Condition(
+                type=ConditionType.MODEL_FETCHED.value,
+                status=status,
+                observed_generation=seen.generation,
+                last_transition_time=seen.now,
+                reason=reason,
+                message=message,
+            )
+        )
+    # A service whose model is no longer fetched drops the condition rather than keep a stale one.
+    conditions = [
+        c
+        for c in previous.conditions
+        if fetched is not None or c.type != ConditionType.MODEL_FETCHED.value
+    ]
     for condition in wanted:
         conditions = set_condition(conditions, condition, now=seen.now)
     # The rollout's conditions (FallbackActive, Promoted) were decided for this generation too.
@@ -266,7 +320,10 @@ def compute_status(previous: InferenceServiceStatus, seen: Observation) -> Infer
     `previous` is the status `rollout.next_step` returned (a refused spec's too): phase,
     stable version, weights and rollout state are carried over.
     """
-    tracks = {track: track_status(dep) for track, dep in seen.deployments.items()}
+    tracks = {
+        track: _with_digest(track_status(dep), seen.fetches.get(track))
+        for track, dep in seen.deployments.items()
+    }
     stable = tracks.get(Track.STABLE)
     phase = previous.current_phase
     return previous.model_copy(

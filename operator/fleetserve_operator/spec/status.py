@@ -347,6 +347,11 @@ class ConditionType(StrEnum):
     PROMOTED = "Promoted"
     """The stable track serves the spec; False during and after a rollout. The reason is
     the phase and the message says why (failing values, hold reason)."""
+    MODEL_FETCHED = "ModelFetched"
+    """Fetched models only (s3, oci, https, hf): True once every current pod's init
+    container has installed the model; False while one fetches (`Fetching`), when one
+    failed (the fetch's reason) or when pods fetched different bytes (`DigestsDiffer`).
+    The message gives each track's fetched/current pods and the digests they serve."""
 
 
 class Condition(Wire):
@@ -385,6 +390,10 @@ class TrackStatus(Wire):
     """Model version of the track's pod template."""
     image: str | None = Field(None, max_length=512)
     """Runtime image of the track's pod template: the spec's, else the operator's default."""
+    model_digest: str | None = Field(None, max_length=80)
+    """Fetched models: the digest of the bytes the track's pods installed, as their fetch
+    reported it (the manifest, file or file-listing digest); unset until one completed,
+    or while pods disagree."""
     replicas: int = Field(0, ge=0)
     """Desired replicas."""
     ready_replicas: int = Field(0, ge=0)
@@ -441,7 +450,8 @@ class InferenceServiceStatus(Wire):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """`Ready`, `Progressing`, `Degraded`, `FallbackActive`, `Promoted`."""
+    """`Ready`, `Progressing`, `Degraded`, `FallbackActive`, `Promoted`, and for fetched
+    models `ModelFetched`."""
 
     @property
     def current_phase(self) -> RolloutPhase:

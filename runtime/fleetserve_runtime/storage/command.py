@@ -3,10 +3,12 @@
 Flags become `FetchOptions` (a flag not given keeps the option's default); the fetch writes
 JSON lines on stdout: `{"event": "progress", "bytes_done": N, "bytes_total": M or null}` as
 bytes arrive, then `{"event": "fetched", "digest": ..., "bytes": N, "files": N, "reused":
-bool}`. On failure it writes `{"event": "failed", "reason": ..., "message": ...}`, writes
-`{"reason": ..., "message": ...}` to the termination log (`--termination-log`, by default
-/dev/termination-log where /dev exists), which Kubernetes shows as the init container's
-termination message, and exits 1. A malformed command line exits 2.
+bool}` and writes `{"digest": ..., "bytes": N, "files": N}` to the termination log
+(`--termination-log`, by default /dev/termination-log where /dev exists), which Kubernetes
+shows as the init container's termination message: the operator reports from it which bytes
+each track serves. On failure it writes `{"event": "failed", "reason": ..., "message": ...}`,
+writes `{"reason": ..., "message": ...}` to the termination log and exits 1. A malformed
+command line exits 2.
 """
 
 from __future__ import annotations
@@ -72,18 +74,14 @@ def run(args: argparse.Namespace) -> int:
         failure = FetchFailed(Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
     else:
         record = fetched.record
-        _emit(
-            {
-                "event": "fetched",
-                "digest": record.digest,
-                "bytes": record.bytes,
-                "files": len(record.files),
-                "reused": fetched.reused,
-            }
-        )
+        done = {"digest": record.digest, "bytes": record.bytes, "files": len(record.files)}
+        _emit({"event": "fetched", **done, "reused": fetched.reused})
+        _write_termination_log(args.termination_log, done)
         return 0
     _emit({"event": "failed", "reason": failure.reason.value, "message": failure.message})
-    _write_termination_log(args.termination_log, failure)
+    _write_termination_log(
+        args.termination_log, {"reason": failure.reason.value, "message": failure.message}
+    )
     return EXIT_FETCH_FAILED
 
 
@@ -106,13 +104,13 @@ def _emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-def _write_termination_log(path: Path | None, failure: FetchFailed) -> None:
+def _write_termination_log(path: Path | None, report: dict[str, Any]) -> None:
     if path is None and _DEFAULT_TERMINATION_LOG.parent.is_dir():
         path = _DEFAULT_TERMINATION_LOG
     if path is None:
         return
     try:
-        path.write_text(json.dumps({"reason": failure.reason.value, "message": failure.message}))
+        path.write_text(json.dumps(report))
     except OSError as exc:
         print(f"fleetserve-runtime: cannot write {path}: {exc.strerror}", file=sys.stderr)
 

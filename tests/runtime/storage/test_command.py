@@ -34,7 +34,10 @@ def _lines(stdout: str) -> list[dict[str, object]]:
 
 
 def test_fetches_and_reports(server: FileServer, pki: ClusterPki, tmp_path: Path) -> None:
-    """Exit 0; progress events, then `fetched` with the digest and the byte count."""
+    """Exit 0; progress events, then `fetched` with the digest and the byte count.
+
+    The termination log holds the same record, for the operator to report.
+    """
     server.routes["/model.onnx"] = Route(body=BODY)
     sha = hashlib.sha256(BODY).hexdigest()
     uri = f"{server.url('/model.onnx')}#sha256={sha}"
@@ -51,7 +54,8 @@ def test_fetches_and_reports(server: FileServer, pki: ClusterPki, tmp_path: Path
         "reused": False,
     }
     assert (tmp_path / "v/model/model.onnx").read_bytes() == BODY
-    assert not (tmp_path / "log").exists()
+    report = json.loads((tmp_path / "log").read_text())
+    assert report == {"digest": f"sha256:{sha}", "bytes": len(BODY), "files": 1}
     again = _run(*args)
     assert _lines(again.stdout) == [{**events[-1], "reused": True}]
 
