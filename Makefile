@@ -190,10 +190,12 @@ e2e-images: setup images-install
 
 ## e2e-containers: the fake kubelet's container backend on the local control plane: runtime
 ##                 pods as podman/runc containers of the built image (init containers, Secret
-##                 env, volumes, securityContext, memory limits and OOMKilled, a registry pull)
+##                 env, volumes, securityContext, memory limits and OOMKilled, a registry pull),
+##                 and models fetched by the init container from S3, OCI and HTTPS stores
 e2e-containers: setup images-install storage-tools
 	timeout 1800 $(E2E_HARNESS) images --only runtime-gpu
 	cd e2e && timeout 900 ../$(PY) -m pytest containers_e2e $(E2E_PYTEST_ARGS)
+	cd e2e && timeout 900 ../$(PY) -m pytest fetched_models_e2e $(E2E_PYTEST_ARGS)
 
 ## e2e: the e2e tier (local control plane, Prometheus, runtime processes)
 e2e: $(E2E_TIERS)
@@ -250,11 +252,12 @@ peers-venvs: setup
 
 ##@ Release
 
-## images-install: Debian's podman, runc and debootstrap, if missing (containers run with runc)
+## images-install: Debian's podman, runc, debootstrap and slirp4netns (pods reaching the host's loopback), if missing
 images-install:
 	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null \
+	  && command -v slirp4netns >/dev/null \
 	  || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-	       podman runc netavark aardvark-dns iptables catatonit debootstrap; }
+	       podman runc netavark aardvark-dns iptables catatonit debootstrap slirp4netns; }
 
 IMAGES ?=
 TORCH_CPU_SHA256 ?=

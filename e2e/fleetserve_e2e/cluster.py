@@ -86,6 +86,9 @@ class LocalCluster(Component):
         pod_images: Image reference in pod specs → local tag to run (``containers`` only).
         pull: How a ``containers`` pod's image missing locally is pulled (registry CA
             directory, credentials).
+        host_names: Names that resolve to the host's loopback inside every ``containers``
+            pod, so that a pod reaches a server a test runs on 127.0.0.1 (an object store, a
+            registry) by the name in its certificate, as a cluster's DNS would resolve it.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class LocalCluster(Component):
         pod_backend: Backend = "processes",
         pod_images: Mapping[str, str] | None = None,
         pull: PullOptions | None = None,
+        host_names: Sequence[str] = (),
     ) -> None:
         """Configure the cluster; nothing starts before ``__enter__``."""
         self._requested_dir = work_dir
@@ -115,6 +119,7 @@ class LocalCluster(Component):
         self._pod_backend: Backend = pod_backend
         self._pod_images = dict(pod_images or {})
         self._pull = pull or PullOptions()
+        self._host_names = tuple(host_names)
         self.work_dir = Path()
         self.ports = controlplane.Ports.pick()
         self._processes: list[ManagedProcess] = []
@@ -279,6 +284,7 @@ class LocalCluster(Component):
             images=self._pod_images,
             pull=self._pull,
             marker=self.marker,
+            host_names=self._host_names,
         )
 
     def _spawn(

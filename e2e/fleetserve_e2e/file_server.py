@@ -39,6 +39,10 @@ _CHUNK = 64 * 1024
 # An idle keep-alive connection, or a client that stops reading, frees its thread after this.
 _SOCKET_TIMEOUT_S = 30.0
 
+FILES_SERVER_NAME = "fleetserve-files"
+"""The name in the server's certificate (beside localhost and 127.0.0.1), by which a
+container reaches it (`LocalCluster(host_names=...)`)."""
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -300,7 +304,7 @@ class HttpsFileServer(Component):
         return self._server
 
     def _start(self) -> None:
-        tls = issue_loopback_cert(self._ca, self._tls_dir, "fleetserve-files")
+        tls = issue_loopback_cert(self._ca, self._tls_dir, FILES_SERVER_NAME)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(tls.cert, tls.key)
         self.root.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,10 @@ _START_TIMEOUT_S = 90.0
 _STOP_GRACE_S = 1.0
 _READY_PROBE = ".fleetserve-ready"
 
+S3_SERVER_NAME = "seaweedfs-s3"
+"""The name in the server's certificate (beside localhost and 127.0.0.1), by which a
+container reaches it (`LocalCluster(host_names=...)`)."""
+
 
 @dataclass(frozen=True)
 class S3Credentials:
@@ -235,7 +239,7 @@ class LocalObjectStore(Component):
         work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-s3-"))
         self._work_dir = work_dir
         (work_dir / "data").mkdir(parents=True, exist_ok=True)
-        tls = issue_loopback_cert(self._ca, work_dir / "tls", "seaweedfs-s3")
+        tls = issue_loopback_cert(self._ca, work_dir / "tls", S3_SERVER_NAME)
         ports = self._ports = _Ports.pick()
         store = ObjectStore(
             endpoint_url=f"https://127.0.0.1:{ports.s3}",

@@ -38,6 +38,10 @@ REALM = "fleetserve-e2e"
 DOCKER_CONFIG_SECRET_TYPE = "kubernetes.io/dockerconfigjson"
 _START_TIMEOUT_S = 60.0
 
+REGISTRY_SERVER_NAME = "distribution-registry"
+"""The name in the server's certificate (beside localhost and 127.0.0.1), by which a
+container reaches it (`LocalCluster(host_names=...)`)."""
+
 
 @dataclass(frozen=True)
 class OciRegistry:
@@ -155,7 +159,7 @@ class LocalOciRegistry(Component):
         binary = ensure_registry()
         work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-registry-"))
         self._work_dir = work_dir
-        tls = issue_loopback_cert(self._ca, work_dir / "tls", "distribution-registry")
+        tls = issue_loopback_cert(self._ca, work_dir / "tls", REGISTRY_SERVER_NAME)
         port = self._port or free_port()
         registry = OciRegistry(
             host=f"127.0.0.1:{port}",

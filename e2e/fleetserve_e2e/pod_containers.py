@@ -16,7 +16,9 @@ The container backend of the fake kubelet runs a runtime pod from its image, as 
   and cpu;
 - every containerPort published on 127.0.0.1 at a free host port, where the readiness probe
   and the pod map reach it;
-- labels naming the pod and the cluster, by which leftovers are removed.
+- labels naming the pod and the cluster, by which leftovers are removed;
+- the cluster's host names (``RunnerConfig.host_names``) resolving to the host's loopback in
+  every container, the stand-in for the cluster DNS that names the stores pods fetch from.
 """
 
 from __future__ import annotations
@@ -311,6 +313,7 @@ def container_spec(
     termination_file: str,
     ports: Mapping[int, int],
     labels: Mapping[str, str],
+    host_names: Sequence[str] = (),
 ) -> ContainerSpec:
     """The podman container for one of the pod's containers."""
     context = container.get("securityContext") or {}
@@ -344,6 +347,7 @@ def container_spec(
         labels=dict(labels),
         drop_all_capabilities="ALL" in drop,
         no_new_privileges=context.get("allowPrivilegeEscalation") is False,
+        host_names=tuple(host_names),
     )
 
 
@@ -375,6 +379,7 @@ def containers_plan(
     pod_dir: Path,
     allocate_port: Callable[[], int],
     cluster: str,
+    host_names: Sequence[str] = (),
 ) -> ContainersPlan:
     """How to run the pod's init containers and its runtime `container` with podman.
 
@@ -408,6 +413,7 @@ def containers_plan(
                 termination_file=termination_file,
                 ports=ports,
                 labels=labels,
+                host_names=host_names,
             ),
             termination_file=termination_file,
             fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",

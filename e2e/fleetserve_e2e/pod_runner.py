@@ -214,6 +214,8 @@ class RunnerConfig:
     """How an image missing locally is pulled (containers backend)."""
     marker: str = ""
     """Labels the containers as this cluster's, for the cleanup of leftovers."""
+    host_names: tuple[str, ...] = ()
+    """Names every container resolves to the host's loopback (containers backend)."""
 
 
 class PodRunner:
@@ -366,6 +368,7 @@ class PodRunner:
             pod_dir=pod_dir,
             allocate_port=free_port,
             cluster=self._config.marker,
+            host_names=self._config.host_names,
         )
         wanted = projected_token(pod)
         token = None if wanted is None else self._bound_token(pod, wanted)

@@ -61,6 +61,23 @@ def test_a_pods_container_gets_its_mounts_labels_limits_and_command() -> None:
     ]  # fmt: skip
 
 
+def test_host_names_put_the_container_on_slirp4netns_with_the_hosts_loopback() -> None:
+    """Each name resolves to 10.0.2.2, which slirp4netns maps to the host's 127.0.0.1."""
+    spec = ContainerSpec(IMAGE, ports={8080: 40000}, host_names=("seaweedfs-s3", "registry"))
+    argv = _after_options(run_argv(spec, "c3", detach=True))
+    network = argv[argv.index("--publish") :]
+    assert network == [
+        "--publish", "127.0.0.1:40000:8080",
+        "--network", "slirp4netns:allow_host_loopback=true",
+        "--add-host", "seaweedfs-s3:10.0.2.2",
+        "--add-host", "registry:10.0.2.2",
+        IMAGE,
+    ]  # fmt: skip
+    plain = _after_options(run_argv(ContainerSpec(IMAGE), "c4", detach=True))
+    assert "--network" not in plain
+    assert "--add-host" not in plain
+
+
 def test_a_missing_image_is_pulled_with_the_registry_ca_and_credentials() -> None:
     options = PullOptions(cert_dir=Path("/certs/registry"), credentials="user:pw")
     assert options.argv("registry.test:5000/fleetserve/fleetserve-runtime:0.1.0") == [

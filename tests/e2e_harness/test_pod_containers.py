@@ -69,7 +69,7 @@ def _pod(container: JsonObject, **spec: Any) -> JsonObject:
     }
 
 
-def _plan(pod: JsonObject) -> ContainersPlan:
+def _plan(pod: JsonObject, host_names: tuple[str, ...] = ()) -> ContainersPlan:
     return containers_plan(
         pod,
         pod["spec"]["containers"][0],
@@ -78,6 +78,7 @@ def _plan(pod: JsonObject) -> ContainersPlan:
         pod_dir=POD_DIR,
         allocate_port=itertools.count(40000).__next__,
         cluster="/tmp/cluster-a",
+        host_names=host_names,
     )
 
 
@@ -241,6 +242,14 @@ def test_init_containers_run_in_order_with_their_mounts_and_no_ports() -> None:
         Mount(POD_DIR / "volume-2", "/models"),
         Mount(POD_DIR / "termination-fetch", "/dev/termination-log"),
     )
+
+
+def test_the_clusters_host_names_reach_every_container_init_ones_too() -> None:
+    """The fetch init container is the one that needs them: it reaches the stores."""
+    plan = _plan(_volumes_pod(), host_names=("seaweedfs-s3",))
+    for planned in (*plan.init, plan.main):
+        assert planned.spec.host_names == ("seaweedfs-s3",)
+    assert _plan(_volumes_pod()).main.spec.host_names == ()
 
 
 def test_every_container_is_labelled_with_the_pod_and_the_cluster() -> None:

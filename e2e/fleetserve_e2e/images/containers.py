@@ -28,6 +28,9 @@ from fleetserve_e2e.images.podman import (
 )
 
 LOOPBACK = "127.0.0.1"
+SLIRP_HOST_LOOPBACK = "10.0.2.2"
+"""The address at which a container on slirp4netns with ``allow_host_loopback`` reaches the
+host's 127.0.0.1."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     drop_all_capabilities: bool = True
     no_new_privileges: bool = True
+    host_names: tuple[str, ...] = ()
+    """Names that resolve, inside the container, to the host's loopback: the servers a test
+    runs on 127.0.0.1, named as a cluster's DNS would name them. With any, the container's
+    network is slirp4netns with ``allow_host_loopback`` (netavark's bridge cannot reach the
+    host's 127.0.0.1)."""
 
 
 def _confinement(spec: ContainerSpec) -> list[str]:
@@ -104,6 +112,10 @@ def run_argv(spec: ContainerSpec, name: str, *, detach: bool) -> list[str]:
         args += ["--env", f"{key}={value}"]
     for container_port, host_port in sorted(spec.ports.items()):
         args += ["--publish", f"{LOOPBACK}:{host_port}:{container_port}"]
+    if spec.host_names:
+        args += ["--network", "slirp4netns:allow_host_loopback=true"]
+        for name in spec.host_names:
+            args += ["--add-host", f"{name}:{SLIRP_HOST_LOOPBACK}"]
     if spec.entrypoint is not None:
         args += ["--entrypoint", spec.entrypoint]
     return [*args, spec.image, *spec.args]
