@@ -17,7 +17,7 @@ from enum import StrEnum
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
 from fleetserve_operator.spec.base import parse_quantity
-from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES
+from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, fetched_scheme
 
 __all__ = [
     "AUTH_MOUNT",
@@ -299,8 +299,9 @@ def fetch_args(model: ModelSpec) -> list[str]:
             flags["credentials-dir"] = STORAGE_CREDENTIALS_MOUNT
         if storage.ca_config_map is not None:
             flags["ca-file"] = STORAGE_CA_FILE
-        s3 = {"s3-endpoint": storage.endpoint, "s3-region": storage.region}
-        flags |= {flag: value for flag, value in s3.items() if value is not None}
+        endpoint = "hf-endpoint" if fetched_scheme(model.uri) == "hf" else "s3-endpoint"
+        store = {endpoint: storage.endpoint, "s3-region": storage.region}
+        flags |= {flag: value for flag, value in store.items() if value is not None}
         if storage.addressing is not None:
             flags["s3-addressing"] = storage.addressing
     args = as_args(flags)

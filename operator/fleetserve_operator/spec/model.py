@@ -183,7 +183,18 @@ SOURCE_RULES: tuple[SourceRule, ...] = (
     _fetched_only("digest", lambda model: model.digest is not None),
     _fetched_only("maxBytes", lambda model: model.max_bytes is not None),
     _fetched_only("storage", lambda model: model.storage is not None),
-    *(_s3_only(field) for field in ("endpoint", "region", "addressing")),
+    *(_s3_only(field) for field in ("region", "addressing")),
+    SourceRule(
+        "!has(self.storage) || !has(self.storage.endpoint) || "
+        "(has(self.uri) && (self.uri.startsWith('s3://') || self.uri.startsWith('hf://')))",
+        "model.storage.endpoint applies to s3:// and hf:// models only",
+        ".storage.endpoint",
+        lambda model: (
+            model.storage is None
+            or model.storage.endpoint is None
+            or fetched_scheme(model.uri) in ("s3", "hf")
+        ),
+    ),
     SourceRule(
         "!has(self.uri) || !self.uri.matches('^https?://') || has(self.digest)",
         "model.digest is required for an https:// model: the sha256 of the file it names "

@@ -81,8 +81,8 @@ class ModelStorage(Wire):
     """A ConfigMap whose key `ca.crt` holds the CA bundle that signs the store's TLS
     certificate (a private store); unset: the image's system CAs."""
     endpoint: str | None = Field(None, pattern=rf"^https?://{_HOST}/?$", max_length=256)
-    """`s3://` only: the S3 endpoint, e.g. `https://objects.example.internal:8333`; unset:
-    AWS S3."""
+    """`s3://`: the S3 endpoint, e.g. `https://objects.example.internal:8333`; unset: AWS S3.
+    `hf://`: a Hugging Face Hub mirror serving the Hub's API; unset: the Hub itself."""
     region: str | None = Field(None, pattern=r"^[a-z0-9-]+$", max_length=32)
     """`s3://` only: the bucket's region."""
     addressing: S3Addressing | None = None

@@ -91,6 +91,16 @@ def test_the_fetch_container_is_as_locked_down_as_the_runtime() -> None:
         assert pod["automountServiceAccountToken"] is False
 
 
+def test_an_hf_endpoint_is_the_hub_mirror() -> None:
+    """`storage.endpoint` of an hf:// model goes to `--hf-endpoint`, never to the S3 flag."""
+    model = {"name": "m", "version": "1", "uri": "hf://org/m@" + "c" * 40,
+             "storage": {"endpoint": "https://hub-mirror.local"}}  # fmt: skip
+    for pod in _pods(model):
+        args = pod["initContainers"][0]["args"]
+        assert _flag(args, "--hf-endpoint") == "https://hub-mirror.local"
+        assert "--s3-endpoint" not in args
+
+
 @pytest.mark.parametrize(
     ("model", "absent"),
     [
