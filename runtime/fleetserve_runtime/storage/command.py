@@ -3,7 +3,8 @@
 Flags become `FetchOptions` (a flag not given keeps the option's default); the fetch writes
 JSON lines on stdout: `{"event": "progress", "bytes_done": N, "bytes_total": M or null}` as
 bytes arrive, then `{"event": "fetched", "digest": ..., "bytes": N, "files": N, "reused":
-bool}` and writes `{"digest": ..., "bytes": N, "files": N}` to the termination log
+bool}` (with `"cache"`: hit, stored, present or unwritable, given `--cache-dir`) and writes the
+same record without `event` and `reused` to the termination log
 (`--termination-log`, by default /dev/termination-log where /dev exists), which Kubernetes
 shows as the init container's termination message: the operator reports from it which bytes
 each track serves. On failure it writes `{"event": "failed", "reason": ..., "message": ...}`,
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout-s", type=_seconds, help="longest wait to connect")
     parser.add_argument("--read-timeout-s", type=_seconds, help="longest wait between bytes")
     parser.add_argument("--parallelism", type=_count, help="S3 objects fetched at once")
+    parser.add_argument(
+        "--cache-dir", type=Path, help="the node's model cache, keyed by the pinned digest"
+    )
     parser.add_argument("--s3-endpoint", help="S3 endpoint URL")
     parser.add_argument("--s3-region", help="S3 signing region")
     parser.add_argument("--s3-addressing", choices=["auto", "path", "virtual"])
@@ -74,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
         failure = FetchFailed(Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
     else:
         record = fetched.record
-        done = {"digest": record.digest, "bytes": record.bytes, "files": len(record.files)}
+        done: dict[str, Any] = {
+            "digest": record.digest,
+            "bytes": record.bytes,
+            "files": len(record.files),
+        }
+        if fetched.cache is not None:
+            done["cache"] = fetched.cache.value
         _emit({"event": "fetched", **done, "reused": fetched.reused})
         _write_termination_log(args.termination_log, done)
         return 0

@@ -1,5 +1,9 @@
 """One fetch from start to end: parse, reuse a matching install, stage, fetch, verify, install.
 
+With a node cache (`--cache-dir`), a pinned digest the cache holds is restored from it instead
+of the store (checked byte for byte, `node_cache.restore`), and a model fetched from the store
+is published to it once installed.
+
 The digest a fetch produces is the one its store pins (the manifest digest of an `oci://`
 URI, the SHA-256 of an `https://` file) or else the tree digest of the files fetched (`s3://`,
 `hf://`); `--digest`, when given, must equal it, else DigestMismatch and nothing is installed.
@@ -23,6 +27,7 @@ from fleetserve_runtime.storage.install import (
     installed,
     prepare,
 )
+from fleetserve_runtime.storage.node_cache import CacheOutcome, publish, restore
 from fleetserve_runtime.storage.options import FetchOptions
 from fleetserve_runtime.storage.progress import Emit, Progress
 from fleetserve_runtime.storage.reasons import FetchFailed, Reason
@@ -40,6 +45,8 @@ class Fetched:
 
     record: InstallRecord
     reused: bool
+    cache: CacheOutcome | None = None
+    """What the node cache did; None without one."""
 
 
 def fetch(uri_text: str, options: FetchOptions, emit: Emit) -> Fetched:
@@ -49,6 +56,11 @@ def fetch(uri_text: str, options: FetchOptions, emit: Emit) -> Fetched:
     """
     uri = parse_uri(uri_text, allow_http=options.allow_http, digest=options.digest)
     pins = _pins(uri, options.digest)
+    if options.cache_dir is not None and not pins:
+        raise FetchFailed(
+            Reason.INVALID_URI,
+            f"--cache-dir needs a pinned digest (--digest, or an oci:// URI's) to key {uri} by",
+        )
     source = scrub(str(uri))
     found = installed(options.dest, uri=source, pins=pins, max_bytes=options.max_bytes)
     if found is not None:
@@ -56,6 +68,13 @@ def fetch(uri_text: str, options: FetchOptions, emit: Emit) -> Fetched:
     if options.ca_file is not None:
         client_context(options.ca_file)
     staging_dir, resume_dir = prepare(options.dest)
+    if options.cache_dir is not None:
+        cached = restore(options.cache_dir, pins[0], staging_dir)
+        if cached is not None:
+            record = cached.model_copy(update={"uri": source})
+            commit(options.dest, staging_dir, record)
+            finish(options.dest)
+            return Fetched(record, reused=False, cache=CacheOutcome.HIT)
     progress = Progress(emit)
     ctx = FetchContext(
         options=options,
@@ -79,7 +98,9 @@ def fetch(uri_text: str, options: FetchOptions, emit: Emit) -> Fetched:
         raise
     finish(options.dest)
     progress.finish()
-    return Fetched(record, reused=False)
+    if options.cache_dir is None:
+        return Fetched(record, reused=False)
+    return Fetched(record, reused=False, cache=publish(options.cache_dir, options.dest, record))
 
 
 def _fetch_record(uri: ModelUri, source: str, ctx: FetchContext) -> InstallRecord:

@@ -71,5 +71,7 @@ class FetchOptions:
     """Longest wait for the next bytes of an answer: a stalled store fails after this long."""
     parallelism: int = 4
     """Objects (S3) fetched at once."""
+    cache_dir: Path | None = None
+    """The node's model cache (`node_cache`); needs a pinned digest."""
     s3: S3Settings = field(default_factory=S3Settings)
     hf: HfSettings = field(default_factory=HfSettings)
