@@ -17,7 +17,7 @@ from enum import StrEnum
 from fleetserve_operator.naming import Track
 from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
 from fleetserve_operator.spec.base import parse_quantity
-from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, fetched_scheme
+from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, ModelCache, fetched_scheme
 
 __all__ = [
     "AUTH_MOUNT",
@@ -59,6 +59,7 @@ __all__ = [
     "pvc_source",
     "render_args",
     "runtime_model_uri",
+    "NODE_CACHE_PATH",
     "STORAGE_CA_FILE",
     "STORAGE_CA_KEY",
     "STORAGE_CA_MOUNT",
@@ -102,6 +103,9 @@ MODEL_MOUNT = "/models"
 FETCHED_MODEL_DIR = "model"
 """Where, under MODEL_MOUNT, the fetch installs a model once it is complete and verified (it
 downloads beside it and renames, so the runtime never sees half a model)."""
+NODE_CACHE_PATH = "/var/cache/fleetserve/models"
+"""`spec.model.cache: node`: the node's model cache, a hostPath the fetch container mounts at
+the same path (never the runtime container)."""
 STORAGE_CREDENTIALS_MOUNT = "/var/run/secrets/fleetserve/storage"
 """Where `spec.model.storage.secretName` is mounted, in the fetch container only."""
 STORAGE_CA_MOUNT = "/var/run/fleetserve/storage-ca"
@@ -293,6 +297,8 @@ def fetch_args(model: ModelSpec) -> list[str]:
     }
     if model.digest is not None:
         flags["digest"] = model.digest
+    if model.cache is ModelCache.NODE:
+        flags["cache-dir"] = NODE_CACHE_PATH
     storage = model.storage
     if storage is not None:
         if storage.secret_name is not None:

@@ -40,6 +40,9 @@ class TrackFetch:
     serves one set of bytes."""
     failure: Problem | None = None
     """The first current pod's failed fetch, in the fetch's own words."""
+    cache: tuple[str, ...] = ()
+    """What the node cache did for each completed fetch that used one (`hit`, `stored`,
+    `present`, `unwritable`), sorted."""
 
 
 @dataclass(frozen=True, slots=True)

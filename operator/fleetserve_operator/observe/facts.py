@@ -126,12 +126,15 @@ def track_fetches(
         if not any(c.get("name") == contract.FETCH_CONTAINER_NAME for c in init):
             continue
         current = _current_pods(deployment, listed)
-        done = [d for d in map(_fetched_digest, current) if d is not None]
+        done = [record for record in map(_fetched_record, current) if record is not None]
+        digests = {_bounded_text(record.get("digest")) for record in done}
+        cache = [_bounded_text(record.get("cache")) for record in done]
         fetches[track] = TrackFetch(
             pods=len(current),
             fetched=len(done),
-            digests=tuple(sorted({d for d in done if d})),
+            digests=tuple(sorted(digest for digest in digests if digest)),
             failure=next(filter(None, map(_fetch_failure, current)), None),
+            cache=tuple(sorted(outcome for outcome in cache if outcome)),
         )
     return fetches
 
@@ -141,10 +144,10 @@ def _fetch_status(pod: Manifest) -> Manifest:
     return next((c for c in statuses if c.get("name") == contract.FETCH_CONTAINER_NAME), {})
 
 
-def _fetched_digest(pod: Manifest) -> str | None:
-    """The digest the pod's completed fetch reported; None while it has not completed.
+def _fetched_record(pod: Manifest) -> Manifest | None:
+    """The record the pod's completed fetch wrote; None while it has not completed.
 
-    "" when it completed without a readable record (an older image).
+    Empty when it completed without a readable record (an older image).
     """
     ended = (_fetch_status(pod).get("state") or {}).get("terminated") or {}
     if not ended or ended.get("exitCode", 0) != 0:
@@ -152,9 +155,13 @@ def _fetched_digest(pod: Manifest) -> str | None:
     try:
         record = json.loads(str(ended.get("message") or ""))
     except ValueError:
-        return ""
-    digest = record.get("digest") if isinstance(record, dict) else None
-    return bounded(digest, MAX_DIGEST) if isinstance(digest, str) else ""
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _bounded_text(value: object) -> str:
+    """A string field of a fetch's record, cut at `MAX_DIGEST`; "" for anything else."""
+    return bounded(value, MAX_DIGEST) if isinstance(value, str) else ""
 
 
 def _fetch_failure(pod: Manifest) -> Problem | None:

@@ -211,6 +211,7 @@ def model_fetched(
     counts = "; ".join(
         f"{track.value}: {fetch.fetched}/{fetch.pods} pods fetched"
         + (f" {', '.join(fetch.digests)}" if fetch.digests else "")
+        + (f" (node cache: {', '.join(fetch.cache)})" if fetch.cache else "")
         for track, fetch in fetches.items()
     )
     failed = next((fetch.failure for fetch in fetches.values() if fetch.failure), None)

@@ -32,7 +32,7 @@ from fleetserve_operator.spec import (
     Toleration,
     TopologySpread,
 )
-from fleetserve_operator.spec.model_source import ModelStorage
+from fleetserve_operator.spec.model_source import ModelCache, ModelStorage
 
 __all__ = [
     "DRAIN_SECONDS",
@@ -58,6 +58,7 @@ PRIORITY_VOLUME = "priority"
 TLS_VOLUME = "tls"
 STORAGE_CREDENTIALS_VOLUME = "storage-credentials"
 STORAGE_CA_VOLUME = "storage-ca"
+NODE_CACHE_VOLUME = "model-cache"
 # The fetch downloads beside the finished model and unpacks archives there before it renames,
 # so the volume holds up to twice the model for a moment.
 FETCH_VOLUME_FACTOR = 2
@@ -208,6 +209,9 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
         size = FETCH_VOLUME_FACTOR * contract.fetch_budget_bytes(spec.model)
         volumes.append({"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": str(size)}})
         volumes += _storage_volumes(spec.model.storage)
+    if spec.model.cache is ModelCache.NODE:
+        cache = {"path": contract.NODE_CACHE_PATH, "type": "DirectoryOrCreate"}
+        volumes.append({"name": NODE_CACHE_VOLUME, "hostPath": cache})
     if source is not None or spec.model.fetched:
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
     runtime = spec.runtime
@@ -271,6 +275,8 @@ def _fetch_container(plan: TrackPlan) -> Manifest:
         mounts.append(
             {"name": STORAGE_CA_VOLUME, "mountPath": contract.STORAGE_CA_MOUNT, "readOnly": True}
         )
+    if spec.model.cache is ModelCache.NODE:
+        mounts.append({"name": NODE_CACHE_VOLUME, "mountPath": contract.NODE_CACHE_PATH})
     return {
         "name": contract.FETCH_CONTAINER_NAME,
         "image": plan.image,

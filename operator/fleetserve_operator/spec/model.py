@@ -22,6 +22,7 @@ from fleetserve_operator.spec.model_source import (
     MODEL_URI_PATTERN,
     SHA256_DIGEST,
     MetadataKey,
+    ModelCache,
     ModelStorage,
     fetched_scheme,
 )
@@ -183,6 +184,16 @@ SOURCE_RULES: tuple[SourceRule, ...] = (
     _fetched_only("digest", lambda model: model.digest is not None),
     _fetched_only("maxBytes", lambda model: model.max_bytes is not None),
     _fetched_only("storage", lambda model: model.storage is not None),
+    _fetched_only("cache", lambda model: model.cache is not None),
+    SourceRule(
+        "!has(self.cache) || has(self.digest) || (has(self.uri) && self.uri.startsWith('oci://'))",
+        "model.cache: node needs a pinned digest to key the cache by: set model.digest "
+        "(an oci:// URI carries its own)",
+        ".cache",
+        lambda model: (
+            model.cache is None or model.digest is not None or fetched_scheme(model.uri) == "oci"
+        ),
+    ),
     *(_s3_only(field) for field in ("region", "addressing")),
     SourceRule(
         "!has(self.storage) || !has(self.storage.endpoint) || "
@@ -317,6 +328,12 @@ class ModelSpec(Wire):
     checked before the download, actual bytes while it runs). Unset: 64Gi."""
     storage: ModelStorage | None = None
     """Fetched models only: credentials, CA and endpoint of the store."""
+    cache: ModelCache | None = None
+    """Fetched models with a pinned digest only. `node`: the fetch keeps the model in the
+    node's cache (a hostPath, `/var/cache/fleetserve/models`) keyed by its digest, and a later
+    pod on the node copies it from there, checked byte for byte, instead of downloading it.
+    The directory must be writable by UID 65532 (else the fetch downloads and says so in
+    `ModelFetched`), and the namespace's Pod Security level must admit hostPath volumes."""
     metadata: dict[MetadataKey, Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=16
     )

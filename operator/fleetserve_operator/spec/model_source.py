@@ -10,6 +10,7 @@ apply to one scheme refused on the others.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -22,6 +23,7 @@ __all__ = [
     "MODEL_URI_PATTERN",
     "SHA256_DIGEST",
     "MetadataKey",
+    "ModelCache",
     "ModelStorage",
     "S3Addressing",
     "fetched_scheme",
@@ -52,6 +54,15 @@ MODEL_URI_PATTERN = (
 its manifest digest and an `hf://` one for a 40-hex commit, with a message that says so."""
 
 S3Addressing = Literal["path", "virtual"]
+
+
+class ModelCache(StrEnum):
+    """Where a fetched model is kept for the next pod (`spec.model.cache`)."""
+
+    NODE = "node"
+    """The node's cache directory (a hostPath), keyed by the pinned digest."""
+
+
 """How a bucket is named in S3 requests: in the path (most self-hosted stores) or in the host
 name (AWS's default)."""
 

@@ -80,6 +80,20 @@ def test_counts_and_digests_per_track() -> None:
     }
 
 
+def test_the_node_caches_outcomes_are_carried_and_shown() -> None:
+    """Each completed fetch's cache outcome, sorted, and in ModelFetched's message."""
+    hit, stored = _done(OLD), _done(OLD)
+    for done, outcome in ((hit, "hit"), (stored, "stored")):
+        ended = done["state"]["terminated"]
+        ended["message"] = json.dumps({**json.loads(ended["message"]), "cache": outcome})
+    pods = [_pod(Track.STABLE, stored, "a"), _pod(Track.STABLE, hit, "b")]
+    fetches = track_fetches({Track.STABLE: _deployment(Track.STABLE)}, pods)
+    assert fetches[Track.STABLE].cache == ("hit", "stored")
+    assert _fetched(_status(fetches))[2] == (
+        f"stable: 2/2 pods fetched {OLD} (node cache: hit, stored)"
+    )
+
+
 def test_a_record_that_is_not_json_counts_as_fetched_without_a_digest() -> None:
     """An older image wrote no record: the fetch completed, its digest is unknown."""
     ended = {"state": {"terminated": {"exitCode": 0, "message": ""}}}

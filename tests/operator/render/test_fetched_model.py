@@ -145,3 +145,20 @@ def test_fetch_args_refuse_a_model_that_is_not_fetched() -> None:
     spec = make_spec(model={"name": "m", "version": "1", "uri": "builtin://minilm-l6"})
     with pytest.raises(ValueError, match="is not fetched"):
         contract.fetch_args(spec.model)
+
+
+def test_a_node_cache_is_a_host_path_only_the_fetch_mounts() -> None:
+    """`cache: node`: the hostPath volume, mounted read-write by the fetch, never the runtime."""
+    for pod in _pods({**S3, "cache": "node"}):
+        (volume,) = [v for v in pod["volumes"] if "hostPath" in v]
+        assert volume["hostPath"] == {"path": contract.NODE_CACHE_PATH, "type": "DirectoryOrCreate"}
+        (fetch,) = pod["initContainers"]
+        (runtime,) = pod["containers"]
+        assert _flag(fetch["args"], "--cache-dir") == contract.NODE_CACHE_PATH
+        assert {"name": volume["name"], "mountPath": contract.NODE_CACHE_PATH} in fetch[
+            "volumeMounts"
+        ]
+        assert volume["name"] not in {m["name"] for m in runtime["volumeMounts"]}
+    for pod in _pods(S3):
+        assert not [v for v in pod["volumes"] if "hostPath" in v]
+        assert "--cache-dir" not in pod["initContainers"][0]["args"]
