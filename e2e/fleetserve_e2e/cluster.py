@@ -30,6 +30,7 @@ from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.nodes import DEFAULT_NODES, NodeSpec, register_nodes
 from fleetserve_e2e.paths import REPO_DIR, binary
 from fleetserve_e2e.pki import ClusterPki, write_pki
+from fleetserve_e2e.pod_containers import node_directory
 from fleetserve_e2e.pod_map import FILE_SD_FILE, POD_MAP_FILE, PodAddress, read_pod_map
 from fleetserve_e2e.pod_runner import Backend, PodRunner, RunnerConfig
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
@@ -164,6 +165,13 @@ class LocalCluster(Component):
     def marker(self) -> str:
         """Value of ``E2E_HARNESS_CLUSTER`` in the environment of every process started."""
         return str(self.work_dir)
+
+    def node_dir(self, node: str) -> Path:
+        """The simulated node's own directory tree, where its pods' hostPath volumes live.
+
+        ``containers`` backend only; a test prepares a node's directories in it.
+        """
+        return node_directory(self.work_dir, node)
 
     def pod_addresses(self) -> list[PodAddress]:
         """Return the running pod processes and their addresses."""

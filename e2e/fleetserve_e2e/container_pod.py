@@ -35,6 +35,7 @@ from fleetserve_e2e.pod_containers import (
     ContainersPlan,
     HostVolume,
     PlannedContainer,
+    PodSpecError,
     volume_file_paths,
 )
 from fleetserve_e2e.pod_status import termination_reason, timestamp
@@ -58,7 +59,20 @@ class _InitRun:
 
 
 def write_volume(pod_dir: Path, volume: HostVolume, token: str | None) -> None:
-    """Create a volume's host directory with its files (and the pod's token, if it mounts one)."""
+    """Create a volume's host directory with its files (and the pod's token, if it mounts one).
+
+    A hostPath is the node's: made as a kubelet makes a missing ``DirectoryOrCreate`` (0755,
+    owned by root), otherwise left as it is.
+
+    Raises:
+        PodSpecError: A hostPath of type ``Directory`` is missing on the node.
+    """
+    if volume.node_path is not None:
+        if volume.create:
+            volume.node_path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        elif not volume.node_path.is_dir():
+            raise PodSpecError(f"volume {volume.name!r}: {volume.node_path} is not a directory")
+        return
     root = pod_dir / volume.dir_name
     root.mkdir(parents=True, exist_ok=True)
     # An emptyDir is world-writable, as a kubelet makes it: the pod runs as any user.

@@ -10,7 +10,8 @@ The container backend of the fake kubelet runs a runtime pod from its image, as 
 - volumes as host directories under the pod's directory: emptyDir (a ``medium: Memory`` one
   mounted by a single container is a tmpfs of its sizeLimit instead), secret and configMap
   files (``items`` and ``defaultMode`` honoured, mounted read-only), a projected volume's
-  service-account token, ConfigMap items and downward-API files;
+  service-account token, ConfigMap items and downward-API files; a hostPath directory under
+  the pod's node's own directory;
 - the securityContext (pod, then container): runAsUser/runAsGroup, readOnlyRootFilesystem,
   ``capabilities.drop: [ALL]``, ``allowPrivilegeEscalation: false``; resources.limits memory
   and cpu;
@@ -90,6 +91,11 @@ class HostVolume:
     read_only: bool = False
     token_file: str | None = None
     """Where in the volume the pod's service-account token goes (a projected token)."""
+    node_path: Path | None = None
+    """A hostPath volume: the directory on the pod's simulated node, bound as it is (never
+    made world-writable: whoever prepares the node decides its owner)."""
+    create: bool = False
+    """A hostPath of type ``DirectoryOrCreate``: made (0755, root) when the node lacks it."""
 
 
 @dataclass(frozen=True)
@@ -243,11 +249,20 @@ def memory_tmpfs(pod: JsonObject) -> dict[str, str]:
     return found
 
 
-def host_volumes(pod: JsonObject, lookup: Lookup) -> list[HostVolume]:
+def node_directory(work_dir: Path, node: str) -> Path:
+    """The root of a simulated node's file system, where its pods' hostPath volumes live."""
+    return work_dir / "nodes" / node
+
+
+def host_volumes(pod: JsonObject, lookup: Lookup, node_dir: Path | None = None) -> list[HostVolume]:
     """The pod's volumes that live in host directories, with the files they hold.
 
+    A hostPath ``/p`` is ``<node_dir>/p``: each simulated node has its own directory tree, so
+    what one node's pods leave there, another node's do not see.
+
     Raises:
-        PodSpecError: A secret or configMap (or one of its ``items``) does not exist.
+        PodSpecError: A secret or configMap (or one of its ``items``) does not exist, or a
+            hostPath is of a type other than a directory, or there is no node directory.
     """
     in_memory = memory_tmpfs(pod)
     volumes: list[HostVolume] = []
@@ -267,7 +282,24 @@ def host_volumes(pod: JsonObject, lookup: Lookup) -> list[HostVolume]:
         elif "projected" in volume:
             files, token = _projected(pod, volume, lookup)
             volumes.append(HostVolume(name, dir_name, tuple(files), True, token_file=token))
+        elif "hostPath" in volume:
+            volumes.append(_host_path(name, dir_name, volume["hostPath"], node_dir))
     return volumes
+
+
+def _host_path(name: str, dir_name: str, source: JsonObject, node_dir: Path | None) -> HostVolume:
+    kind = source.get("type") or "Directory"
+    if kind not in ("Directory", "DirectoryOrCreate"):
+        raise PodSpecError(f"volume {name!r}: hostPath type {kind!r} is not simulated")
+    path = PurePosixPath(source["path"])
+    if node_dir is None or not path.is_absolute() or ".." in path.parts:
+        raise PodSpecError(f"volume {name!r}: hostPath {str(path)!r} has no node directory")
+    return HostVolume(
+        name,
+        dir_name,
+        node_path=node_dir / path.relative_to("/"),
+        create=kind == "DirectoryOrCreate",
+    )
 
 
 def _mounts(
@@ -278,7 +310,7 @@ def _mounts(
         volume = volumes.get(mount["name"])
         if volume is None:
             continue  # a tmpfs volume: see `memory_tmpfs`
-        source = pod_dir / volume.dir_name
+        source = volume.node_path or pod_dir / volume.dir_name
         if mount.get("subPath"):
             source = source / mount["subPath"]
         read_only = bool(mount.get("readOnly", False)) or volume.read_only
@@ -380,6 +412,7 @@ def containers_plan(
     allocate_port: Callable[[], int],
     cluster: str,
     host_names: Sequence[str] = (),
+    node_dir: Path | None = None,
 ) -> ContainersPlan:
     """How to run the pod's init containers and its runtime `container` with podman.
 
@@ -395,7 +428,7 @@ def containers_plan(
     declared = {int(port["containerPort"]) for port in container.get("ports", [])}
     listening = {_serving_port(args), *([int(grpc)] if grpc is not None else [])}
     host_ports = distinct_ports(sorted(declared | listening), allocate_port)
-    volumes = {volume.name: volume for volume in host_volumes(pod, lookup)}
+    volumes = {volume.name: volume for volume in host_volumes(pod, lookup, node_dir)}
     labels = pod_labels(pod, cluster)
 
     def planned(spec: JsonObject, ports: Mapping[int, int]) -> PlannedContainer:

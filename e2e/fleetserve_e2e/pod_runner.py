@@ -48,7 +48,7 @@ from fleetserve_e2e.identity import (
 )
 from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
-from fleetserve_e2e.pod_containers import ContainersPlan, containers_plan
+from fleetserve_e2e.pod_containers import ContainersPlan, containers_plan, node_directory
 from fleetserve_e2e.pod_launch import (
     LOOPBACK,
     Image,
@@ -369,6 +369,7 @@ class PodRunner:
             allocate_port=free_port,
             cluster=self._config.marker,
             host_names=self._config.host_names,
+            node_dir=node_directory(self._config.work_dir, pod["spec"].get("nodeName", "")),
         )
         wanted = projected_token(pod)
         token = None if wanted is None else self._bound_token(pod, wanted)

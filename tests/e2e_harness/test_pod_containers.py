@@ -324,3 +324,52 @@ def test_quantities(quantity: str, value: Decimal) -> None:
 def test_a_malformed_quantity_is_refused() -> None:
     with pytest.raises(PodSpecError, match="not a quantity"):
         parse_quantity("lots")
+
+
+def _host_path_pod(kind: str | None, path: str = "/var/cache/fleetserve/models") -> JsonObject:
+    source = {"path": path} | ({"type": kind} if kind else {})
+    return _pod(
+        {"name": "runtime", "image": RUNTIME_IMAGE,
+         "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]},
+        volumes=[{"name": "cache", "hostPath": source}],
+    )  # fmt: skip
+
+
+def _host_path_plan(pod: JsonObject, node_dir: Path | None) -> ContainersPlan:
+    return containers_plan(
+        pod,
+        pod["spec"]["containers"][0],
+        lookup=_lookup,
+        images={},
+        pod_dir=POD_DIR,
+        allocate_port=itertools.count(40000).__next__,
+        cluster="c",
+        node_dir=node_dir,
+    )
+
+
+def test_a_host_path_is_the_nodes_own_directory() -> None:
+    """`/var/cache/...` on node n1 is `<node dir>/var/cache/...`, bound read-write."""
+    node = Path("/work/nodes/n1")
+    plan = _host_path_plan(_host_path_pod("DirectoryOrCreate"), node)
+    (volume,) = plan.volumes
+    assert volume.node_path == node / "var/cache/fleetserve/models"
+    assert volume.create
+    assert plan.main.spec.mounts[0] == Mount(node / "var/cache/fleetserve/models", "/cache")
+    assert not _host_path_plan(_host_path_pod(None), node).volumes[0].create
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "node"),
+    [
+        ("File", "/etc/hosts", Path("/n")),
+        ("DirectoryOrCreate", "/var/../etc", Path("/n")),
+        ("DirectoryOrCreate", "/var/cache", None),
+    ],
+    ids=["not-a-directory", "climbs-out", "no-node"],
+)
+def test_a_host_path_the_backend_cannot_honour_stops_the_pod(
+    kind: str, path: str, node: Path | None
+) -> None:
+    with pytest.raises(PodSpecError, match="hostPath"):
+        _host_path_plan(_host_path_pod(kind, path), node)
