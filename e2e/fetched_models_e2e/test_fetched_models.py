@@ -16,9 +16,11 @@ import copy
 import hashlib
 import io
 import json
+import os
 import tarfile
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +46,8 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
 )
 from fleetserve_e2e.paths import REPO_DIR
+from fleetserve_e2e.pod_map import PodAddress
+from fleetserve_e2e.testing import list_pods
 from fleetserve_e2e.waiting import wait_until
 
 # Three services whose containers import torch, on two cores beside the control plane.
@@ -53,6 +57,8 @@ READY_TIMEOUT_S = 420.0
 TEXTS = ["a cat sleeps on the sofa", "a kitten naps on the couch", "the stock market fell"]
 CA_CONFIG_MAP = "store-ca"
 MAX_BYTES = "256Mi"
+FETCH_UID = 65532
+"""The runtime image's user, which the fetch runs as (`fleetserve_operator.render.pods`)."""
 
 
 def _files() -> dict[str, bytes]:
@@ -241,7 +247,7 @@ class Fleet:
         return dict(seen["status"])
 
     def embed(self, name: str, track: str = "stable") -> npt.NDArray[np.float32]:
-        """The embeddings of TEXTS from a ready pod of the track."""
+        """The embeddings of TEXTS from the track's one ready pod."""
         (pod,) = [
             p
             for p in self.cluster.pod_addresses()
@@ -250,6 +256,10 @@ class Fleet:
             and p.labels.get(TRACK_LABEL) == track
             and p.ready
         ]
+        return self.embed_from(pod)
+
+    def embed_from(self, pod: PodAddress) -> npt.NDArray[np.float32]:
+        """The embeddings of TEXTS from `pod`."""
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)],
                             "data": TEXTS}]}  # fmt: skip
         response = httpx.post(f"{pod.url}/v2/models/enc/infer", json=body, timeout=60)
@@ -370,3 +380,69 @@ def test_a_canary_that_cannot_fetch_is_rolled_back_and_stable_serves_on(
     assert condition(status, "Ready")["status"] == "True"
     assert "not-the-secret" not in json.dumps(status)
     np.testing.assert_allclose(fleet.embed("enc"), before, atol=1e-5)
+
+
+def _fetch_ended(pod: JsonObject) -> JsonObject:
+    (fetch,) = [s for s in pod["status"]["initContainerStatuses"] if s["name"] == "fetch"]
+    ended: JsonObject = fetch["state"]["terminated"]
+    return ended
+
+
+def _fetch_record(pod: JsonObject) -> JsonObject:
+    """The record the pod's fetch wrote as its termination message."""
+    record: JsonObject = json.loads(_fetch_ended(pod)["message"])
+    return record
+
+
+def _fetch_seconds(pod: JsonObject) -> float:
+    """How long the pod's fetch init container ran (its termination's timestamps)."""
+    ended = _fetch_ended(pod)
+    started, finished = (
+        datetime.fromisoformat(ended[key].replace("Z", "+00:00"))
+        for key in ("startedAt", "finishedAt")
+    )
+    return (finished - started).total_seconds()
+
+
+def test_a_second_pod_on_the_node_takes_the_model_from_the_node_cache(
+    fleet: Fleet, stores: Stores
+) -> None:
+    """`cache: node`: the node's first pod fetches from S3 and stores; the second restores.
+
+    The second pod, added by scaling up, takes the same bytes from the node's cache (checked
+    byte for byte) without asking S3. Both fetch times are printed.
+    """
+    node = "gpu-node-1"
+    cache = fleet.cluster.node_dir(node) / "var/cache/fleetserve/models"
+    cache.mkdir(parents=True, exist_ok=True)
+    os.chown(cache, FETCH_UID, FETCH_UID)  # as a platform team prepares its GPU nodes
+    service = _service("enc", "1", {**stores.s3(), "cache": "node"})
+    service["spec"]["runtime"]["nodeSelector"]["kubernetes.io/hostname"] = node
+    fleet.create(service)
+    first = fleet.wait("enc", "one pod Ready", _ready_and_fetched)
+    digest = stores.s3_digest
+    assert condition(first, "ModelFetched")["message"] == (
+        f"stable: 1/1 pods fetched {digest} (node cache: stored)"
+    )
+    assert (cache / f"sha256-{digest.removeprefix('sha256:')}" / "model.json").is_file()
+
+    replicas = {"min": 2, "max": 2}
+    fleet.cluster.client.merge_patch(
+        fsvc_path(fleet.namespace, "enc"), {"spec": {"runtime": {"replicas": replicas}}}
+    )
+    second = fleet.wait(
+        "enc", "two pods Ready",
+        lambda s: s.get("ready") == "2/2" and _ready_and_fetched(s)
+        and "1/1" not in condition(s, "ModelFetched")["message"],
+    )  # fmt: skip
+    assert condition(second, "ModelFetched")["message"] == (
+        f"stable: 2/2 pods fetched {digest} (node cache: hit, stored)"
+    )
+    pods = list_pods(fleet.cluster.client, fleet.namespace, f"{INSTANCE_LABEL}=enc")
+    seconds = {_fetch_record(p)["cache"]: _fetch_seconds(p) for p in pods}
+    stored, hit = seconds["stored"], seconds["hit"]
+    print(f"fetch seconds: from S3 {stored:.1f}, from the node cache {hit:.1f}")
+    answers = [fleet.embed_from(p) for p in fleet.cluster.pod_addresses()
+               if p.namespace == fleet.namespace and p.ready]  # fmt: skip
+    assert len(answers) == 2
+    np.testing.assert_allclose(answers[0], answers[1], atol=1e-5)
