@@ -11,11 +11,14 @@ directory the runtime ships (14 files, about 92 MB). For each scheme, side by si
   digest pinned: every byte hashed, the tree digest or manifest checked, the archive unpacked
   safely, the install renamed into place;
 - **again**: the same fetch on a volume that already holds the install (a restarted init
-  container), which must return without downloading.
+  container), which must return without downloading;
+- **node cache**: a fetch into a new volume with `--cache-dir` naming a node cache a first
+  fetch has published to (a second pod on the node): every byte read back from the cache
+  and hashed, no store asked.
 
 `make bench-fetch` prints a table and, last, `fetch_mb_s_s3=… fetch_mb_s_oci=…
-fetch_mb_s_https=… fetch_vs_raw_s3=… fetch_vs_raw_oci=… fetch_vs_raw_https=…` (medians of
-`--repeats` runs). There is no node-level cache to compare with: every replica fetches.
+fetch_mb_s_https=… fetch_vs_raw_s3=… … node_cache_vs_store_s3=… …` (medians of `--repeats`
+runs; `node_cache_vs_store` is how many times faster the cache hit is than the fetch).
 """
 
 from __future__ import annotations
@@ -58,14 +61,18 @@ class Scheme:
     flags: list[str]
     raw: Callable[[Path], None]
 
-    def fetch(self, dest: Path) -> None:
+    def fetch(self, dest: Path, *extra: str) -> None:
         """One `fleetserve-runtime fetch` process into `dest`; raises if it fails."""
         subprocess.run(
             [sys.executable, "-m", "fleetserve_runtime", "fetch", "--uri", self.uri,
              "--dest", str(dest), "--termination-log", str(dest.parent / "termination-log"),
-             *self.flags],
+             *self.flags, *extra],
             check=True, capture_output=True, timeout=600,
         )  # fmt: skip
+
+    def cached(self, cache: Path) -> Callable[[Path], None]:
+        """A fetch into the volume it is given, through the node cache `cache`."""
+        return lambda dest: self.fetch(dest, "--cache-dir", str(cache))
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,8 @@ class Timing:
     raw_s: float
     fetch_s: float
     again_s: float
+    cache_s: float
+    """A fetch into a new volume that the node cache serves."""
 
     def mb_s(self, seconds: float) -> float:
         """Throughput in MB/s over `seconds`."""
@@ -190,7 +199,7 @@ def timed(action: Callable[[Path], None], path: Path) -> float:
 
 def measure(scheme: Scheme, size: int, work: Path, repeats: int) -> Timing:
     """Medians of `repeats` raw downloads, fresh fetches and fetches onto a finished install."""
-    raw, fresh, again = [], [], []
+    raw, fresh, again, cached = [], [], [], []
     for run in range(repeats):
         raw_dir = work / f"{scheme.name}-raw-{run}"
         raw_dir.mkdir()
@@ -199,29 +208,39 @@ def measure(scheme: Scheme, size: int, work: Path, repeats: int) -> Timing:
         dest.mkdir(parents=True)
         fresh.append(timed(scheme.fetch, dest))
         again.append(timed(scheme.fetch, dest))
+        cache = work / f"{scheme.name}-cache-{run}"
+        first, second = (work / f"{scheme.name}-{pod}-{run}" / "volume" for pod in "ab")
+        for volume in (cache, first, second):
+            volume.mkdir(parents=True)
+        scheme.cached(cache)(first)  # the node's first pod: from the store, published
+        cached.append(timed(scheme.cached(cache), second))
     return Timing(
         scheme.name,
         size,
         statistics.median(raw),
         statistics.median(fresh),
         statistics.median(again),
+        statistics.median(cached),
     )
 
 
 def report(timings: Sequence[Timing], console: Console) -> str:
     """Print the table; return the headline line."""
     table = Table(title="fetch vs a raw download of the same bytes (loopback, TLS, medians)")
-    for column in ("scheme", "MB", "raw MB/s", "fetch MB/s", "fetch/raw", "again s"):
+    columns = ("scheme", "MB", "raw MB/s", "fetch MB/s", "fetch/raw", "again s",
+               "node cache MB/s")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     for t in timings:
         table.add_row(
             t.scheme, f"{t.size / MB:.1f}", f"{t.mb_s(t.raw_s):.0f}", f"{t.mb_s(t.fetch_s):.0f}",
-            f"{t.raw_s / t.fetch_s:.2f}", f"{t.again_s:.2f}",
+            f"{t.raw_s / t.fetch_s:.2f}", f"{t.again_s:.2f}", f"{t.mb_s(t.cache_s):.0f}",
         )  # fmt: skip
     console.print(table)
     speeds = " ".join(f"fetch_mb_s_{t.scheme}={t.mb_s(t.fetch_s):.0f}" for t in timings)
     ratios = " ".join(f"fetch_vs_raw_{t.scheme}={t.raw_s / t.fetch_s:.2f}" for t in timings)
-    return f"{speeds} {ratios}"
+    cache = " ".join(f"node_cache_vs_store_{t.scheme}={t.fetch_s / t.cache_s:.2f}" for t in timings)
+    return f"{speeds} {ratios} {cache}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

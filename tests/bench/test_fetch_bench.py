@@ -32,8 +32,13 @@ def test_the_pinned_digest_depends_on_every_path_and_byte() -> None:
 
 
 def test_the_headline_names_each_scheme_with_speed_and_ratio() -> None:
-    """Last line: fetch MB/s and fetch-vs-raw per scheme, from the medians."""
-    timings = [Timing("s3", 100_000_000, raw_s=1.0, fetch_s=4.0, again_s=1.5),
-               Timing("oci", 50_000_000, raw_s=0.5, fetch_s=1.0, again_s=0.4)]  # fmt: skip
+    """Last line: fetch MB/s, fetch-vs-raw and node-cache-vs-store per scheme, from the medians."""
+    timings = [
+        Timing("s3", 100_000_000, raw_s=1.0, fetch_s=4.0, again_s=1.5, cache_s=0.5),
+        Timing("oci", 50_000_000, raw_s=0.5, fetch_s=1.0, again_s=0.4, cache_s=0.4),
+    ]
     line = report(timings, Console(file=io.StringIO()))
-    assert line == ("fetch_mb_s_s3=25 fetch_mb_s_oci=50 fetch_vs_raw_s3=0.25 fetch_vs_raw_oci=0.50")
+    assert line == (
+        "fetch_mb_s_s3=25 fetch_mb_s_oci=50 fetch_vs_raw_s3=0.25 fetch_vs_raw_oci=0.50 "
+        "node_cache_vs_store_s3=8.00 node_cache_vs_store_oci=2.50"
+    )
