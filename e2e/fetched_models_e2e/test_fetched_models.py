@@ -446,3 +446,14 @@ def test_a_second_pod_on_the_node_takes_the_model_from_the_node_cache(
                if p.namespace == fleet.namespace and p.ready]  # fmt: skip
     assert len(answers) == 2
     np.testing.assert_allclose(answers[0], answers[1], atol=1e-5)
+
+
+def test_a_missing_credentials_secret_is_reported_as_the_kubelet_reports_it(
+    fleet: Fleet, stores: Stores
+) -> None:
+    """`storage.secretName` naming no Secret: the pod cannot be created; the service says so."""
+    fleet.create(_service("enc", "1", stores.s3(secret="no-such-secret")))
+    reason = "CreateContainerConfigError"
+    status = fleet.wait("enc", f"Degraded {reason}", _is("Degraded", "True", reason))
+    assert "secret 'no-such-secret' does not exist" in condition(status, "Degraded")["message"]
+    assert condition(status, "Ready")["reason"] == reason

@@ -48,7 +48,12 @@ from fleetserve_e2e.identity import (
 )
 from fleetserve_e2e.images.registry import PullOptions
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
-from fleetserve_e2e.pod_containers import ContainersPlan, containers_plan, node_directory
+from fleetserve_e2e.pod_containers import (
+    ContainersPlan,
+    PodSpecError,
+    containers_plan,
+    node_directory,
+)
 from fleetserve_e2e.pod_launch import (
     LOOPBACK,
     Image,
@@ -72,6 +77,24 @@ from fleetserve_e2e.processes import ManagedProcess, start_process
 _MAX_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 1.0
 Backend = Literal["processes", "containers"]
+CREATE_CONFIG_ERROR = "CreateContainerConfigError"
+"""The kubelet's waiting reason for a container whose Secret or ConfigMap is missing."""
+
+
+def _not_created(pod: JsonObject, reason: str, message: str) -> Observation:
+    """A pod whose containers cannot be created: Pending, each container waiting for `reason`.
+
+    Its times are the pod's creation, so that a retry that fails alike writes nothing.
+    """
+    since = pod["metadata"].get("creationTimestamp") or timestamp()
+    return Observation(
+        started_at=since,
+        ready_changed_at=since,
+        running=False,
+        ready=False,
+        initialized=False,
+        waiting=(reason, message),
+    )
 
 
 class Workload(Protocol):
@@ -306,7 +329,12 @@ class PodRunner:
         if running is None:
             in_containers = self._config.backend == "containers"
             if in_containers and image_of(container) is Image.RUNTIME:
-                running = self._launch_containers(pod, container)
+                try:
+                    running = self._launch_containers(pod, container)
+                except PodSpecError as error:
+                    # As a kubelet does: the pod waits, says why, and is tried again.
+                    self._report(pod, _not_created(pod, CREATE_CONFIG_ERROR, str(error)))
+                    raise
             else:
                 running = self._launch(pod, container)
         self._supervise(running)

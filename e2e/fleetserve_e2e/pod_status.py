@@ -39,6 +39,9 @@ class Observation:
     last_reason: str | None = None
     initialized: bool = True
     init_statuses: tuple[JsonObject, ...] = ()
+    waiting: tuple[str, str] | None = None
+    """(reason, message) of containers that cannot be created as the spec says, e.g.
+    ``CreateContainerConfigError`` for a Secret that does not exist; the pod stays Pending."""
 
 
 def timestamp(moment: datetime.datetime | None = None) -> str:
@@ -51,8 +54,11 @@ def _condition(kind: str, status: bool, since: str) -> JsonObject:
 
 
 def _container_status(container: JsonObject, seen: Observation) -> JsonObject:
-    if not seen.initialized:
-        state: JsonObject = {"waiting": {"reason": "PodInitializing"}}
+    if seen.waiting is not None:
+        reason, message = seen.waiting
+        state: JsonObject = {"waiting": {"reason": reason, "message": message}}
+    elif not seen.initialized:
+        state = {"waiting": {"reason": "PodInitializing"}}
     elif seen.running:
         state = {"running": {"startedAt": seen.started_at}}
     else:
@@ -87,8 +93,9 @@ def termination_reason(exit_code: int) -> str:
 def pod_status(pod: JsonObject, seen: Observation) -> JsonObject:
     """Return the full ``status`` of ``pod`` for a merge patch of its status subresource."""
     since = seen.started_at
+    created = seen.waiting is None
     status: JsonObject = {
-        "phase": "Running" if seen.initialized else "Pending",
+        "phase": "Running" if seen.initialized and created else "Pending",
         "hostIP": LOCAL_IP,
         "hostIPs": [{"ip": LOCAL_IP}],
         "podIP": LOCAL_IP,

@@ -49,3 +49,14 @@ def test_the_runners_termination_reason_wins_over_the_exit_codes() -> None:
     assert runtime["lastState"]["terminated"]["reason"] == "OOMKilled"
     (plain,) = pod_status(POD, _seen(last_exit_code=137, last_finished_at=NOW))["containerStatuses"]
     assert plain["lastState"]["terminated"]["reason"] == "Error"
+
+
+def test_a_pod_that_cannot_be_created_is_pending_with_the_reason() -> None:
+    """A missing Secret: Pending, the container waiting with the kubelet's reason and message."""
+    why = ("CreateContainerConfigError", "secret 'store-keys' does not exist")
+    seen = _seen(initialized=False, running=False, ready=False, waiting=why)
+    status = pod_status(POD, seen)
+    assert status["phase"] == "Pending"
+    (runtime,) = status["containerStatuses"]
+    assert runtime["state"] == {"waiting": {"reason": why[0], "message": why[1]}}
+    assert not runtime["ready"]
