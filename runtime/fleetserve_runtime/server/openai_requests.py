@@ -1,12 +1,26 @@
 """OpenAI's request bodies: chat and legacy completions, and the generation each asks for.
 
-Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
-log-probabilities, tools, JSON mode, `echo`, `best_of`, `suffix`) are refused with a 400
-naming them when set to anything but their no-op value, so a client never gets an answer
-computed differently from what it asked; keys OpenAI's API does not know either are ignored,
-as OpenAI ignores them. `messages` are bounded (`MAX_MESSAGES`). `chat_generation` and
-`completion_generation` are the pure translation of a validated body to the engine's
-`GenerationRequest`.
+A body is refused with a 400 (OpenAI's error shape, `param` naming the field) rather than
+answered differently from what it asked, in two ways, both in `_refuse_unsupported`:
+
+- Keys no field here reads, at the top level, in `stream_options` or in a message, are named
+  (`unsupported parameter: 'min_tokens'`), sorted, the first `MAX_NAMED_KEYS` of them. This
+  is what OpenAI's API does with a parameter it does not know, and it matters because vLLM's
+  and SGLang's extensions (`min_tokens`, `repetition_penalty`, `min_p`, `stop_token_ids`,
+  `guided_json`, `chat_template_kwargs`, `cache_salt`, ...) would change the answer or its
+  isolation: a server that ignored them would answer 200 with text computed differently.
+- Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
+  log-probabilities, tools, JSON mode, `echo`, `best_of`, `suffix`, `store`, a
+  `service_tier` or `modalities` that asks for something) are refused when set to anything
+  but their no-op value (`_NO_OP`).
+
+Accepted without being implemented, because they cannot change the answer: `user` and
+`safety_identifier` (an end-user id for the provider's abuse monitoring), chat's `metadata`
+(tags for stored completions, which are not kept here) and `parallel_tool_calls` (about
+tool calls, which are refused), and a message's `name` (not shown to the model: the chat
+templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`).
+`chat_generation` and `completion_generation` are the pure translation of a validated body
+to the engine's `GenerationRequest`.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from fleetserve_runtime.server.generation_schemas import (
 
 __all__ = [
     "MAX_MESSAGES",
+    "MAX_NAMED_KEYS",
     "ChatCompletionRequest",
     "CompletionRequest",
     "StreamOptions",
@@ -39,10 +54,19 @@ __all__ = [
 
 MAX_MESSAGES = 1024
 """Most messages in one chat request, and content parts in one message."""
+MAX_NAMED_KEYS = 8
+"""Most unsupported keys one refusal names; the rest are counted."""
+_MAX_KEY_CHARS = 64
+"""Longest stretch of an unsupported key a refusal repeats (keys are the caller's text)."""
+
+_EXTRA = ConfigDict(extra="allow")
+"""Keys no field reads are kept in `model_extra`, for `_refuse_unsupported` to name."""
 
 
 class StreamOptions(BaseModel):
-    """`stream_options`: only `include_usage` changes anything here."""
+    """`stream_options`: `include_usage`; any other key is refused."""
+
+    model_config = _EXTRA
 
     include_usage: bool = False
 
@@ -50,13 +74,14 @@ class StreamOptions(BaseModel):
 class _OpenAIRequest(SamplingFields):
     """Fields chat and legacy completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _EXTRA
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: MaxTokens | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    """Accepted, unused: an end-user id for abuse monitoring, which changes no answer."""
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -64,13 +89,15 @@ class _OpenAIRequest(SamplingFields):
 
 
 class ChatMessageIn(BaseModel):
-    """One message of `messages`; `name` and other keys are ignored."""
+    """One message of `messages`; keys other than these are refused."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _EXTRA
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str
     """A string, or text parts (`[{"type": "text", "text": ...}]`), joined by newlines."""
+    name: str | None = None
+    """Accepted, unused: the chat templates here have no place for a participant's name."""
 
     @field_validator("content", mode="before")
     @classmethod
@@ -103,6 +130,15 @@ class ChatCompletionRequest(_OpenAIRequest):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    """Accepted, unused: tags for stored completions, and nothing is stored here."""
+    safety_identifier: str | None = None
+    """Accepted, unused: `user`'s successor, for abuse monitoring."""
+    parallel_tool_calls: bool | None = None
+    """Accepted, unused: about tool calls, and `tools` are refused."""
 
 
 class CompletionRequest(_OpenAIRequest):
@@ -131,11 +167,49 @@ _NO_OP: dict[str, tuple[object, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
 }
 """OpenAI fields this server does not implement, and the values that ask for nothing."""
 
 
+def _extra_keys(model: BaseModel | None) -> list[str]:
+    """The keys of `model` no field read, sorted, each cut to `_MAX_KEY_CHARS`."""
+    if model is None or not model.model_extra:
+        return []
+    return sorted(key[:_MAX_KEY_CHARS] for key in model.model_extra)
+
+
+def _refuse_unknown(body: _OpenAIRequest) -> None:
+    """Name every key no field reads: the body's, `stream_options`', then each message's.
+
+    `param` is the first one, dotted as pydantic names fields elsewhere (`messages.0.x`).
+    """
+    unknown = [(key, key) for key in _extra_keys(body)]
+    unknown += [
+        (f"stream_options.{key}", f"stream_options.{key}")
+        for key in _extra_keys(body.stream_options)
+    ]
+    if isinstance(body, ChatCompletionRequest):
+        unknown += [
+            (f"messages[{i}].{key}", f"messages.{i}.{key}")
+            for i, message in enumerate(body.messages)
+            for key in _extra_keys(message)
+        ]
+    if not unknown:
+        return
+    named = ", ".join(repr(name) for name, _ in unknown[:MAX_NAMED_KEYS])
+    more = len(unknown) - MAX_NAMED_KEYS
+    plural = "s" if len(unknown) > 1 else ""
+    tail = f" and {more} more" if more > 0 else ""
+    msg = f"unsupported parameter{plural}: {named}{tail}"
+    raise InvalidInput(msg, param=unknown[0][1])
+
+
 def _refuse_unsupported(body: _OpenAIRequest) -> None:
+    """`InvalidInput` for keys no field reads, then for a field set to ask what is not done."""
+    _refuse_unknown(body)
     for name, no_op in _NO_OP.items():
         if name not in type(body).model_fields:
             continue

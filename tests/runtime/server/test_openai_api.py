@@ -190,6 +190,9 @@ INVALID = [
     pytest.param({"logprobs": True}, "logprobs", id="logprobs"),
     pytest.param({"presence_penalty": 0.5}, "presence_penalty", id="presence-penalty"),
     pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
+    pytest.param({"store": True}, "store", id="store"),
+    pytest.param({"service_tier": "flex"}, "service_tier", id="service-tier"),
+    pytest.param({"modalities": ["text", "audio"]}, "modalities", id="audio-out"),
     pytest.param({"stream_options": {"include_usage": True}}, "stream_options", id="no-stream"),
     pytest.param({"messages": []}, "messages", id="no-messages"),
     pytest.param({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", id="role"),
@@ -212,6 +215,117 @@ async def test_invalid_requests_get_400_naming_the_field(
         response = await client.post(CHAT, json=chat(**fields))
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error"
+
+
+VLLM_KEYS = [
+    pytest.param("min_tokens", 5, id="min_tokens"),
+    pytest.param("repetition_penalty", 1.2, id="repetition_penalty"),
+    pytest.param("min_p", 0.1, id="min_p"),
+    pytest.param("stop_token_ids", [2], id="stop_token_ids"),
+    pytest.param("include_stop_str_in_output", True, id="include_stop_str_in_output"),
+    pytest.param("continue_final_message", True, id="continue_final_message"),
+    pytest.param("guided_json", {"type": "object"}, id="guided_json"),
+    pytest.param("chat_template_kwargs", {"enable_thinking": False}, id="chat_template_kwargs"),
+    pytest.param("cache_salt", "tenant-a", id="cache_salt"),
+]
+"""vLLM's and SGLang's extensions that would change the answer (or, `cache_salt`, who may
+share its prefix cache) if honoured: silently ignoring them would answer with other text."""
+
+
+def assert_refused(response: httpx.Response, param: str, message: str) -> None:
+    """A 400 naming the unsupported keys, in the same shape as every other refusal."""
+    error = assert_openai_error(response, 400, param)
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_input")
+    assert error["message"] == message
+
+
+@pytest.mark.parametrize(("key", "value"), VLLM_KEYS)
+async def test_unknown_keys_are_400_naming_them(key: str, value: Any) -> None:
+    """A key this server does not implement is refused, not ignored, on both routes."""
+    async with serve(LLM) as (client, _):
+        chatted = await client.post(CHAT, json=chat(**{key: value}))
+        completed = await client.post(
+            "/v1/completions", json={"model": "test", "prompt": "x", key: value}
+        )
+    assert_refused(chatted, key, f"unsupported parameter: {key!r}")
+    assert_refused(completed, key, f"unsupported parameter: {key!r}")
+
+
+async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
+    """Body keys sorted, then `stream_options`', then each message's; at most eight named."""
+    several = chat(
+        min_p=0.1,
+        cache_salt="s",
+        guided_json={},
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        messages=[
+            {"role": "user", "content": "x", "name": "ann"},
+            {"role": "assistant", "content": "y", "reasoning_content": "z"},
+        ],
+    )
+    many = chat(**{f"key_{i:02}": i for i in range(11)})
+    async with serve(LLM) as (client, _):
+        named = await client.post(CHAT, json=several)
+        bounded = await client.post(CHAT, json=many)
+        chat_only = await client.post(
+            "/v1/completions", json={"model": "test", "prompt": "x", "metadata": {}}
+        )
+    assert_refused(
+        named,
+        "cache_salt",
+        "unsupported parameters: 'cache_salt', 'guided_json', 'min_p', "
+        "'stream_options.continuous_usage_stats', 'messages[1].reasoning_content'",
+    )
+    shown = ", ".join(f"'key_{i:02}'" for i in range(8))
+    assert_refused(bounded, "key_00", f"unsupported parameters: {shown} and 3 more")
+    assert_refused(chat_only, "metadata", "unsupported parameter: 'metadata'")
+
+
+async def test_a_message_key_is_refused_naming_its_path() -> None:
+    """`messages[i].<key>` in the message, dotted in `param` as every field path is."""
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "assistant", "content": "ok", "tool_calls": []},
+    ]
+    async with serve(LLM) as (client, _):
+        response = await client.post(CHAT, json=chat(messages=messages))
+    assert_refused(
+        response, "messages.1.tool_calls", "unsupported parameter: 'messages[1].tool_calls'"
+    )
+
+
+async def test_implemented_and_harmless_keys_are_answered() -> None:
+    """Sampling keys this server implements, and metadata that cannot change the answer."""
+    implemented = {"top_k": 0, "seed": 7, "stop": ["zzz"], "temperature": 0, "max_tokens": 8}
+    harmless = {
+        "user": "u-1",
+        "safety_identifier": "u-1",
+        "metadata": {"team": "a"},
+        "store": False,
+        "service_tier": "auto",
+        "modalities": ["text"],
+        "parallel_tool_calls": False,
+        "stream_options": {"include_usage": True},
+    }
+    named = [{"role": "user", "content": "tell me about rivers", "name": "ann"}]
+    async with serve(LLM) as (client, _):
+        plain = await client.post(CHAT, json=chat(**implemented))
+        both = await client.post(
+            CHAT, json=chat(**implemented, **harmless, stream=True, messages=named)
+        )
+        completed = await client.post(
+            "/v1/completions", json={"model": "test", "prompt": "x", "user": "u", **implemented}
+        )
+    assert plain.status_code == 200, plain.text
+    assert both.status_code == 200, both.text
+    assert completed.status_code == 200, completed.text
+    streamed = "".join(
+        chunk["choices"][0]["delta"].get("content", "")
+        for chunk in events(both)
+        if isinstance(chunk, dict) and chunk["choices"]
+    )
+    assert streamed == plain.json()["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize(

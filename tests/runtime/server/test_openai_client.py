@@ -1,6 +1,7 @@
 """The official `openai` client, unchanged, against the real server process over loopback.
 
-Chat and completions, whole and streamed, usage, stop strings; a prompt over the context
+Chat and completions, whole and streamed, usage, stop strings; a key the server does not
+implement (`extra_body`) is a `BadRequestError` naming it; a prompt over the context
 is one 400 (`BadRequestError`, never retried: the server counts one request); a full queue
 is a 503 whose `Retry-After` the client honours; a client that hangs up mid-stream frees its
 sequence and KV blocks at once. The SmolLM2 test (one server, loaded once) checks a real
@@ -145,6 +146,14 @@ def test_prompt_over_the_context_is_one_bad_request(server: str) -> None:
     assert caught.value.param == "messages"
     assert f"context of {CONTEXT} tokens" in caught.value.message
     assert metric(server, "fleetserve_requests_total", code="400") == before + 1
+
+
+def test_an_unknown_extra_body_key_is_a_bad_request(server: str) -> None:
+    """A `min_tokens` (vLLM's) sent through `extra_body` is refused by name, not ignored."""
+    with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="test", messages=MESSAGES, extra_body={"min_tokens": 5})
+    assert caught.value.param == "min_tokens"
+    assert "unsupported parameter: 'min_tokens'" in caught.value.message
 
 
 def test_unknown_model_is_not_found(server: str) -> None:
