@@ -135,6 +135,9 @@ class Stores:
         registry.write_docker_config(docker_config)
         tagged = registry.reference(f"models/enc-{uuid.uuid4().hex[:8]}", "v2")
         client = oras.client.OrasClient(tls_verify=str(registry.ca_cert), auth_backend="basic")
+        # Credentials on every request: oras-py sends a blob's PUT bare and waits for the 401
+        # challenge, which the registry answers before reading a large body, then hangs up.
+        client.session.auth = (registry.username, registry.password)
         pushed = client.push(
             target=tagged,
             files=[str(directory / path) for path in sorted(self.files) if "/" not in path]

@@ -12,6 +12,7 @@ Stopping removes every container of the pod by its uid label.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -58,11 +59,15 @@ class _InitRun:
     exited_at: float | None = None
 
 
-def write_volume(pod_dir: Path, volume: HostVolume, token: str | None) -> None:
+def write_volume(
+    pod_dir: Path, volume: HostVolume, token: str | None, fs_group: int | None = None
+) -> None:
     """Create a volume's host directory with its files (and the pod's token, if it mounts one).
 
     A hostPath is the node's: made as a kubelet makes a missing ``DirectoryOrCreate`` (0755,
-    owned by root), otherwise left as it is.
+    owned by root), otherwise left as it is. With the pod's ``fsGroup``, files are group-owned
+    by it and group-readable, as a kubelet's volume ownership makes them: a non-root user in
+    that group reads a Secret of mode 0440.
 
     Raises:
         PodSpecError: A hostPath of type ``Directory`` is missing on the node.
@@ -81,7 +86,11 @@ def write_volume(pod_dir: Path, volume: HostVolume, token: str | None) -> None:
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(item.content)
-        target.chmod(item.mode)
+        if fs_group is None:
+            target.chmod(item.mode)
+        else:
+            os.chown(target, 0, fs_group)
+            target.chmod(item.mode | 0o440)
     if volume.token_file is not None and token is not None:
         target = root / volume.token_file
         target.write_text(token, encoding="utf-8")
@@ -112,7 +121,7 @@ class PodContainers:
         self._watch: MemoryWatch | None = None
         pod_dir.mkdir(parents=True, exist_ok=True)
         for volume in plan.volumes:
-            write_volume(pod_dir, volume, token)
+            write_volume(pod_dir, volume, token, plan.fs_group)
 
     # -- the runner's view ------------------------------------------------------------------
 

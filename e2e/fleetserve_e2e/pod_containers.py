@@ -123,6 +123,8 @@ class ContainersPlan:
     """The host port of the runtime's inference API, which the pod map publishes."""
     grpc_port: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    fs_group: int | None = None
+    """The pod's ``fsGroup``: group owner of its Secret, ConfigMap and projected volumes."""
 
 
 def parse_quantity(quantity: str) -> Decimal:
@@ -247,6 +249,12 @@ def memory_tmpfs(pod: JsonObject) -> dict[str, str]:
             size_option = "" if size is None else f",size={int(parse_quantity(size))}"
             found[volume["name"]] = f"rw,mode=1777{size_option}"
     return found
+
+
+def fs_group(pod: JsonObject) -> int | None:
+    """The pod's ``securityContext.fsGroup``, if it sets one."""
+    value = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+    return None if value is None else int(value)
 
 
 def node_directory(work_dir: Path, node: str) -> Path:
@@ -379,6 +387,7 @@ def container_spec(
         labels=dict(labels),
         drop_all_capabilities="ALL" in drop,
         no_new_privileges=context.get("allowPrivilegeEscalation") is False,
+        groups=tuple(group for group in (fs_group(pod),) if group is not None),
         host_names=tuple(host_names),
     )
 
@@ -461,6 +470,7 @@ def containers_plan(
         serving_port=host_ports[_serving_port(args)],
         grpc_port=None if grpc is None else host_ports[int(grpc)],
         labels=labels,
+        fs_group=fs_group(pod),
     )
 
 

@@ -61,6 +61,11 @@ def test_a_pods_container_gets_its_mounts_labels_limits_and_command() -> None:
     ]  # fmt: skip
 
 
+def test_supplementary_groups_are_added() -> None:
+    argv = _after_options(run_argv(ContainerSpec(IMAGE, groups=(65532,)), "c5", detach=True))
+    assert argv[argv.index("--group-add") + 1] == "65532"
+
+
 def test_host_names_put_the_container_on_slirp4netns_with_the_hosts_loopback() -> None:
     """Each name resolves to 10.0.2.2, which slirp4netns maps to the host's 127.0.0.1."""
     spec = ContainerSpec(IMAGE, ports={8080: 40000}, host_names=("seaweedfs-s3", "registry"))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import stat
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fleetserve_e2e.container_pod import write_volume
 from fleetserve_e2e.images.containers import Mount
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.pod_containers import (
@@ -373,3 +375,32 @@ def test_a_host_path_the_backend_cannot_honour_stops_the_pod(
 ) -> None:
     with pytest.raises(PodSpecError, match="hostPath"):
         _host_path_plan(_host_path_pod(kind, path), node)
+
+
+def test_the_pods_fs_group_owns_its_secret_files_and_joins_every_container(tmp_path: Path) -> None:
+    """As a kubelet applies fsGroup: a 0400 Secret file becomes 0440, group fsGroup.
+
+    The containers run with that supplementary group, so a non-root user reads the file.
+    """
+    pod = _volumes_pod()
+    pod["spec"]["securityContext"] = {"runAsUser": 65532, "fsGroup": 65532}
+    plan = containers_plan(
+        pod,
+        pod["spec"]["containers"][0],
+        lookup=_lookup,
+        images={},
+        pod_dir=tmp_path,
+        allocate_port=itertools.count(40000).__next__,
+        cluster="c",
+    )
+    assert plan.fs_group == 65532
+    for planned in (*plan.init, plan.main):
+        assert planned.spec.groups == (65532,)
+    (secret,) = [v for v in plan.volumes if v.name == "auth"]
+    write_volume(tmp_path, secret, None, plan.fs_group)
+    written = (tmp_path / secret.dir_name / "s3/token").stat()
+    assert (written.st_uid, written.st_gid) == (0, 65532)
+    assert stat.S_IMODE(written.st_mode) == 0o440
+    without = _plan(_volumes_pod())
+    assert without.fs_group is None
+    assert without.main.spec.groups == ()

@@ -65,6 +65,8 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     drop_all_capabilities: bool = True
     no_new_privileges: bool = True
+    groups: tuple[int, ...] = ()
+    """Supplementary groups (a pod's ``fsGroup``), which may read the pod's Secret volumes."""
     host_names: tuple[str, ...] = ()
     """Names that resolve, inside the container, to the host's loopback: the servers a test
     runs on 127.0.0.1, named as a cluster's DNS would name them. With any, the container's
@@ -82,6 +84,8 @@ def _confinement(spec: ContainerSpec) -> list[str]:
         args.append("--read-only")
     if spec.user is not None:
         args += ["--user", spec.user]
+    for group in spec.groups:
+        args += ["--group-add", str(group)]
     if spec.memory is not None:
         # memory-swap equal to memory: over the limit is an OOM kill, never swapping.
         args += ["--memory", spec.memory, "--memory-swap", spec.memory]
