@@ -2,10 +2,11 @@
 
 The vectors are the OIP infer route's for the same texts (one serving path), in floats or
 base64; a key, `dimensions` or token ids it does not implement are 400s naming the field,
-an unknown model 404, more texts than `max_instances` the infer route's 413, all in OpenAI's
-error shape; the scheduling headers and the request metrics apply as on the infer route.
-The official `openai` client (which asks for base64 by default) gets 384-dimensional
-vectors whose cosine tells paraphrases apart. A generative model is refused in process.
+an unknown model 404, more texts than `max_instances` the infer route's 413, a text over
+the model's length OpenAI's `context_length_exceeded`, all in OpenAI's error shape; the
+scheduling headers and the request metrics apply as on the infer route. The official
+`openai` client (which asks for base64 by default) gets 384-dimensional vectors whose
+cosine tells paraphrases apart. A generative model is refused in process.
 """
 
 from __future__ import annotations
@@ -134,6 +135,13 @@ def test_token_ids_and_an_empty_input_are_refused(minilm: str) -> None:
     for given in ([101, 7592, 102], [[101, 7592, 102]], []):
         response = embed(minilm, {"model": "minilm", "input": given})
         assert_refused(response, 400, "input", "input")
+
+
+def test_a_text_over_the_models_length_is_openais_context_error(minilm: str) -> None:
+    """Not truncated: a 400 `context_length_exceeded` naming `input`, as OpenAI answers it."""
+    response = embed(minilm, {"model": "minilm", "input": ["short", "word " * 300]})
+    assert_refused(response, 400, "input", "max_sequence_length")
+    assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_an_unknown_model_is_not_found(minilm: str) -> None:
