@@ -10,7 +10,8 @@ command line, which starts uvicorn).
 - `responses`: error answers in either shape; `request_body`: bodies read within their
   media type, size and time limits.
 - `generation`, `sse`: the OpenAI-compatible routes and the OIP generate extension, and the
-  server-sent-event streams they answer with.
+  server-sent-event streams they answer with; `embeddings`: OpenAI's `/v1/embeddings` over
+  the encoder, on the OIP infer route's serving path.
 - `grpc_api` and its generated `oip` package: the OIP over gRPC.
 - `schemas`, `binary_tensors`, and for generation `generation_schemas` (shared),
   `openai_requests`, `openai_responses`, `oip_generate_schemas`: request and response

@@ -3,8 +3,8 @@
 Two ASGI apps share one `Runtime` (see `create_apps`):
 
 - the inference app: health, metadata, inference and metrics (`inference_routes`), the
-  generation routes (`generation`), behind an optional bearer token (`auth_token_file`;
-  probes and metrics exempt);
+  generation routes (`generation`), OpenAI's embeddings over the encoder (`embeddings`),
+  behind an optional bearer token (`auth_token_file`; probes and metrics exempt);
 - the admin app, only with `model_control: explicit`: the repository load/unload API
   (`repository_routes`), always behind its own bearer token (`admin_token_file`) and the
   `allowed_model_uris` allowlist.
@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fleetserve_runtime import __version__
 from fleetserve_runtime.core.auth import TokenFile
 from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.server.embeddings import register_embeddings
 from fleetserve_runtime.server.generation import register_generation
 from fleetserve_runtime.server.inference_routes import Routes, register_health, register_inference
 from fleetserve_runtime.server.middleware import (
@@ -174,6 +175,7 @@ def create_apps(
     register_health(inference, routes, server_version=__version__)
     register_inference(inference, routes)
     register_generation(inference, routes)
+    register_embeddings(inference, routes)
     admin = None
     if config.model_control == "explicit" and config.admin_token_file is not None:
         admin = FastAPI(

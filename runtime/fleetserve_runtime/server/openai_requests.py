@@ -20,7 +20,8 @@ Accepted without being implemented, because they cannot change the answer: `user
 tool calls, which are refused), and a message's `name` (not shown to the model: the chat
 templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`).
 `chat_generation` and `completion_generation` are the pure translation of a validated body
-to the engine's `GenerationRequest`.
+to the engine's `GenerationRequest`. `unknown_keys` and `refuse_unknown` are the unknown-key
+check alone, which `embeddings` shares.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ __all__ = [
     "StreamOptions",
     "chat_generation",
     "completion_generation",
+    "refuse_unknown",
+    "unknown_keys",
 ]
 
 MAX_MESSAGES = 1024
@@ -174,7 +177,7 @@ _NO_OP: dict[str, tuple[object, ...]] = {
 """OpenAI fields this server does not implement, and the values that ask for nothing."""
 
 
-def _extra_keys(model: BaseModel | None) -> list[str]:
+def unknown_keys(model: BaseModel | None) -> list[str]:
     """The keys of `model` no field read, sorted, each cut to `_MAX_KEY_CHARS`."""
     if model is None or not model.model_extra:
         return []
@@ -186,17 +189,25 @@ def _refuse_unknown(body: _OpenAIRequest) -> None:
 
     `param` is the first one, dotted as pydantic names fields elsewhere (`messages.0.x`).
     """
-    unknown = [(key, key) for key in _extra_keys(body)]
+    unknown = [(key, key) for key in unknown_keys(body)]
     unknown += [
         (f"stream_options.{key}", f"stream_options.{key}")
-        for key in _extra_keys(body.stream_options)
+        for key in unknown_keys(body.stream_options)
     ]
     if isinstance(body, ChatCompletionRequest):
         unknown += [
             (f"messages[{i}].{key}", f"messages.{i}.{key}")
             for i, message in enumerate(body.messages)
-            for key in _extra_keys(message)
+            for key in unknown_keys(message)
         ]
+    refuse_unknown(unknown)
+
+
+def refuse_unknown(unknown: Sequence[tuple[str, str]]) -> None:
+    """`InvalidInput` naming the keys no field reads, as (shown, `param`) pairs; none: nothing.
+
+    The first `MAX_NAMED_KEYS` are named, the rest counted; `param` is the first one's.
+    """
     if not unknown:
         return
     named = ", ".join(repr(name) for name, _ in unknown[:MAX_NAMED_KEYS])
