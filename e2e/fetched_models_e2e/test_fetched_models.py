@@ -128,6 +128,7 @@ class Stores:
         (https_files.root / name).write_bytes(archive.getvalue())
         self.https_uri = _as_seen_by_pods(https_files.url_for(name), FILES_SERVER_NAME)
         self.https_digest = f"sha256:{hashlib.sha256(archive.getvalue()).hexdigest()}"
+        self.hf_uri, self.hub_endpoint = self._publish_to_hub(https_files)
         self.s3_endpoint = _as_seen_by_pods(object_store.endpoint_url, S3_SERVER_NAME)
 
     def _push(self, directory: Path, docker_config: Path) -> tuple[str, str]:
@@ -148,6 +149,33 @@ class Stores:
         digest = pushed.headers["Docker-Content-Digest"]
         aliased = tagged.replace(registry.host, self._registry_host, 1)
         return f"oci://{aliased}@{digest}", digest
+
+    def _publish_to_hub(self, server: HttpsFileServer) -> tuple[str, str]:
+        """Lay the model out on the HTTPS server as a Hugging Face Hub mirror serves a commit.
+
+        The API's revision and file tree, and each file under `resolve/` with its headers.
+        """
+        commit = hashlib.sha1(self.s3_digest.encode(), usedforsecurity=False).hexdigest()
+        repo = f"fleetserve-e2e/minilm-{uuid.uuid4().hex[:8]}"
+        info = {"id": repo, "sha": commit, "siblings": [{"rfilename": p} for p in self.files]}
+        tree = [{"type": "file", "path": p, "size": len(d),
+                 "oid": hashlib.sha1(d, usedforsecurity=False).hexdigest()}
+                for p, d in self.files.items()]  # fmt: skip
+        api = {
+            f"api/models/{repo}/revision/{commit}": info,
+            f"api/models/{repo}/tree/{commit}": tree,
+        }
+        for relative, document in api.items():
+            (server.root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (server.root / relative).write_text(json.dumps(document))
+            server.set_headers(relative, {"Content-Type": "application/json"})
+        for path, data in self.files.items():
+            relative = f"{repo}/resolve/{commit}/{path}"
+            (server.root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (server.root / relative).write_bytes(data)
+            etag = f'"{hashlib.sha1(data, usedforsecurity=False).hexdigest()}"'
+            server.set_headers(relative, {"X-Repo-Commit": commit, "ETag": etag})
+        return f"hf://{repo}@{commit}", _as_seen_by_pods(server.url, FILES_SERVER_NAME)
 
     @property
     def _registry_host(self) -> str:
@@ -183,6 +211,11 @@ class Stores:
         """`spec.model` fields of the ORAS artifact (its URI carries the manifest digest)."""
         storage = {"secretName": "registry-login", "caConfigMap": CA_CONFIG_MAP}
         return {"uri": self.oci_uri, "storage": storage}
+
+    def hf(self) -> JsonObject:
+        """`spec.model` fields of the Hugging Face repository on the Hub mirror, by commit."""
+        storage = {"endpoint": self.hub_endpoint, "caConfigMap": CA_CONFIG_MAP}
+        return {"uri": self.hf_uri, "storage": storage}
 
     def https(self) -> JsonObject:
         """`spec.model` fields of the tar.gz behind HTTPS, with its required sha256."""
@@ -300,15 +333,17 @@ def _assert_minilm(vectors: npt.NDArray[np.float32]) -> None:
 
 
 def test_each_store_serves_the_same_model(fleet: Fleet, stores: Stores) -> None:
-    """s3, oci and https: each service Ready through its init container.
+    """s3, oci, https and hf: each service Ready through its init container.
 
     Each track's status names the digest it fetched, and the three answer with the same vectors.
     """
-    models = {"enc-s3": stores.s3(), "enc-oci": stores.oci(), "enc-https": stores.https()}
+    models = {"enc-s3": stores.s3(), "enc-oci": stores.oci(), "enc-https": stores.https(),
+              "enc-hf": stores.hf()}  # fmt: skip
     for name, model in models.items():
         fleet.create(_service(name, "1", model))
+    # A Hugging Face snapshot, like an S3 prefix, is pinned by the tree digest of its files.
     expected = {"enc-s3": stores.s3_digest, "enc-oci": stores.oci_digest,
-                "enc-https": stores.https_digest}  # fmt: skip
+                "enc-https": stores.https_digest, "enc-hf": stores.s3_digest}  # fmt: skip
     answers = {}
     for name in models:
         status = fleet.wait(name, "Ready and ModelFetched", _ready_and_fetched)
@@ -317,7 +352,7 @@ def test_each_store_serves_the_same_model(fleet: Fleet, stores: Stores) -> None:
         assert fetched["message"] == f"stable: 1/1 pods fetched {expected[name]}"
         answers[name] = fleet.embed(name)
     _assert_minilm(answers["enc-s3"])
-    for name in ("enc-oci", "enc-https"):
+    for name in ("enc-oci", "enc-https", "enc-hf"):
         np.testing.assert_allclose(answers[name], answers["enc-s3"], atol=1e-5)
 
 

@@ -139,6 +139,7 @@ class _Server(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.faults: deque[Fault] = deque()
         self.served: list[ServedRequest] = []
+        self.headers: dict[str, dict[str, str]] = {}
         self.stopping = threading.Event()
 
     def take_fault(self, path: str) -> Fault | None:
@@ -202,12 +203,18 @@ class _Handler(BaseHTTPRequestHandler):
         selected = byte_range or ByteRange(0, size - 1)
         status = HTTPStatus.OK if byte_range is None else HTTPStatus.PARTIAL_CONTENT
         self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(max(selected.length, 0)))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(max(selected.length, 0)),
+            "Accept-Ranges": "bytes",
+            "ETag": etag,
+        }
         if byte_range is not None:
-            self.send_header("Content-Range", f"bytes {selected.first}-{selected.last}/{size}")
+            headers["Content-Range"] = f"bytes {selected.first}-{selected.last}/{size}"
+        with self.server.lock:
+            headers.update(self.server.headers.get(path, {}))
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         self._record(path, requested_range, status, fault)
         if body:
@@ -280,6 +287,14 @@ class HttpsFileServer(Component):
     def url_for(self, relative: str) -> str:
         """The URL of a file under ``root``."""
         return f"{self.url}/{relative.lstrip('/')}"
+
+    def set_headers(self, relative: str, headers: dict[str, str]) -> None:
+        """Headers the answers for the file at ``relative`` carry, besides or over the defaults.
+
+        A ``Content-Type``, or what a Hugging Face Hub sends with a file (``X-Repo-Commit``).
+        """
+        with self._running().lock:
+            self._running().headers[f"/{relative.lstrip('/')}"] = dict(headers)
 
     def inject(self, *faults: Fault) -> None:
         """Queue faults; each hits the next request that matches it, once."""
