@@ -50,6 +50,20 @@ def test_whole_file(files: HttpsFileServer, client: httpx.Client) -> None:
     assert files.requests() == [ServedRequest("GET", PATH, None, httpx.codes.OK)]
 
 
+def test_a_files_own_headers_add_to_and_override_the_defaults(
+    files: HttpsFileServer, client: httpx.Client
+) -> None:
+    """What a Hub mirror sends with a file: its commit, its own ETag; on GET and HEAD alike."""
+    files.set_headers(NAME, {"X-Repo-Commit": "c" * 40, "ETag": '"sha1-of-it"'})
+    for method in ("GET", "HEAD"):
+        response = client.request(method, files.url_for(NAME))
+        assert response.headers["X-Repo-Commit"] == "c" * 40
+        assert response.headers.get_list("ETag") == ['"sha1-of-it"']
+    other = files.root / "other.bin"
+    other.write_bytes(b"x")
+    assert "X-Repo-Commit" not in client.get(files.url_for("other.bin")).headers
+
+
 @pytest.mark.parametrize(
     ("header", "first", "last"),
     [
