@@ -307,11 +307,12 @@ class HttpsFileServer(Component):
             return list(self._running().served)
 
     def reset(self) -> None:
-        """Forget queued faults and recorded requests."""
+        """Forget queued faults, recorded requests and the files' own headers."""
         server = self._running()
         with server.lock:
             server.faults.clear()
             server.served.clear()
+            server.headers.clear()
 
     def _running(self) -> _Server:
         if self._server is None:

@@ -67,6 +67,6 @@ def https_file_server(
 
 @pytest.fixture
 def https_files(https_file_server: HttpsFileServer) -> HttpsFileServer:
-    """The session's HTTPS file server with no fault queued and no request recorded yet."""
+    """The session's HTTPS file server with no fault, request or per-file header left over."""
     https_file_server.reset()
     return https_file_server
