@@ -50,7 +50,7 @@ def test_invalid_objects_are_rejected(crd: LocalCluster, namespace: str, path: P
 
 
 def test_printer_columns(crd: LocalCluster, namespace: str) -> None:
-    """`kubectl get fsvc` prints the rollout's columns; `-o wide` adds source and metadata."""
+    """`kubectl get fsvc` prints the rollout's columns; `-o wide` adds source, digest, metadata."""
     created = crd.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples/synthetic.yaml"))
     assert created.returncode == 0, created.stderr
     listed = crd.kubectl("get", "fsvc", "-n", namespace)
@@ -60,7 +60,7 @@ def test_printer_columns(crd: LocalCluster, namespace: str) -> None:
     assert listed.stdout.splitlines()[1].split()[:2] == ["synthetic", "synthetic"]
     wide = crd.kubectl("get", "fsvc", "-n", namespace, "-o", "wide")
     assert wide.returncode == 0, wide.stderr
-    assert wide.stdout.splitlines()[0].split()[-2:] == ["SOURCE", "METADATA"]
+    assert wide.stdout.splitlines()[0].split()[-3:] == ["SOURCE", "DIGEST", "METADATA"]
 
 
 # Each value reached the operator before the schema bounded it: a quantity the operator could
