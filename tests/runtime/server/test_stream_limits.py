@@ -27,6 +27,8 @@ CHAT = "/v1/chat/completions"
 LLM = "builtin://synthetic-generate?per_token_ms={ms}&output_tokens=100000&context_length=8192"
 MAX_TOKENS = 6000
 """About 1 MB of chat chunks: more than the socket buffers of both ends and uvicorn's take."""
+STREAM_BYTES = 1_300_000
+"""About how many bytes that answer takes on the wire (measured: 1.32 MB)."""
 LIMIT_S = 30.0
 """Bound of every wait here: none should come near it."""
 
@@ -160,18 +162,28 @@ def test_a_client_a_buffer_behind_has_its_generation_cancelled() -> None:
 
 
 def test_a_slow_reader_within_the_deadline_gets_its_whole_answer() -> None:
-    """A client reading steadily, slower than the model, is never cut."""
-    with serving(stream_send_timeout_s=2.0, stream_buffer_bytes=4 * 1024**2) as port:
+    """A client reading steadily, slower than the model, is never cut.
+
+    The reader is paced to take half as long again as the send deadline over the whole
+    answer, so a deadline counted from the stream's start would cut it; each write waits
+    only a fraction of the deadline, which leaves seconds of slack for a loaded machine.
+    """
+    deadline_s = 4.0
+    pace_bytes_per_s = STREAM_BYTES / (1.5 * deadline_s)
+    with serving(stream_send_timeout_s=deadline_s, stream_buffer_bytes=4 * 1024**2) as port:
         sock = stalled_client(port)
         data = b""
         with sock:
             started = time.monotonic()
             while not data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
-                assert time.monotonic() - started < LIMIT_S, "the answer did not end"
+                elapsed = time.monotonic() - started
+                assert elapsed < LIMIT_S, "the answer did not end"
+                time.sleep(max(0.0, len(data) / pace_bytes_per_s - elapsed))
                 chunk = sock.recv(8192)
                 assert chunk, "the server closed the stream early"
                 data += chunk
-                time.sleep(0.01)
+            took = time.monotonic() - started
+        assert took > deadline_s, "the answer was read faster than the deadline"
         assert data.startswith(b"HTTP/1.1 200")
         assert b'"finish_reason":"length"' in data
         assert data.count(b'"content":') == MAX_TOKENS + 1  # the role chunk says "" too
