@@ -115,8 +115,11 @@ UNIT_WORKERS ?= 2
 
 ## unit: the fast, cluster-free tier (tests/), on UNIT_WORKERS pytest-xdist workers (0: in
 ##       this process)
+# The operator's tests run apart, under tests/torchless.py: the operator image has no torch,
+# so neither may its tests, and a process that has imported torch cannot prove that.
 unit: setup
-	$(PY) -m pytest tests -n $(UNIT_WORKERS) --dist loadfile
+	$(PY) -m pytest tests --ignore=tests/operator -n $(UNIT_WORKERS) --dist loadfile
+	$(PY) -m pytest tests/operator -p tests.torchless -n $(UNIT_WORKERS) --dist loadfile
 
 # mutmut names a mutant after its file's path under the directory it runs in, and a mutant is
 # only found when that name is the module the tests import: so it runs in $(MUTMUT_DIR), where
