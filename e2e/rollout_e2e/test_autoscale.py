@@ -6,10 +6,10 @@ each; the operator renders a KEDA ScaledObject whose Prometheus trigger sums the
 ``fleetserve_inflight_requests`` gauge over the stable track, KEDA creates the HPA, and the
 kube-controller-manager's HPA controller (3 s sync in the harness) sets the Deployment's
 replicas. A bounded ramp of slow synthetic requests (500 ms each, ~7 in flight) must take the
-track from 1 to at least 3 replicas, and after the ramp the track must return to 1, with no
-failed request; the load driver spreads over the ready pods it finds in the pod map, so
-replicas appearing mid-ramp take traffic as they become ready. The test prints
-``time_to_scale_up_s=`` and ``time_to_scale_down_s=``.
+track from 1 to at least 3 replicas; it runs on for a while at 3, then stops, and the track
+must return to 1, with no failed request; the load driver spreads over the ready pods it
+finds in the pod map, so replicas appearing mid-ramp take traffic as they become ready. The
+test prints ``time_to_scale_up_s=`` and ``time_to_scale_down_s=``.
 
 A second test runs a canary step while the HPA grows the stable track: the canary's size
 must follow the stable Deployment's current size (weight x replicas, not the spec's minimum),
@@ -54,6 +54,9 @@ SCALING = {
 }
 RAMP_S = 90.0
 """Long enough for two replicas of the venv runtime to start on two busy cores."""
+HOLD_S = 15.0
+"""How long the first test's ramp runs on once 3 replicas are ready, so they all answer part
+of it (about 200 requests), before it stops and the track scales back down."""
 # 16 sequential workers at 14 requests/s in all: each waits 500 ms for its answer, so about
 # 16 * 0.5 / (16 / 14) = 7 requests are in flight whatever the replica count: ceil(7 / 2) = 4.
 RAMP_RPS = 14.0
@@ -98,7 +101,7 @@ def _wanted_replicas(env: RolloutEnv) -> int:
     return replicas
 
 
-def _ramp(env: RolloutEnv, duration_s: float = RAMP_S) -> LoadDriver:
+def _ramp(env: RolloutEnv, duration_s: float) -> LoadDriver:
     """The bounded ramp both tests drive: ~7 slow requests in flight for `duration_s`."""
     return LoadDriver(
         env.cluster,
@@ -134,7 +137,7 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
         what="one ready stable replica and the route",
     )
 
-    with _ramp(env) as load:
+    with _ramp(env, SCALE_TIMEOUT_S + HOLD_S) as load:
         started = time.monotonic()
         scaled_up_to = wait_until(
             lambda: (n := _ready_replicas(env)) >= 3 and n,
@@ -143,12 +146,7 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
             interval_s=0.5,
         )
         time_to_scale_up_s = time.monotonic() - started
-        wait_until(
-            lambda: time.monotonic() - started >= RAMP_S,
-            timeout_s=RAMP_S + 10.0,
-            what="the end of the ramp",
-            interval_s=0.5,
-        )
+        time.sleep(HOLD_S)
     ramp_end = time.monotonic()
     wait_until(
         lambda: _wanted_replicas(env) == 1 and _ready_replicas(env) == 1,
@@ -159,7 +157,8 @@ def test_inflight_ramp_scales_stable_track_up_and_back_down(
     time_to_scale_down_s = time.monotonic() - ramp_end
 
     statuses = [record.status for record in load.records]
-    assert len(statuses) > RAMP_RPS * RAMP_S / 2, f"only {len(statuses)} requests were sent"
+    ramp_s = ramp_end - started
+    assert len(statuses) > RAMP_RPS * ramp_s / 2, f"only {len(statuses)} requests were sent"
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     print(
         f"requests={len(statuses)} scaled_up_to={scaled_up_to} "
