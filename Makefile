@@ -98,12 +98,16 @@ docs: setup
 crds-check: setup
 	$(PY) -m fleetserve_operator.crdgen --check $(CRD) $(CHART_CRD)
 
+# mypy's cache outlives the clone: it checks each module's source hash before trusting an
+# entry, so a fresh clone re-checks only what changed (about a minute less on two cores).
+MYPY_CACHE := $(HOME)/.cache/fleetserve/mypy
+
 ## lint: ruff (lint + format check), mypy --strict, import contracts (.importlinter), CRDs up to date
 lint: setup crds-check
 	$(VENV)/bin/ruff check $(LINTED) e2e
 	$(VENV)/bin/ruff format --check $(LINTED) e2e
-	$(VENV)/bin/mypy --strict $(PACKAGES) bench
-	cd e2e && ../$(VENV)/bin/mypy --strict fleetserve_e2e fleetserve_demo
+	$(VENV)/bin/mypy --strict --cache-dir $(MYPY_CACHE)/packages $(PACKAGES) bench
+	cd e2e && ../$(VENV)/bin/mypy --strict --cache-dir $(MYPY_CACHE)/e2e fleetserve_e2e fleetserve_demo
 	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: lint
