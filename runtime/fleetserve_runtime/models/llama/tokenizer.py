@@ -46,6 +46,11 @@ token carries at least one, so a longer run ending in U+FFFD is bytes that never
 character (or a real U+FFFD): released as `decode` shows them, not held to the end, and
 each step's decode window stays short instead of growing with the run."""
 
+_MAX_OPEN_TOKENS = 3
+"""Most tokens an unfinished character can be spread over: it has at most 3 of its 4 bytes,
+and every token carries at least one (the vocabularies built here, byte-level BPE and byte
+fallback, have no token that ends one character and starts the next)."""
+
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -308,8 +313,10 @@ class StreamDecoder:
     several tokens, and some decoders treat a sequence's first token specially (SentencePiece
     drops its leading space). So each step decodes a short window that starts at the last
     point where the text was complete, and releases only what the new token added; a trailing
-    U+FFFD means a character is still open, and the text is held back until it closes (or
-    `_MAX_HELD_TOKENS` tokens are held: then it never will).
+    U+FFFD means a character is still open, and the text is held back until it closes. At
+    `_MAX_HELD_TOKENS` held tokens the run holds bytes that never form a character: they are
+    released as `decode` shows them (U+FFFD), but not the last tokens, where a character may
+    have opened meanwhile; it is released whole when it closes.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -326,10 +333,31 @@ class StreamDecoder:
         before = self._decode(self._prefix, self._read)
         after = self._decode(self._prefix, len(self._ids))
         complete = len(after) > len(before) and not after.endswith(_REPLACEMENT)
-        if not complete and len(self._ids) - self._read < _MAX_HELD_TOKENS:
+        if complete:
+            return self._release(before, after, len(self._ids))
+        if len(self._ids) - self._read < _MAX_HELD_TOKENS:
             return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return after[len(before) :]
+        return self._release(before, *self._last_complete(before))
+
+    def _last_complete(self, before: str) -> tuple[str, int]:
+        """Where to cut a held run that is at its limit, and the text up to there.
+
+        The last point whose text does not end in U+FFFD, if there is one. Otherwise every
+        point ends in bytes that do not form a character, and the cut leaves the last
+        `_MAX_OPEN_TOKENS` held: a character still open when the run hit the limit lies
+        there, and must reach the client whole once its last byte comes.
+        """
+        for end in range(len(self._ids) - 1, self._read, -1):
+            text = self._decode(self._prefix, end)
+            if len(text) > len(before) and not text.endswith(_REPLACEMENT):
+                return text, end
+        end = len(self._ids) - _MAX_OPEN_TOKENS
+        return self._decode(self._prefix, end), end
+
+    def _release(self, before: str, text: str, end: int) -> str:
+        """Release `text` beyond `before`; the next window starts where this one was read."""
+        self._prefix, self._read = self._read, end
+        return text[len(before) :]
 
     def flush(self) -> str:
         """What is still held back: an unfinished character decodes to U+FFFD, as in `decode`."""

@@ -510,3 +510,23 @@ def test_special_text_in_content_a_template_transforms_is_refused(
     forged = [ChatMessage("user", f" {INJECTION} ")]
     with pytest.raises(ValueError, match=re.escape("message 1 contains the special token '<|im_")):
         codec.encode_chat(forged, codec.render_chat(forged))
+
+
+def test_a_character_after_a_run_of_stray_bytes_streams_whole(
+    write_tiny_gguf: Callable[..., Any],
+) -> None:
+    """Stray bytes past the hold limit, then a character: nothing is lost on the way.
+
+    The stray bytes stream as U+FFFD as they come; the character that opens while they are
+    released is held and appears whole. With byte-level BPE, whose decode keeps every valid
+    character however many stray bytes precede it, the stream equals `decode`.
+    """
+    codec = load_checkpoint(write_tiny_gguf().path).codec
+    assert isinstance(codec, TokenizerCodec)
+    stray = codec.tokenizer.token_to_id("\u0122")  # byte 0x80 in the byte-level alphabet
+    character = codec.encode("你", add_special=False)
+    for strays in (7, 8, 9, 20):
+        ids = [*[stray] * strays, *character, *codec.encode(" ok", add_special=False)]
+        deltas, full = _streamed(codec, ids)
+        assert full == codec.decode(ids) == "\ufffd" * strays + "你 ok", strays
+        assert "你" in "".join(deltas[: strays + len(character)]), strays
