@@ -49,9 +49,14 @@ class BlockPool:
         self._free_plain = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self.hit_tokens = 0
-        """Prompt tokens served from the prefix cache, over all lookups."""
+        """Prompt tokens served from the prefix cache, over first admissions."""
         self.query_tokens = 0
-        """Prompt tokens looked up in the prefix cache."""
+        """Prompt tokens looked up in the prefix cache, over first admissions."""
+        self.resumed_hit_tokens = 0
+        """Tokens a preempted sequence found again in the cache when it was re-admitted: its
+        own blocks, mostly, so counting them as hits would flatter the cache."""
+        self.resumed_query_tokens = 0
+        """Tokens looked up by re-admitted sequences."""
 
     @property
     def free_blocks(self) -> int:
@@ -84,10 +89,11 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
-    def acquire(self, blocks: Sequence[int], *, query_tokens: int) -> None:
+    def acquire(self, blocks: Sequence[int], *, query_tokens: int, resumed: bool) -> None:
         """Take a reference to `blocks`, a `cached_prefix` answer, and count the lookup.
 
-        `query_tokens` is what the lookup counts as asked (the prompt's length).
+        `query_tokens` is what the lookup counts as asked (the sequence's length); `resumed`:
+        the sequence was admitted before and preempted, so the lookup counts apart.
         """
         if not self.prefix_caching:
             return
@@ -95,8 +101,13 @@ class BlockPool:
             if self._refs[block] == 0:
                 del self._free_cached[block]
             self._refs[block] += 1
-        self.query_tokens += query_tokens
-        self.hit_tokens += len(blocks) * self.block_size
+        hit_tokens = len(blocks) * self.block_size
+        if resumed:
+            self.resumed_query_tokens += query_tokens
+            self.resumed_hit_tokens += hit_tokens
+        else:
+            self.query_tokens += query_tokens
+            self.hit_tokens += hit_tokens
 
     def allocate(self, count: int) -> list[int] | None:
         """`count` fresh blocks (one reference each), or None when fewer are free."""

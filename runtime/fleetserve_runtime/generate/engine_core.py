@@ -57,6 +57,8 @@ class EngineStats:
     preemptions: int
     prefix_cache_hit_tokens: int
     prefix_cache_query_tokens: int
+    prefix_cache_resumed_hit_tokens: int
+    prefix_cache_resumed_query_tokens: int
     steps: int
 
 
@@ -130,7 +132,7 @@ class EngineCore:
         self._pace = StepPace()
         self._running: RunningBatch | None = None
         """The step in progress (start on the `perf_counter` clock); None while idle."""
-        self._seen = (0, 0, 0)
+        self._seen = (0, 0, 0, 0, 0)
         """Preemptions, prefix hit and query tokens already counted into the metrics."""
         self._stats = self._snapshot()
 
@@ -291,8 +293,20 @@ class EngineCore:
         metrics.kv_cache_usage.set(stats.kv_usage_ratio)
         metrics.running.set(stats.running)
         metrics.waiting.set(stats.waiting)
-        seen = (stats.preemptions, stats.prefix_cache_hit_tokens, stats.prefix_cache_query_tokens)
-        counters = (metrics.preemptions, metrics.prefix_cache_hits, metrics.prefix_cache_queries)
+        seen = (
+            stats.preemptions,
+            stats.prefix_cache_hit_tokens,
+            stats.prefix_cache_query_tokens,
+            stats.prefix_cache_resumed_hit_tokens,
+            stats.prefix_cache_resumed_query_tokens,
+        )
+        counters = (
+            metrics.preemptions,
+            metrics.prefix_cache_hits,
+            metrics.prefix_cache_queries,
+            metrics.prefix_cache_resumed_hits,
+            metrics.prefix_cache_resumed_queries,
+        )
         for counter, now, before in zip(counters, seen, self._seen, strict=True):
             if now > before:
                 counter.inc(now - before)
@@ -311,5 +325,7 @@ class EngineCore:
             preemptions=scheduler.preemptions,
             prefix_cache_hit_tokens=pool.hit_tokens,
             prefix_cache_query_tokens=pool.query_tokens,
+            prefix_cache_resumed_hit_tokens=pool.resumed_hit_tokens,
+            prefix_cache_resumed_query_tokens=pool.resumed_query_tokens,
             steps=self._steps,
         )

@@ -50,11 +50,12 @@ class KVManager:
     def start(self, seq: Seq, prefix: list[int]) -> None:
         """Give a sequence that holds no blocks the cached `prefix`, as computed."""
         pool = self.pool
-        pool.acquire(prefix, query_tokens=len(seq.tokens))
+        resumed = seq.cached_tokens is not None
+        pool.acquire(prefix, query_tokens=len(seq.tokens), resumed=resumed)
         seq.block_table = list(prefix)
         seq.num_computed = len(prefix) * pool.block_size
         self._registered[seq.seq_id] = len(prefix)
-        if seq.cached_tokens is None:
+        if not resumed:
             seq.cached_tokens = seq.num_computed
 
     def grow(self, seq: Seq, count: int) -> None:

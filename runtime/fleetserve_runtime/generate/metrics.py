@@ -36,6 +36,8 @@ class VersionGenerationMetrics:
     preemptions: Counter
     prefix_cache_hits: Counter
     prefix_cache_queries: Counter
+    prefix_cache_resumed_hits: Counter
+    prefix_cache_resumed_queries: Counter
 
 
 class GenerationMetrics:
@@ -78,10 +80,19 @@ class GenerationMetrics:
         )
         self.prefix_cache_hits = families.counter(
             "fleetserve_prefix_cache_hits",
-            "Prompt tokens whose KV blocks came from the prefix cache.",
+            "Prompt tokens whose KV blocks came from the prefix cache, at first admission.",
         )
         self.prefix_cache_queries = families.counter(
-            "fleetserve_prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+            "fleetserve_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache, at first admission.",
+        )
+        self.prefix_cache_resumed_hits = families.counter(
+            "fleetserve_prefix_cache_resumed_hits",
+            "Tokens of preempted sequences found again in the prefix cache on re-admission.",
+        )
+        self.prefix_cache_resumed_queries = families.counter(
+            "fleetserve_prefix_cache_resumed_queries",
+            "Tokens of preempted sequences looked up in the prefix cache on re-admission.",
         )
 
     @property
@@ -103,4 +114,6 @@ class GenerationMetrics:
             preemptions=self.preemptions.labels(*labels),
             prefix_cache_hits=self.prefix_cache_hits.labels(*labels),
             prefix_cache_queries=self.prefix_cache_queries.labels(*labels),
+            prefix_cache_resumed_hits=self.prefix_cache_resumed_hits.labels(*labels),
+            prefix_cache_resumed_queries=self.prefix_cache_resumed_queries.labels(*labels),
         )

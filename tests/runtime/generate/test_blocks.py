@@ -51,7 +51,7 @@ def test_registered_blocks_are_shared_and_stay_cached_after_release() -> None:
     pool.register(blocks[0], h1)
     pool.register(blocks[1], h2)
     assert pool.cached_prefix([h1, h2, chain_hash(h2, [5, 6])]) == blocks
-    pool.acquire(blocks, query_tokens=5)
+    pool.acquire(blocks, query_tokens=5, resumed=False)
     assert [pool.refs(b) for b in blocks] == [2, 2]
     assert (pool.hit_tokens, pool.query_tokens) == (4, 5)
     pool.release(blocks)
@@ -59,9 +59,12 @@ def test_registered_blocks_are_shared_and_stay_cached_after_release() -> None:
     assert pool.free_blocks == 4
     assert pool.cached_blocks == 2
     assert pool.cached_prefix([h1, h2]) == blocks
-    pool.acquire(blocks[:1], query_tokens=3)
+    pool.acquire(blocks[:1], query_tokens=3, resumed=True)
     assert pool.free_blocks == 3
     assert pool.cached_blocks == 1
+    # A re-admitted sequence's lookup counts apart: it mostly finds its own blocks again.
+    assert (pool.hit_tokens, pool.query_tokens) == (4, 5)
+    assert (pool.resumed_hit_tokens, pool.resumed_query_tokens) == (2, 3)
 
 
 def test_cached_blocks_are_evicted_only_when_no_plain_block_is_left() -> None:
@@ -129,7 +132,7 @@ def test_random_operations_keep_the_counts_consistent(seed: int) -> None:
         else:
             hashes = [chain_hash(b"", [rng.randint(0, 5)])]
             found = pool.cached_prefix(hashes)
-            pool.acquire(found, query_tokens=2)
+            pool.acquire(found, query_tokens=2, resumed=False)
             if found:
                 tables.append(found)
         held = {block for table in tables for block in table}

@@ -133,8 +133,12 @@ async def test_metrics_count_tokens_latencies_and_cache_use() -> None:
     assert value("fleetserve_time_to_first_token_seconds_count") == len(PROMPTS)
     assert value("fleetserve_inter_token_latency_seconds_count") == generated - len(PROMPTS)
     assert value("fleetserve_preemptions_total") == engine.stats().preemptions > 0
-    assert value("fleetserve_prefix_cache_queries_total") >= prompts
+    # Each prompt is looked up once as a prompt; preempted sequences' re-admissions apart.
+    assert value("fleetserve_prefix_cache_queries_total") == prompts
     assert value("fleetserve_prefix_cache_hits_total") == engine.stats().prefix_cache_hit_tokens
+    assert value("fleetserve_prefix_cache_resumed_queries_total") > 0
+    resumed_hits = engine.stats().prefix_cache_resumed_hit_tokens
+    assert value("fleetserve_prefix_cache_resumed_hits_total") == resumed_hits
     assert value("fleetserve_running_sequences") == 0
     assert value("fleetserve_kv_cache_usage_ratio") == 0
 
