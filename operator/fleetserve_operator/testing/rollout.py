@@ -18,7 +18,7 @@ from fleetserve_operator.naming import Track
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.render import Owner
 from fleetserve_operator.rollout import ClearAnnotation, Facts, TrackFacts, Transition
-from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
+from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RolloutCommand
 from fleetserve_operator.testing.fakes import FakeClock, ScriptedMetricSource, make_spec
 
 __all__ = [
@@ -136,6 +136,11 @@ class World:
             if isinstance(action, ClearAnnotation):
                 self.annotations.pop(action.annotation, None)
         return transition
+
+    def command(self, command: RolloutCommand, value: str) -> Transition:
+        """Set `command`'s annotation to `value` and tick once: the reconcile that reads it."""
+        self.annotations[command.annotation] = value
+        return self.tick()
 
     def children(self, status: InferenceServiceStatus) -> list[Manifest]:
         """The children `sync` renders for `status`."""

@@ -25,8 +25,7 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
     """Each annotation moves the rollout once, is acknowledged in status, then removed."""
     world = stable_world()
     start_v2(world)
-    world.annotations[command.annotation] = value
-    world.tick()
+    world.command(command, value)
     assert (world.status.phase, world.status.canary_weight) == (phase, weight)
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.annotation, ack.value) == (command.annotation, value)
@@ -43,14 +42,12 @@ def test_pause_holds_through_passing_analyses_until_resume() -> None:
     """Paused: analyses are recorded but do not advance; resume continues from there."""
     world = stable_world()
     start_v2(world)
-    world.annotations[RolloutCommand.PAUSE.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "1")
     for _ in range(3):
         world.tick(60)
     assert (world.status.phase, world.status.canary_weight) == ("Paused", 1)
     assert len(world.status.rollout.analyses) == 3
-    world.annotations[RolloutCommand.RESUME.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RESUME, "1")
     assert world.status.phase == "Progressing"
     world.tick(60)
     assert world.status.canary_weight == 5
@@ -60,8 +57,7 @@ def test_paused_canary_still_rolls_back_on_failures() -> None:
     """Pausing never pauses safety: failed analyses still roll the canary back."""
     world = stable_world()
     start_v2(world)
-    world.annotations[RolloutCommand.PAUSE.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "1")
     world.metrics["errors"] = 0.5
     world.tick(60)
     world.tick(60)
@@ -71,8 +67,7 @@ def test_paused_canary_still_rolls_back_on_failures() -> None:
 def test_command_without_a_row_is_acknowledged_as_ignored() -> None:
     """Promoting a service with no rollout changes nothing, and says so."""
     world = stable_world()
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.phase == "Succeeded"
     assert world.status.rollout.acknowledged[-1].result == "ignored in phase Succeeded"
 
@@ -80,8 +75,7 @@ def test_command_without_a_row_is_acknowledged_as_ignored() -> None:
 def test_an_ignored_command_is_a_warning_event() -> None:
     """A command with no row in the phase is acknowledged, cleared and reported as ignored."""
     world = stable_world()
-    world.annotations[RolloutCommand.PAUSE.annotation] = "yes"
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "yes")
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.value, ack.result) == ("yes", "ignored in phase Succeeded")
     assert events(world) == [
@@ -96,8 +90,7 @@ def test_an_applied_command_is_acknowledged_with_its_transition() -> None:
     world = stable_world()
     start_v2(world)
     world.clear()
-    world.annotations[RolloutCommand.PAUSE.annotation] = ""
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "")
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.value, ack.result) == ("", "Progressing -> Paused")
     assert events(world) == [
@@ -117,8 +110,7 @@ def test_promote_next_by_hand_is_its_own_event() -> None:
     world = stable_world()
     start_v2(world)
     world.clear()
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert ("Normal", "PromotedByHand", "step 2/5: 5% to the canary") in events(world)
 
 
@@ -131,8 +123,7 @@ def test_resume_from_holding_starts_a_fresh_interval_and_count() -> None:
         world.tick(60)
     assert world.status.phase == "Holding"
     world.tick(30)
-    world.annotations[RolloutCommand.RESUME.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RESUME, "1")
     state = world.status.rollout
     assert (world.status.phase, state.inconclusive_analyses, state.message) == (
         "Progressing",
@@ -153,15 +144,11 @@ def test_a_command_still_present_after_its_acknowledgement_acts_once() -> None:
     """
     world = stable_world()
     start_v2(world)
-    annotation = RolloutCommand.PROMOTE.annotation
-    world.annotations[annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.canary_weight == 5
-    world.annotations[annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.canary_weight == 5
-    world.annotations[annotation] = "again"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "again")
     assert [(a.annotation, a.value) for a in world.status.rollout.acknowledged] == [
-        (annotation, "again")
+        (RolloutCommand.PROMOTE.annotation, "again")
     ]

@@ -83,8 +83,7 @@ def _promoting_v2() -> World:
     """v2 promoted by hand, the stable track not yet rolled out to it."""
     world = stable_world()
     start_v2(world)
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "full")
     world.stable = changed(world.stable, rolled_out=False)
     return world
 
@@ -159,15 +158,12 @@ def test_retry_annotation_and_revert_after_a_rollback() -> None:
     """`retry` rolls the same spec out again; reverting the spec settles back to Succeeded."""
     world = stable_world()
     start_v2(world)
-    world.annotations[RolloutCommand.ABORT.annotation] = "now"
-    world.tick()
+    world.command(RolloutCommand.ABORT, "now")
     world.tick()
     assert world.status.phase == "RolledBack"
-    world.annotations[RolloutCommand.RETRY.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RETRY, "1")
     assert (world.status.phase, world.status.canary_version) == ("Starting", "2")
-    world.annotations[RolloutCommand.ABORT.annotation] = "again"
-    world.tick()
+    world.command(RolloutCommand.ABORT, "again")
     world.spec = make_rollout_spec("1")
     world.tick()
     assert (world.status.phase, world.status.rollout.spec_hash) == ("Succeeded", None)
@@ -348,8 +344,7 @@ def test_reverting_the_spec_after_a_rollback_clears_the_rollback_message() -> No
     """Back on stable's spec, the status no longer reports the withdrawn version."""
     world = stable_world()
     start_v2(world)
-    world.annotations[RolloutCommand.ABORT.annotation] = "now"
-    world.tick()
+    world.command(RolloutCommand.ABORT, "now")
     assert world.status.rollout.message.startswith("Aborted: version 2 withdrawn")
     world.spec = make_rollout_spec("1")
     assert world.tick().trigger == "SpecReverted"

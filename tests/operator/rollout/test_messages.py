@@ -111,7 +111,6 @@ def test_the_status_message_follows_each_move() -> None:
     world.canary = changed(world.canary, available=1, rolled_out=True)
     world.tick()
     assert world.status.rollout.message == "step 1/5: 1% to the canary"
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "full")
     message = "stable track rolling to version 2; canary carries 100%"
     assert (world.status.phase, world.status.rollout.message) == ("Promoting", message)
