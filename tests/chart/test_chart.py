@@ -373,6 +373,15 @@ class Pod:
 PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
 DNS = Pod("kube-system", {"k8s-app": "kube-dns"})
 GATEWAY = Pod("gateway", {"app": "envoy"})
+API_SERVER = Pod("default", {}, ip="10.0.0.1")
+"""The API server, at the address NETWORK_POLICY gives for it."""
+METADATA_SERVICE = Pod("default", {}, ip="169.254.169.254")
+"""The cloud metadata service, which no pod of the chart may reach."""
+
+
+def network_policies(manifests: list[Manifest]) -> list[Manifest]:
+    """The NetworkPolicies among the rendered manifests."""
+    return [m for m in manifests if m["kind"] == "NetworkPolicy"]
 
 
 def runtime_pod(namespace: str) -> Pod:
@@ -429,8 +438,7 @@ def allowed(
 
 def test_network_policies_isolate_runtime_pods_per_tenant(render: Render) -> None:
     """Runtime pods take `http` and `grpc` from the gateway, `http` from Prometheus, no more."""
-    manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(render(*NETWORK_POLICY))
     assert sorted(p["metadata"]["namespace"] for p in policies) == [
         "fleetserve-system",
         "ml",
@@ -455,18 +463,17 @@ def test_network_policies_isolate_runtime_pods_per_tenant(render: Render) -> Non
 def test_network_policies_confine_the_operator(render: Render, only: Only) -> None:
     """The operator reaches the API server, Prometheus and DNS only; only Prometheus reaches it."""
     manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(manifests)
     pod = only(manifests, "Deployment")["spec"]["template"]
     operator = Pod("fleetserve-system", pod["metadata"]["labels"])
-    api_server = Pod("default", {}, ip="10.0.0.1")
-    assert allowed(policies, "Egress", operator, api_server, 443)
+    assert allowed(policies, "Egress", operator, API_SERVER, 443)
     assert allowed(policies, "Egress", operator, PROMETHEUS, 9090)
     assert allowed(policies, "Egress", operator, DNS, 53)
     refused = [
-        (api_server, 10250),
+        (API_SERVER, 10250),
         (runtime_pod("ml"), 8080),  # no tenant endpoint, whatever a spec names
         (Pod("ml", PROMETHEUS.labels), 9090),  # a tenant's fake Prometheus
-        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (METADATA_SERVICE, 80),
     ]
     for destination, port in refused:
         assert not allowed(policies, "Egress", operator, destination, port), destination
@@ -485,13 +492,12 @@ def test_network_policies_confine_the_operator(render: Render, only: Only) -> No
 
 def test_network_policies_confine_runtime_pods_egress(render: Render) -> None:
     """Runtime pods reach the cluster DNS only: no API server, metadata service or tenant."""
-    manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(render(*NETWORK_POLICY))
     runtime = runtime_pod("ml")
     assert allowed(policies, "Egress", runtime, DNS, 53)
     refused = [
-        (Pod("default", {}, ip="10.0.0.1"), 443),  # the API server
-        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (API_SERVER, 443),
+        (METADATA_SERVICE, 80),
         (runtime_pod("search"), 8080),  # another tenant's model
         (PROMETHEUS, 9090),
         (Pod("ml", {"app": "notebook"}), 8888),  # its own namespace
@@ -508,13 +514,13 @@ def test_a_model_store_opens_runtime_egress_to_it_only(render: Render) -> None:
         "--set", "networkPolicy.modelStore.cidrs={10.9.0.0/16}",
         "--set", "networkPolicy.modelStore.ports={443,9000}",
     )  # fmt: skip
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(manifests)
     runtime = runtime_pod("search")
     store = Pod("storage", {}, ip="10.9.1.2")
     assert allowed(policies, "Egress", runtime, store, 443)
     assert allowed(policies, "Egress", runtime, store, 9000)
     assert not allowed(policies, "Egress", runtime, store, 22)
-    assert not allowed(policies, "Egress", runtime, Pod("default", {}, ip="10.0.0.1"), 443)
+    assert not allowed(policies, "Egress", runtime, API_SERVER, 443)
 
 
 @pytest.mark.parametrize(
