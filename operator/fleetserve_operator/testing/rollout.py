@@ -28,6 +28,7 @@ __all__ = [
     "TRAFFIC",
     "Template",
     "World",
+    "canary_world",
     "changed",
     "events",
     "make_rollout_spec",
@@ -225,6 +226,13 @@ def start_v2(world: World, version: str = "2") -> None:
     world.tick()
     assert world.status.phase == "Starting"
     world.tick()
+
+
+def canary_world() -> World:
+    """Version 1 stable, version 2's canary Ready at the first step: where rollouts are judged."""
+    world = stable_world()
+    start_v2(world)
+    return world
 
 
 def changed(track: TrackFacts | None, **changes: Any) -> TrackFacts:

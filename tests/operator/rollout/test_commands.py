@@ -7,7 +7,7 @@ import pytest
 from fleetserve_operator.records import EventNote
 from fleetserve_operator.rollout import ClearAnnotation
 from fleetserve_operator.spec import ConditionType, RolloutCommand
-from fleetserve_operator.testing.rollout import HEALTHY, events, stable_world, start_v2, weights
+from fleetserve_operator.testing.rollout import HEALTHY, canary_world, events, stable_world, weights
 
 
 @pytest.mark.parametrize(
@@ -23,8 +23,7 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
     command: RolloutCommand, value: str, phase: str, weight: int
 ) -> None:
     """Each annotation moves the rollout once, is acknowledged in status, then removed."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.command(command, value)
     assert (world.status.phase, world.status.canary_weight) == (phase, weight)
     ack = world.status.rollout.acknowledged[-1]
@@ -40,8 +39,7 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
 
 def test_pause_holds_through_passing_analyses_until_resume() -> None:
     """Paused: analyses are recorded but do not advance; resume continues from there."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.command(RolloutCommand.PAUSE, "1")
     for _ in range(3):
         world.tick(60)
@@ -55,8 +53,7 @@ def test_pause_holds_through_passing_analyses_until_resume() -> None:
 
 def test_paused_canary_still_rolls_back_on_failures() -> None:
     """Pausing never pauses safety: failed analyses still roll the canary back."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.command(RolloutCommand.PAUSE, "1")
     world.metrics["errors"] = 0.5
     world.tick(60)
@@ -87,8 +84,7 @@ def test_an_ignored_command_is_a_warning_event() -> None:
 
 def test_an_applied_command_is_acknowledged_with_its_transition() -> None:
     """The acknowledgement and its Normal Event name the phase change; an empty value counts."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
     world.command(RolloutCommand.PAUSE, "")
     ack = world.status.rollout.acknowledged[-1]
@@ -107,8 +103,7 @@ def test_an_applied_command_is_acknowledged_with_its_transition() -> None:
 
 def test_promote_next_by_hand_is_its_own_event() -> None:
     """`promote: next` moves one step and says a person did it."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
     world.command(RolloutCommand.PROMOTE, "next")
     assert ("Normal", "PromotedByHand", "step 2/5: 5% to the canary") in events(world)
@@ -116,8 +111,7 @@ def test_promote_next_by_hand_is_its_own_event() -> None:
 
 def test_resume_from_holding_starts_a_fresh_interval_and_count() -> None:
     """Resuming a held rollout forgets the inconclusive streak and waits a full interval."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics["requests"] = 3
     for _ in range(3):
         world.tick(60)
@@ -142,8 +136,7 @@ def test_a_command_still_present_after_its_acknowledgement_acts_once() -> None:
 
     A new value replaces the old acknowledgement instead of piling up.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.canary_weight == 5
     world.command(RolloutCommand.PROMOTE, "next")

@@ -9,18 +9,17 @@ import pytest
 from fleetserve_operator.rollout import IncrementCounter, OperatorCounter
 from fleetserve_operator.spec import RolloutCommand
 from fleetserve_operator.testing.rollout import (
+    canary_world,
     changed,
     events,
     make_rollout_spec,
     stable_world,
-    start_v2,
 )
 
 
 def test_each_move_posts_its_event() -> None:
     """A healthy rollout explains every move in an Event a person can read with kubectl."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     digest = world.status.rollout.spec_hash
     for _ in range(5):
         world.tick(60)
@@ -66,8 +65,7 @@ def test_a_rollback_says_what_was_withdrawn_and_why(
     cause: dict[str, Any], reason: str, detail: str
 ) -> None:
     """The status message and the Warning Event name the cause, the version and the weight."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
     if "abort" in cause:
         world.annotations[RolloutCommand.ABORT.annotation] = cause["abort"]
