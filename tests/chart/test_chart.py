@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.spec import ConditionType, RolloutPhase
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,10 +39,11 @@ ALL_FEATURES = [
     "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
 ]
 Manifest = dict[str, Any]
-# The `helm`, `render` and `only` fixtures (conftest.py).
+# The `helm`, `render`, `only` and `operator_config` fixtures (conftest.py).
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 Render = Callable[..., list[Manifest]]
 Only = Callable[..., Manifest]
+ReadConfig = Callable[..., OperatorConfig]
 
 
 def role_rules() -> list[Manifest]:
@@ -93,20 +95,15 @@ def test_operator_pod_is_hardened(render: Render, only: Only) -> None:
 
 
 def test_operator_runs_the_image_entrypoint_with_its_config(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """`run`, probes on kopf's /healthz, FLEETSERVE_* env read by OperatorConfig as meant."""
-    from fleetserve_operator.controller.settings import OperatorConfig
-
     deployment = only(render("--set", "watchNamespaces={ml,search}"), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert deployment["spec"]["replicas"] == 2
     assert container["image"] == "fleetserve/fleetserve-operator:0.1.0"
     assert container["args"] == ["run"]
-    for variable in container["env"]:
-        if "value" in variable:  # the downward API's are the leader election's (test_chart_ha)
-            monkeypatch.setenv(variable["name"], variable["value"])
-    config = OperatorConfig()
+    config = operator_config(container)
     assert config.namespaces == ["ml", "search"]
     assert config.allowed_prometheus_urls == []
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -116,10 +113,9 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
 
 
 def test_allowed_prometheus_urls_reach_the_operator_allowlist(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """operator.allowedPrometheusUrls becomes the allowlist OperatorConfig checks specs with."""
-    from fleetserve_operator.controller.settings import OperatorConfig
     from fleetserve_operator.errors import InvalidSpec
 
     allowed = ["http://prometheus.monitoring:9090", "https://thanos.monitoring:10902/eu"]
@@ -128,10 +124,7 @@ def test_allowed_prometheus_urls_reach_the_operator_allowlist(
         "Deployment",
     )
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    for variable in container["env"]:
-        if "value" in variable:
-            monkeypatch.setenv(variable["name"], variable["value"])
-    config = OperatorConfig()
+    config = operator_config(container)
     assert config.allowed_prometheus_urls == allowed
     config.prometheus_allowlist.check("http://prometheus.monitoring:9090")
     config.prometheus_allowlist.check("https://thanos.monitoring:10902/eu/api")
