@@ -14,10 +14,12 @@ identity, so an unsigned request is refused. Keys are random per start.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,19 @@ _READY_PROBE = ".fleetserve-ready"
 S3_SERVER_NAME = "seaweedfs-s3"
 """The name in the server's certificate (beside localhost and 127.0.0.1), by which a
 container reaches it (`LocalCluster(host_names=...)`)."""
+
+
+def tree_digest(files: Mapping[str, bytes]) -> str:
+    """The digest of an S3 prefix holding `files` (path -> bytes), as a test expects it.
+
+    Computed here as docs/reference/model-storage.md defines it, not by the runtime's code, so
+    a test catches a runtime that strays from the documented digest.
+    """
+    lines = b"".join(
+        f"{path}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n".encode()
+        for path, data in sorted(files.items(), key=lambda item: item[0].encode())
+    )
+    return f"sha256:{hashlib.sha256(lines).hexdigest()}"
 
 
 @dataclass(frozen=True)
