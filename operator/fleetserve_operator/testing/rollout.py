@@ -35,6 +35,7 @@ __all__ = [
     "route_weights",
     "stable_world",
     "start_v2",
+    "starting_world",
     "weights",
 ]
 
@@ -226,6 +227,15 @@ def start_v2(world: World, version: str = "2") -> None:
     world.tick()
     assert world.status.phase == "Starting"
     world.tick()
+
+
+def starting_world() -> World:
+    """Version 1 stable, version 2 Starting: its canary rendered, and never becoming Ready."""
+    world = stable_world()
+    world.canary_becomes_ready = False
+    world.spec = make_rollout_spec("2")
+    world.tick()
+    return world
 
 
 def canary_world() -> World:

@@ -10,9 +10,9 @@ from fleetserve_operator.testing.rollout import (
     canary_world,
     changed,
     events,
-    make_rollout_spec,
     route_weights,
     stable_world,
+    starting_world,
 )
 
 
@@ -85,10 +85,7 @@ def test_failover_events_and_what_counts_as_serving() -> None:
 
 def test_a_starting_canary_at_weight_zero_does_not_count_as_serving() -> None:
     """Before its first step the canary carries nothing: no stable replica means failover."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     assert (world.status.phase, world.status.canary_weight) == ("Starting", 0)
     world.canary = changed(world.canary, available=1)
     world.stable = changed(world.stable, available=0)

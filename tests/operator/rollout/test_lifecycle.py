@@ -24,6 +24,7 @@ from fleetserve_operator.testing.rollout import (
     events,
     make_rollout_spec,
     stable_world,
+    starting_world,
     weights,
 )
 
@@ -116,10 +117,7 @@ def test_new_spec_during_a_rollout_restarts_with_the_newest_version() -> None:
 
 def test_canary_never_ready_fails_the_rollout() -> None:
     """Weight stays 0 until Ready; past progressDeadline the rollout is Failed."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     world.tick(240)
     assert (world.status.phase, world.status.canary_weight) == ("Starting", 0)
     world.tick(60)

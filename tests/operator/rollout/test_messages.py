@@ -12,8 +12,7 @@ from fleetserve_operator.testing.rollout import (
     canary_world,
     changed,
     events,
-    make_rollout_spec,
-    stable_world,
+    starting_world,
 )
 
 
@@ -81,10 +80,7 @@ def test_a_rollback_says_what_was_withdrawn_and_why(
 
 def test_a_canary_never_ready_fails_with_the_deadline_in_the_message() -> None:
     """Past `progressDeadline` the rollout is Failed, and says which deadline passed."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     world.clear()
     world.tick(300)
     message = (
@@ -97,10 +93,7 @@ def test_a_canary_never_ready_fails_with_the_deadline_in_the_message() -> None:
 
 def test_the_status_message_follows_each_move() -> None:
     """Starting, the first step and promotion each say where the rollout stands."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     digest = world.status.rollout.spec_hash
     assert world.status.rollout.message == (
         f"waiting for the canary to become Ready: rolling out version 2 (spec {digest}) "
