@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from fleetserve_operator.controller.settings import OperatorConfig
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
@@ -26,8 +26,6 @@ CHART = ROOT / "charts" / "fleetserve"
 KUBE_VERSION = re.search(
     r"k8s\.io/kubernetes (v\S+)", (ROOT / "e2e" / "tools" / "go.mod").read_text()
 )[1]  # type: ignore[index]  # the pin is always there
-Manifest = dict[str, Any]
-Helm = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def helm_path() -> Path:
@@ -62,7 +60,7 @@ def helm() -> Helm:
 
 
 @pytest.fixture
-def render(helm: Helm) -> Callable[..., list[Manifest]]:
+def render(helm: Helm) -> Render:
     """`render(*values, namespace=...)`: `helm template` the chart (with its CRDs), parsed."""
 
     def template(*values: str, namespace: str = "fleetserve-system") -> list[Manifest]:
@@ -83,13 +81,13 @@ def _only(manifests: Sequence[Manifest], kind: str, name: str | None = None) -> 
 
 
 @pytest.fixture
-def only() -> Callable[..., Manifest]:
+def only() -> Only:
     """`only(manifests, kind, name=None)`: the one object of `kind` (and `name`, when given)."""
     return _only
 
 
 @pytest.fixture
-def operator_config(monkeypatch: pytest.MonkeyPatch) -> Callable[..., OperatorConfig]:
+def operator_config(monkeypatch: pytest.MonkeyPatch) -> ReadConfig:
     """`operator_config(container, downward=None)`: what the operator container starts with.
 
     The container's env is set as the kubelet would set it, then read back by `OperatorConfig`

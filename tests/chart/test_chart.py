@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.spec import ConditionType, RolloutPhase
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
@@ -38,12 +36,6 @@ ALL_FEATURES = [
     "--set",
     "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
 ]
-Manifest = dict[str, Any]
-# The `helm`, `render`, `only` and `operator_config` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
-ReadConfig = Callable[..., OperatorConfig]
 
 
 def role_rules() -> list[Manifest]:

@@ -8,18 +8,8 @@ replicas over nodes, and the PodDisruptionBudget.
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-from typing import Any
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
-from fleetserve_operator.controller.settings import OperatorConfig
-
-Manifest = dict[str, Any]
-# The `helm`, `render`, `only` and `operator_config` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
-ReadConfig = Callable[..., OperatorConfig]
 NAMESPACE = "fleetserve-system"
 POD = {"metadata.name": "fs-fleetserve-6c9d8-x2lqp", "metadata.namespace": NAMESPACE}
 

@@ -7,10 +7,6 @@ one reconcile of a service that names no image with the reconciler the operator 
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from fleetserve_operator import __main__ as entry
@@ -18,13 +14,8 @@ from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.spec import RuntimeImages
 from fleetserve_operator.testing import FakeKube, make_service
+from tests.chart.fixture_types import Only, ReadConfig, Render
 
-Manifest = dict[str, Any]
-# The `helm`, `render`, `only` and `operator_config` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
-ReadConfig = Callable[..., OperatorConfig]
 REPOSITORY = "ghcr.io/fleetserve/fleetserve-runtime"
 PINNED = "sha256:" + "a" * 64
 
