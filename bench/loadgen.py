@@ -61,12 +61,25 @@ class LoadResult:
 
 
 @dataclass
-class _Tally:
-    """Mutable per-run counters shared by the workers (one event loop, so no lock)."""
+class Tally:
+    """Mutable per-run counters shared by a closed loop's clients (one event loop, so no lock).
+
+    `next_index` is the next request to claim; each answered one adds its status, and its
+    latency when it succeeded.
+    """
 
     next_index: int = 0
     latencies_s: list[float] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
+
+    def result(self, elapsed_s: float, timed_out: bool) -> LoadResult:
+        """The run's `LoadResult`: these counts over `elapsed_s`."""
+        return LoadResult(
+            latencies_s=tuple(self.latencies_s),
+            status_counts=dict(self.statuses),
+            elapsed_s=elapsed_s,
+            timed_out=timed_out,
+        )
 
 
 async def _worker(
@@ -74,7 +87,7 @@ async def _worker(
     url: str,
     bodies: Sequence[bytes],
     total: int,
-    tally: _Tally,
+    tally: Tally,
 ) -> None:
     """Send requests back to back until ``total`` have been claimed by all workers."""
     headers = {"Content-Type": "application/json"}
@@ -141,16 +154,11 @@ async def run_closed_loop(
         Latencies, status counts and elapsed time.
     """
     total = len(bodies) if requests is None else requests
-    tally = _Tally()
+    tally = Tally()
     elapsed, timed_out = await run_clients(
         lambda session: _worker(session, url, bodies, total, tally),
         concurrency=concurrency,
         time_limit_s=time_limit_s,
         request_timeout_s=request_timeout_s,
     )
-    return LoadResult(
-        latencies_s=tuple(tally.latencies_s),
-        status_counts=dict(tally.statuses),
-        elapsed_s=elapsed,
-        timed_out=timed_out,
-    )
+    return tally.result(elapsed, timed_out)

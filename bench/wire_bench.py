@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from bench.loadgen import TRANSPORT_ERROR, LoadResult, run_clients
+from bench.loadgen import TRANSPORT_ERROR, LoadResult, Tally, run_clients
 from bench.pinning import pin_current_process
 from bench.server_proc import free_port, running_server, runtime_serve_argv
 from bench.textgen import PROFILES, generate_workload
@@ -82,10 +82,9 @@ def decode_answer(content: bytes, header_length: str | None) -> npt.NDArray[np.f
 
 
 @dataclass
-class _Tally:
-    next_index: int = 0
-    latencies_s: list[float] = field(default_factory=list)
-    statuses: Counter[int] = field(default_factory=Counter)
+class _Tally(Tally):
+    """A closed loop's counters, and the answer bytes received."""
+
     response_bytes: int = 0
 
 
@@ -117,8 +116,7 @@ async def _drive(
     elapsed, timed_out = await run_clients(
         client, concurrency=concurrency, time_limit_s=time_limit_s, request_timeout_s=60.0
     )
-    result = LoadResult(tuple(tally.latencies_s), dict(tally.statuses), elapsed, timed_out)
-    return result, tally.response_bytes
+    return tally.result(elapsed, timed_out), tally.response_bytes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -18,7 +18,7 @@ import json
 import os
 import tarfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from fleetserve_runtime.models.minilm import packaged_directory
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.file_server import FILES_SERVER_NAME, HttpsFileServer
 from fleetserve_e2e.kubeapi import JsonObject, namespaced
-from fleetserve_e2e.object_store import S3_SERVER_NAME, ObjectStore
+from fleetserve_e2e.object_store import S3_SERVER_NAME, ObjectStore, tree_digest
 from fleetserve_e2e.oci_registry import REGISTRY_SERVER_NAME, OciRegistry
 from fleetserve_e2e.operator_process import (
     INSTANCE_LABEL,
@@ -68,15 +68,6 @@ def _files() -> dict[str, bytes]:
         for path in sorted(root.rglob("*"))
         if path.is_file() and path.name not in (".gitattributes", "README.md")
     }
-
-
-def _tree_digest(files: Mapping[str, bytes]) -> str:
-    """The S3 listing's digest, as docs/reference/model-storage.md defines it."""
-    lines = b"".join(
-        f"{path}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n".encode()
-        for path, data in sorted(files.items(), key=lambda item: item[0].encode())
-    )
-    return f"sha256:{hashlib.sha256(lines).hexdigest()}"
 
 
 def _as_seen_by_pods(url: str, server_name: str) -> str:
@@ -118,7 +109,7 @@ class Stores:
         prefix = f"enc/{uuid.uuid4().hex[:8]}"
         object_store.upload_directory(directory, prefix)
         self.s3_uri = f"s3://{object_store.bucket}/{prefix}"
-        self.s3_digest = _tree_digest(self.files)
+        self.s3_digest = tree_digest(self.files)
         self.oci_uri, self.oci_digest = self._push(directory, work / "docker" / "config.json")
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:

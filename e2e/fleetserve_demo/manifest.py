@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,18 +25,27 @@ BAD_URI = "builtin://synthetic?latency_ms=5&error_rate=0.3"
 MAX_LATENCY_RATIO_VS_STABLE = 2.0
 
 
+def _one_thread_example(path: Path) -> dict[str, Any]:
+    """The example at `path` with one torch thread per process and one fallback replica.
+
+    Stable, canary and fallback share the laptop's two cores with the control plane and
+    Prometheus.
+    """
+    service: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec = service["spec"]
+    spec["runtime"]["threads"] = 1
+    spec["fallback"]["threads"] = 1
+    spec["fallback"]["replicas"] = {"min": 1, "max": 1}
+    return service
+
+
 def demo_service(*, prometheus_url: str, interval_s: int) -> dict[str, Any]:
     """The example with compressed steps, the local Prometheus and one replica per track.
 
     `interval_s` is how long each canary step is held before it is analysed.
     """
-    service: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    service = _one_thread_example(EXAMPLE)
     spec = service["spec"]
-    # One torch thread per process: stable, canary and fallback share two cores with the
-    # control plane and Prometheus.
-    spec["runtime"]["threads"] = 1
-    spec["fallback"]["threads"] = 1
-    spec["fallback"]["replicas"] = {"min": 1, "max": 1}
     analysis = spec["rollout"]["analysis"]
     analysis.update(
         prometheusUrl=prometheus_url,
@@ -101,11 +111,8 @@ def chat_service(*, prometheus_url: str, limits: ChatLimits = CHAT_LIMITS) -> di
     GPU; here both tracks run on the laptop's CPU beside MiniLM, so the demo shrinks it and
     the CPU fallback follows the same small `generation` instead of its own overrides.
     """
-    service: dict[str, Any] = yaml.safe_load(CHAT_EXAMPLE.read_text(encoding="utf-8"))
+    service = _one_thread_example(CHAT_EXAMPLE)
     spec = service["spec"]
-    spec["runtime"]["threads"] = 1
-    spec["fallback"]["threads"] = 1
-    spec["fallback"]["replicas"] = {"min": 1, "max": 1}
     spec["fallback"].pop("generation", None)
     spec["generation"].update(
         maxRunningSequences=limits.max_running_sequences,

@@ -7,7 +7,10 @@ the test; ``close`` is therefore idempotent and safe on a half-started component
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from abc import ABC, abstractmethod
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -40,3 +43,28 @@ class Component(ABC):
     ) -> None:
         """Stop everything."""
         self.close()
+
+
+class WorkDir:
+    """A component's work dir: the one its caller gave, else a temp dir the component owns.
+
+    A given dir is the caller's and outlives the component (its logs stay to be read); an
+    owned one is made at start and removed at close, so a test leaves no temp dir behind.
+    """
+
+    def __init__(self, given: Path | None, *, prefix: str) -> None:
+        """Name the dir; an owned one is made by the first ``make``, named after ``prefix``."""
+        self._path = given
+        self._owned = given is None
+        self._prefix = prefix
+
+    def make(self) -> Path:
+        """The dir: the given one, or the owned one, made on the first call."""
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix=self._prefix))
+        return self._path
+
+    def remove(self) -> None:
+        """Remove an owned dir that was made (idempotent); a given one stays."""
+        if self._owned and self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)

@@ -14,12 +14,12 @@ identity, so an unsigned request is refused. Keys are random per start.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import secrets
-import shutil
-import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import urllib3
 from minio import Minio
 
-from fleetserve_e2e.lifecycle import Component
+from fleetserve_e2e.lifecycle import Component, WorkDir
 from fleetserve_e2e.pki import LocalCa, TlsFiles, issue_loopback_cert
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
@@ -43,6 +43,19 @@ _READY_PROBE = ".fleetserve-ready"
 S3_SERVER_NAME = "seaweedfs-s3"
 """The name in the server's certificate (beside localhost and 127.0.0.1), by which a
 container reaches it (`LocalCluster(host_names=...)`)."""
+
+
+def tree_digest(files: Mapping[str, bytes]) -> str:
+    """The digest of an S3 prefix holding `files` (path -> bytes), as a test expects it.
+
+    Computed here as docs/reference/model-storage.md defines it, not by the runtime's code, so
+    a test catches a runtime that strays from the documented digest.
+    """
+    lines = b"".join(
+        f"{path}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n".encode()
+        for path, data in sorted(files.items(), key=lambda item: item[0].encode())
+    )
+    return f"sha256:{hashlib.sha256(lines).hexdigest()}"
 
 
 @dataclass(frozen=True)
@@ -217,8 +230,7 @@ class LocalObjectStore(Component):
         """Configure; nothing starts before ``__enter__``."""
         self._ca = ca
         self._bucket = bucket
-        self._work_dir = work_dir
-        self._owns_work_dir = work_dir is None
+        self._work_dir = WorkDir(work_dir, prefix="fleetserve-s3-")
         self.process: ManagedProcess | None = None
         self._store: ObjectStore | None = None
         self._ports: _Ports | None = None
@@ -236,8 +248,7 @@ class LocalObjectStore(Component):
 
     def _start(self) -> None:
         binary = ensure_seaweedfs()
-        work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-s3-"))
-        self._work_dir = work_dir
+        work_dir = self._work_dir.make()
         (work_dir / "data").mkdir(parents=True, exist_ok=True)
         tls = issue_loopback_cert(self._ca, work_dir / "tls", S3_SERVER_NAME)
         ports = self._ports = _Ports.pick()
@@ -295,5 +306,4 @@ class LocalObjectStore(Component):
         if self._ports is not None:
             for leftover in self._ports.grpc_sockets():
                 leftover.unlink(missing_ok=True)
-        if self._owns_work_dir and self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
+        self._work_dir.remove()

@@ -16,9 +16,7 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import ssl
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import bcrypt
 import httpx
 
-from fleetserve_e2e.lifecycle import Component
+from fleetserve_e2e.lifecycle import Component, WorkDir
 from fleetserve_e2e.pki import LocalCa, TlsFiles, issue_loopback_cert
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
@@ -139,8 +137,7 @@ class LocalOciRegistry(Component):
         """Configure; nothing starts before ``__enter__``."""
         self._port = port
         self._ca = ca
-        self._work_dir = work_dir
-        self._owns_work_dir = work_dir is None
+        self._work_dir = WorkDir(work_dir, prefix="fleetserve-registry-")
         self.process: ManagedProcess | None = None
         self._registry: OciRegistry | None = None
 
@@ -157,8 +154,7 @@ class LocalOciRegistry(Component):
 
     def _start(self) -> None:
         binary = ensure_registry()
-        work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-registry-"))
-        self._work_dir = work_dir
+        work_dir = self._work_dir.make()
         tls = issue_loopback_cert(self._ca, work_dir / "tls", REGISTRY_SERVER_NAME)
         port = self._port or free_port()
         registry = OciRegistry(
@@ -213,5 +209,4 @@ class LocalOciRegistry(Component):
         """Stop the registry and remove an owned work dir (idempotent)."""
         if self.process is not None:
             self.process.stop()
-        if self._owns_work_dir and self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
+        self._work_dir.remove()

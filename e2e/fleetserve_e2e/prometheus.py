@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from fleetserve_e2e.lifecycle import Component
+from fleetserve_e2e.lifecycle import Component, WorkDir
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.waiting import wait_until
@@ -68,8 +67,7 @@ class LocalPrometheus(Component):
         """Configure; nothing starts before ``__enter__``."""
         self.file_sd_path = file_sd_path
         self.scrape_interval_s = scrape_interval_s
-        self._work_dir = work_dir
-        self._owns_work_dir = work_dir is None
+        self._work_dir = WorkDir(work_dir, prefix="fleetserve-prometheus-")
         self._binary = binary
         self.port = 0
         self.process: ManagedProcess | None = None
@@ -86,8 +84,7 @@ class LocalPrometheus(Component):
             raise FileNotFoundError(
                 f"{self._binary} not found; install Debian's package: apt-get install prometheus"
             )
-        work_dir = self._work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-prometheus-"))
-        self._work_dir = work_dir
+        work_dir = self._work_dir.make()
         config_path = work_dir / "prometheus.yml"
         config = prometheus_config(self.file_sd_path, self.scrape_interval_s)
         config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -110,8 +107,7 @@ class LocalPrometheus(Component):
         """Stop the process and remove an owned work dir (idempotent)."""
         if self.process is not None:
             self.process.stop()
-        if self._owns_work_dir and self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
+        self._work_dir.remove()
 
     def _is_ready(self) -> bool:
         if self.process is not None:

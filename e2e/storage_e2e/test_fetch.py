@@ -23,7 +23,7 @@ import oras.client
 import pytest
 
 from fleetserve_e2e.file_server import Fault, HttpsFileServer
-from fleetserve_e2e.object_store import ObjectStore, S3Credentials
+from fleetserve_e2e.object_store import ObjectStore, S3Credentials, tree_digest
 from fleetserve_e2e.oci_registry import OciRegistry
 
 WRONG = "not-the-secret"
@@ -80,15 +80,6 @@ def _cases(table: str) -> dict[str, str]:
     return dict(line.split(": ") for line in table.strip().splitlines())
 
 
-def _tree_digest(files: dict[str, bytes]) -> str:
-    """The tree digest, computed here as docs/reference/model-storage.md states it."""
-    lines = b"".join(
-        f"{path}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n".encode()
-        for path, data in sorted(files.items(), key=lambda item: item[0].encode())
-    )
-    return f"sha256:{hashlib.sha256(lines).hexdigest()}"
-
-
 def _write(directory: Path, files: dict[str, bytes]) -> Path:
     for path, data in files.items():
         (directory / path).parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +115,7 @@ def test_s3_prefix_with_a_read_only_key(
 ) -> None:
     """Every object under the prefix, pinned by its tree digest; a re-run reuses it."""
     keys = _s3_keys(tmp_path / "keys", object_store.read_only)
-    digest = _tree_digest(FILES)
+    digest = tree_digest(FILES)
     args = ["--uri", s3_model, "--credentials-dir", keys, "--digest", digest,
             *_s3_flags(object_store)]  # fmt: skip
     run = _fetch(tmp_path / "volume", *args)

@@ -1,8 +1,8 @@
 """Fixtures of the chart tests: the chart linted and rendered by the helm `make tools` builds.
 
-`helm`, `render` and `only` are fixtures because test modules cannot import each other under
-`--import-mode=importlib`, and both test_chart.py and test_chart_ha.py need them. A test that
-asks for `helm` or `render` is skipped while helm is not built.
+`helm`, `render`, `only` and `operator_config` are fixtures because test modules cannot import
+each other under `--import-mode=importlib`, and several chart test modules need them. A test
+that asks for `helm` or `render` is skipped while helm is not built.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+
+from fleetserve_operator.controller.settings import OperatorConfig
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
@@ -24,8 +26,6 @@ CHART = ROOT / "charts" / "fleetserve"
 KUBE_VERSION = re.search(
     r"k8s\.io/kubernetes (v\S+)", (ROOT / "e2e" / "tools" / "go.mod").read_text()
 )[1]  # type: ignore[index]  # the pin is always there
-Manifest = dict[str, Any]
-Helm = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def helm_path() -> Path:
@@ -60,7 +60,7 @@ def helm() -> Helm:
 
 
 @pytest.fixture
-def render(helm: Helm) -> Callable[..., list[Manifest]]:
+def render(helm: Helm) -> Render:
     """`render(*values, namespace=...)`: `helm template` the chart (with its CRDs), parsed."""
 
     def template(*values: str, namespace: str = "fleetserve-system") -> list[Manifest]:
@@ -81,6 +81,27 @@ def _only(manifests: Sequence[Manifest], kind: str, name: str | None = None) -> 
 
 
 @pytest.fixture
-def only() -> Callable[..., Manifest]:
+def only() -> Only:
     """`only(manifests, kind, name=None)`: the one object of `kind` (and `name`, when given)."""
     return _only
+
+
+@pytest.fixture
+def operator_config(monkeypatch: pytest.MonkeyPatch) -> ReadConfig:
+    """`operator_config(container, downward=None)`: what the operator container starts with.
+
+    The container's env is set as the kubelet would set it, then read back by `OperatorConfig`
+    as the operator does at start-up: literal values as they are; a downward-API variable to
+    its field's value in `downward` (fieldPath -> value), or left unset without `downward`.
+    """
+
+    def read(container: Manifest, downward: Mapping[str, str] | None = None) -> OperatorConfig:
+        for variable in container["env"]:
+            if "value" in variable:
+                monkeypatch.setenv(variable["name"], variable["value"])
+            elif downward is not None:
+                field = variable["valueFrom"]["fieldRef"]["fieldPath"]
+                monkeypatch.setenv(variable["name"], downward[field])
+        return OperatorConfig()
+
+    return read

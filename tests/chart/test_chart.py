@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from fleetserve_operator.spec import ConditionType, RolloutPhase
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
@@ -37,11 +36,6 @@ ALL_FEATURES = [
     "--set",
     "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
 ]
-Manifest = dict[str, Any]
-# The `helm`, `render` and `only` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
 
 
 def role_rules() -> list[Manifest]:
@@ -93,20 +87,15 @@ def test_operator_pod_is_hardened(render: Render, only: Only) -> None:
 
 
 def test_operator_runs_the_image_entrypoint_with_its_config(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """`run`, probes on kopf's /healthz, FLEETSERVE_* env read by OperatorConfig as meant."""
-    from fleetserve_operator.controller.settings import OperatorConfig
-
     deployment = only(render("--set", "watchNamespaces={ml,search}"), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert deployment["spec"]["replicas"] == 2
     assert container["image"] == "fleetserve/fleetserve-operator:0.1.0"
     assert container["args"] == ["run"]
-    for variable in container["env"]:
-        if "value" in variable:  # the downward API's are the leader election's (test_chart_ha)
-            monkeypatch.setenv(variable["name"], variable["value"])
-    config = OperatorConfig()
+    config = operator_config(container)
     assert config.namespaces == ["ml", "search"]
     assert config.allowed_prometheus_urls == []
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -116,10 +105,9 @@ def test_operator_runs_the_image_entrypoint_with_its_config(
 
 
 def test_allowed_prometheus_urls_reach_the_operator_allowlist(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """operator.allowedPrometheusUrls becomes the allowlist OperatorConfig checks specs with."""
-    from fleetserve_operator.controller.settings import OperatorConfig
     from fleetserve_operator.errors import InvalidSpec
 
     allowed = ["http://prometheus.monitoring:9090", "https://thanos.monitoring:10902/eu"]
@@ -128,10 +116,7 @@ def test_allowed_prometheus_urls_reach_the_operator_allowlist(
         "Deployment",
     )
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    for variable in container["env"]:
-        if "value" in variable:
-            monkeypatch.setenv(variable["name"], variable["value"])
-    config = OperatorConfig()
+    config = operator_config(container)
     assert config.allowed_prometheus_urls == allowed
     config.prometheus_allowlist.check("http://prometheus.monitoring:9090")
     config.prometheus_allowlist.check("https://thanos.monitoring:10902/eu/api")
@@ -373,6 +358,15 @@ class Pod:
 PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
 DNS = Pod("kube-system", {"k8s-app": "kube-dns"})
 GATEWAY = Pod("gateway", {"app": "envoy"})
+API_SERVER = Pod("default", {}, ip="10.0.0.1")
+"""The API server, at the address NETWORK_POLICY gives for it."""
+METADATA_SERVICE = Pod("default", {}, ip="169.254.169.254")
+"""The cloud metadata service, which no pod of the chart may reach."""
+
+
+def network_policies(manifests: list[Manifest]) -> list[Manifest]:
+    """The NetworkPolicies among the rendered manifests."""
+    return [m for m in manifests if m["kind"] == "NetworkPolicy"]
 
 
 def runtime_pod(namespace: str) -> Pod:
@@ -429,8 +423,7 @@ def allowed(
 
 def test_network_policies_isolate_runtime_pods_per_tenant(render: Render) -> None:
     """Runtime pods take `http` and `grpc` from the gateway, `http` from Prometheus, no more."""
-    manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(render(*NETWORK_POLICY))
     assert sorted(p["metadata"]["namespace"] for p in policies) == [
         "fleetserve-system",
         "ml",
@@ -455,18 +448,17 @@ def test_network_policies_isolate_runtime_pods_per_tenant(render: Render) -> Non
 def test_network_policies_confine_the_operator(render: Render, only: Only) -> None:
     """The operator reaches the API server, Prometheus and DNS only; only Prometheus reaches it."""
     manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(manifests)
     pod = only(manifests, "Deployment")["spec"]["template"]
     operator = Pod("fleetserve-system", pod["metadata"]["labels"])
-    api_server = Pod("default", {}, ip="10.0.0.1")
-    assert allowed(policies, "Egress", operator, api_server, 443)
+    assert allowed(policies, "Egress", operator, API_SERVER, 443)
     assert allowed(policies, "Egress", operator, PROMETHEUS, 9090)
     assert allowed(policies, "Egress", operator, DNS, 53)
     refused = [
-        (api_server, 10250),
+        (API_SERVER, 10250),
         (runtime_pod("ml"), 8080),  # no tenant endpoint, whatever a spec names
         (Pod("ml", PROMETHEUS.labels), 9090),  # a tenant's fake Prometheus
-        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (METADATA_SERVICE, 80),
     ]
     for destination, port in refused:
         assert not allowed(policies, "Egress", operator, destination, port), destination
@@ -485,13 +477,12 @@ def test_network_policies_confine_the_operator(render: Render, only: Only) -> No
 
 def test_network_policies_confine_runtime_pods_egress(render: Render) -> None:
     """Runtime pods reach the cluster DNS only: no API server, metadata service or tenant."""
-    manifests = render(*NETWORK_POLICY)
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(render(*NETWORK_POLICY))
     runtime = runtime_pod("ml")
     assert allowed(policies, "Egress", runtime, DNS, 53)
     refused = [
-        (Pod("default", {}, ip="10.0.0.1"), 443),  # the API server
-        (Pod("default", {}, ip="169.254.169.254"), 80),  # the cloud metadata service
+        (API_SERVER, 443),
+        (METADATA_SERVICE, 80),
         (runtime_pod("search"), 8080),  # another tenant's model
         (PROMETHEUS, 9090),
         (Pod("ml", {"app": "notebook"}), 8888),  # its own namespace
@@ -508,13 +499,13 @@ def test_a_model_store_opens_runtime_egress_to_it_only(render: Render) -> None:
         "--set", "networkPolicy.modelStore.cidrs={10.9.0.0/16}",
         "--set", "networkPolicy.modelStore.ports={443,9000}",
     )  # fmt: skip
-    policies = [m for m in manifests if m["kind"] == "NetworkPolicy"]
+    policies = network_policies(manifests)
     runtime = runtime_pod("search")
     store = Pod("storage", {}, ip="10.9.1.2")
     assert allowed(policies, "Egress", runtime, store, 443)
     assert allowed(policies, "Egress", runtime, store, 9000)
     assert not allowed(policies, "Egress", runtime, store, 22)
-    assert not allowed(policies, "Egress", runtime, Pod("default", {}, ip="10.0.0.1"), 443)
+    assert not allowed(policies, "Egress", runtime, API_SERVER, 443)
 
 
 @pytest.mark.parametrize(

@@ -8,19 +8,8 @@ replicas over nodes, and the PodDisruptionBudget.
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-from typing import Any
+from tests.chart.fixture_types import Helm, Manifest, Only, ReadConfig, Render
 
-import pytest
-
-from fleetserve_operator.controller.settings import OperatorConfig
-
-Manifest = dict[str, Any]
-# The `helm`, `render` and `only` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
 NAMESPACE = "fleetserve-system"
 POD = {"metadata.name": "fs-fleetserve-6c9d8-x2lqp", "metadata.namespace": NAMESPACE}
 
@@ -31,23 +20,15 @@ def _operator_pod(render: Render, only: Only, *values: str) -> tuple[Manifest, M
     return deployment, container
 
 
-def _config(container: Manifest, monkeypatch: pytest.MonkeyPatch) -> OperatorConfig:
-    """The operator's config from the container's env, downward-API fields filled in."""
-    for variable in container["env"]:
-        field = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        monkeypatch.setenv(variable["name"], POD[field] if field else variable["value"])
-    return OperatorConfig()
-
-
 def test_two_replicas_elect_a_leader_through_the_lease_by_default(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """Two pods, rolling updates, each a distinct candidate for one Lease in its namespace."""
     deployment, container = _operator_pod(render, only)
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    config = _config(container, monkeypatch)
+    config = operator_config(container, POD)
     assert config.leader_election
     assert config.leader_election_namespace == NAMESPACE
     assert config.leader_election_lease == "fs-fleetserve"
@@ -116,12 +97,12 @@ def test_one_replica_gets_no_disruption_budget(render: Render) -> None:
 
 
 def test_without_leader_election_one_replica_runs_with_recreate(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     values = ("--set", "replicas=1,leaderElection.enabled=false")
     deployment, container = _operator_pod(render, only, *values)
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert not _config(container, monkeypatch).leader_election
+    assert not operator_config(container, POD).leader_election
     assert "Role" not in {m["kind"] for m in render(*values)}
 
 

@@ -7,10 +7,6 @@ one reconcile of a service that names no image with the reconciler the operator 
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from fleetserve_operator import __main__ as entry
@@ -18,30 +14,25 @@ from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.spec import RuntimeImages
 from fleetserve_operator.testing import FakeKube, make_service
+from tests.chart.fixture_types import Only, ReadConfig, Render
 
-Manifest = dict[str, Any]
-# The `helm`, `render` and `only` fixtures (conftest.py).
-Helm = Callable[..., subprocess.CompletedProcess[str]]
-Render = Callable[..., list[Manifest]]
-Only = Callable[..., Manifest]
 REPOSITORY = "ghcr.io/fleetserve/fleetserve-runtime"
 PINNED = "sha256:" + "a" * 64
 
 
-def _config(render: Render, only: Only, monkeypatch: pytest.MonkeyPatch, *values: str) -> Any:
+def _config(
+    render: Render, only: Only, operator_config: ReadConfig, *values: str
+) -> OperatorConfig:
     """The OperatorConfig the operator pod of the chart rendered with `values` starts with."""
     (container,) = only(render(*values), "Deployment")["spec"]["template"]["spec"]["containers"]
-    for variable in container["env"]:
-        if "value" in variable:  # the downward API's are the leader election's (test_chart_ha)
-            monkeypatch.setenv(variable["name"], variable["value"])
-    return OperatorConfig()
+    return operator_config(container)
 
 
 def test_the_chart_defaults_are_the_operators_built_in_images(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """Default values: the release's two builds, as the operator itself would pick them."""
-    assert _config(render, only, monkeypatch).runtime_images == RuntimeImages()
+    assert _config(render, only, operator_config).runtime_images == RuntimeImages()
 
 
 @pytest.mark.parametrize(
@@ -73,18 +64,18 @@ def test_the_chart_defaults_are_the_operators_built_in_images(
     ],
 )  # fmt: skip
 def test_runtime_values_set_the_operators_default_images(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only, values: str, gpu: str, cpu: str
+    render: Render, only: Only, operator_config: ReadConfig, values: str, gpu: str, cpu: str
 ) -> None:
     """runtime.image and runtime.cpuImage become FLEETSERVE_RUNTIME_IMAGE and _CPU_IMAGE."""
-    config = _config(render, only, monkeypatch, "--set", values)
+    config = _config(render, only, operator_config, "--set", values)
     assert config.runtime_images == RuntimeImages(gpu=gpu, cpu=cpu)
 
 
 def test_the_chart_values_reach_the_pods_of_a_service_naming_no_image(
-    monkeypatch: pytest.MonkeyPatch, render: Render, only: Only
+    render: Render, only: Only, operator_config: ReadConfig
 ) -> None:
     """The operator the chart configures runs its images on the GPU and fallback tracks."""
-    config = _config(render, only, monkeypatch, "--set", "runtime.image.tag=0.2.0")
+    config = _config(render, only, operator_config, "--set", "runtime.image.tag=0.2.0")
     kube = FakeKube()
     model = {"name": "demo", "version": "1", "uri": "builtin://synthetic"}
     kube.add_service(make_service({"model": model, "fallback": {"enabled": True}}))

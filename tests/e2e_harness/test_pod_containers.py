@@ -71,16 +71,23 @@ def _pod(container: JsonObject, **spec: Any) -> JsonObject:
     }
 
 
-def _plan(pod: JsonObject, host_names: tuple[str, ...] = ()) -> ContainersPlan:
+def _plan(
+    pod: JsonObject,
+    *,
+    host_names: tuple[str, ...] = (),
+    pod_dir: Path = POD_DIR,
+    node_dir: Path | None = None,
+) -> ContainersPlan:
     return containers_plan(
         pod,
         pod["spec"]["containers"][0],
         lookup=_lookup,
         images={RUNTIME_IMAGE: LOCAL},
-        pod_dir=POD_DIR,
+        pod_dir=pod_dir,
         allocate_port=itertools.count(40000).__next__,
         cluster="/tmp/cluster-a",
         host_names=host_names,
+        node_dir=node_dir,
     )
 
 
@@ -337,28 +344,15 @@ def _host_path_pod(kind: str | None, path: str = "/var/cache/fleetserve/models")
     )  # fmt: skip
 
 
-def _host_path_plan(pod: JsonObject, node_dir: Path | None) -> ContainersPlan:
-    return containers_plan(
-        pod,
-        pod["spec"]["containers"][0],
-        lookup=_lookup,
-        images={},
-        pod_dir=POD_DIR,
-        allocate_port=itertools.count(40000).__next__,
-        cluster="c",
-        node_dir=node_dir,
-    )
-
-
 def test_a_host_path_is_the_nodes_own_directory() -> None:
     """`/var/cache/...` on node n1 is `<node dir>/var/cache/...`, bound read-write."""
     node = Path("/work/nodes/n1")
-    plan = _host_path_plan(_host_path_pod("DirectoryOrCreate"), node)
+    plan = _plan(_host_path_pod("DirectoryOrCreate"), node_dir=node)
     (volume,) = plan.volumes
     assert volume.node_path == node / "var/cache/fleetserve/models"
     assert volume.create
     assert plan.main.spec.mounts[0] == Mount(node / "var/cache/fleetserve/models", "/cache")
-    assert not _host_path_plan(_host_path_pod(None), node).volumes[0].create
+    assert not _plan(_host_path_pod(None), node_dir=node).volumes[0].create
 
 
 @pytest.mark.parametrize(
@@ -374,7 +368,7 @@ def test_a_host_path_the_backend_cannot_honour_stops_the_pod(
     kind: str, path: str, node: Path | None
 ) -> None:
     with pytest.raises(PodSpecError, match="hostPath"):
-        _host_path_plan(_host_path_pod(kind, path), node)
+        _plan(_host_path_pod(kind, path), node_dir=node)
 
 
 def test_the_pods_fs_group_owns_its_secret_files_and_joins_every_container(tmp_path: Path) -> None:
@@ -384,15 +378,7 @@ def test_the_pods_fs_group_owns_its_secret_files_and_joins_every_container(tmp_p
     """
     pod = _volumes_pod()
     pod["spec"]["securityContext"] = {"runAsUser": 65532, "fsGroup": 65532}
-    plan = containers_plan(
-        pod,
-        pod["spec"]["containers"][0],
-        lookup=_lookup,
-        images={},
-        pod_dir=tmp_path,
-        allocate_port=itertools.count(40000).__next__,
-        cluster="c",
-    )
+    plan = _plan(pod, pod_dir=tmp_path)
     assert plan.fs_group == 65532
     for planned in (*plan.init, plan.main):
         assert planned.spec.groups == (65532,)

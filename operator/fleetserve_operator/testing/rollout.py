@@ -18,7 +18,7 @@ from fleetserve_operator.naming import Track
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.render import Owner
 from fleetserve_operator.rollout import ClearAnnotation, Facts, TrackFacts, Transition
-from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
+from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RolloutCommand
 from fleetserve_operator.testing.fakes import FakeClock, ScriptedMetricSource, make_spec
 
 __all__ = [
@@ -28,12 +28,14 @@ __all__ = [
     "TRAFFIC",
     "Template",
     "World",
+    "canary_world",
     "changed",
     "events",
     "make_rollout_spec",
     "route_weights",
     "stable_world",
     "start_v2",
+    "starting_world",
     "weights",
 ]
 
@@ -137,6 +139,11 @@ class World:
                 self.annotations.pop(action.annotation, None)
         return transition
 
+    def command(self, command: RolloutCommand, value: str) -> Transition:
+        """Set `command`'s annotation to `value` and tick once: the reconcile that reads it."""
+        self.annotations[command.annotation] = value
+        return self.tick()
+
     def children(self, status: InferenceServiceStatus) -> list[Manifest]:
         """The children `sync` renders for `status`."""
         observed = self.stable.replicas if self.stable else 0
@@ -220,6 +227,22 @@ def start_v2(world: World, version: str = "2") -> None:
     world.tick()
     assert world.status.phase == "Starting"
     world.tick()
+
+
+def starting_world() -> World:
+    """Version 1 stable, version 2 Starting: its canary rendered, and never becoming Ready."""
+    world = stable_world()
+    world.canary_becomes_ready = False
+    world.spec = make_rollout_spec("2")
+    world.tick()
+    return world
+
+
+def canary_world() -> World:
+    """Version 1 stable, version 2's canary Ready at the first step: where rollouts are judged."""
+    world = stable_world()
+    start_v2(world)
+    return world
 
 
 def changed(track: TrackFacts | None, **changes: Any) -> TrackFacts:

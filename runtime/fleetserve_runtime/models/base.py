@@ -29,6 +29,8 @@ __all__ = [
     "PreparedInput",
     "TensorAllocator",
     "TensorSpec",
+    "embedding_output",
+    "text_encoder_metadata",
 ]
 
 
@@ -61,6 +63,28 @@ class ModelMetadata:
     speedup: float | None = None
     """How many times as fast as fp32 the reduced precision ran the guard texts at load;
     None in fp32."""
+
+
+def embedding_output(width: int) -> TensorSpec:
+    """A text encoder's output: one FP32 `embedding` row of `width` per text (-1: unknown yet)."""
+    return TensorSpec("embedding", "FP32", (-1, width))
+
+
+def text_encoder_metadata(
+    name: str, version: str, *, platform: str, width: int, max_sequence_length: int
+) -> ModelMetadata:
+    """The metadata of a text encoder: `text` (BYTES) in, `embedding_output(width)` out.
+
+    Every encoder backend serves these two tensors; only its platform and width differ.
+    """
+    return ModelMetadata(
+        name=name,
+        version=version,
+        platform=platform,
+        inputs=(TensorSpec("text", "BYTES", (-1,)),),
+        outputs=(embedding_output(width),),
+        max_sequence_length=max_sequence_length,
+    )
 
 
 @dataclass(frozen=True, slots=True)

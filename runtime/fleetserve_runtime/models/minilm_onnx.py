@@ -39,7 +39,7 @@ from fleetserve_runtime.models.accuracy import (
     check,
     embed_texts,
 )
-from fleetserve_runtime.models.base import TensorSpec
+from fleetserve_runtime.models.base import embedding_output
 from fleetserve_runtime.models.minilm import (
     EMBEDDING_DIM,
     MiniLMHandler,
@@ -110,9 +110,7 @@ class MiniLMOnnxHandler(OnnxEncoderHandler):
             max_sequence_length=max_sequence_length,
             precision=precision,
         )
-        self._metadata = replace(
-            self._metadata, outputs=(TensorSpec("embedding", "FP32", (-1, EMBEDDING_DIM)),)
-        )
+        self._metadata = replace(self._metadata, outputs=(embedding_output(EMBEDDING_DIM),))
 
     @property
     def graph_dir(self) -> Path:

@@ -61,7 +61,7 @@ from fleetserve_runtime.models.base import (
     ItemResult,
     ModelMetadata,
     PreparedInput,
-    TensorSpec,
+    text_encoder_metadata,
 )
 from fleetserve_runtime.models.text_input import open_tokenizer, sample_text, text_token_ids
 
@@ -190,12 +190,11 @@ class OnnxEncoderHandler:
         self._output = ""
         self._pooled = False
         self._weights = 0
-        self._metadata = ModelMetadata(
-            name=name,
-            version=version,
+        self._metadata = text_encoder_metadata(
+            name,
+            version,
             platform="onnxruntime",
-            inputs=(TensorSpec("text", "BYTES", (-1,)),),
-            outputs=(TensorSpec("embedding", "FP32", (-1, -1)),),
+            width=-1,
             max_sequence_length=max_sequence_length,
         )
 

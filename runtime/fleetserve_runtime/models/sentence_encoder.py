@@ -39,7 +39,7 @@ from fleetserve_runtime.models.base import (
     CollateContext,
     ModelMetadata,
     PreparedInput,
-    TensorSpec,
+    text_encoder_metadata,
 )
 from fleetserve_runtime.models.bert import (
     AttentionGroup,
@@ -100,12 +100,11 @@ class SentenceEncoderHandler:
         """
         config = directory.config
         check_sequence_limit(max_sequence_length, config.max_position_embeddings)
-        self._metadata = ModelMetadata(
-            name=name,
-            version=version,
+        self._metadata = text_encoder_metadata(
+            name,
+            version,
             platform="pytorch",
-            inputs=(TensorSpec("text", "BYTES", (-1,)),),
-            outputs=(TensorSpec("embedding", "FP32", (-1, config.hidden_size)),),
+            width=config.hidden_size,
             max_sequence_length=max_sequence_length,
         )
         self._directory = directory

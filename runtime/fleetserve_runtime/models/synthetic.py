@@ -30,7 +30,7 @@ from fleetserve_runtime.models.base import (
     ItemResult,
     ModelMetadata,
     PreparedInput,
-    TensorSpec,
+    text_encoder_metadata,
 )
 
 __all__ = ["STALL_TEXT", "SyntheticHandler", "SyntheticParams", "text_digest"]
@@ -79,12 +79,11 @@ class SyntheticHandler:
         params: SyntheticParams | None = None,
     ) -> None:
         self.params = params or SyntheticParams()
-        self._metadata = ModelMetadata(
-            name=name,
-            version=version,
+        self._metadata = text_encoder_metadata(
+            name,
+            version,
             platform="synthetic",
-            inputs=(TensorSpec("text", "BYTES", (-1,)),),
-            outputs=(TensorSpec("embedding", "FP32", (-1, self.params.dim)),),
+            width=self.params.dim,
             max_sequence_length=max_sequence_length,
         )
         self._rng = random.Random(self.params.seed)

@@ -146,6 +146,24 @@ def chat_completion(
     }
 
 
+class _ChunkUsage(TypedDict, total=False):
+    """A chunk's `usage` key, where it has one."""
+
+    usage: UsageBody | None
+
+
+def _chunk_usage(usage: Usage | None, null_usage: bool) -> _ChunkUsage:
+    """The counts where `usage` is given; else `null` when `null_usage`, else no key."""
+    if usage is not None:
+        return {"usage": usage_body(usage)}
+    return {"usage": None} if null_usage else {}
+
+
+def _finish_reason(reason: FinishReason | None) -> str | None:
+    """The finish reason a chunk's choice carries: null until the stream's last text."""
+    return reason.value if reason is not None else None
+
+
 def chat_chunk(
     *,
     id_: str,
@@ -167,14 +185,11 @@ def chat_chunk(
         "created": created,
         "model": model,
         "choices": [],
+        **_chunk_usage(usage, null_usage),
     }
     if delta is not None:
-        finish = reason.value if reason is not None else None
+        finish = _finish_reason(reason)
         chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    if usage is not None:
-        chunk["usage"] = usage_body(usage)
-    elif null_usage:
-        chunk["usage"] = None
     return chunk
 
 
@@ -198,14 +213,11 @@ def completion_chunk(
         "created": created,
         "model": model,
         "choices": [],
+        **_chunk_usage(usage, null_usage),
     }
     if text is not None:
-        finish = reason.value if reason is not None else None
+        finish = _finish_reason(reason)
         body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-    if usage is not None:
-        body["usage"] = usage_body(usage)
-    elif null_usage:
-        body["usage"] = None
     return body
 
 

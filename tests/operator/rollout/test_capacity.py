@@ -7,7 +7,7 @@ import pytest
 from fleetserve_operator import rollout
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
-from fleetserve_operator.testing.rollout import stable_world, start_v2
+from fleetserve_operator.testing.rollout import canary_world
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,7 @@ def test_gpu_aware_capacity(
 
 def test_rendered_replicas_follow_the_weight() -> None:
     """The canary starts with one replica and grows to the stable size at 100%; then goes."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     for _ in range(5):
         world.tick(60)
     assert world.scales[1:] == [(2, 1), (2, 2)]

@@ -7,7 +7,7 @@ import pytest
 from fleetserve_operator.records import EventNote
 from fleetserve_operator.rollout import ClearAnnotation
 from fleetserve_operator.spec import ConditionType, RolloutCommand
-from fleetserve_operator.testing.rollout import HEALTHY, events, stable_world, start_v2, weights
+from fleetserve_operator.testing.rollout import HEALTHY, canary_world, events, stable_world, weights
 
 
 @pytest.mark.parametrize(
@@ -23,10 +23,8 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
     command: RolloutCommand, value: str, phase: str, weight: int
 ) -> None:
     """Each annotation moves the rollout once, is acknowledged in status, then removed."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[command.annotation] = value
-    world.tick()
+    world = canary_world()
+    world.command(command, value)
     assert (world.status.phase, world.status.canary_weight) == (phase, weight)
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.annotation, ack.value) == (command.annotation, value)
@@ -41,16 +39,13 @@ def test_manual_commands_are_acted_on_once_and_acknowledged(
 
 def test_pause_holds_through_passing_analyses_until_resume() -> None:
     """Paused: analyses are recorded but do not advance; resume continues from there."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.PAUSE.annotation] = "1"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.PAUSE, "1")
     for _ in range(3):
         world.tick(60)
     assert (world.status.phase, world.status.canary_weight) == ("Paused", 1)
     assert len(world.status.rollout.analyses) == 3
-    world.annotations[RolloutCommand.RESUME.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RESUME, "1")
     assert world.status.phase == "Progressing"
     world.tick(60)
     assert world.status.canary_weight == 5
@@ -58,10 +53,8 @@ def test_pause_holds_through_passing_analyses_until_resume() -> None:
 
 def test_paused_canary_still_rolls_back_on_failures() -> None:
     """Pausing never pauses safety: failed analyses still roll the canary back."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.PAUSE.annotation] = "1"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.PAUSE, "1")
     world.metrics["errors"] = 0.5
     world.tick(60)
     world.tick(60)
@@ -71,8 +64,7 @@ def test_paused_canary_still_rolls_back_on_failures() -> None:
 def test_command_without_a_row_is_acknowledged_as_ignored() -> None:
     """Promoting a service with no rollout changes nothing, and says so."""
     world = stable_world()
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.phase == "Succeeded"
     assert world.status.rollout.acknowledged[-1].result == "ignored in phase Succeeded"
 
@@ -80,8 +72,7 @@ def test_command_without_a_row_is_acknowledged_as_ignored() -> None:
 def test_an_ignored_command_is_a_warning_event() -> None:
     """A command with no row in the phase is acknowledged, cleared and reported as ignored."""
     world = stable_world()
-    world.annotations[RolloutCommand.PAUSE.annotation] = "yes"
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "yes")
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.value, ack.result) == ("yes", "ignored in phase Succeeded")
     assert events(world) == [
@@ -93,11 +84,9 @@ def test_an_ignored_command_is_a_warning_event() -> None:
 
 def test_an_applied_command_is_acknowledged_with_its_transition() -> None:
     """The acknowledgement and its Normal Event name the phase change; an empty value counts."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
-    world.annotations[RolloutCommand.PAUSE.annotation] = ""
-    world.tick()
+    world.command(RolloutCommand.PAUSE, "")
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.value, ack.result) == ("", "Progressing -> Paused")
     assert events(world) == [
@@ -114,25 +103,21 @@ def test_an_applied_command_is_acknowledged_with_its_transition() -> None:
 
 def test_promote_next_by_hand_is_its_own_event() -> None:
     """`promote: next` moves one step and says a person did it."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert ("Normal", "PromotedByHand", "step 2/5: 5% to the canary") in events(world)
 
 
 def test_resume_from_holding_starts_a_fresh_interval_and_count() -> None:
     """Resuming a held rollout forgets the inconclusive streak and waits a full interval."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics["requests"] = 3
     for _ in range(3):
         world.tick(60)
     assert world.status.phase == "Holding"
     world.tick(30)
-    world.annotations[RolloutCommand.RESUME.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RESUME, "1")
     state = world.status.rollout
     assert (world.status.phase, state.inconclusive_analyses, state.message) == (
         "Progressing",
@@ -151,17 +136,12 @@ def test_a_command_still_present_after_its_acknowledgement_acts_once() -> None:
 
     A new value replaces the old acknowledgement instead of piling up.
     """
-    world = stable_world()
-    start_v2(world)
-    annotation = RolloutCommand.PROMOTE.annotation
-    world.annotations[annotation] = "next"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.canary_weight == 5
-    world.annotations[annotation] = "next"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "next")
     assert world.status.canary_weight == 5
-    world.annotations[annotation] = "again"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "again")
     assert [(a.annotation, a.value) for a in world.status.rollout.acknowledged] == [
-        (annotation, "again")
+        (RolloutCommand.PROMOTE.annotation, "again")
     ]

@@ -7,19 +7,18 @@ from fleetserve_operator.naming import Track
 from fleetserve_operator.rollout import Facts
 from fleetserve_operator.spec import ConditionType
 from fleetserve_operator.testing.rollout import (
+    canary_world,
     changed,
     events,
-    make_rollout_spec,
     route_weights,
     stable_world,
-    start_v2,
+    starting_world,
 )
 
 
 def test_fallback_on_and_off_and_no_advance_while_active() -> None:
     """No stable replica: traffic to the CPU fallback, rollout frozen; back when healthy."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.stable = changed(world.stable, available=0)
     world.canary = changed(world.canary, available=0)
     world.tick()
@@ -58,8 +57,7 @@ def test_failover_events_and_what_counts_as_serving() -> None:
     The canary's replicas count while it carries weight, so a stable track scaled away under
     `maxSurgeGPUs` is no outage; an error ratio exactly at the limit is not above it.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     assert world.status.canary_weight == 1
     world.clear()
     world.stable = changed(world.stable, available=0)
@@ -87,10 +85,7 @@ def test_failover_events_and_what_counts_as_serving() -> None:
 
 def test_a_starting_canary_at_weight_zero_does_not_count_as_serving() -> None:
     """Before its first step the canary carries nothing: no stable replica means failover."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     assert (world.status.phase, world.status.canary_weight) == ("Starting", 0)
     world.canary = changed(world.canary, available=1)
     world.stable = changed(world.stable, available=0)
@@ -116,8 +111,7 @@ def test_back_from_the_fallback_the_interval_starts_afresh() -> None:
 
     One stable and one canary replica together serve again; the condition says why.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.stable = changed(world.stable, available=0)
     world.canary = changed(world.canary, available=0)
     world.tick()

@@ -19,11 +19,12 @@ from fleetserve_operator.spec import (
 from fleetserve_operator.testing.rollout import (
     Template,
     World,
+    canary_world,
     changed,
     events,
     make_rollout_spec,
     stable_world,
-    start_v2,
+    starting_world,
     weights,
 )
 
@@ -44,8 +45,7 @@ def test_first_deploy_is_adopted_without_a_canary() -> None:
 
 def test_healthy_canary_is_promoted_through_every_step() -> None:
     """1 → 5 → 20 → 50 → 100, then stable moves to v2, traffic returns, canary goes."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     assert (world.status.phase, world.status.canary_weight) == ("Progressing", 1)
     for _ in range(5):
         world.tick(60)
@@ -65,8 +65,7 @@ def test_healthy_canary_is_promoted_through_every_step() -> None:
 
 def test_restart_mid_step_resumes_the_same_step() -> None:
     """A status written and read back (operator restart) yields the same step, no actions."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.tick(30)
     stored = world.status.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -81,10 +80,8 @@ def test_restart_mid_step_resumes_the_same_step() -> None:
 
 def _promoting_v2() -> World:
     """v2 promoted by hand, the stable track not yet rolled out to it."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.PROMOTE, "full")
     world.stable = changed(world.stable, rolled_out=False)
     return world
 
@@ -103,8 +100,7 @@ def test_restart_while_promoting_never_promotes_twice() -> None:
 
 def test_new_spec_during_a_rollout_restarts_with_the_newest_version() -> None:
     """v3 arrives while v2 is at 5%: the canary is re-templated to v3 at weight 0."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.spec = make_rollout_spec("3")
     transition = world.tick()
@@ -121,10 +117,7 @@ def test_new_spec_during_a_rollout_restarts_with_the_newest_version() -> None:
 
 def test_canary_never_ready_fails_the_rollout() -> None:
     """Weight stays 0 until Ready; past progressDeadline the rollout is Failed."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     world.tick(240)
     assert (world.status.phase, world.status.canary_weight) == ("Starting", 0)
     world.tick(60)
@@ -147,8 +140,7 @@ def test_canary_never_ready_fails_the_rollout() -> None:
 )
 def test_canary_crash_fails_at_once(crash: dict[str, Any], reason: str) -> None:
     """An OOM kill or a restart during a step rolls back without waiting for the interval."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.canary = changed(world.canary, **crash)
     world.tick()
     assert world.status.phase == "RolledBack"
@@ -157,17 +149,13 @@ def test_canary_crash_fails_at_once(crash: dict[str, Any], reason: str) -> None:
 
 def test_retry_annotation_and_revert_after_a_rollback() -> None:
     """`retry` rolls the same spec out again; reverting the spec settles back to Succeeded."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.ABORT.annotation] = "now"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.ABORT, "now")
     world.tick()
     assert world.status.phase == "RolledBack"
-    world.annotations[RolloutCommand.RETRY.annotation] = "1"
-    world.tick()
+    world.command(RolloutCommand.RETRY, "1")
     assert (world.status.phase, world.status.canary_version) == ("Starting", "2")
-    world.annotations[RolloutCommand.ABORT.annotation] = "again"
-    world.tick()
+    world.command(RolloutCommand.ABORT, "again")
     world.spec = make_rollout_spec("1")
     world.tick()
     assert (world.status.phase, world.status.rollout.spec_hash) == ("Succeeded", None)
@@ -180,8 +168,7 @@ def test_a_refused_spec_fails_the_rollout_in_every_phase(phase: RolloutPhase) ->
     A fallback that is active stays active although the tracks look healthy: a refused
     spec says nothing about them.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.stable = changed(world.stable, available=0)
     world.canary = changed(world.canary, available=0)
@@ -199,8 +186,7 @@ def test_a_refused_spec_fails_the_rollout_in_every_phase(phase: RolloutPhase) ->
 
 def test_a_refused_spec_leaves_no_canary_traffic_or_replicas() -> None:
     """Failed keeps the last canary weight in status, but routes nothing and runs no canary."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     failed = rollout.next_step(None, world.status, world.facts(), world.clock.now).status
     assert (failed.phase, failed.canary_weight) == ("Failed", 5)
@@ -212,8 +198,7 @@ def test_a_refused_spec_leaves_no_canary_traffic_or_replicas() -> None:
 
 def test_reverting_the_spec_mid_rollout_cancels_without_a_rollback() -> None:
     """The spec set back to stable's version: canary gone, Succeeded, no rollback counted."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.clear()
     world.spec = make_rollout_spec("1")
@@ -234,8 +219,7 @@ def test_reverting_the_spec_mid_rollout_cancels_without_a_rollback() -> None:
 
 def test_a_restarted_rollout_starts_with_clean_counters() -> None:
     """A new spec after a failed analysis restarts at weight 0 and forgets the old failures."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics["errors"] = 0.5
     world.tick(60)
     assert world.status.rollout.failed_analyses == 1
@@ -326,8 +310,7 @@ def test_a_spec_changed_during_promotion_never_reaches_the_stable_track() -> Non
 
 def test_a_restart_clears_the_old_step_and_interval() -> None:
     """A new spec mid-rollout starts from no step, no interval and no inconclusive streak."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.metrics["requests"] = 3
     world.tick(60)
@@ -346,10 +329,8 @@ def test_a_restart_clears_the_old_step_and_interval() -> None:
 
 def test_reverting_the_spec_after_a_rollback_clears_the_rollback_message() -> None:
     """Back on stable's spec, the status no longer reports the withdrawn version."""
-    world = stable_world()
-    start_v2(world)
-    world.annotations[RolloutCommand.ABORT.annotation] = "now"
-    world.tick()
+    world = canary_world()
+    world.command(RolloutCommand.ABORT, "now")
     assert world.status.rollout.message.startswith("Aborted: version 2 withdrawn")
     world.spec = make_rollout_spec("1")
     assert world.tick().trigger == "SpecReverted"

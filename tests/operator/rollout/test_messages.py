@@ -9,18 +9,16 @@ import pytest
 from fleetserve_operator.rollout import IncrementCounter, OperatorCounter
 from fleetserve_operator.spec import RolloutCommand
 from fleetserve_operator.testing.rollout import (
+    canary_world,
     changed,
     events,
-    make_rollout_spec,
-    stable_world,
-    start_v2,
+    starting_world,
 )
 
 
 def test_each_move_posts_its_event() -> None:
     """A healthy rollout explains every move in an Event a person can read with kubectl."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     digest = world.status.rollout.spec_hash
     for _ in range(5):
         world.tick(60)
@@ -66,8 +64,7 @@ def test_a_rollback_says_what_was_withdrawn_and_why(
     cause: dict[str, Any], reason: str, detail: str
 ) -> None:
     """The status message and the Warning Event name the cause, the version and the weight."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
     if "abort" in cause:
         world.annotations[RolloutCommand.ABORT.annotation] = cause["abort"]
@@ -83,10 +80,7 @@ def test_a_rollback_says_what_was_withdrawn_and_why(
 
 def test_a_canary_never_ready_fails_with_the_deadline_in_the_message() -> None:
     """Past `progressDeadline` the rollout is Failed, and says which deadline passed."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     world.clear()
     world.tick(300)
     message = (
@@ -99,10 +93,7 @@ def test_a_canary_never_ready_fails_with_the_deadline_in_the_message() -> None:
 
 def test_the_status_message_follows_each_move() -> None:
     """Starting, the first step and promotion each say where the rollout stands."""
-    world = stable_world()
-    world.canary_becomes_ready = False
-    world.spec = make_rollout_spec("2")
-    world.tick()
+    world = starting_world()
     digest = world.status.rollout.spec_hash
     assert world.status.rollout.message == (
         f"waiting for the canary to become Ready: rolling out version 2 (spec {digest}) "
@@ -111,7 +102,6 @@ def test_the_status_message_follows_each_move() -> None:
     world.canary = changed(world.canary, available=1, rolled_out=True)
     world.tick()
     assert world.status.rollout.message == "step 1/5: 1% to the canary"
-    world.annotations[RolloutCommand.PROMOTE.annotation] = "full"
-    world.tick()
+    world.command(RolloutCommand.PROMOTE, "full")
     message = "stable track rolling to version 2; canary carries 100%"
     assert (world.status.phase, world.status.rollout.message) == ("Promoting", message)

@@ -16,10 +16,9 @@ from fleetserve_operator.testing.rollout import (
     ANALYSIS,
     HEALTHY,
     World,
+    canary_world,
     events,
     make_rollout_spec,
-    stable_world,
-    start_v2,
     weights,
 )
 
@@ -33,8 +32,7 @@ from fleetserve_operator.testing.rollout import (
 )
 def test_regression_at_20_percent_rolls_back(bad: dict[str, float], failing_check: str) -> None:
     """Two failed analyses at 20% (failureThreshold 2): weight 0 at once, canary removed."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.tick(60)
     world.tick(60)
     assert world.status.canary_weight == 20
@@ -66,8 +64,7 @@ def test_regression_at_20_percent_rolls_back(bad: dict[str, float], failing_chec
 )
 def test_no_data_holds_and_never_promotes(outage: dict[str, Any]) -> None:
     """Inconclusive analyses never pass; after 3 the rollout holds at its weight, then resumes."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     if "requests" in outage:
         world.metrics |= outage
     else:
@@ -90,8 +87,7 @@ def test_holding_starts_at_the_inconclusive_threshold_and_a_failure_resets_it() 
     Each one is a Warning; a failed analysis then counts as a failure and restarts the
     inconclusive count.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics["requests"] = 3
     world.tick(60)
     world.tick(60)
@@ -131,8 +127,7 @@ def test_without_analysis_each_interval_passes_on_readiness_and_time() -> None:
 
 def test_a_due_analysis_without_a_result_is_inconclusive() -> None:
     """With analysis configured, a tick that brings no result never counts as a pass."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clock.advance(60)
     facts = Facts(stable=world.stable, canary=world.canary)
     step = rollout.next_step(world.spec, world.status, facts, world.clock.now)
@@ -146,8 +141,7 @@ def test_a_due_analysis_without_a_result_is_inconclusive() -> None:
 
 def test_a_failed_analysis_below_the_threshold_starts_a_fresh_interval() -> None:
     """After one failure (of 2) the canary gets a whole new interval before the next verdict."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics["errors"] = 0.5
     world.tick(60)
     assert (world.status.phase, world.status.rollout.failed_analyses) == ("Progressing", 1)
@@ -166,8 +160,7 @@ def test_a_failed_analysis_below_the_threshold_starts_a_fresh_interval() -> None
 )
 def test_a_passed_step_breaks_the_streak(bad: dict[str, float], counter: str) -> None:
     """Thresholds count analyses in a row: a pass in between starts the count again."""
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.metrics |= bad
     world.tick(60)
     assert getattr(world.status.rollout, counter) == 1
@@ -211,8 +204,7 @@ def test_too_little_evidence_holds_at_once_uncounted_until_the_deadline() -> Non
 
     `progressDeadline` (5m here) after the interval, still short: rolled back.
     """
-    world = stable_world()
-    start_v2(world)
+    world = canary_world()
     world.clear()
 
     def look(seconds: float) -> None:

@@ -19,12 +19,11 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from fleetserve_runtime.testing import make_config
+from fleetserve_runtime.testing import make_config, metric_total
 from fleetserve_runtime.testing.process import CLI
 from tests.runtime.server.grpc_process import grpc_runtime
 
@@ -85,12 +84,7 @@ def http_embeddings(server: Server, texts: list[str]) -> np.ndarray:
 
 def requests_counted(server: Server, code: str) -> float:
     text = httpx.get(f"{server.http}/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "fleetserve_requests_total" and sample.labels.get("code") == code
-    )
+    return metric_total(text, "fleetserve_requests_total", code=code)
 
 
 def grpc_error(call: Callable[[], object]) -> InferenceServerException:

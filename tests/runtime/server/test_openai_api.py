@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
@@ -30,6 +29,7 @@ from fleetserve_runtime.server.openai_requests import (
     chat_generation,
     completion_generation,
 )
+from fleetserve_runtime.testing import metric_total
 from fleetserve_runtime.testing.asgi import serve
 
 CONTEXT = 64
@@ -53,15 +53,6 @@ def events(response: httpx.Response) -> list[Any]:
         data = block.removeprefix("data: ")
         payloads.append(data if data == "[DONE]" else json.loads(data))
     return payloads
-
-
-def requests_counted(text: str, code: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "fleetserve_requests_total" and sample.labels["code"] == code
-    )
 
 
 def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict[str, Any]:
@@ -438,9 +429,9 @@ async def test_requests_are_counted_by_status() -> None:
         await client.post(CHAT, json=chat(n=3))
         await client.post(CHAT, json={**chat(), "model": "other"})
         metrics = (await client.get("/metrics")).text
-    assert requests_counted(metrics, "200") == 2
-    assert requests_counted(metrics, "400") == 1
-    assert requests_counted(metrics, "404") == 1
+    assert metric_total(metrics, "fleetserve_requests_total", code="200") == 2
+    assert metric_total(metrics, "fleetserve_requests_total", code="400") == 1
+    assert metric_total(metrics, "fleetserve_requests_total", code="404") == 1
 
 
 async def test_full_queue_is_503_with_retry_after() -> None:
@@ -474,7 +465,7 @@ async def test_deadline_before_the_first_token_is_504() -> None:
         await busy
         metrics = (await client.get("/metrics")).text
     assert assert_openai_error(late, 504, None)["code"] == "deadline_exceeded"
-    assert requests_counted(metrics, "504") == 1
+    assert metric_total(metrics, "fleetserve_requests_total", code="504") == 1
 
 
 async def test_error_inside_a_stream_is_an_error_event_then_done() -> None:
@@ -491,7 +482,7 @@ async def test_error_inside_a_stream_is_an_error_event_then_done() -> None:
     error = payloads[-2]["error"]
     assert error["type"] == "server_error"
     assert error["code"] == "deadline_exceeded"
-    assert requests_counted(metrics, "504") == 1
+    assert metric_total(metrics, "fleetserve_requests_total", code="504") == 1
 
 
 async def test_a_failing_model_step_is_a_500_event_in_the_stream() -> None:

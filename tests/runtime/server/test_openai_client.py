@@ -24,7 +24,8 @@ import httpx
 import httpx2
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from fleetserve_runtime.testing import metric_total
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 CONTEXT = 64
@@ -80,13 +81,7 @@ def client(url: str, *, max_retries: int = 0) -> openai.OpenAI:
 
 def metric(url: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
-    text = httpx.get(f"{url}/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
+    return metric_total(httpx.get(f"{url}/metrics").text, name, **labels)
 
 
 @pytest.fixture(scope="module")

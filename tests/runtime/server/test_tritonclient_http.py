@@ -20,10 +20,10 @@ import numpy.typing as npt
 import orjson
 import pytest
 import tritonclient.http as triton
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from bench.server_proc import free_port, running_server, runtime_serve_argv
+from fleetserve_runtime.testing import metric_total
 
 CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TEXTS = ["the river runs to the sea", "a quiet library", "héllo wörld ✓"]
@@ -84,12 +84,7 @@ def json_embeddings(address: str, texts: list[str], path: str) -> npt.NDArray[np
 def batches(address: str) -> float:
     """Batches the server computed so far."""
     text = httpx.get(f"http://{address}/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.endswith("batch_size_count")
-    )
+    return metric_total(text, "fleetserve_batch_size_count")
 
 
 @pytest.mark.parametrize("version", ["", "v1"], ids=["infer", "versioned-infer"])
