@@ -39,7 +39,8 @@ from fleetserve_e2e.storage_tools import GoCommand, ensure_command
 from fleetserve_e2e.waiting import wait_until
 
 GATEWAY_TOOLS_DIR = E2E_DIR / "gateway-tools"
-OVERLAY_DIR = GATEWAY_TOOLS_DIR / "overlay"
+PATCH_DIR = GATEWAY_TOOLS_DIR / "_patches"
+"""Files the build puts into copies of two modules; `_` keeps the go command out of it."""
 TRAEFIK_MODULE = "github.com/traefik/traefik/v3"
 LEGO_MODULE = "github.com/go-acme/lego/v5"
 HTTP_AUTH_MODULE = "github.com/abbot/go-http-auth"
@@ -81,8 +82,8 @@ def prepare_traefik_build(command: GoCommand) -> Path:
     The module proxy refuses a dozen of the DNS-challenge providers' SDK modules that lego's
     provider registry imports, and the fork of go-http-auth Traefik's go.mod substitutes.  The
     build therefore gets, in ``~/.cache/fleetserve/build/traefik-<version>/``, a copy of lego
-    whose registry is ``overlay/lego_dns_providers.go`` and a copy of go-http-auth v0.4.0 with
-    ``overlay/go_http_auth.go`` added, and a go.mod that replaces the two modules with those
+    whose registry is ``_patches/lego_dns_providers.go`` and a copy of go-http-auth v0.4.0 with
+    ``_patches/go_http_auth.go`` added, and a go.mod that replaces the two modules with those
     copies (Go refuses to overlay files inside its module cache).
     """
     build_dir = cache_dir() / "build" / f"{command.label}-{command.version()}"
@@ -90,11 +91,11 @@ def prepare_traefik_build(command: GoCommand) -> Path:
     build_dir.mkdir(parents=True)
     lego = _writable_copy(_module_source(LEGO_MODULE), build_dir / "lego")
     registry = lego / "providers" / "dns" / "zz_gen_dns_providers.go"
-    shutil.copyfile(OVERLAY_DIR / "lego_dns_providers.go", registry)
+    shutil.copyfile(PATCH_DIR / "lego_dns_providers.go", registry)
     http_auth = _writable_copy(_module_source(HTTP_AUTH_MODULE), build_dir / "go-http-auth")
     # v0.4.0 predates modules; a directory replacement needs a go.mod.
     (http_auth / "go.mod").write_text(f"module {HTTP_AUTH_MODULE}\n\ngo 1.12\n", encoding="utf-8")
-    shutil.copyfile(OVERLAY_DIR / "go_http_auth.go", http_auth / "fleetserve_e2e.go")
+    shutil.copyfile(PATCH_DIR / "go_http_auth.go", http_auth / "fleetserve_e2e.go")
     modfile = build_dir / "go.mod"
     shutil.copyfile(GATEWAY_TOOLS_DIR / "go.mod", modfile)
     shutil.copyfile(GATEWAY_TOOLS_DIR / "go.sum", build_dir / "go.sum")

@@ -9,11 +9,14 @@ go 1.26.0
 //   - Traefik replaces its dynamic-configuration extension with a directory its published
 //     module lacks; ./ext supplies that package (see ext/ext.go).
 //   - Traefik replaces github.com/abbot/go-http-auth with a fork; this module uses upstream's
-//     v0.4.0, and the build adds the one function the fork exports on top of it (see
-//     overlay/go_http_auth_check_secret.go).
-// The DNS-challenge providers' SDKs that are not served are never compiled: the build overlays
-// lego's provider registry (see overlay/lego_dns_providers.go), and `go mod tidy -e` pins the
-// rest of the graph.
+//     v0.4.0, to which the build adds the two functions Traefik calls that the fork adds
+//     (_patches/go_http_auth.go).
+// The DNS-challenge providers' SDK modules that are not served are never compiled: the build
+// replaces lego's provider registry with _patches/lego_dns_providers.go.  `go build` cannot
+// overlay files in the module cache, so each build patches copies of the two modules and
+// builds with a go.mod of its own that replaces them with the copies
+// (fleetserve_e2e.gateway.prepare_traefik_build).  `go mod tidy -e` pins the rest of the
+// graph; it reports the packages it cannot fetch, which the build never compiles.
 replace github.com/traefik/traefik/dynamic/ext => ./ext
 
 replace (
@@ -23,10 +26,7 @@ replace (
 
 exclude github.com/tencentcloud/tencentcloud-sdk-go v3.0.83+incompatible
 
-require (
-	github.com/go-acme/lego/v5 v5.4.1
-	github.com/traefik/traefik/v3 v3.7.13
-)
+require github.com/traefik/traefik/v3 v3.7.13
 
 require (
 	cloud.google.com/go/auth v0.23.2 // indirect
@@ -111,6 +111,7 @@ require (
 	github.com/gabriel-vasile/mimetype v1.4.13 // indirect
 	github.com/ghodss/yaml v1.0.0 // indirect
 	github.com/go-acme/jdcloud-sdk-go v1.64.0 // indirect
+	github.com/go-acme/lego/v5 v5.4.1 // indirect
 	github.com/go-errors/errors v1.0.1 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect
 	github.com/go-kit/kit v0.13.0 // indirect

@@ -3,7 +3,8 @@
 //
 // Lego's generated registry imports every DNS provider, and a dozen of the providers' SDK
 // modules are not served by the module proxy, so the unmodified package cannot be built here.
-// `go build -overlay` puts this file in place of the registry: Traefik keeps its ACME provider
+// The harness's Traefik build puts this file in place of the registry in a copy of lego
+// (fleetserve_e2e.gateway.prepare_traefik_build): Traefik keeps its ACME provider
 // (the e2e gateway serves plain HTTP on loopback and configures no certificate resolver), and
 // a configuration that names a DNS challenge fails with this error instead of reaching a CA.
 package dns
