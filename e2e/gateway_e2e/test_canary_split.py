@@ -2,10 +2,11 @@
 
 One synthetic InferenceService with gateway-api traffic on the Gateway `gateway`, served by
 Traefik (`conftest.py`), rolls out version 2 in steps of 10 and 50 percent, each held (an hour's
-interval) until the test promotes it. At each step, once Traefik's API shows the route's
-weights, `REQUESTS` requests go through Traefik's entry point and each answer's
-`model_version` says which track served it ("1": stable, "2": canary). The canary's measured
-share must lie within `TOLERANCE_POINTS` of the HTTPRoute's weight; the test prints
+interval) until the test promotes it; Traefik must listen on 127.0.0.1 only. At each step,
+once Traefik's API shows the route's weights, `REQUESTS` requests go through Traefik's entry
+point and each answer's `model_version` says which track served it ("1": stable, "2":
+canary). The canary's measured share must lie within `TOLERANCE_POINTS` of the HTTPRoute's
+weight; the test prints
 `split step=<weight> canary=<n>/<total> share=<percent> ...` per step.
 """
 
@@ -22,6 +23,7 @@ import pytest
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.gateway import LocalTraefik, create_gateway, is_programmed
+from fleetserve_e2e.listeners import listening_addresses
 from fleetserve_e2e.loadgen import track_weights
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
@@ -148,6 +150,9 @@ def test_traefik_splits_traffic_by_the_httproute_weights(
     traefik: LocalTraefik,
 ) -> None:
     """At the 10% and 50% steps Traefik sends the route's share of 5,000 requests to the canary."""
+    assert traefik.process is not None
+    hosts = {host for host, _port in listening_addresses(traefik.process.pid)}
+    assert hosts == {"127.0.0.1"}, f"Traefik listens beyond the loopback: {hosts}"
     start_operator(ROLLOUT_SETTINGS)
     create_gateway(kube, namespace, GATEWAY, traefik.port)
     wait_until(
