@@ -39,8 +39,9 @@ TOLERANCE_POINTS = 2.0
 CONCURRENCY = 8
 MAX_RATE_RPS = 400.0
 """A ceiling on the load, so the runtimes and Traefik stay far from saturating two cores."""
-STEP_DEADLINE_S = 120.0
-"""At 400 rps the 5,000 requests take 12.5 s; a step that takes this long has gone wrong."""
+STEP_DEADLINE_S = 240.0
+"""At 400 rps the 5,000 requests take 12.5 s; on the loaded 2-core machine they took about
+50 s (about 100 rps). Requests past the deadline count as failed."""
 PROMOTE = "serving.fleetserve.io/promote"
 VERSION_TRACK = {"1": "stable", "2": "canary"}
 
@@ -142,7 +143,7 @@ def _wait_for_weights(
     )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(720)
 def test_traefik_splits_traffic_by_the_httproute_weights(
     kube: KubeClient,
     namespace: str,
