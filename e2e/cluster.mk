@@ -7,8 +7,8 @@ E2E_HARNESS := env PYTHONPATH=e2e $(PY) -m fleetserve_e2e
 E2E_RUNTIME ?= venv
 E2E_PYTEST_ARGS ?=
 
-.PHONY: tools keda-tools storage-tools prometheus-install cluster-up cluster-down prometheus-up prometheus-down \
-        e2e-harness
+.PHONY: tools keda-tools storage-tools gateway-tools prometheus-install cluster-up cluster-down \
+        prometheus-up prometheus-down e2e-harness e2e-gateway
 
 ##@ Local cluster (e2e/cluster.mk), and the harness's own e2e tier
 
@@ -24,6 +24,11 @@ keda-tools: setup
 ##                e2e/storage-tools (once, cached)
 storage-tools: setup
 	nice -n 10 $(E2E_HARNESS) storage-tools
+
+## gateway-tools: build Traefik (the Gateway API data plane of e2e-gateway) from
+##                e2e/gateway-tools (once, cached)
+gateway-tools: setup
+	nice -n 10 $(E2E_HARNESS) gateway-tools
 
 ## prometheus-install: Debian's prometheus package, if missing (the daemon is not started)
 prometheus-install:
@@ -49,3 +54,7 @@ prometheus-down:
 ## e2e-harness: the harness's own e2e tests (starts its own clusters; needs no cluster-up)
 e2e-harness: setup tools keda-tools prometheus-install
 	timeout 1200 $(PY) -m pytest e2e/harness --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
+
+## e2e-gateway: the canary split Traefik enforces from the operator's HTTPRoute (not in `make test`)
+e2e-gateway: setup tools gateway-tools
+	cd e2e && timeout 900 ../$(PY) -m pytest gateway_e2e -s $(E2E_PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """Command line behind the make targets: ``python -m fleetserve_e2e <command>``.
 
-``tools`` builds the binaries, ``keda-tools`` KEDA's, ``storage-tools`` the storage servers'
-and ``images`` the container images; ``cluster-up``/``cluster-down`` and
+``tools`` builds the binaries, ``keda-tools`` KEDA's, ``storage-tools`` the storage servers',
+``gateway-tools`` Traefik and ``images`` the container images; ``cluster-up``/``cluster-down`` and
 ``prometheus-up``/``prometheus-down`` start and stop background instances whose state lives
 under ``~/.cache/fleetserve/``; ``run-cluster`` and ``run-prometheus`` are the daemons' bodies.
 """
@@ -20,6 +20,7 @@ from fleetserve_e2e.cluster import (
     standin_commands,
     venv_commands,
 )
+from fleetserve_e2e.gateway import build_gateway_tools
 from fleetserve_e2e.images.build import build_images, report
 from fleetserve_e2e.images.catalog import NAMES, ImagePlanError
 from fleetserve_e2e.images.podman import PodmanError
@@ -45,6 +46,10 @@ def _keda_tools(_args: argparse.Namespace) -> None:
 
 def _storage_tools(_args: argparse.Namespace) -> None:
     build_storage_tools()
+
+
+def _gateway_tools(_args: argparse.Namespace) -> None:
+    build_gateway_tools()
 
 
 def _images(args: argparse.Namespace) -> None:
@@ -135,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "tools": _tools,
         "keda-tools": _keda_tools,
         "storage-tools": _storage_tools,
+        "gateway-tools": _gateway_tools,
         "images": _images,
         "cluster-up": _cluster_up,
         "cluster-down": _cluster_down,

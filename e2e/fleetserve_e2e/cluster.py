@@ -90,6 +90,10 @@ class LocalCluster(Component):
         host_names: Names that resolve to the host's loopback inside every ``containers``
             pod, so that a pod reaches a server a test runs on 127.0.0.1 (an object store, a
             registry) by the name in its certificate, as a cluster's DNS would resolve it.
+        pod_network: Whether each process pod gets a loopback address of its own as its
+            podIP, listening there on its container ports, so that Services' EndpointSlices
+            reach it (a gateway in front of the pods needs this); off, pods share 127.0.0.1
+            at remapped ports that only the pod map tells apart.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class LocalCluster(Component):
         pod_images: Mapping[str, str] | None = None,
         pull: PullOptions | None = None,
         host_names: Sequence[str] = (),
+        pod_network: bool = False,
     ) -> None:
         """Configure the cluster; nothing starts before ``__enter__``."""
         self._requested_dir = work_dir
@@ -121,6 +126,7 @@ class LocalCluster(Component):
         self._pod_images = dict(pod_images or {})
         self._pull = pull or PullOptions()
         self._host_names = tuple(host_names)
+        self._pod_network = pod_network
         self.work_dir = Path()
         self.ports = controlplane.Ports.pick()
         self._processes: list[ManagedProcess] = []
@@ -293,6 +299,7 @@ class LocalCluster(Component):
             pull=self._pull,
             marker=self.marker,
             host_names=self._host_names,
+            pod_network=self._pod_network,
         )
 
     def _spawn(

@@ -17,12 +17,16 @@ of one of Fleetserve's images (:class:`Image`: the runtime or the operator) on t
   ``FLEETSERVE_METRICS_PORT``/``FLEETSERVE_LIVENESS_PORT`` set to the mapped ports of the
   container ports they name.  The readiness probe's port, by name or number, resolves through
   the same map.
+- A pod network, when the cluster asks for one: the pod gets a loopback address of its own
+  (127.x.y.z, `ports.free_pod_ip`) as its podIP and listens there on its container ports
+  unchanged, so a Service's EndpointSlices (podIP:targetPort) reach it as they would in a
+  cluster; the downward API's ``status.podIP`` says that address.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePath
@@ -74,6 +78,8 @@ class LaunchPlan:
     operator, which serves no inference."""
     grpc_port: int | None = None
     """The runtime's gRPC port on the host; None unless the pod passes ``--grpc-port``."""
+    host: str = LOOPBACK
+    """The address the process listens on: 127.0.0.1, or the pod's own (a pod network)."""
 
 
 def prestop_sleep_s(pod: JsonObject) -> float:
@@ -140,15 +146,15 @@ def resolve_command(
     return [*(mapped if mapped is not None else [program]), *rest]
 
 
-def field_value(pod: JsonObject, field_path: str) -> str:
-    """Resolve the downward-API fields a Fleetserve pod is likely to use."""
+def field_value(pod: JsonObject, field_path: str, *, pod_ip: str = LOOPBACK) -> str:
+    """Resolve the downward-API fields a Fleetserve pod is likely to use; `pod_ip` is its IP."""
     values = {
         "metadata.name": pod["metadata"]["name"],
         "metadata.namespace": pod["metadata"]["namespace"],
         "metadata.uid": pod["metadata"]["uid"],
         "spec.nodeName": pod["spec"].get("nodeName", ""),
         "spec.serviceAccountName": pod["spec"].get("serviceAccountName", ""),
-        "status.podIP": LOOPBACK,
+        "status.podIP": pod_ip,
         "status.hostIP": LOOPBACK,
     }
     if field_path.startswith("metadata.labels['"):
@@ -157,8 +163,10 @@ def field_value(pod: JsonObject, field_path: str) -> str:
     return str(values.get(field_path, ""))
 
 
-def container_env(pod: JsonObject, container: JsonObject) -> dict[str, str]:
-    """Return the container's env: literal values and downward-API fieldRefs.
+def container_env(
+    pod: JsonObject, container: JsonObject, *, pod_ip: str = LOOPBACK
+) -> dict[str, str]:
+    """Return the container's env: literal values and downward-API fieldRefs (`pod_ip`: its IP).
 
     ConfigMap and Secret references are not resolved; such variables are left unset.
     """
@@ -168,7 +176,7 @@ def container_env(pod: JsonObject, container: JsonObject) -> dict[str, str]:
         if "value" in var:
             env[var["name"]] = str(var["value"])
         elif field_ref:
-            env[var["name"]] = field_value(pod, field_ref["fieldPath"])
+            env[var["name"]] = field_value(pod, field_ref["fieldPath"], pod_ip=pod_ip)
     return env
 
 
@@ -218,11 +226,14 @@ def launch_plan(
     base_env: Mapping[str, str],
     allocate_port: Callable[[], int],
     kubeconfig: Path | None = None,
+    allocate_pod_ip: Callable[[Collection[int]], str] | None = None,
 ) -> LaunchPlan:
     """Return the local command line, env and ports for a pod's Fleetserve container.
 
     `allocate_port` returns a free loopback port per call; `kubeconfig` is the pod's token
-    kubeconfig, None when the pod mounts no service-account token.
+    kubeconfig, None when the pod mounts no service-account token.  With `allocate_pod_ip`
+    (a pod network) the pod listens on its container ports at the address it returns for
+    them, and `allocate_port` is not called.
 
     Raises:
         ValueError: The container runs no Fleetserve image, or its readiness probe names an
@@ -233,19 +244,27 @@ def launch_plan(
         raise ValueError(f"container {container['name']!r} runs no Fleetserve image")
     command = resolve_command(container.get("command", []), commands, entrypoint=image.value)
     args = [*command, *container.get("args", [])]
-    env = {**isolated_env(base_env), **container_env(pod, container)}
-    listening = listen_ports(image, args, env)
+    inherited = isolated_env(base_env)
+    # The ports follow from the args and literal env alone: fieldRefs name no port.
+    listening = listen_ports(image, args, {**inherited, **container_env(pod, container)})
     declared = {port["containerPort"] for port in container.get("ports", [])}
     # Port 0 asks for no endpoint (the operator) or any port: nothing to map.
-    host_ports = distinct_ports(sorted({*declared, *listening.values()} - {0}), allocate_port)
+    ports = sorted({*declared, *listening.values()} - {0})
+    if allocate_pod_ip is None:
+        host = LOOPBACK
+        host_ports = distinct_ports(ports, allocate_port)
+    else:
+        host = allocate_pod_ip(ports)
+        host_ports = {port: port for port in ports}
+    env = {**inherited, **container_env(pod, container, pod_ip=host)}
     moved = {key: host_ports.get(port, 0) for key, port in listening.items()}
     if image is Image.RUNTIME:
-        args = [*without_listen_flags(args), "--host", LOOPBACK, "--port", str(moved["--port"])]
+        args = [*without_listen_flags(args), "--host", host, "--port", str(moved["--port"])]
         if "--grpc-port" in moved:
             args += ["--grpc-port", str(moved["--grpc-port"])]
     else:
         env.update({name: str(port) for name, port in moved.items()})
-        env[OPERATOR_LISTEN_ENV] = LOOPBACK
+        env[OPERATOR_LISTEN_ENV] = host
     # Without a token the process gets no credentials at all: an unset KUBECONFIG would let
     # a client fall back to ~/.kube/config, the developer's own.
     env["KUBECONFIG"] = str(kubeconfig) if kubeconfig is not None else os.devnull
@@ -257,4 +276,5 @@ def launch_plan(
         readiness=readiness_probe(container, host_ports),
         serving_port=moved["--port"] if image is Image.RUNTIME else None,
         grpc_port=moved.get("--grpc-port"),
+        host=host,
     )

@@ -24,7 +24,10 @@ FILE_SD_FILE = "file_sd.json"
 
 @dataclass(frozen=True)
 class PodAddress:
-    """One pod process: who it is, where it listens (``127.0.0.1:<port>``) and its pid."""
+    """One pod process: who it is, where it listens (``<pod IP>:<port>``) and its pid.
+
+    The pod IP is 127.0.0.1, or the pod's own loopback address in a cluster with a pod network.
+    """
 
     namespace: str
     pod: str
@@ -33,7 +36,7 @@ class PodAddress:
     pid: int
     labels: dict[str, str] = field(default_factory=dict)
     grpc_address: str | None = None
-    """``127.0.0.1:<port>`` of the runtime's gRPC listener; None when the pod has none."""
+    """``<pod IP>:<port>`` of the runtime's gRPC listener; None when the pod has none."""
 
     @property
     def url(self) -> str:

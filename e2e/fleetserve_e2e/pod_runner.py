@@ -23,6 +23,11 @@ probe and the pod map reach them, an exit 137 at the memory limit reported as ``
 Operator pods stay local processes in either backend: the operator needs the API server on the
 host's loopback.
 
+With ``pod_network`` each process pod gets a loopback address of its own instead of remapped
+ports on 127.0.0.1, and the runner publishes every Service's pods in EndpointSlices that a
+gateway can dial (``pod_endpoints`` says why the controller's own cannot); containers pods keep
+127.0.0.1.
+
 Polling, rather than a watch, keeps this small and restart-proof; a list every few hundred
 milliseconds is nothing for a local API server.
 """
@@ -32,7 +37,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
@@ -54,6 +59,7 @@ from fleetserve_e2e.pod_containers import (
     containers_plan,
     node_directory,
 )
+from fleetserve_e2e.pod_endpoints import MANAGED_BY, MANAGED_BY_LABEL, endpoint_slices
 from fleetserve_e2e.pod_launch import (
     LOOPBACK,
     Image,
@@ -71,10 +77,11 @@ from fleetserve_e2e.pod_map import (
     write_pod_map,
 )
 from fleetserve_e2e.pod_status import Observation, pod_status, termination_reason, timestamp
-from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.ports import free_pod_ip, free_port
 from fleetserve_e2e.processes import ManagedProcess, start_process
 
 _MAX_GRACE_S = 10.0
+_DISCOVERY = "discovery.k8s.io/v1"
 _PROBE_TIMEOUT_S = 1.0
 Backend = Literal["processes", "containers"]
 CREATE_CONFIG_ERROR = "CreateContainerConfigError"
@@ -202,15 +209,20 @@ class PodProcess:
 
     @property
     def address(self) -> str | None:
-        """``127.0.0.1:<port>`` of a runtime's inference API; None for the operator."""
+        """``<pod IP>:<port>`` of a runtime's inference API; None for the operator."""
         port = self.plan.serving_port
-        return None if port is None else f"{LOOPBACK}:{port}"
+        return None if port is None else f"{self.ip}:{port}"
 
     @property
     def grpc_address(self) -> str | None:
-        """``127.0.0.1:<port>`` of a runtime's gRPC listener; None when it has none."""
+        """``<pod IP>:<port>`` of a runtime's gRPC listener; None when it has none."""
         port = self.plan.grpc_port
-        return None if port is None else f"{LOOPBACK}:{port}"
+        return None if port is None else f"{self.ip}:{port}"
+
+    @property
+    def ip(self) -> str:
+        """Where the pod listens: its own address (pod network) or 127.0.0.1."""
+        return self.plan.host if isinstance(self.plan, LaunchPlan) else LOOPBACK
 
 
 @dataclass
@@ -239,6 +251,11 @@ class RunnerConfig:
     """Labels the containers as this cluster's, for the cleanup of leftovers."""
     host_names: tuple[str, ...] = ()
     """Names every container resolves to the host's loopback (containers backend)."""
+    pod_network: bool = False
+    """Give each process pod a loopback address of its own as its podIP, listening there on
+    its container ports (`ports.free_pod_ip`), and publish each Service's pods in EndpointSlices
+    of their own (`pod_endpoints`); off: every pod is 127.0.0.1 at remapped ports, which only
+    the pod map tells apart."""
 
 
 class PodRunner:
@@ -254,6 +271,8 @@ class PodRunner:
         self._terminating: dict[str, float] = {}
         """uid → monotonic time its deletion was first seen, while its preStop sleep runs."""
         self._published: list[PodAddress] | None = None
+        self._slices: dict[tuple[str, str], JsonObject] | None = None
+        """The pod network's EndpointSlices as last written, by (namespace, name)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
         # "namespace/pod" (or "" for the pod list itself) → the last error syncing it.
@@ -310,6 +329,8 @@ class PodRunner:
                     f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", error
                 )
         self._publish({pod["metadata"]["uid"]: pod for pod in pods})
+        if self._config.pod_network:
+            self._publish_endpoints(pods)
 
     def _sync_pod(self, pod: JsonObject) -> None:
         if pod["metadata"].get("deletionTimestamp"):
@@ -338,7 +359,7 @@ class PodRunner:
             else:
                 running = self._launch(pod, container)
         self._supervise(running)
-        self._report(pod, running.seen)
+        self._report(pod, running.seen, pod_ip=running.ip)
 
     def _launch(self, pod: JsonObject, container: JsonObject) -> PodProcess:
         stem = self._pod_path(pod)
@@ -351,6 +372,7 @@ class PodRunner:
             base_env=self._config.base_env,
             allocate_port=free_port,
             kubeconfig=kubeconfig,
+            allocate_pod_ip=self._allocate_pod_ip if self._config.pod_network else None,
         )
         # Only once the plan holds: a pod spec the harness cannot run is retried every sync,
         # and must not request a token each time.
@@ -358,6 +380,11 @@ class PodRunner:
             self._write_token_kubeconfig(pod, token, kubeconfig)
         workload = ProcessWorkload(plan, Path(f"{stem}.log"), self._config.work_dir)
         return self._track(pod, plan, workload)
+
+    def _allocate_pod_ip(self, ports: Collection[int]) -> str:
+        """A free loopback address for a new pod; a live pod's stays its own across restarts."""
+        taken = {running.ip for running in self._processes.values()}
+        return free_pod_ip(ports, taken=taken)
 
     def _pod_path(self, pod: JsonObject) -> Path:
         """Where a pod's files go: ``<path>.log`` and the like, or the directory ``<path>``."""
@@ -469,26 +496,27 @@ class PodRunner:
                     seen, running=True, started_at=timestamp(), restart_count=seen.restart_count + 1
                 )
         else:
-            ready = self._is_ready(running.plan)
+            ready = self._is_ready(running)
             if ready != seen.ready:
                 seen = replace(seen, ready=ready, ready_changed_at=timestamp())
         running.seen = seen
 
-    def _is_ready(self, plan: LaunchPlan | ContainersPlan) -> bool:
-        if plan.readiness is None:
+    def _is_ready(self, running: PodProcess) -> bool:
+        readiness = running.plan.readiness
+        if readiness is None:
             return True
-        url = f"http://{LOOPBACK}:{plan.readiness.port}{plan.readiness.path}"
+        url = f"http://{running.ip}:{readiness.port}{readiness.path}"
         try:
             response = self._probe.get(url)
         except httpx.HTTPError:
             return False
         return response.status_code == httpx.codes.OK
 
-    def _report(self, pod: JsonObject, seen: Observation) -> None:
-        """Write the pod's status if it changed since the last write."""
+    def _report(self, pod: JsonObject, seen: Observation, *, pod_ip: str = LOOPBACK) -> None:
+        """Write the pod's status (`pod_ip`: where it listens) if it changed since last written."""
         uid = pod["metadata"]["uid"]
         previous = self._reported.get(uid)
-        status = pod_status(pod, seen)
+        status = pod_status(pod, seen, pod_ip=pod_ip)
         if previous == status:
             return
         path = namespaced("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -524,7 +552,7 @@ class PodRunner:
             return True
         if running.seen.ready:
             running.seen = replace(running.seen, ready=False, ready_changed_at=timestamp())
-            self._report(pod, running.seen)
+            self._report(pod, running.seen, pod_ip=running.ip)
         started = self._terminating.setdefault(pod["metadata"]["uid"], time.monotonic())
         if time.monotonic() - started < min(seconds, _MAX_GRACE_S):
             return False
@@ -550,6 +578,37 @@ class PodRunner:
         ]
         if addresses != self._published:
             self._write_addresses(addresses)
+
+    def _publish_endpoints(self, pods: list[JsonObject]) -> None:
+        """Write the pod network's EndpointSlices (`pod_endpoints`) when they changed."""
+        services = self._client.get("/api/v1/services")["items"]
+        wanted = {
+            (found["metadata"]["namespace"], found["metadata"]["name"]): found
+            for found in endpoint_slices(services, pods)
+        }
+        if wanted == self._slices:
+            return
+        selector = {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"}
+        existing = {
+            (item["metadata"]["namespace"], item["metadata"]["name"])
+            for item in self._client.get(f"/apis/{_DISCOVERY}/endpointslices", selector)["items"]
+        }
+        for (namespace, name), found in wanted.items():
+            if (namespace, name) in existing:
+                body = {"ports": found["ports"], "endpoints": found["endpoints"]}
+                path = namespaced("endpointslices", namespace, name, group_version=_DISCOVERY)
+                self._client.merge_patch(path, body)
+            else:
+                collection = namespaced("endpointslices", namespace, group_version=_DISCOVERY)
+                self._client.create(collection, found)
+        for namespace, name in existing - wanted.keys():
+            path = namespaced("endpointslices", namespace, name, group_version=_DISCOVERY)
+            try:
+                self._client.delete(path)
+            except KubeApiError as error:
+                if error.status_code != 404:
+                    raise
+        self._slices = wanted
 
     def _write_addresses(self, addresses: list[PodAddress]) -> None:
         write_pod_map(self._config.work_dir / POD_MAP_FILE, addresses)

@@ -1,7 +1,8 @@
 """Build the pod status a kubelet would report, from what the harness observed (pure).
 
 The status carries the fields controllers and users read: phase, the PodScheduled /
-Initialized / ContainersReady / Ready conditions, podIP 127.0.0.1, and one containerStatus per
+Initialized / ContainersReady / Ready conditions, podIP (127.0.0.1, or the pod's own loopback
+address where the cluster gives pods one), hostIP 127.0.0.1, and one containerStatus per
 container with ``ready``, ``started``, ``restartCount``, ``state`` and ``lastState``; with
 init containers (the container backend runs them) the pod is Pending until they all completed,
 and ``initContainerStatuses`` says how each one ran.
@@ -90,16 +91,19 @@ def termination_reason(exit_code: int) -> str:
     return "Completed" if exit_code == 0 else "Error"
 
 
-def pod_status(pod: JsonObject, seen: Observation) -> JsonObject:
-    """Return the full ``status`` of ``pod`` for a merge patch of its status subresource."""
+def pod_status(pod: JsonObject, seen: Observation, *, pod_ip: str = LOCAL_IP) -> JsonObject:
+    """Return the full ``status`` of ``pod`` for a merge patch of its status subresource.
+
+    `pod_ip` is where the pod listens; the host (every fake node) is 127.0.0.1.
+    """
     since = seen.started_at
     created = seen.waiting is None
     status: JsonObject = {
         "phase": "Running" if seen.initialized and created else "Pending",
         "hostIP": LOCAL_IP,
         "hostIPs": [{"ip": LOCAL_IP}],
-        "podIP": LOCAL_IP,
-        "podIPs": [{"ip": LOCAL_IP}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
         "startTime": pod["status"].get("startTime", since),
         "conditions": [
             _condition("PodScheduled", True, since),

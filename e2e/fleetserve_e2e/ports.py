@@ -1,8 +1,11 @@
-"""Pick free loopback TCP ports, so several clusters and pods can run side by side."""
+"""Pick free loopback TCP ports and pod addresses, so several clusters and pods run side by side."""
 
 from __future__ import annotations
 
+import ipaddress
+import random
 import socket
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 
@@ -33,3 +36,44 @@ def remembered_port(record: Path) -> int:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(str(port), encoding="utf-8")
     return port
+
+
+POD_NETWORK = ipaddress.IPv4Network("127.0.0.0/8")
+"""Where pod addresses come from: all of 127.0.0.0/8 is the loopback interface on Linux."""
+
+
+def free_pod_ip(
+    ports: Collection[int],
+    *,
+    taken: Collection[str] = (),
+    choose: Callable[[], int] = lambda: random.randrange(1, POD_NETWORK.num_addresses - 1),
+    attempts: int = 64,
+) -> str:
+    """Return a loopback address, other than 127.0.0.1 and `taken`, where every port is free.
+
+    A pod of its own address listens on its container ports unchanged, as in a pod network, so
+    the EndpointSlices the controller-manager writes (pod IP, container port) reach it.  The
+    address is drawn at random from 127.0.0.0/8 (`choose` picks the offset) so that clusters
+    running side by side rarely meet, and every port is bound once to prove it free there: a
+    wildcard listener on the host takes a port on every address.  `taken` holds addresses of
+    live pods whose process may be between restarts, and so not listening.
+
+    Raises:
+        OSError: No address with all the ports free was found in `attempts` draws.
+    """
+    for _ in range(attempts):
+        address = str(POD_NETWORK[choose()])
+        if address == "127.0.0.1" or address in taken:
+            continue
+        if all(_bindable(address, port) for port in ports):
+            return address
+    raise OSError(f"no loopback address with ports {sorted(ports)} free in {attempts} draws")
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True

@@ -36,6 +36,8 @@ class GoCommand:
         tools_module: The directory of the go.mod that pins ``module``.
         stamp: Linker ``-X`` flags that stamp the pinned version, as the upstream release
             build does, so the command reports what it is.
+        prepare: For a command the tools module alone cannot build: writes, when a build
+            starts, the go.mod to build with instead (``go build -modfile``) and returns it.
     """
 
     label: str
@@ -44,6 +46,7 @@ class GoCommand:
     package: str
     tools_module: Path
     stamp: Callable[[str], str]
+    prepare: Callable[[GoCommand], Path] | None = None
 
     def version(self) -> str:
         """The version the tools module pins."""
@@ -95,6 +98,7 @@ def ensure_command(command: GoCommand) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"{command.label}: building {command.package}@{command.version()} ...", flush=True)
     started = time.monotonic()
+    modfile = None if command.prepare is None else command.prepare(command)
     build_binary(
         command.binary_name,
         command.package,
@@ -102,6 +106,7 @@ def ensure_command(command: GoCommand) -> Path:
         module=command.tools_module,
         flags=command.ldflags(),
         niceness=BUILD_NICENESS,
+        modfile=modfile,
     )
     print(f"{command.label}: built in {time.monotonic() - started:.0f}s", flush=True)
     return target

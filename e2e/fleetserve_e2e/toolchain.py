@@ -55,19 +55,33 @@ def build_binary(
     module: Path = TOOLS_DIR,
     flags: str | None = None,
     niceness: int = 0,
+    modfile: Path | None = None,
 ) -> None:
     """Build one binary atomically: a half-written file must never look like a finished one.
 
     ``module`` is the Go module whose go.mod/go.sum pin the build; ``flags`` replaces the
     linker flags :func:`ldflags` would choose; ``niceness`` lowers the compiler's priority (a
-    build a test starts must not starve the servers other tests are timing).
+    build a test starts must not starve the servers other tests are timing); ``modfile`` is a
+    go.mod to build with instead of the module's own (``go build -modfile``; its go.sum lies
+    beside it).
     """
     partial = target_dir / f".{name}.partial"
     env = {**os.environ, "CGO_ENABLED": "0"}
     linker = ldflags(package) if flags is None else flags
     nice = ["nice", "-n", str(niceness)] if niceness else []
+    modfile_flag = [] if modfile is None else [f"-modfile={modfile}"]
     subprocess.run(
-        [*nice, "go", "build", "-trimpath", f"-ldflags={linker}", "-o", str(partial), package],
+        [
+            *nice,
+            "go",
+            "build",
+            *modfile_flag,
+            "-trimpath",
+            f"-ldflags={linker}",
+            "-o",
+            str(partial),
+            package,
+        ],
         cwd=module,
         env=env,
         check=True,
