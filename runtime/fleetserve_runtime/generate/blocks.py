@@ -19,7 +19,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["BlockPool", "chain_hash"]
+__all__ = ["BlockPool", "chain_hash", "salt_root"]
 
 
 def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -30,6 +30,17 @@ def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
     digest = hashlib.blake2b(parent, digest_size=16)
     digest.update(array("q", token_ids).tobytes())
     return digest.digest()
+
+
+def salt_root(salt: str | None) -> bytes:
+    """The first block's parent hash for requests with cache salt `salt` (b"" for none).
+
+    A digest of its own kind (personalised), so no salt can produce a chain that equals
+    another salt's, or the unsalted one's.
+    """
+    if salt is None:
+        return b""
+    return hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache-salt").digest()
 
 
 class BlockPool:

@@ -59,6 +59,10 @@ class GenerationRequest:
     """Total time allowed (queue and generation); None takes the configured default."""
     version: str | None = None
     request_id: str | None = None
+    cache_salt: str | None = None
+    """Prefix-cache isolation: cached KV blocks are shared only between requests with the
+    same salt (None is a salt of its own), so a caller cannot learn from `cached_tokens`
+    whether another party sent a prompt."""
 
 
 class FinishReason(StrEnum):

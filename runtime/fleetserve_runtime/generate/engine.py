@@ -24,6 +24,7 @@ from collections.abc import Callable
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.core.queueing import QueueBound, resolve_timeout
+from fleetserve_runtime.generate.blocks import salt_root
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
@@ -169,6 +170,7 @@ class GenerationEngine:
             len(prompt),
             priority=request.priority,
             arrived_at=self._clock(),
+            cache_root=salt_root(request.cache_salt),
         )
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended

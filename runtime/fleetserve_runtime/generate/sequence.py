@@ -45,13 +45,16 @@ class Seq:
     preemptions: int = 0
     rank: tuple[float, int] = (0.0, 0)
     """Set by the scheduler on `add`: lower runs first, higher is preempted first."""
+    cache_root: bytes = b""
+    """The parent hash of the first block (`salt_root` of the request's cache salt): only
+    sequences with the same root can share cached blocks."""
     _hashes: list[bytes] = field(default_factory=list, init=False, repr=False)
 
     def block_hashes(self, count: int, block_size: int) -> list[bytes]:
         """Chain hashes of the first `count` full blocks of `tokens`, computed once each."""
         hashes = self._hashes
         for index in range(len(hashes), count):
-            parent = hashes[-1] if hashes else b""
+            parent = hashes[-1] if hashes else self.cache_root
             start = index * block_size
             hashes.append(chain_hash(parent, self.tokens[start : start + block_size]))
         return hashes[:count]

@@ -7,8 +7,8 @@ answered differently from what it asked, in two ways, both in `_refuse_unsupport
   (`unsupported parameter: 'min_tokens'`), sorted, the first `MAX_NAMED_KEYS` of them. This
   is what OpenAI's API does with a parameter it does not know, and it matters because vLLM's
   and SGLang's extensions (`min_tokens`, `repetition_penalty`, `min_p`, `stop_token_ids`,
-  `guided_json`, `chat_template_kwargs`, `cache_salt`, ...) would change the answer or its
-  isolation: a server that ignored them would answer 200 with text computed differently.
+  `guided_json`, `chat_template_kwargs`, ...) would change the answer: a server that
+  ignored them would answer 200 with text computed differently.
 - Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
   log-probabilities, tools, JSON mode, `echo`, `best_of`, `suffix`, `store`, a
   `service_tier` or `modalities` that asks for something) are refused when set to anything
@@ -18,7 +18,8 @@ Accepted without being implemented, because they cannot change the answer: `user
 `safety_identifier` (an end-user id for the provider's abuse monitoring), chat's `metadata`
 (tags for stored completions, which are not kept here) and `parallel_tool_calls` (about
 tool calls, which are refused), and a message's `name` (not shown to the model: the chat
-templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`).
+templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`). vLLM's
+`cache_salt` is implemented: it isolates the request's prefix-cache blocks.
 `chat_generation` and `completion_generation` are the pure translation of a validated body
 to the engine's `GenerationRequest`. `unknown_keys` and `refuse_unknown` are the unknown-key
 check alone, which `embeddings` shares.
@@ -85,6 +86,9 @@ class _OpenAIRequest(SamplingFields):
     stream_options: StreamOptions | None = None
     user: str | None = None
     """Accepted, unused: an end-user id for abuse monitoring, which changes no answer."""
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM's extension: only requests with the same salt share prefix-cache blocks, so
+    `cached_tokens` says nothing of what other parties sent (`GenerationRequest`)."""
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -266,6 +270,7 @@ def chat_generation(
         priority=controls.priority,
         timeout_s=controls.timeout_s,
         request_id=controls.request_id,
+        cache_salt=body.cache_salt,
     )
 
 
@@ -302,4 +307,5 @@ def completion_generation(
         priority=controls.priority,
         timeout_s=controls.timeout_s,
         request_id=controls.request_id,
+        cache_salt=body.cache_salt,
     )

@@ -194,6 +194,8 @@ INVALID = [
     ),
     pytest.param({"messages": [{"role": "user", "content": "x"}] * 1025}, "messages", id="1025"),
     pytest.param({"model": ""}, "model", id="empty-model"),
+    pytest.param({"cache_salt": ""}, "cache_salt", id="empty-cache-salt"),
+    pytest.param({"cache_salt": "s" * 257}, "cache_salt", id="long-cache-salt"),
 ]
 
 
@@ -217,10 +219,10 @@ VLLM_KEYS = [
     pytest.param("continue_final_message", True, id="continue_final_message"),
     pytest.param("guided_json", {"type": "object"}, id="guided_json"),
     pytest.param("chat_template_kwargs", {"enable_thinking": False}, id="chat_template_kwargs"),
-    pytest.param("cache_salt", "tenant-a", id="cache_salt"),
+    pytest.param("truncate_prompt_tokens", 8, id="truncate_prompt_tokens"),
 ]
-"""vLLM's and SGLang's extensions that would change the answer (or, `cache_salt`, who may
-share its prefix cache) if honoured: silently ignoring them would answer with other text."""
+"""vLLM's and SGLang's extensions that would change the answer if honoured: silently
+ignoring them would answer with other text."""
 
 
 def assert_refused(response: httpx.Response, param: str, message: str) -> None:
@@ -246,7 +248,7 @@ async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
     """Body keys sorted, then `stream_options`', then each message's; at most eight named."""
     several = chat(
         min_p=0.1,
-        cache_salt="s",
+        truncate_prompt_tokens=8,
         guided_json={},
         stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True},
@@ -264,8 +266,8 @@ async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
         )
     assert_refused(
         named,
-        "cache_salt",
-        "unsupported parameters: 'cache_salt', 'guided_json', 'min_p', "
+        "guided_json",
+        "unsupported parameters: 'guided_json', 'min_p', 'truncate_prompt_tokens', "
         "'stream_options.continuous_usage_stats', 'messages[1].reasoning_content'",
     )
     shown = ", ".join(f"'key_{i:02}'" for i in range(8))

@@ -151,6 +151,31 @@ def test_an_unknown_extra_body_key_is_a_bad_request(server: str) -> None:
     assert "unsupported parameter: 'min_tokens'" in caught.value.message
 
 
+def test_a_cache_salt_keeps_prefix_cache_hits_among_its_own_requests(server: str) -> None:
+    """A `cache_salt` (vLLM's key, through `extra_body`): no hit across salts, or none.
+
+    `cached_tokens` would otherwise tell any caller whether someone sent this prefix.
+    """
+    prompt = " ".join(f"salted{i}" for i in range(40))
+
+    def cached(salt: str | None) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        with client(server) as api:
+            answer = api.completions.create(
+                model="test", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra
+            )
+        assert answer.usage is not None
+        assert answer.usage.prompt_tokens_details is not None
+        return answer.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached(None) == 0
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0
+    assert cached(None) > 0
+    assert cached("tenant-a") > 0
+    assert cached("tenant-b") > 0
+
+
 def test_unknown_model_is_not_found(server: str) -> None:
     """`NotFoundError` for a model name the server does not serve; `models.list` has ours."""
     with client(server) as api:
