@@ -8,9 +8,11 @@ every step and `commit` after it. Rules, in the order `schedule` applies them:
 * then running sequences still in prefill get chunks of their prompt, best first, within
   what is left of the step's token budget (`max_step_tokens`); a long prompt is split over
   steps (chunked prefill) instead of stalling everyone for one huge step;
-* then, when no sequence had to be preempted this step, waiting sequences are admitted,
-  best first, while the budget, `max_running_sequences` and the free blocks allow their
-  first chunk (after reusing their cached prefix);
+* waiting sequences are admitted, best first, while the budget, `max_running_sequences` and
+  the free blocks allow their first chunk (after reusing their cached prefix), and never in
+  a step that had to preempt. A waiting sequence that outranks a running one in prefill is
+  admitted before that one's chunk, so a short urgent request is not held behind a long
+  prompt of a lower class for the whole of its prefill; the rest come after the prefills;
 * when a running sequence needs a block and none is free, the worst running sequence (lowest
   priority, then newest) is preempted: its blocks are freed and it goes back to waiting with
   everything it generated, to be recomputed when readmitted (prefix caching often still holds
@@ -161,13 +163,8 @@ class Scheduler:
                 break
             if seq.state is SeqState.RUNNING and seq.num_computed == len(seq.tokens) - 1:
                 self._schedule_running(seq, 1, draft, shrink=False)
-        for seq in list(self._running):
-            if draft.budget <= 0:
-                break
-            want = min(len(seq.tokens) - seq.num_computed, draft.budget)
-            if seq.state is SeqState.RUNNING and seq.seq_id not in draft.chunks and want > 0:
-                self._schedule_running(seq, want, draft, shrink=True)
-        if self.limits.policy == "continuous" and not draft.preempted:
+        self._prefill(draft)
+        if self._admits(draft):
             self._admit(draft)
         return StepPlan(list(draft.chunks.values()), draft.preempted, draft.admitted)
 
@@ -185,6 +182,26 @@ class Scheduler:
             self.kv.cache_computed(seq)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _admits(self, draft: _Draft) -> bool:
+        """Whether this step may admit waiting sequences at all."""
+        return self.limits.policy == "continuous" and not draft.preempted
+
+    def _prefill(self, draft: _Draft) -> None:
+        """Prompt chunks for the running sequences in prefill, best first.
+
+        Before each one, the waiting sequences that outrank it are admitted.
+        """
+        for seq in list(self._running):
+            if draft.budget <= 0:
+                return
+            if seq.state is not SeqState.RUNNING or seq.seq_id in draft.chunks:
+                continue
+            if self._admits(draft):
+                self._admit(draft, better_than=seq.rank)
+            want = min(len(seq.tokens) - seq.num_computed, draft.budget)
+            if want > 0:
+                self._schedule_running(seq, want, draft, shrink=True)
 
     def _schedule_running(self, seq: Seq, want: int, draft: _Draft, *, shrink: bool) -> None:
         granted = self._grow(seq, want, draft, shrink=shrink)
@@ -225,11 +242,12 @@ class Scheduler:
         seq.state = SeqState.WAITING
         self._push_waiting(seq)
 
-    def _admit(self, draft: _Draft) -> None:
+    def _admit(self, draft: _Draft, better_than: tuple[float, int] | None = None) -> None:
+        """Admit waiting sequences, best first, while they fit (and outrank `better_than`)."""
         kv = self.kv
         while draft.budget > 0 and len(self._running) < self.limits.max_running_sequences:
             seq = self._peek_waiting()
-            if seq is None:
+            if seq is None or (better_than is not None and seq.rank >= better_than):
                 return
             prefix = kv.cached_prefix(seq)
             cached = len(prefix) * self.pool.block_size

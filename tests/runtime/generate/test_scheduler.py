@@ -364,3 +364,38 @@ def test_finishing_a_waiting_sequence_removes_it() -> None:
     assert sim.scheduler.num_waiting == 1
     sim.run()
     assert [seq.seq_id for seq in sim.finished] == [0]
+
+
+def test_a_better_request_is_admitted_ahead_of_a_worse_prompt_in_prefill() -> None:
+    """A long LOW prompt in chunked prefill leaves the next step's budget to a HIGH arrival.
+
+    The HIGH request is admitted and prefilled in the first step after it arrives, and it
+    finishes long before the LOW prompt's prefill does; the LOW prompt gets what is left.
+    """
+    sim = Sim.make(max_step_tokens=16, block_size=4, num_blocks=128)
+    low = sim.add(0, list(range(1, 257)), 2, priority=Priority.LOW, at=0.0)
+    sim.step()
+    high = sim.add(1, [7, 8, 9, 10, 11], 5, priority=Priority.HIGH, at=1.0)
+    plan = sim.step()
+    assert [c.seq for c in plan.chunks] == [high, low]
+    assert [c.length for c in plan.chunks] == [5, 11]
+    steps = 1
+    while high not in sim.finished:
+        sim.step()
+        steps += 1
+    assert steps == 5
+    assert low.num_computed < 256
+    sim.run()
+    assert high.tokens == reference_output([7, 8, 9, 10, 11], 5)
+    assert low.tokens == reference_output(list(range(1, 257)), 2)
+
+
+def test_a_worse_arrival_waits_for_the_better_prompt_in_prefill() -> None:
+    """The converse: a LOW arrival takes only what a HIGH prompt's prefill leaves."""
+    sim = Sim.make(max_step_tokens=16, block_size=4, num_blocks=128)
+    high = sim.add(0, list(range(1, 257)), 2, priority=Priority.HIGH, at=0.0)
+    sim.step()
+    low = sim.add(1, [7, 8, 9, 10, 11], 5, priority=Priority.LOW, at=1.0)
+    plan = sim.step()
+    assert [c.seq for c in plan.chunks] == [high]
+    assert low.state is SeqState.WAITING
