@@ -24,9 +24,12 @@ nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -151,14 +154,15 @@ class Resyncer:
             logger.exception("resync of %s/%s failed; retried next round", namespace, name)
 
 
+@dataclass(frozen=True, slots=True)
 class _Waiter:
-    """A kopf handler waiting for the reconcile of its service that starts after it asked."""
+    """A kopf handler waiting for the reconcile of its service that starts after it asked.
 
-    def __init__(self, trigger: str) -> None:
-        self.trigger = trigger
-        self.finished = threading.Event()
-        self.outcome: SpecError | Exception | None = None
-        """The reconcile's spec error (returned), or what it raised (raised again)."""
+    `result` holds the reconcile's spec error, or the exception it raised.
+    """
+
+    trigger: str
+    result: Future[SpecError | None] = field(default_factory=Future)
 
 
 class QueueWorkers:
@@ -192,15 +196,12 @@ class QueueWorkers:
         """Queue `key` in the resync lane (the `Resyncer`'s visit)."""
         self.queue.add(key, Lane.RESYNC)
 
-    def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
-        """Reconcile `key` ahead of the echoes and resyncs queued; wait for it to finish.
+    def submit_change(self, key: Key, *, trigger: str) -> Future[SpecError | None]:
+        """Queue `key` in the change lane, ahead of the echoes and resyncs queued.
 
         The reconcile that serves it starts after this call (it reads the object then), so
-        it sees the change the caller was told of. Returns its spec error, or raises what it
-        raised.
-
-        Raises:
-            ClusterUnavailable: the workers stopped first (the operator is stopping).
+        it sees the change the caller was told of. The future holds its spec error, or what
+        it raised; `ClusterUnavailable` when the workers stopped first.
         """
         waiter = _Waiter(trigger)
         with self._guard:
@@ -208,19 +209,20 @@ class QueueWorkers:
         self.queue.add(key, Lane.CHANGE)
         if self.queue.stopping:
             self._release(key, waiter)
-        waiter.finished.wait()
-        if isinstance(waiter.outcome, SpecError) or waiter.outcome is None:
-            return waiter.outcome
-        raise waiter.outcome
+        return waiter.result
+
+    def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
+        """`submit_change`, then wait for its reconcile; returns its spec error or raises."""
+        return self.submit_change(key, trigger=trigger).result()
 
     def _release(self, key: Key, waiter: _Waiter) -> None:
         """Fail a waiter the stopped queue will never serve."""
         with self._guard:
             waiting = self._waiters.get(key, [])
-            if waiter in waiting:
-                waiting.remove(waiter)
-                waiter.outcome = ClusterUnavailable("the operator is stopping")
-                waiter.finished.set()
+            if waiter not in waiting:
+                return
+            waiting.remove(waiter)
+        _settle(waiter.result, ClusterUnavailable("the operator is stopping"))
 
     def start(self, **_: Any) -> None:
         """Start the worker threads (kopf's startup activity)."""
@@ -266,10 +268,23 @@ class QueueWorkers:
                 _log_failure(key, trigger, exc)
         finally:
             for waiter in waiters:
-                waiter.outcome = outcome
-                waiter.finished.set()
+                _settle(waiter.result, outcome)
             self.queue.done(key)
         return True
+
+
+def _settle(result: Future[SpecError | None], outcome: SpecError | Exception | None) -> None:
+    """Hand a waiting handler its reconcile's spec error, or what the reconcile raised.
+
+    A handler kopf cancelled (the operator stopping) has cancelled its future: nothing to do.
+    """
+    try:
+        if isinstance(outcome, SpecError) or outcome is None:
+            result.set_result(outcome)
+        else:
+            result.set_exception(outcome)
+    except InvalidStateError:
+        pass
 
 
 _LANE_TRIGGERS = {Lane.CHANGE: "change", Lane.EVENT: "child", Lane.RESYNC: "resync"}
@@ -303,19 +318,24 @@ class Handlers:
         self._resyncer = resyncer
         self._workers = workers
 
-    def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
+    async def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
         """Converge and report on create, update and resume of an InferenceService.
 
         Through the work queue's change lane when there is one: ahead of every queued echo
-        and resync, and never at the same time as another reconcile of the service.
+        and resync, and never at the same time as another reconcile of the service. The
+        handler awaits it on kopf's event loop, holding none of kopf's worker threads: those
+        also run every InferenceService's event handler and timer, and a change handler
+        blocked in one of them would delay the changes behind it.
         """
         meta = body["metadata"]
+        trigger = str(reason)
         try:
             if self._workers is None:
-                error = self._sync.run(dict(body), trigger=str(reason))
+                error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
             else:
                 key = (meta["namespace"], meta["name"])
-                error = self._workers.run_change(key, trigger=str(reason))
+                submitted = self._workers.submit_change(key, trigger=trigger)
+                error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
         if error is not None:
@@ -332,16 +352,18 @@ class Handlers:
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
-    def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         """Keep the resync lane's list; on DELETED, forget the InferenceService's gauges.
 
         Its children go by owner references. `type` is kopf's name for the watch event
-        type; None on the initial listing.
+        type; None on the initial listing. On kopf's event loop (it takes a lock held only
+        for a set update), so the event of every status write costs no worker thread;
+        `Sync.forget`, which may wait for a reconcile, runs in a thread.
         """
         meta = body["metadata"]
         if type == "DELETED":
             self._resyncer.forget(meta["namespace"], meta["name"])
-            self._sync.forget(meta["namespace"], meta["name"])
+            await asyncio.to_thread(self._sync.forget, meta["namespace"], meta["name"])
         else:
             self._resyncer.track(meta["namespace"], meta["name"])
 
