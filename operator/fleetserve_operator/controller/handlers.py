@@ -196,8 +196,10 @@ class QueueWorkers:
         """Queue `key` in the resync lane (the `Resyncer`'s visit)."""
         self.queue.add(key, Lane.RESYNC)
 
-    def submit_change(self, key: Key, *, trigger: str) -> Future[SpecError | None]:
-        """Queue `key` in the change lane, ahead of the echoes and resyncs queued.
+    def submit_change(
+        self, key: Key, *, trigger: str, lane: Lane = Lane.CHANGE
+    ) -> Future[SpecError | None]:
+        """Queue `key` in `lane` (the change lane: ahead of the echoes and resyncs queued).
 
         The reconcile that serves it starts after this call (it reads the object then), so
         it sees the change the caller was told of. The future holds its spec error, or what
@@ -206,7 +208,7 @@ class QueueWorkers:
         waiter = _Waiter(trigger)
         with self._guard:
             self._waiters.setdefault(key, []).append(waiter)
-        self.queue.add(key, Lane.CHANGE)
+        self.queue.add(key, lane)
         if self.queue.stopping:
             self._release(key, waiter)
         return waiter.result
@@ -322,7 +324,9 @@ class Handlers:
         """Converge and report on create, update and resume of an InferenceService.
 
         Through the work queue's change lane when there is one: ahead of every queued echo
-        and resync, and never at the same time as another reconcile of the service. The
+        and resync, and never at the same time as another reconcile of the service. A
+        resume is no change: a new leader resumes every service at once, and a user's change
+        must not wait behind all of them, so resumes go in the lane of the child events. The
         handler awaits it on kopf's event loop, holding none of kopf's worker threads: those
         also run every InferenceService's event handler and timer, and a change handler
         blocked in one of them would delay the changes behind it.
@@ -334,7 +338,8 @@ class Handlers:
                 error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
             else:
                 key = (meta["namespace"], meta["name"])
-                submitted = self._workers.submit_change(key, trigger=trigger)
+                lane = Lane.EVENT if reason == kopf.Reason.RESUME else Lane.CHANGE
+                submitted = self._workers.submit_change(key, trigger=trigger, lane=lane)
                 error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc

@@ -6,12 +6,14 @@ The ordering tests drive `WorkQueue` step by step (no threads); the worker tests
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 
+import kopf
 import pytest
 
-from fleetserve_operator.controller.handlers import QueueWorkers, Resyncer
+from fleetserve_operator.controller.handlers import Handlers, QueueWorkers, Resyncer
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane, WorkQueue
@@ -244,3 +246,33 @@ def test_the_resync_lane_queues_its_visits_when_given_a_queue() -> None:
     lane.run_round()
     assert kube.writes == [], "queued, not reconciled on the lane's thread"
     assert workers.queue.depth(Lane.RESYNC) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
+    """Kopf resumes every service when a leader starts; an update goes ahead of them all."""
+    names = [f"s{i}" for i in range(20)]
+    kube, workers = _workers("changed", *names)
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+
+    def body(name: str) -> kopf.Body:
+        found = kube.get_inference_service("ns", name)
+        assert found is not None
+        return kopf.Body(found)
+
+    async def leader_starts() -> None:
+        calls = [handlers.service_changed(body=body(name), reason="resume") for name in names]
+        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        while len(workers.queue) < len(tasks):
+            await asyncio.sleep(0.001)
+        workers.start()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(leader_starts())
+    finally:
+        workers.stop()
+    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
