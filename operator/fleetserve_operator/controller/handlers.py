@@ -289,8 +289,11 @@ def _settle(result: Future[SpecError | None], outcome: SpecError | Exception | N
         pass
 
 
-_LANE_TRIGGERS = {Lane.CHANGE: "change", Lane.EVENT: "child", Lane.RESYNC: "resync"}
-"""The `trigger` label of a reconcile no kopf handler waits for, by the lane it came from."""
+_LANE_TRIGGERS = {Lane.CHANGE: "update", Lane.EVENT: "child", Lane.RESYNC: "resync"}
+"""The `trigger` label of a reconcile no kopf handler waits for, by the lane it came from.
+
+A change-lane run without a waiter is the one more run of a key changed while it ran, whose
+handler the running reconcile already answered: an update."""
 
 
 def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
