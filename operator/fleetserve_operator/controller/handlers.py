@@ -8,10 +8,15 @@ or pod the operator manages, so a deleted or edited child is restored and status
 readiness and failures (a crash loop changes no Deployment). Child events do not go through
 kopf, which would keep a worker and an event queue per watched object: `child_watch` reduces
 each to its InferenceService's key in a deduplicating `WorkQueue`, and `QueueWorkers` threads
-reconcile the keys (`Sync.run_by_name`). The watches and workers start and stop with kopf
-(its startup and cleanup activities), so only the leader runs them. A DELETED watch event of
-an InferenceService only calls `Sync.forget`, to drop the service's gauges, and takes the
-service off the resync lane (Kubernetes deletes the children by their owner references).
+reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger but the
+rollout timer, each in its lane (`workqueue.Lane`): kopf's create, update and resume
+handlers queue their service in the change lane and wait for its reconcile (so kopf's
+retries work as before), and the resync lane queues each service in turn; a change is
+therefore never behind the echoes of a rollout or a round of resyncs. The watches and
+workers start and stop with kopf (its startup and cleanup activities), so only the leader
+runs them. A DELETED watch event of an InferenceService only calls `Sync.forget`, to drop
+the service's gauges, and takes the service off the resync lane (Kubernetes deletes the
+children by their owner references).
 Handlers are synchronous (kopf runs them in worker threads; the `kubernetes` client
 blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`, and
 nowhere else.
@@ -19,9 +24,12 @@ nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -30,13 +38,15 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.child_watch import ChildWatches
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
-from fleetserve_operator.controller.workqueue import WorkQueue
-from fleetserve_operator.errors import FleetserveError, InvalidSpec
+from fleetserve_operator.controller.workqueue import Lane, WorkQueue
+from fleetserve_operator.errors import ClusterUnavailable, FleetserveError, InvalidSpec, SpecError
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 
 __all__ = ["QueueWorkers", "Resyncer", "register"]
 
 logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]
 
 
 def _kopf_error(
@@ -69,6 +79,9 @@ class Resyncer:
     logged and the service is visited again in the next round.
 
     `wait(seconds)` returns True when the lane is to stop (`threading.Event.wait`).
+    `enqueue`, when given, queues a visit in the work queue's resync lane instead of
+    reconciling on this thread (`QueueWorkers.resync`): the queue then decides when it runs,
+    after every change and child event waiting.
     """
 
     def __init__(
@@ -77,8 +90,10 @@ class Resyncer:
         *,
         interval_s: float,
         wait: Callable[[float], bool] | None = None,
+        enqueue: Callable[[Key], None] | None = None,
     ) -> None:
         self._sync = sync
+        self._enqueue = enqueue
         self._interval_s = interval_s
         self._stopping = threading.Event()
         self._wait = wait or self._stopping.wait
@@ -129,6 +144,9 @@ class Resyncer:
         return False
 
     def _visit(self, namespace: str, name: str) -> None:
+        if self._enqueue is not None:
+            self._enqueue((namespace, name))
+            return
         try:
             self._sync.run_by_name(namespace, name, trigger="resync")
         except Exception:
@@ -136,7 +154,15 @@ class Resyncer:
             logger.exception("resync of %s/%s failed; retried next round", namespace, name)
 
 
-Key = tuple[str, str]
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """A kopf handler waiting for the reconcile of its service that starts after it asked.
+
+    `result` holds the reconcile's spec error, or the exception it raised.
+    """
+
+    trigger: str
+    result: Future[SpecError | None] = field(default_factory=Future)
 
 
 class QueueWorkers:
@@ -145,8 +171,9 @@ class QueueWorkers:
     A key added while it is already queued is merged, and counted as a coalesced reconcile
     (`fleetserve_operator_reconciles{trigger="child",result="coalesced"}`); the queue's
     depth is exported as `fleetserve_operator_work_queue_depth`. A failed reconcile is
-    logged (a traceback only for an unexpected error): child events are not retried, the
-    resync lane heals what one could not.
+    logged (a traceback only for an unexpected error): child events and resyncs are not
+    retried, the resync lane heals what one could not. A change (`run_change`) is the
+    exception: its caller, a kopf handler, gets the result and kopf retries.
     """
 
     def __init__(self, sync: Sync, metrics: OperatorMetrics, *, workers: int) -> None:
@@ -156,11 +183,48 @@ class QueueWorkers:
         self.queue: WorkQueue[Key] = WorkQueue()
         metrics.queue_depth.set_function(lambda: len(self.queue))
         self._threads: list[threading.Thread] = []
+        self._waiters: dict[Key, list[_Waiter]] = {}
+        """Handlers waiting for the next run of each key."""
+        self._guard = threading.Lock()
 
     def add(self, key: Key) -> None:
-        """Queue a reconcile of `key` (an InferenceService's namespace and name)."""
-        if not self.queue.add(key):
+        """Queue a reconcile of `key` (an InferenceService's namespace and name) for an event."""
+        if not self.queue.add(key, Lane.EVENT):
             self._metrics.reconciles.labels("child", "coalesced").inc()
+
+    def resync(self, key: Key) -> None:
+        """Queue `key` in the resync lane (the `Resyncer`'s visit)."""
+        self.queue.add(key, Lane.RESYNC)
+
+    def submit_change(
+        self, key: Key, *, trigger: str, lane: Lane = Lane.CHANGE
+    ) -> Future[SpecError | None]:
+        """Queue `key` in `lane` (the change lane: ahead of the echoes and resyncs queued).
+
+        The reconcile that serves it starts after this call (it reads the object then), so
+        it sees the change the caller was told of. The future holds its spec error, or what
+        it raised; `ClusterUnavailable` when the workers stopped first.
+        """
+        waiter = _Waiter(trigger)
+        with self._guard:
+            self._waiters.setdefault(key, []).append(waiter)
+        self.queue.add(key, lane)
+        if self.queue.stopping:
+            self._release(key, waiter)
+        return waiter.result
+
+    def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
+        """`submit_change`, then wait for its reconcile; returns its spec error or raises."""
+        return self.submit_change(key, trigger=trigger).result()
+
+    def _release(self, key: Key, waiter: _Waiter) -> None:
+        """Fail a waiter the stopped queue will never serve."""
+        with self._guard:
+            waiting = self._waiters.get(key, [])
+            if waiter not in waiting:
+                return
+            waiting.remove(waiter)
+        _settle(waiter.result, ClusterUnavailable("the operator is stopping"))
 
     def start(self, **_: Any) -> None:
         """Start the worker threads (kopf's startup activity)."""
@@ -172,10 +236,17 @@ class QueueWorkers:
             thread.start()
 
     def stop(self, **_: Any) -> None:
-        """Stop taking keys; reconciles under way finish first (kopf's cleanup activity)."""
+        """Stop taking keys; reconciles under way finish first (kopf's cleanup activity).
+
+        A handler still waiting for a change is answered with `ClusterUnavailable`.
+        """
         self.queue.stop()
         for thread in self._threads:
             thread.join(timeout=30.0)
+        with self._guard:
+            waiting = [(key, w) for key, ws in self._waiters.items() for w in ws]
+        for key, waiter in waiting:
+            self._release(key, waiter)
 
     def _run(self) -> None:
         while self.run_one():
@@ -183,34 +254,96 @@ class QueueWorkers:
 
     def run_one(self) -> bool:
         """Reconcile the next key (waiting for one); False once the queue is stopped."""
-        key = self.queue.get()
-        if key is None:
+        taken = self.queue.take()
+        if taken is None:
             return False
+        key, lane = taken
+        with self._guard:
+            waiters = self._waiters.pop(key, [])
+        trigger = waiters[0].trigger if waiters else _LANE_TRIGGERS[lane]
+        outcome: SpecError | Exception | None = ClusterUnavailable("the reconcile was cut short")
         try:
-            self._sync.run_by_name(*key, trigger="child")
-        except FleetserveError as exc:
-            # Not retried here: the resync lane heals what this one could not.
-            logger.warning("re-converging %s/%s after a child event failed: %s", *key, exc)
-        except Exception:
-            # A bug, not the cluster: logged in full, and the worker outlives it.
-            logger.exception("re-converging %s/%s after a child event failed", *key)
+            outcome = self._sync.run_by_name(*key, trigger=trigger)
+        except Exception as exc:
+            outcome = exc
+            if not waiters:
+                _log_failure(key, trigger, exc)
         finally:
+            for waiter in waiters:
+                _settle(waiter.result, outcome)
             self.queue.done(key)
         return True
+
+
+def _settle(result: Future[SpecError | None], outcome: SpecError | Exception | None) -> None:
+    """Hand a waiting handler its reconcile's spec error, or what the reconcile raised.
+
+    A handler kopf cancelled (the operator stopping) has cancelled its future: nothing to do.
+    """
+    try:
+        if isinstance(outcome, SpecError) or outcome is None:
+            result.set_result(outcome)
+        else:
+            result.set_exception(outcome)
+    except InvalidStateError:
+        pass
+
+
+_LANE_TRIGGERS = {Lane.CHANGE: "update", Lane.EVENT: "child", Lane.RESYNC: "resync"}
+"""The `trigger` label of a reconcile no kopf handler waits for, by the lane it came from.
+
+A change-lane run without a waiter is the one more run of a key changed while it ran, whose
+handler the running reconcile already answered: an update."""
+
+
+def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
+    """Log a reconcile no one waits for: the resync lane heals what it could not."""
+    what = "resync of" if trigger == "resync" else "re-converging"
+    event = "visit" if trigger == "resync" else "child event"
+    if isinstance(exc, FleetserveError):
+        logger.warning("%s %s/%s after a %s failed: %s", what, *key, event, exc)
+    else:
+        # A bug, not the cluster: logged in full, and the worker outlives it.
+        logger.error("%s %s/%s after a %s failed", what, *key, event, exc_info=exc)
 
 
 class Handlers:
     """The handler functions, bound to one `Sync` and its `Resyncer`."""
 
-    def __init__(self, sync: Sync, *, retry_delay_s: float, resyncer: Resyncer) -> None:
+    def __init__(
+        self,
+        sync: Sync,
+        *,
+        retry_delay_s: float,
+        resyncer: Resyncer,
+        workers: QueueWorkers | None = None,
+    ) -> None:
         self._sync = sync
         self._delay_s = retry_delay_s
         self._resyncer = resyncer
+        self._workers = workers
 
-    def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
-        """Converge and report on create, update and resume of an InferenceService."""
+    async def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
+        """Converge and report on create, update and resume of an InferenceService.
+
+        Through the work queue's change lane when there is one: ahead of every queued echo
+        and resync, and never at the same time as another reconcile of the service. A
+        resume is no change: a new leader resumes every service at once, and a user's change
+        must not wait behind all of them, so resumes go in the lane of the child events. The
+        handler awaits it on kopf's event loop, holding none of kopf's worker threads: those
+        also run every InferenceService's event handler and timer, and a change handler
+        blocked in one of them would delay the changes behind it.
+        """
+        meta = body["metadata"]
+        trigger = str(reason)
         try:
-            error = self._sync.run(dict(body), trigger=str(reason))
+            if self._workers is None:
+                error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
+            else:
+                key = (meta["namespace"], meta["name"])
+                lane = Lane.EVENT if reason == kopf.Reason.RESUME else Lane.CHANGE
+                submitted = self._workers.submit_change(key, trigger=trigger, lane=lane)
+                error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
         if error is not None:
@@ -227,16 +360,18 @@ class Handlers:
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
-    def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         """Keep the resync lane's list; on DELETED, forget the InferenceService's gauges.
 
         Its children go by owner references. `type` is kopf's name for the watch event
-        type; None on the initial listing.
+        type; None on the initial listing. On kopf's event loop (it takes a lock held only
+        for a set update), so the event of every status write costs no worker thread;
+        `Sync.forget`, which may wait for a reconcile, runs in a thread.
         """
         meta = body["metadata"]
         if type == "DELETED":
             self._resyncer.forget(meta["namespace"], meta["name"])
-            self._sync.forget(meta["namespace"], meta["name"])
+            await asyncio.to_thread(self._sync.forget, meta["namespace"], meta["name"])
         else:
             self._resyncer.track(meta["namespace"], meta["name"])
 
@@ -259,8 +394,13 @@ def register(
     `children`: the workers and the child watches feeding them, started and stopped with
     kopf; None registers neither (a registry inspected by tests).
     """
-    resyncer = Resyncer(sync, interval_s=resync_interval_s)
-    handlers = Handlers(sync, retry_delay_s=retry_delay_s, resyncer=resyncer)
+    workers = None if children is None else children[0]
+    resyncer = Resyncer(
+        sync,
+        interval_s=resync_interval_s,
+        enqueue=None if workers is None else workers.resync,
+    )
+    handlers = Handlers(sync, retry_delay_s=retry_delay_s, resyncer=resyncer, workers=workers)
     kopf.on.startup(id="resync-start", registry=registry)(resyncer.start)
     kopf.on.cleanup(id="resync-stop", registry=registry)(resyncer.stop)
     if children is not None:

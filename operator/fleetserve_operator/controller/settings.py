@@ -79,9 +79,12 @@ class OperatorConfig(BaseSettings):
     watch_timeout_s: int = Field(300, ge=10, le=3600)
     """Server-side timeout of a watch; kopf then re-lists, which heals missed events."""
     workers: int = Field(8, ge=1, le=256)
-    """Threads for kopf's (synchronous) handlers: create, update, resume, rollout ticks."""
-    queue_workers: int = Field(4, ge=1, le=64)
-    """Threads that reconcile the InferenceServices queued by child and pod events."""
+    """Threads for kopf's synchronous handlers: the rollout ticks (create, update and resume
+    wait for the work queue on kopf's event loop)."""
+    queue_workers: int = Field(8, ge=1, le=64)
+    """Threads that reconcile the queued InferenceServices: changes, child and pod events,
+    resyncs. Every reconcile but a rollout tick is theirs, and one mostly waits for the API
+    server, so there are as many as kopf had threads for changes before."""
     leader_election: bool = True
     """Reconcile only while holding the leader Lease, so that of several replicas one works
     and the others wait to take over; false for a single replica or a local run."""

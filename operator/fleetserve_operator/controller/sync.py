@@ -41,6 +41,7 @@ ones run in parallel.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -120,6 +121,16 @@ class _Pass:
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _ParsedSpec:
+    """A spec as parsed and checked, for the object and generation it was read from."""
+
+    uid: str
+    generation: int
+    raw: Mapping[str, Any]
+    spec: InferenceServiceSpec
+
+
 def _spec_error(exc: ValidationError) -> InvalidSpec:
     """The first schema error, naming its field; the whole text is bounded by `InvalidSpec`.
 
@@ -165,6 +176,8 @@ class Sync:
             weakref.WeakValueDictionary()
         )
         self._locks_guard = threading.Lock()
+        self._specs: dict[tuple[str, str], _ParsedSpec] = {}
+        """The last spec each service parsed: a resync or a child event finds it unchanged."""
         self.reconcile_count = 0
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -195,6 +208,7 @@ class Sync:
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     # A service on its way out exports nothing, before its DELETED event.
                     self._metrics.forget_service(namespace, name)
+                    self._specs.pop((namespace, name), None)
                     result = "gone"
                     return None
                 error = self._converge_and_report(body)
@@ -214,6 +228,7 @@ class Sync:
         """
         with self._lock(namespace, name):
             self._metrics.forget_service(namespace, name)
+            self._specs.pop((namespace, name), None)
 
     def _converge_and_report(self, body: Mapping[str, Any]) -> SpecError | None:
         meta = body["metadata"]
@@ -272,7 +287,7 @@ class Sync:
             SpecError: the spec is invalid, or the children cannot be written; `run` holds
                 what was decided and written before.
         """
-        spec = self._checked_spec(run.owner, raw_spec)
+        spec = self._checked_spec(run.owner, raw_spec, meta.get("generation", 0))
         deployments = _deployments_by_track(run.observed)
         pods = self._kube.list_pods(run.ref.namespace, run.ref.name) if deployments else []
         seen_facts = self._facts(run.ref, spec, run.previous, deployments, pods, meta, run.now)
@@ -371,7 +386,35 @@ class Sync:
                     self._kube.remove_annotation(ref, annotation)
                     self._metrics.writes.labels(naming.KIND, "annotation").inc()
 
-    def _checked_spec(self, owner: Owner, raw: Mapping[str, Any]) -> InferenceServiceSpec:
+    def _checked_spec(
+        self, owner: Owner, raw: Mapping[str, Any], generation: int
+    ) -> InferenceServiceSpec:
+        """The spec, parsed and checked; its PVC is looked up on every reconcile.
+
+        Parsing and the checks that read nothing but the spec run once per generation of
+        the object: every other reconcile (a resync, a child event) reuses their result
+        when the raw spec is still the same (compared, not trusted to the generation).
+        """
+        key = (owner.namespace, owner.name)
+        parsed = self._specs.get(key)
+        if parsed is None or (parsed.uid, parsed.generation, parsed.raw) != (
+            owner.uid,
+            generation,
+            raw,
+        ):
+            parsed = _ParsedSpec(
+                owner.uid, generation, copy.deepcopy(raw), self._parsed(owner, raw)
+            )
+            self._specs[key] = parsed
+        spec = parsed.spec
+        source = contract.pvc_source(spec.model)
+        if source is not None and not self._kube.pvc_exists(owner.namespace, source.claim):
+            msg = f"PersistentVolumeClaim {source.claim!r} does not exist in {owner.namespace}"
+            raise DependencyMissing("spec.model.uri", msg)
+        return spec
+
+    def _parsed(self, owner: Owner, raw: Mapping[str, Any]) -> InferenceServiceSpec:
+        """The spec with the operator's images, and every check that needs only the spec."""
         try:
             spec = InferenceServiceSpec.model_validate(raw).with_images(self._images)
         except ValidationError as exc:
@@ -380,10 +423,6 @@ class Sync:
         checks = spec.rollout.analysis
         if checks is not None and self._prometheus_allowlist is not None:
             self._prometheus_allowlist.check(checks.prometheus_url)
-        source = contract.pvc_source(spec.model)
-        if source is not None and not self._kube.pvc_exists(owner.namespace, source.claim):
-            msg = f"PersistentVolumeClaim {source.claim!r} does not exist in {owner.namespace}"
-            raise DependencyMissing("spec.model.uri", msg)
         return spec
 
     def _checked_writes(

@@ -1,11 +1,20 @@
-"""A deduplicating work queue of keys (controller-runtime's design), shared by worker threads.
+"""A deduplicating work queue of keys (controller-runtime's design) with fair lanes.
 
 A watch event says only "this InferenceService may need a reconcile", and a reconcile reads
 everything fresh, so a key is queued at most once however many events name it: a dozen
 events of a Deployment and its pods starting cost one reconcile, and the backlog is bounded
-by the number of services, not by the number of events. Keys leave in FIFO order. A key is
-never run by two workers at once: one added while its reconcile runs is queued again when
-that reconcile is `done`, so the change that event reported is always seen, by one more run.
+by the number of services, not by the number of events. A key is never run by two workers
+at once: one added while its reconcile runs is queued again when that reconcile is `done`,
+so the change that event reported is always seen, by one more run.
+
+Keys wait in one of three lanes (`Lane`), and `get` serves them strictly by lane, FIFO
+within one: a user's change (a new `metadata.generation`) goes ahead of every child-event
+echo, and both go ahead of the periodic resync. At 1000 services the resync lane alone
+holds up to 1000 keys and the echoes of a rollout dozens; a change behind them would wait
+for all of them. A key queued again in a more urgent lane moves there (it still runs once);
+in a less urgent one it stays where it is. The resync lane is also rate-limited: at most
+`resync_in_flight` of its keys run at once, so however long it is, it never holds more
+than that many workers, and a change finds one free as soon as a single reconcile ends.
 
 Pure data structure: no kopf, no Kubernetes; threads block in `get`.
 """
@@ -13,54 +22,111 @@ Pure data structure: no kopf, no Kubernetes; threads block in `get`.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Hashable
+from enum import IntEnum
 from typing import Generic, TypeVar
 
-__all__ = ["WorkQueue"]
+__all__ = ["Lane", "WorkQueue"]
 
 K = TypeVar("K", bound=Hashable)
 
 
-class WorkQueue(Generic[K]):
-    """Keys waiting for a worker, each at most once; `get` blocks until one is free."""
+class Lane(IntEnum):
+    """Why a key is queued; a lower value is served first."""
 
-    def __init__(self) -> None:
-        self._order: deque[K] = deque()
-        self._dirty: set[K] = set()
-        """Keys to run: queued in `_order`, or waiting for their running reconcile's `done`."""
-        self._processing: set[K] = set()
+    CHANGE = 0
+    """A user changed the object (a new generation), or kopf handles its create or resume."""
+    EVENT = 1
+    """An event of a child or a pod (mostly echoes of the operator's own writes)."""
+    RESYNC = 2
+    """The periodic re-check of every service."""
+
+
+class WorkQueue(Generic[K]):
+    """Keys waiting for a worker, each at most once, by lane; `get` blocks until one is free."""
+
+    def __init__(self, *, resync_in_flight: int = 1) -> None:
+        self._lanes: dict[Lane, dict[K, None]] = {lane: {} for lane in Lane}
+        """Queued keys of each lane, in arrival order (a dict: ordered, O(1) removal)."""
+        self._queued: dict[K, Lane] = {}
+        self._again: dict[K, Lane] = {}
+        """Keys added while running: queued in that lane when their run is `done`."""
+        self._running: dict[K, Lane] = {}
+        self._resync_in_flight = resync_in_flight
+        self._resyncs_running = 0
         self._stopping = False
         self._ready = threading.Condition()
 
-    def add(self, key: K) -> bool:
-        """Queue `key`; False when it was already to run (merged, nothing more to do)."""
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called (adds are dropped, `get` returns None)."""
+        return self._stopping
+
+    def add(self, key: K, lane: Lane = Lane.EVENT) -> bool:
+        """Queue `key` in `lane`; False when it was already to run (merged, nothing more to do).
+
+        Merged into a less urgent lane, it moves to `lane`.
+        """
         with self._ready:
-            if self._stopping or key in self._dirty:
+            if self._stopping:
                 return False
-            self._dirty.add(key)
-            if key not in self._processing:
-                self._order.append(key)
-                self._ready.notify()
-            return True
+            if key in self._running:
+                waiting = self._again.get(key)
+                self._again[key] = lane if waiting is None else min(waiting, lane)
+                return waiting is None
+            queued = self._queued.get(key)
+            if queued is not None and queued <= lane:
+                return False
+            if queued is not None:
+                del self._lanes[queued][key]
+            self._lanes[lane][key] = None
+            self._queued[key] = lane
+            self._ready.notify()
+            return queued is None
 
     def get(self, timeout_s: float | None = None) -> K | None:
-        """The oldest queued key, now processing until `done`; None once stopped or timed out."""
+        """The next key, now running until `done`; None once stopped or timed out."""
+        taken = self.take(timeout_s)
+        return None if taken is None else taken[0]
+
+    def take(self, timeout_s: float | None = None) -> tuple[K, Lane] | None:
+        """The next key and the lane it was served from (`get` with the lane)."""
         with self._ready:
-            self._ready.wait_for(lambda: self._order or self._stopping, timeout=timeout_s)
-            if self._stopping or not self._order:
+            self._ready.wait_for(
+                lambda: self._stopping or self._next_lane() is not None, timeout=timeout_s
+            )
+            lane = None if self._stopping else self._next_lane()
+            if lane is None:
                 return None
-            key = self._order.popleft()
-            self._dirty.discard(key)
-            self._processing.add(key)
-            return key
+            waiting = self._lanes[lane]
+            key = next(iter(waiting))
+            del waiting[key]
+            del self._queued[key]
+            self._running[key] = lane
+            if lane is Lane.RESYNC:
+                self._resyncs_running += 1
+            return key, lane
+
+    def _next_lane(self) -> Lane | None:
+        """The most urgent lane with a key that may run now (the caller holds the lock)."""
+        for lane, waiting in self._lanes.items():
+            if not waiting:
+                continue
+            if lane is Lane.RESYNC and self._resyncs_running >= self._resync_in_flight:
+                return None
+            return lane
+        return None
 
     def done(self, key: K) -> None:
-        """The reconcile of `key` finished; queue it again if it was added meanwhile."""
+        """The run of `key` finished; queue it again if it was added meanwhile."""
         with self._ready:
-            self._processing.discard(key)
-            if key in self._dirty and not self._stopping:
-                self._order.append(key)
+            if self._running.pop(key, None) is Lane.RESYNC:
+                self._resyncs_running -= 1
+                self._ready.notify_all()  # a resync waiting for the slot may go
+            lane = self._again.pop(key, None)
+            if lane is not None and not self._stopping:
+                self._lanes[lane][key] = None
+                self._queued[key] = lane
                 self._ready.notify()
 
     def stop(self) -> None:
@@ -72,4 +138,9 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         """Keys waiting to run (not those running)."""
         with self._ready:
-            return len(self._order)
+            return len(self._queued)
+
+    def depth(self, lane: Lane) -> int:
+        """Keys waiting in `lane`."""
+        with self._ready:
+            return len(self._lanes[lane])

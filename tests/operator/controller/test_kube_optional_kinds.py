@@ -102,3 +102,54 @@ def test_children_are_listed_where_grpc_routes_are_not_served() -> None:
         assert kube.list_children("ns", "demo") == []
     assert "/apis/gateway.networking.k8s.io/v1/namespaces/ns/grpcroutes" in asked
     assert "/apis/gateway.networking.k8s.io/v1/namespaces/ns/httproutes" in asked
+
+
+def test_an_unserved_kind_is_not_listed_again_until_the_recheck() -> None:
+    """A 404 is remembered for a while: no reconcile in between asks for that kind."""
+    asked: list[str] = []
+    now = [0.0]
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path.split("?", 1)[0].rsplit("/", 1)[-1])
+            grpc = "/grpcroutes" in self.path
+            payload = b"404 page not found\n" if grpc else b'{"items": []}'
+            self.reply(404 if grpc else 200, payload)
+
+    with serve_http(Handler) as url:
+        configuration = kubernetes.client.Configuration(host=url)
+        kube = KubeApi(
+            kubernetes.client.ApiClient(configuration), timeout_s=5.0, clock=lambda: now[0]
+        )
+        kube.list_children("ns", "demo")
+        kube.list_children("ns", "demo")
+        assert asked.count("grpcroutes") == 1
+        assert asked.count("deployments") == 2
+        now[0] = 61.0
+        kube.list_children("ns", "demo")
+    assert asked.count("grpcroutes") == 2
+
+
+def test_a_kind_written_is_listed_again_at_once() -> None:
+    """A route applied after its CRD appeared is listed by the next reconcile, not a minute on."""
+    served = [False]
+    asked: list[str] = []
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path.split("?", 1)[0].rsplit("/", 1)[-1])
+            absent = "/grpcroutes" in self.path and not served[0]
+            self.reply(404 if absent else 200, b"404" if absent else b'{"items": []}')
+
+        def do_PATCH(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.reply(200, b'{"metadata": {"uid": "u"}}')
+
+    with serve_http(Handler) as url:
+        configuration = kubernetes.client.Configuration(host=url)
+        kube = KubeApi(kubernetes.client.ApiClient(configuration), timeout_s=5.0, clock=lambda: 0.0)
+        kube.list_children("ns", "demo")
+        served[0] = True
+        kube.validate(_grpc_route(), current=None)
+        kube.list_children("ns", "demo")
+    assert asked.count("grpcroutes") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -166,9 +167,10 @@ def test_a_deleted_event_forgets_the_service_without_a_finalizer() -> None:
     assert not any(h.reason == kopf.Reason.DELETE for h in registry._changing.get_all_handlers())
     body = kube.get_inference_service("ns", "demo")
     assert body is not None
-    watching.fn(body=kopf.Body(body), type="MODIFIED")
+    # An async handler: kopf runs it on its event loop.
+    asyncio.run(watching.fn(body=kopf.Body(body), type="MODIFIED"))
     assert _value(metrics, PHASE.name, phase="Pending") == 1.0
-    watching.fn(body=kopf.Body(body), type="DELETED")
+    asyncio.run(watching.fn(body=kopf.Body(body), type="DELETED"))
     assert _value(metrics, PHASE.name, phase="Pending") is None
     assert _value(metrics, CANARY_WEIGHT.name) is None
 

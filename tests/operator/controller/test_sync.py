@@ -20,6 +20,7 @@ from fleetserve_operator.records import MemoryFigures
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
+    InferenceServiceSpec,
     InferenceServiceStatus,
     TrackStatus,
 )
@@ -77,6 +78,45 @@ def test_idle_reconcile_writes_nothing() -> None:
     sync.run_by_name("ns", "demo", trigger="resume")
     sync.run_by_name("ns", "demo", trigger="resync")
     assert kube.writes == before
+
+
+def _parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the specs `Sync` parses (one entry per `InferenceServiceSpec.model_validate`)."""
+    calls: list[int] = []
+    parse = InferenceServiceSpec.model_validate
+
+    def counted(raw: Any, **kwargs: Any) -> InferenceServiceSpec:
+        calls.append(1)
+        return parse(raw, **kwargs)
+
+    monkeypatch.setattr(InferenceServiceSpec, "model_validate", counted)
+    return calls
+
+
+def test_an_unchanged_spec_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resyncs and child events of the same generation reuse the parsed spec."""
+    kube, sync = _setup()
+    parses = _parses(monkeypatch)
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    for trigger in ("child", "resync", "resync"):
+        sync.run_by_name("ns", "demo", trigger=trigger)
+    assert len(parses) == 1
+
+
+def test_a_changed_spec_is_parsed_again_even_at_the_same_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache compares the raw spec: a generation alone is not trusted."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    parses = _parses(monkeypatch)
+    body = kube.objects[("InferenceService", "ns", "demo")]
+    body["spec"]["batching"] = {"maxBatchSize": 8}
+    before = len(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="resync")
+    assert len(parses) == 1
+    assert kube.writes[before:], "the new spec was acted on"
 
 
 def test_deleted_child_is_restored() -> None:

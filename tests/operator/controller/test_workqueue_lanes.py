@@ -1,0 +1,278 @@
+"""The work queue's lanes: a user's change goes ahead of echoes and resyncs, fairly and once.
+
+The ordering tests drive `WorkQueue` step by step (no threads); the worker tests run a real
+`Sync` against `FakeKube` through `QueueWorkers`, as kopf's change handlers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import kopf
+import pytest
+
+from fleetserve_operator.controller.handlers import Handlers, QueueWorkers, Resyncer
+from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.sync import Sync
+from fleetserve_operator.controller.workqueue import Lane, WorkQueue
+from fleetserve_operator.errors import ClusterUnavailable, InvalidSpec
+from fleetserve_operator.records import Manifest
+from fleetserve_operator.testing import FakeKube, make_service
+
+
+def _drain(queue: WorkQueue[str]) -> list[str]:
+    """Take every key that may run now, finishing each run at once."""
+    taken: list[str] = []
+    while (key := queue.get(timeout_s=0)) is not None:
+        taken.append(key)
+        queue.done(key)
+    return taken
+
+
+def test_a_change_goes_ahead_of_queued_echoes_and_resyncs() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for i in range(100):
+        queue.add(f"resync-{i}", Lane.RESYNC)
+    queue.add("echo-1", Lane.EVENT)
+    queue.add("echo-2", Lane.EVENT)
+    queue.add("change", Lane.CHANGE)
+    taken = _drain(queue)
+    assert taken[:3] == ["change", "echo-1", "echo-2"]
+    assert taken[3:] == [f"resync-{i}" for i in range(100)]
+
+
+def test_a_queued_key_moves_up_to_a_more_urgent_lane_and_still_runs_once() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a", Lane.RESYNC)
+    queue.add("b", Lane.RESYNC)
+    queue.add("c", Lane.EVENT)
+    assert queue.add("a", Lane.CHANGE) is False  # merged, but moved
+    assert _drain(queue) == ["a", "c", "b"]
+
+
+def test_a_key_queued_again_in_a_less_urgent_lane_keeps_its_place() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a", Lane.EVENT)
+    queue.add("b", Lane.CHANGE)
+    assert queue.add("b", Lane.RESYNC) is False
+    assert queue.add("a", Lane.RESYNC) is False
+    assert queue.depth(Lane.RESYNC) == 0
+    assert _drain(queue) == ["b", "a"]
+
+
+def test_a_change_to_a_running_key_waits_for_that_run_then_goes_first() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("a", Lane.EVENT)
+    assert queue.get(timeout_s=0) == "a"
+    queue.add("x", Lane.EVENT)
+    assert queue.add("a", Lane.RESYNC) is True
+    assert queue.add("a", Lane.CHANGE) is False  # merged into the re-run, made urgent
+    assert queue.get(timeout_s=0) == "x"  # not "a" while it runs
+    queue.done("x")
+    queue.done("a")
+    assert queue.take(timeout_s=0) == ("a", Lane.CHANGE)
+
+
+def test_the_resync_lane_runs_one_key_at_a_time() -> None:
+    """However long the lane, it holds one worker; the others stay free for changes."""
+    queue: WorkQueue[str] = WorkQueue()
+    for key in ("r1", "r2", "r3"):
+        queue.add(key, Lane.RESYNC)
+    assert queue.get(timeout_s=0) == "r1"
+    assert queue.get(timeout_s=0) is None  # r2 waits for the slot
+    queue.add("change", Lane.CHANGE)
+    queue.add("echo", Lane.EVENT)
+    assert queue.get(timeout_s=0) == "change"
+    assert queue.get(timeout_s=0) == "echo"
+    queue.done("r1")
+    assert queue.get(timeout_s=0) == "r2"
+
+
+@pytest.mark.timeout(30)
+def test_a_freed_resync_slot_wakes_a_waiting_worker() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("r1", Lane.RESYNC)
+    queue.add("r2", Lane.RESYNC)
+    assert queue.get(timeout_s=0) == "r1"
+    taken: list[str | None] = []
+    worker = threading.Thread(target=lambda: taken.append(queue.get(timeout_s=10.0)))
+    worker.start()
+    queue.done("r1")
+    worker.join(timeout=10.0)
+    assert taken == ["r2"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_resync_or_echo_ever_starts_while_a_change_may_run(seed: int) -> None:
+    """A change is never behind any resync or echo that could wait.
+
+    Random adds, takes and finishes by 4 workers over 200 keys: whenever a queued change
+    could run, the next key taken is a change; and at most one resync runs at any time.
+    """
+    rng = random.Random(seed)
+    queue: WorkQueue[int] = WorkQueue()
+    running: list[int] = []
+    lanes: dict[int, Lane] = {}
+    for _ in range(3000):
+        action = rng.random()
+        if action < 0.45:
+            key = rng.randrange(200)
+            lane = rng.choice([Lane.RESYNC, Lane.RESYNC, Lane.EVENT, Lane.CHANGE])
+            queue.add(key, lane)
+        elif action < 0.75 and len(running) < 4:
+            change_ready = queue.depth(Lane.CHANGE) > 0
+            taken = queue.take(timeout_s=0)
+            if taken is None:
+                continue
+            key, lane = taken
+            if change_ready:
+                assert lane is Lane.CHANGE, "a change was passed over"
+            lanes[key] = lane
+            assert sum(lanes[k] is Lane.RESYNC for k in [*running, key]) <= 1
+            running.append(key)
+        elif running:
+            key = running.pop(rng.randrange(len(running)))
+            queue.done(key)
+
+
+def _workers(*names: str, kube: FakeKube | None = None) -> tuple[FakeKube, QueueWorkers]:
+    kube = kube or FakeKube()
+    for name in names:
+        kube.add_service(make_service(name=name))
+    metrics = OperatorMetrics()
+    return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=1)
+
+
+@pytest.mark.timeout(30)
+def test_a_change_is_reconciled_before_the_resyncs_queued_ahead_of_it() -> None:
+    """Kopf's handler waits in the change lane; one worker serves it before 50 resyncs."""
+    names = [f"s{i}" for i in range(50)]
+    kube, workers = _workers("changed", *names)
+    for name in names:
+        workers.resync(("ns", name))
+    outcome: list[object] = []
+    handler = threading.Thread(
+        target=lambda: outcome.append(workers.run_change(("ns", "changed"), trigger="update"))
+    )
+    handler.start()
+    while workers.queue.depth(Lane.CHANGE) == 0:
+        threading.Event().wait(0.001)
+    workers.start()
+    handler.join(timeout=20.0)
+    workers.stop()
+    assert outcome == [None]
+    first_written = kube.writes[0][2]
+    assert first_written.startswith("changed"), kube.writes[:3]
+
+
+def test_a_change_gets_the_spec_error_of_its_reconcile() -> None:
+    bad = make_service({"model": {"name": "m", "version": "1", "uri": "builtin://nope"}})
+    kube = FakeKube()
+    kube.add_service(bad)
+    _, workers = _workers(kube=kube)
+    results: list[object] = []
+    handler = threading.Thread(
+        target=lambda: results.append(workers.run_change(("ns", "demo"), trigger="create"))
+    )
+    handler.start()
+    while workers.queue.depth(Lane.CHANGE) == 0:
+        threading.Event().wait(0.001)
+    assert workers.run_one() is True
+    handler.join(timeout=10.0)
+    assert len(results) == 1
+    assert isinstance(results[0], InvalidSpec)
+
+
+class _DownKube(FakeKube):
+    def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
+        raise ClusterUnavailable(f"GET {name}: connection refused")
+
+
+@pytest.mark.timeout(30)
+def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
+    """Kopf must see the failure to retry it."""
+    _, workers = _workers(kube=_DownKube())
+    failures: list[Exception] = []
+
+    def handle() -> None:
+        try:
+            workers.run_change(("ns", "demo"), trigger="update")
+        except ClusterUnavailable as exc:
+            failures.append(exc)
+
+    handler = threading.Thread(target=handle)
+    handler.start()
+    while workers.queue.depth(Lane.CHANGE) == 0:
+        threading.Event().wait(0.001)
+    workers.run_one()
+    handler.join(timeout=10.0)
+    assert len(failures) == 1
+    assert "connection refused" in str(failures[0])
+
+
+@pytest.mark.timeout(30)
+def test_a_change_waiting_when_the_workers_stop_is_answered() -> None:
+    _, workers = _workers("demo")
+    failures: list[Exception] = []
+
+    def handle() -> None:
+        try:
+            workers.run_change(("ns", "demo"), trigger="update")
+        except ClusterUnavailable as exc:
+            failures.append(exc)
+
+    handler = threading.Thread(target=handle)
+    handler.start()
+    while workers.queue.depth(Lane.CHANGE) == 0:
+        threading.Event().wait(0.001)
+    workers.stop()
+    handler.join(timeout=10.0)
+    assert not handler.is_alive()
+    assert len(failures) == 1
+
+
+def test_the_resync_lane_queues_its_visits_when_given_a_queue() -> None:
+    kube, workers = _workers("a", "b")
+    lane = Resyncer(
+        Sync(kube, metrics=OperatorMetrics()),
+        interval_s=2.0,
+        wait=lambda _s: False,
+        enqueue=workers.resync,
+    )
+    lane.track("ns", "a")
+    lane.track("ns", "b")
+    lane.run_round()
+    assert kube.writes == [], "queued, not reconciled on the lane's thread"
+    assert workers.queue.depth(Lane.RESYNC) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
+    """Kopf resumes every service when a leader starts; an update goes ahead of them all."""
+    names = [f"s{i}" for i in range(20)]
+    kube, workers = _workers("changed", *names)
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+
+    def body(name: str) -> kopf.Body:
+        found = kube.get_inference_service("ns", name)
+        assert found is not None
+        return kopf.Body(found)
+
+    async def leader_starts() -> None:
+        calls = [handlers.service_changed(body=body(name), reason="resume") for name in names]
+        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        while len(workers.queue) < len(tasks):
+            await asyncio.sleep(0.001)
+        workers.start()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(leader_starts())
+    finally:
+        workers.stop()
+    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
