@@ -190,10 +190,8 @@ class _DownKube(FakeKube):
         raise ClusterUnavailable(f"GET {name}: connection refused")
 
 
-@pytest.mark.timeout(30)
-def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
-    """Kopf must see the failure to retry it."""
-    _, workers = _workers(kube=_DownKube())
+def _waiting_change(workers: QueueWorkers) -> tuple[threading.Thread, list[Exception]]:
+    """A handler thread waiting on a change of ns/demo, once the change is queued."""
     failures: list[Exception] = []
 
     def handle() -> None:
@@ -206,6 +204,14 @@ def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
     handler.start()
     while workers.queue.depth(Lane.CHANGE) == 0:
         threading.Event().wait(0.001)
+    return handler, failures
+
+
+@pytest.mark.timeout(30)
+def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
+    """Kopf must see the failure to retry it."""
+    _, workers = _workers(kube=_DownKube())
+    handler, failures = _waiting_change(workers)
     workers.run_one()
     handler.join(timeout=10.0)
     assert len(failures) == 1
@@ -215,18 +221,7 @@ def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
 @pytest.mark.timeout(30)
 def test_a_change_waiting_when_the_workers_stop_is_answered() -> None:
     _, workers = _workers("demo")
-    failures: list[Exception] = []
-
-    def handle() -> None:
-        try:
-            workers.run_change(("ns", "demo"), trigger="update")
-        except ClusterUnavailable as exc:
-            failures.append(exc)
-
-    handler = threading.Thread(target=handle)
-    handler.start()
-    while workers.queue.depth(Lane.CHANGE) == 0:
-        threading.Event().wait(0.001)
+    handler, failures = _waiting_change(workers)
     workers.stop()
     handler.join(timeout=10.0)
     assert not handler.is_alive()
