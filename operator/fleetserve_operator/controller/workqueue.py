@@ -48,7 +48,6 @@ class WorkQueue(Generic[K]):
     def __init__(self, *, resync_in_flight: int = 1) -> None:
         self._lanes: dict[Lane, dict[K, None]] = {lane: {} for lane in Lane}
         """Queued keys of each lane, in arrival order (a dict: ordered, O(1) removal)."""
-        self._queued: dict[K, Lane] = {}
         self._again: dict[K, Lane] = {}
         """Keys added while running: queued in that lane when their run is `done`."""
         self._running: dict[K, Lane] = {}
@@ -74,13 +73,12 @@ class WorkQueue(Generic[K]):
                 waiting = self._again.get(key)
                 self._again[key] = lane if waiting is None else min(waiting, lane)
                 return waiting is None
-            queued = self._queued.get(key)
+            queued = self._lane_of(key)
             if queued is not None and queued <= lane:
                 return False
             if queued is not None:
                 del self._lanes[queued][key]
             self._lanes[lane][key] = None
-            self._queued[key] = lane
             self._ready.notify()
             return queued is None
 
@@ -101,11 +99,14 @@ class WorkQueue(Generic[K]):
             waiting = self._lanes[lane]
             key = next(iter(waiting))
             del waiting[key]
-            del self._queued[key]
             self._running[key] = lane
             if lane is Lane.RESYNC:
                 self._resyncs_running += 1
             return key, lane
+
+    def _lane_of(self, key: K) -> Lane | None:
+        """The lane `key` is queued in, if any (the caller holds the lock)."""
+        return next((lane for lane, waiting in self._lanes.items() if key in waiting), None)
 
     def _next_lane(self) -> Lane | None:
         """The most urgent lane with a key that may run now (the caller holds the lock)."""
@@ -126,7 +127,6 @@ class WorkQueue(Generic[K]):
             lane = self._again.pop(key, None)
             if lane is not None and not self._stopping:
                 self._lanes[lane][key] = None
-                self._queued[key] = lane
                 self._ready.notify()
 
     def stop(self) -> None:
@@ -138,7 +138,7 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         """Keys waiting to run (not those running)."""
         with self._ready:
-            return len(self._queued)
+            return sum(map(len, self._lanes.values()))
 
     def depth(self, lane: Lane) -> int:
         """Keys waiting in `lane`."""
