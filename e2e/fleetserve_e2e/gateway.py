@@ -26,8 +26,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-import httpx
-
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.identity import isolated_env
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
@@ -257,18 +255,10 @@ class LocalTraefik(Component):
         while self.ping_port == self.port:
             self.ping_port = free_port()
         env = {**isolated_env(os.environ), "KUBECONFIG": str(self._cluster.kubeconfig)}
-        self.process = start_process("traefik", self.argv(binary), log_path=self._log_path, env=env)
-        process = self.process
-
-        def answers() -> bool:
-            process.ensure_running()
-            try:
-                url = f"{self.api_url}/ping"
-                return httpx.get(url, timeout=1.0, trust_env=False).status_code == httpx.codes.OK
-            except httpx.HTTPError:
-                return False
-
-        wait_until(answers, timeout_s=self._timeout_s, what="Traefik to answer /ping")
+        process = start_process("traefik", self.argv(binary), log_path=self._log_path, env=env)
+        self.process = process
+        ping = f"{self.api_url}/ping"
+        wait_until(lambda: process.answers(ping), timeout_s=self._timeout_s, what=f"Traefik {ping}")
 
     def close(self) -> None:
         """Stop Traefik (idempotent)."""

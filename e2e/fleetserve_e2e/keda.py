@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from fleetserve_e2e.kubeapi import KubeApiError
 from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
@@ -239,7 +237,7 @@ def start_keda(cluster: LocalCluster, spawn: Spawn, *, timeout_s: float) -> None
     env = keda_env(cluster.kubeconfig)
     operator = spawn("keda-operator", operator_argv(cert_dir, ports), env)
     wait_until(
-        lambda: _healthy(operator, ports.operator_health),
+        lambda: operator.answers(f"http://127.0.0.1:{ports.operator_health}/readyz"),
         timeout_s=timeout_s,
         what=f"the KEDA operator's /readyz (log: {operator.log_path})",
         interval_s=0.2,
@@ -303,12 +301,6 @@ class LocalKeda(Component):
         )
         self._processes.append(process)
         return process
-
-
-def _healthy(process: ManagedProcess, port: int) -> bool:
-    process.ensure_running()
-    response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1.0, trust_env=False)
-    return response.is_success
 
 
 def _create_if_absent(

@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.pod_status import LOCAL_IP
+from fleetserve_e2e.testing import is_pod_ready
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
@@ -32,11 +33,6 @@ MANAGED_BY = "pod-network.e2e.fleetserve.io"
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
-
-
-def _is_ready(pod: JsonObject) -> bool:
-    conditions = pod["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def _target_port(pod: JsonObject, target: int | str) -> int | None:
@@ -63,7 +59,7 @@ def _slice_ports(service: JsonObject, pod: JsonObject) -> tuple[tuple[str, int, 
 
 def _endpoint(pod: JsonObject) -> JsonObject:
     meta = pod["metadata"]
-    ready = _is_ready(pod)
+    ready = is_pod_ready(pod)
     return {
         "addresses": [pod["status"]["podIP"]],
         "conditions": {"ready": ready, "serving": ready, "terminating": False},

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from fleetserve_e2e.waiting import GiveUpError
 
 # Every process a cluster starts carries this variable, so leftovers can be found in /proc even
@@ -51,6 +53,15 @@ class ManagedProcess:
         code = self.exit_code()
         if code is not None:
             raise ProcessExitedError(f"{self.name} exited with {code}:\n{self.log_tail()}")
+
+    def answers(self, url: str) -> bool:
+        """Whether `url` answers 2xx, the process still running.
+
+        A `wait_until` condition: a refused connection is "not yet", an exited process ends
+        the wait.
+        """
+        self.ensure_running()
+        return httpx.get(url, timeout=1.0, trust_env=False).is_success
 
     def log_tail(self, max_chars: int = 4000) -> str:
         """Return the end of the log, for error messages."""
