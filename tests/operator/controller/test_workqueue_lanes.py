@@ -145,6 +145,28 @@ def _workers(*names: str, kube: FakeKube | None = None) -> tuple[FakeKube, Queue
     return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=1)
 
 
+def _waiting_change(
+    workers: QueueWorkers, key: tuple[str, str] = ("ns", "demo"), trigger: str = "update"
+) -> tuple[threading.Thread, list[object]]:
+    """A handler thread waiting on a change of `key`, once the change is queued.
+
+    The list gets what `run_change` returned, or the `ClusterUnavailable` it raised.
+    """
+    outcomes: list[object] = []
+
+    def handle() -> None:
+        try:
+            outcomes.append(workers.run_change(key, trigger=trigger))
+        except ClusterUnavailable as exc:
+            outcomes.append(exc)
+
+    handler = threading.Thread(target=handle)
+    handler.start()
+    while workers.queue.depth(Lane.CHANGE) == 0:
+        threading.Event().wait(0.001)
+    return handler, outcomes
+
+
 @pytest.mark.timeout(30)
 def test_a_change_is_reconciled_before_the_resyncs_queued_ahead_of_it() -> None:
     """Kopf's handler waits in the change lane; one worker serves it before 50 resyncs."""
@@ -152,13 +174,7 @@ def test_a_change_is_reconciled_before_the_resyncs_queued_ahead_of_it() -> None:
     kube, workers = _workers("changed", *names)
     for name in names:
         workers.resync(("ns", name))
-    outcome: list[object] = []
-    handler = threading.Thread(
-        target=lambda: outcome.append(workers.run_change(("ns", "changed"), trigger="update"))
-    )
-    handler.start()
-    while workers.queue.depth(Lane.CHANGE) == 0:
-        threading.Event().wait(0.001)
+    handler, outcome = _waiting_change(workers, ("ns", "changed"))
     workers.start()
     handler.join(timeout=20.0)
     workers.stop()
@@ -172,13 +188,7 @@ def test_a_change_gets_the_spec_error_of_its_reconcile() -> None:
     kube = FakeKube()
     kube.add_service(bad)
     _, workers = _workers(kube=kube)
-    results: list[object] = []
-    handler = threading.Thread(
-        target=lambda: results.append(workers.run_change(("ns", "demo"), trigger="create"))
-    )
-    handler.start()
-    while workers.queue.depth(Lane.CHANGE) == 0:
-        threading.Event().wait(0.001)
+    handler, results = _waiting_change(workers, trigger="create")
     assert workers.run_one() is True
     handler.join(timeout=10.0)
     assert len(results) == 1
@@ -190,23 +200,6 @@ class _DownKube(FakeKube):
         raise ClusterUnavailable(f"GET {name}: connection refused")
 
 
-def _waiting_change(workers: QueueWorkers) -> tuple[threading.Thread, list[Exception]]:
-    """A handler thread waiting on a change of ns/demo, once the change is queued."""
-    failures: list[Exception] = []
-
-    def handle() -> None:
-        try:
-            workers.run_change(("ns", "demo"), trigger="update")
-        except ClusterUnavailable as exc:
-            failures.append(exc)
-
-    handler = threading.Thread(target=handle)
-    handler.start()
-    while workers.queue.depth(Lane.CHANGE) == 0:
-        threading.Event().wait(0.001)
-    return handler, failures
-
-
 @pytest.mark.timeout(30)
 def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
     """Kopf must see the failure to retry it."""
@@ -215,6 +208,7 @@ def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
     workers.run_one()
     handler.join(timeout=10.0)
     assert len(failures) == 1
+    assert isinstance(failures[0], ClusterUnavailable)
     assert "connection refused" in str(failures[0])
 
 
@@ -226,6 +220,7 @@ def test_a_change_waiting_when_the_workers_stop_is_answered() -> None:
     handler.join(timeout=10.0)
     assert not handler.is_alive()
     assert len(failures) == 1
+    assert isinstance(failures[0], ClusterUnavailable)
 
 
 def test_the_resync_lane_queues_its_visits_when_given_a_queue() -> None:
