@@ -67,6 +67,7 @@ from fleetserve_runtime.server.schemas import (
     tensor_instances,
     validate_body,
 )
+from fleetserve_runtime.server.sse import CLIENT_CLOSED
 from fleetserve_runtime.serving.admission import Scheduling, scheduling
 from fleetserve_runtime.serving.facade import ServingFacade
 
@@ -245,6 +246,14 @@ class _Service:
         except FleetserveError as exc:
             self.host.count(version, status_of(exc), time.perf_counter() - started)
             await _abort(context, exc)
+        except asyncio.CancelledError:
+            # gRPC cancels the handler when the client's deadline passes, often before
+            # `_in_time` gives up, or when the client hangs up: counted all the same.
+            remaining_s = context.time_remaining()
+            passed = remaining_s is not None and remaining_s <= 0
+            code = status_of(DeadlineExceeded("cancelled")) if passed else CLIENT_CLOSED
+            self.host.count(version, code, time.perf_counter() - started)
+            raise
         except Exception:
             # A bug: counted and answered like any server error, the traceback in the log.
             self.host.count(version, 500, time.perf_counter() - started)
