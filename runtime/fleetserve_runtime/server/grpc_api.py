@@ -73,6 +73,10 @@ from fleetserve_runtime.serving.facade import ServingFacade
 
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
 
+_DEADLINE_SLACK_S = 0.05
+"""A cancelled RPC this close to its deadline was cancelled by it: the client cancels at its
+own deadline, and that can reach the server a few milliseconds before the server's timer."""
+
 log = logging.getLogger("fleetserve.grpc")
 
 _T = TypeVar("_T")
@@ -250,7 +254,7 @@ class _Service:
             # gRPC cancels the handler when the client's deadline passes, often before
             # `_in_time` gives up, or when the client hangs up: counted all the same.
             remaining_s = context.time_remaining()
-            passed = remaining_s is not None and remaining_s <= 0
+            passed = remaining_s is not None and remaining_s <= _DEADLINE_SLACK_S
             code = status_of(DeadlineExceeded("cancelled")) if passed else CLIENT_CLOSED
             self.host.count(version, code, time.perf_counter() - started)
             raise
