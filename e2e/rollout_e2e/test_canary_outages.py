@@ -95,7 +95,13 @@ def test_restarted_operator_resumes_the_same_step(env: RolloutEnv) -> None:
             seen.append(service_status(env))
             return seen[-1].get("stableVersion") == "2"
 
-        wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
+        try:
+            wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
+        except TimeoutError as exc:
+            # What the restarted operator saw and did is the diagnosis; the timeout alone is not.
+            last = seen[-1] if seen else {}
+            detail = f"last status: {last}\nsecond operator's log (tail):\n{second.log()[-4000:]}"
+            raise AssertionError(f"{exc}\n{detail}") from exc
     started = at_kill["rollout"]["canaryStartedAt"]
     active = [s for s in seen if s.get("canaryVersion")]
     assert all(s["rollout"].get("canaryStartedAt") == started for s in active), "restarted"
