@@ -45,6 +45,10 @@ __all__ = [
     "PRIORITY_MOUNT",
     "PRIORITY_TOKEN_FILE",
     "PRIVILEGED_HEADERS",
+    "TENANTS_FILE",
+    "TENANTS_KEY",
+    "TENANTS_MOUNT",
+    "TENANT_HEADER",
     "QUEUE_WAIT_METRIC",
     "READY_PATH",
     "REQUESTS_METRIC",
@@ -119,6 +123,13 @@ AUTH_TOKEN_FILE = f"{AUTH_MOUNT}/{AUTH_TOKEN_KEY}"
 PRIORITY_MOUNT = "/var/run/secrets/fleetserve/priority"
 """Where `spec.runtime.priorityTokenSecretRef`'s Secret is mounted (a directory, as AUTH_MOUNT)."""
 PRIORITY_TOKEN_FILE = f"{PRIORITY_MOUNT}/{AUTH_TOKEN_KEY}"
+TENANTS_MOUNT = "/var/run/secrets/fleetserve/tenants"
+"""Where `spec.runtime.tenants.secretRef`'s Secret is mounted (a directory, as AUTH_MOUNT)."""
+TENANTS_KEY = "tenants.yaml"
+TENANTS_FILE = f"{TENANTS_MOUNT}/{TENANTS_KEY}"
+TENANT_HEADER = "X-Fleetserve-Tenant"
+"""Names the tenant only where `spec.runtime.tenants.trustHeader` says a gateway sets it;
+elsewhere the HTTPRoute removes it."""
 TLS_MOUNT = "/var/run/secrets/fleetserve/tls"
 """Where `spec.runtime.tls`'s Secret is mounted: a directory, so a renewed certificate is
 swapped in by the kubelet."""
@@ -243,6 +254,9 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
         flags["auth-token-file"] = AUTH_TOKEN_FILE
     if pods.runtime.priority_token_secret_ref is not None:
         flags["priority-token-file"] = PRIORITY_TOKEN_FILE
+    tenants = pods.runtime.tenants
+    if tenants is not None:
+        flags["tenants-file"] = TENANTS_FILE
     if pods.runtime.tls is not None:
         flags["tls-cert-file"] = TLS_CERT_FILE
         flags["tls-key-file"] = TLS_KEY_FILE
@@ -250,7 +264,9 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
     # an operator upgrade starts no rollout.
     if pods.runtime.grpc.enabled:
         flags["grpc-port"] = pods.runtime.grpc.port
-    return as_args(flags)
+    # The runtime's switches take no value (`--tenants-trust-header`), unlike every flag above.
+    switches = ["--tenants-trust-header"] if tenants is not None and tenants.trust_header else []
+    return as_args(flags) + switches
 
 
 def as_args(flags: dict[str, object]) -> list[str]:

@@ -55,6 +55,7 @@ MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
 AUTH_VOLUME = "auth"
 PRIORITY_VOLUME = "priority"
+TENANTS_VOLUME = "tenants"
 TLS_VOLUME = "tls"
 STORAGE_CREDENTIALS_VOLUME = "storage-credentials"
 STORAGE_CA_VOLUME = "storage-ca"
@@ -215,13 +216,16 @@ def _volumes(spec: GpuTrackSpec) -> tuple[list[Manifest], list[Manifest]]:
     if source is not None or spec.model.fetched:
         mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
     runtime = spec.runtime
+    token = contract.AUTH_TOKEN_KEY
+    tenants = None if runtime.tenants is None else runtime.tenants.secret_ref
     secrets = [
-        (AUTH_VOLUME, contract.AUTH_MOUNT, runtime.auth_secret_ref),
-        (PRIORITY_VOLUME, contract.PRIORITY_MOUNT, runtime.priority_token_secret_ref),
+        (AUTH_VOLUME, contract.AUTH_MOUNT, runtime.auth_secret_ref, token),
+        (PRIORITY_VOLUME, contract.PRIORITY_MOUNT, runtime.priority_token_secret_ref, token),
+        (TENANTS_VOLUME, contract.TENANTS_MOUNT, tenants, contract.TENANTS_KEY),
     ]
-    for name, mount, ref in secrets:
+    for name, mount, ref, path in secrets:
         if ref is not None:
-            items = [{"key": ref.key, "path": contract.AUTH_TOKEN_KEY}]
+            items = [{"key": ref.key, "path": path}]
             volumes.append(_secret_volume(name, ref.name, items))
             mounts.append({"name": name, "mountPath": mount, "readOnly": True})
     if runtime.tls is not None:

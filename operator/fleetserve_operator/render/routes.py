@@ -112,11 +112,13 @@ def http_route(owner: Owner, spec: InferenceServiceSpec, weights: dict[Track, in
     ]
     # Beside the runtime's own check of the priority token: no client behind the gateway
     # reaches the pods with the priority or deadline headers, whatever token it holds (a
-    # leaked token then serves only callers inside the cluster).
-    strip = {
-        "type": "RequestHeaderModifier",
-        "requestHeaderModifier": {"remove": list(contract.PRIVILEGED_HEADERS)},
-    }
+    # leaked token then serves only callers inside the cluster). The tenant header, too,
+    # unless the service says the gateway in front sets it.
+    tenants = spec.runtime.tenants
+    removed = list(contract.PRIVILEGED_HEADERS)
+    if tenants is None or not tenants.trust_header:
+        removed.append(contract.TENANT_HEADER)
+    strip = {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": removed}}
     rule = {"matches": route_matches(spec), "filters": [strip], "backendRefs": backends}
     return _route(owner, spec, "HTTPRoute", rule)
 

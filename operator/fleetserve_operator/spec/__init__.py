@@ -59,6 +59,7 @@ from fleetserve_operator.spec.serving import (
     Replicas,
     Resources,
     RuntimeSpec,
+    TenantsSpec,
     TlsSpec,
     Toleration,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "ScalingMetric",
     "ScalingSpec",
     "Task",
+    "TenantsSpec",
     "TlsSpec",
     "Toleration",
     "TopologySpread",

@@ -155,6 +155,20 @@ class TlsSpec(Wire):
     `tls.key`, as cert-manager writes them)."""
 
 
+class TenantsSpec(Wire):
+    """Who the callers are: the tenants table the runtime reads (see docs/how-to/tenants.md)."""
+
+    secret_ref: KeySelector
+    """Secret key holding the tenants table (YAML or JSON: each tenant's name, tokens,
+    weight, `max_requests` and allowed priorities), mounted read-only (`--tenants-file`)
+    and re-read when the Secret changes. A tenant's token also authenticates its requests."""
+    trust_header: bool = False
+    """Take the tenant from the `X-Fleetserve-Tenant` header when a request bears no tenant
+    token (`--tenants-trust-header`): only for a gateway that authenticates callers and sets
+    the header itself. False: the HTTPRoute removes the header from every request and the
+    runtime refuses a request that carries it."""
+
+
 class GrpcSpec(Wire):
     """The runtime's Open Inference Protocol gRPC listener (`inference.GRPCInferenceService`)."""
 
@@ -204,6 +218,11 @@ class RuntimeSpec(Wire):
     volume like `authSecretRef`'s); it also authenticates inference requests. Unset: no
     caller may raise them. The HTTPRoute strips both headers from every request it forwards,
     so only a caller inside the cluster that holds the token can use them."""
+    tenants: TenantsSpec | None = None
+    """Tenants: fair share of batches and KV cache between callers, a quota each (429 past
+    it), the priorities each may ask for, and a prefix cache never shared between them.
+    Unset: one anonymous tenant. Every track runs with the stable track's setting except
+    the canary, which runs the spec's: changing it is a rollout."""
     tls: TlsSpec | None = None
     """Serve HTTP and gRPC over TLS with this Secret's certificate (`--tls-cert-file`,
     `--tls-key-file`, mounted read-only; every track). The probes then use HTTPS, and

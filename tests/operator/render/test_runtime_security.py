@@ -1,7 +1,8 @@
 """The runtime's security settings reach every track's pods; the route strips its headers.
 
 TLS, the priority token and the generation limits become volumes, flags and probes; the
-HTTPRoute removes the headers only the priority token grants.
+HTTPRoute removes the headers only the priority token grants, and the tenant header unless a
+trusted gateway sets it.
 """
 
 from __future__ import annotations
@@ -41,8 +42,46 @@ def test_every_route_rule_strips_the_privileged_headers(model: dict[str, str] | 
     assert route["spec"]["rules"]
     for rule in route["spec"]["rules"]:
         assert {"type": "RequestHeaderModifier", "requestHeaderModifier": {
-            "remove": ["X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms"]
+            "remove": ["X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms", "X-Fleetserve-Tenant"]
         }} in rule["filters"]  # fmt: skip
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_the_tenant_header_passes_the_route_only_from_a_trusted_gateway(trusted: bool) -> None:
+    """`runtime.tenants.trustHeader`: the route keeps X-Fleetserve-Tenant; otherwise removes it."""
+    tenants = {"secretRef": {"name": "callers", "key": "table"}, "trustHeader": trusted}
+    route = _children(traffic=GATEWAY, runtime={"tenants": tenants})[("HTTPRoute", "demo")]
+    for rule in route["spec"]["rules"]:
+        (strip,) = [f for f in rule["filters"] if f["type"] == "RequestHeaderModifier"]
+        removed = strip["requestHeaderModifier"]["remove"]
+        assert ("X-Fleetserve-Tenant" in removed) is not trusted
+        assert {"X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms"} <= set(removed)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_the_tenants_table_is_a_read_only_secret_file_on_every_track(trusted: bool) -> None:
+    """`runtime.tenants`: its key mounted as a file, `--tenants-file`, the trust flag if set."""
+    tenants = {"secretRef": {"name": "callers", "key": "table"}, "trustHeader": trusted}
+    children = _children(runtime={"tenants": tenants}, fallback={"enabled": True})
+    for name in TRACKS:
+        pod = _pod(children, name)
+        (container,) = pod["spec"]["containers"]
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tenants")
+        assert volume["secret"]["secretName"] == "callers"
+        assert volume["secret"]["items"] == [{"key": "table", "path": contract.TENANTS_KEY}]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "tenants")
+        assert mount == {"name": "tenants", "mountPath": contract.TENANTS_MOUNT, "readOnly": True}
+        args = container["args"]
+        assert args[args.index("--tenants-file") + 1] == contract.TENANTS_FILE
+        assert ("--tenants-trust-header" in args) is trusted
+
+
+def test_without_tenants_the_pods_read_no_table() -> None:
+    """No `runtime.tenants`: no volume, no flag (the runtime serves one anonymous tenant)."""
+    children = _children(fallback={"enabled": True})
+    for name in TRACKS:
+        (container,) = _pod(children, name)["spec"]["containers"]
+        assert not any(a.startswith("--tenants") for a in container["args"])
 
 
 def test_tls_mounts_the_secret_and_probes_over_https_on_every_track() -> None:
