@@ -65,6 +65,7 @@ from fleetserve_operator.spec.serving import (
 from fleetserve_operator.spec.status import (
     Acknowledgement,
     AnalysisResult,
+    BakeStatus,
     CheckEvidence,
     CheckOutcome,
     CheckResult,
@@ -104,6 +105,7 @@ __all__ = [
     "AnalysisResult",
     "AnalysisSpec",
     "Backend",
+    "BakeStatus",
     "BatchingOverrides",
     "BatchingSpec",
     "CheckEvidence",
