@@ -46,6 +46,12 @@ def _baking(**knobs: Any) -> World:
     return world
 
 
+def _paused(world: World) -> bool:
+    bake = world.status.rollout.bake
+    assert bake is not None
+    return bake.paused
+
+
 def _reasons(world: World) -> list[str]:
     return [reason for _, reason, _ in events(world)]
 
@@ -190,14 +196,12 @@ def test_a_paused_bake_bakes_on_until_resumed() -> None:
     world = _baking()
     world.command(RolloutCommand.PAUSE, "1")
     assert world.status.phase == "Baking"
-    assert world.status.rollout.bake is not None
-    assert world.status.rollout.bake.paused
+    assert _paused(world)
     for _ in range(7):
         world.tick(60)
     assert world.status.phase == "Baking"
     world.command(RolloutCommand.RESUME, "1")
-    assert world.status.rollout.bake is not None
-    assert not world.status.rollout.bake.paused
+    assert not _paused(world)
     assert world.status.phase == "Baking"
     world.tick(60)
     assert world.status.phase == "Promoting"
