@@ -289,6 +289,24 @@ def test_the_bake_is_judged_against_stables_baseline_as_the_last_step() -> None:
     assert rollout.is_watching(world.status)
 
 
+def test_threshold_mode_reads_stables_window_as_of_the_bakes_start() -> None:
+    """Stable serves nothing during the bake: its window is the one the 100% step passed on.
+
+    A window read `offset` before now would, after the bake's first interval, fall in the
+    bake itself and find no stable data: no verdict, and a bake that never ends.
+    """
+    world = _baking()
+    world.tick(180)
+    assert world.status.phase == "Baking"
+    target = analysis.target_for(world.spec, world.status, namespace="ns")
+    bake = world.status.rollout.bake
+    assert bake is not None
+    assert target.stable.at == bake.since
+    query = analysis.p99_ms_query("m", target.stable, target.window)
+    assert query.endswith("[60s] offset 60s @ 1767225900)))"), query
+    assert "@" not in analysis.p99_ms_query("m", target.canary, target.window)
+
+
 def test_a_bake_restart_resumes_it() -> None:
     """Status written and read back mid-bake (an operator restart) resumes the same bake."""
     world = _baking()
