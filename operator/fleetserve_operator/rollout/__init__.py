@@ -39,7 +39,6 @@ from fleetserve_operator.rollout.traffic import (
     canary_only,
     fallback_active,
     plan_capacity,
-    standby_replicas,
     traffic_split,
 )
 
@@ -61,6 +60,5 @@ __all__ = [
     "is_watching",
     "next_step",
     "plan_capacity",
-    "standby_replicas",
     "traffic_split",
 ]
