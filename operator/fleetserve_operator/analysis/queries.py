@@ -10,6 +10,7 @@ nothing here sends a query.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from fleetserve_operator.contract import (
     GENERATION_TOKENS_METRIC,
@@ -74,6 +75,9 @@ class TrackScope:
     offset: str | None = None
     """Read the window this long ago (the stable baseline at the 100% step, where the
     stable track gets no traffic)."""
+    at: str | None = None
+    """Read the window as of this time (RFC 3339) instead of now, `offset` before it: the
+    bake's stable baseline, the window the 100% step's last analysis read."""
 
     def selector(self, extra: str = "") -> str:
         """The label matchers, e.g. `namespace="ns",model="m",version="2",track="canary"`."""
@@ -86,7 +90,11 @@ class TrackScope:
     def range(self, window: str) -> str:
         """`[window]`, with the offset modifier when one is set (both as PromQL spells them)."""
         selected = f"[{promql_duration(window)}]"
-        return f"{selected} offset {promql_duration(self.offset)}" if self.offset else selected
+        if self.offset:
+            selected = f"{selected} offset {promql_duration(self.offset)}"
+        if self.at is not None:
+            selected = f"{selected} @ {datetime.fromisoformat(self.at).timestamp():.0f}"
+        return selected
 
 
 def promql_duration(duration: str) -> str:
@@ -132,7 +140,8 @@ def target_for(
     """The canary and stable series a rollout's analysis compares now.
 
     At 100% the stable track gets no traffic, so its baseline is read from the window
-    before (`offset`), when it still served most requests.
+    before (`offset`), when it still served most requests. During the bake that window is
+    pinned to the bake's start (`at`): the one the 100% step passed on.
     """
     window = (spec.rollout.analysis and spec.rollout.analysis.window) or spec.rollout.interval
     model = spec.model.name
@@ -144,6 +153,7 @@ def target_for(
         status.stable_version or "",
         Track.STABLE,
         offset=window if alone else None,
+        at=status.rollout.bake.since if status.rollout.bake is not None else None,
     )
     steps, index = spec.rollout.steps, status.rollout.step_index
     following = 100 if index is None or index + 1 >= len(steps) else steps[index + 1]

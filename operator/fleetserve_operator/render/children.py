@@ -23,7 +23,7 @@ from fleetserve_operator.render import routes, scaling
 from fleetserve_operator.render.owner import Owner
 from fleetserve_operator.render.pods import TrackPlan, pod_template
 from fleetserve_operator.render.tracks import plan_tracks
-from fleetserve_operator.rollout import fallback_active
+from fleetserve_operator.rollout import canary_only, fallback_active
 from fleetserve_operator.spec import (
     DisruptionSpec,
     GrpcSpec,
@@ -195,8 +195,13 @@ def desired_children(
         naming.INSTANCE_LABEL: owner.name,
         naming.POOL_LABEL: pool,
     }
+    umbrella_grpc = grpc[Track.STABLE]
+    if canary_only(spec, status):
+        # The bake's standby: its pods keep running but must answer nothing, whatever
+        # reaches the umbrella Service (with `replicas` traffic, every client).
+        umbrella, umbrella_grpc = naming.selector(owner.name, Track.CANARY), grpc[Track.CANARY]
     # The fallback runs the stable track's pods, so both pools serve gRPC as stable does.
-    children.append(_service(owner, spec, owner.name, umbrella, grpc[Track.STABLE]))
+    children.append(_service(owner, spec, owner.name, umbrella, umbrella_grpc))
     if spec.traffic.provider is TrafficProvider.GATEWAY_API:
         weights = routes.traffic_weights(spec, status)
         children.append(routes.http_route(owner, spec, weights))

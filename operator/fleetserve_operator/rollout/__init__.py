@@ -35,7 +35,12 @@ from fleetserve_operator.rollout.data import (
 )
 from fleetserve_operator.rollout.machine import TRANSITIONS, next_step
 from fleetserve_operator.rollout.moves import is_analysis_due, is_watching
-from fleetserve_operator.rollout.traffic import fallback_active, plan_capacity, traffic_split
+from fleetserve_operator.rollout.traffic import (
+    canary_only,
+    fallback_active,
+    plan_capacity,
+    traffic_split,
+)
 
 __all__ = [
     "TRANSITIONS",
@@ -49,6 +54,7 @@ __all__ = [
     "TrafficSplit",
     "Transition",
     "Trigger",
+    "canary_only",
     "fallback_active",
     "is_analysis_due",
     "is_watching",

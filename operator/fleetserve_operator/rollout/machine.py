@@ -23,6 +23,10 @@ from fleetserve_operator.rollout.moves import (
     Tick,
     abort,
     adopt,
+    bake_failed,
+    bake_inconclusive,
+    bake_passed,
+    bake_promote_command,
     cancel,
     crashed,
     elapsed_s,
@@ -35,10 +39,12 @@ from fleetserve_operator.rollout.moves import (
     not_ready,
     passed,
     pause,
+    pause_bake,
     promote_command,
     record_only,
     refuse,
     resume,
+    resume_bake,
     settle,
     start,
     verdict,
@@ -75,6 +81,22 @@ def _rows(
     return {(phase, trigger): handler for phase in phases}
 
 
+_BAKE_ROWS: dict[Trigger, Handler] = {
+    Trigger.NEW_SPEC: start,
+    Trigger.SPEC_REVERTED: cancel,
+    Trigger.ABORT: abort,
+    Trigger.CANARY_CRASHED: crashed,
+    Trigger.PROMOTE: bake_promote_command,
+    Trigger.PAUSE: pause_bake,
+    Trigger.RESUME: resume_bake,
+    Trigger.ANALYSIS_PASSED: bake_passed,
+    Trigger.ANALYSIS_FAILED: bake_failed,
+    Trigger.ANALYSIS_INCONCLUSIVE: bake_inconclusive,
+}
+"""The `Baking` rows: the canary carries all traffic, the previous version is on standby.
+Rolling back (abort, a crash, a failed analysis) is the usual withdrawal: the weights go
+back to the stable track, which still runs the previous spec."""
+
 TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     **_rows(tuple(RolloutPhase), Trigger.SPEC_INVALID, refuse),
     **_rows((*_SETTLED, *_ENDED), Trigger.ADOPT, adopt),
@@ -97,6 +119,7 @@ TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     (P.PROMOTING, Trigger.STABLE_PROMOTED): finish,
     (P.PENDING, Trigger.STABLE_AVAILABLE): settle,
     (P.SUCCEEDED, Trigger.STABLE_UNAVAILABLE): settle,
+    **{(P.BAKING, trigger): handler for trigger, handler in _BAKE_ROWS.items()},
 }
 """(phase, trigger) → handler. A pair not listed leaves the status as it is."""
 
@@ -282,6 +305,13 @@ def _finalise(before: Tick, status: InferenceServiceStatus) -> Step:
     return Step(status, cleared)
 
 
+def _without_ended_bake(status: InferenceServiceStatus) -> InferenceServiceStatus:
+    """`status.rollout.bake` is kept only while Baking: any move out of it ends the bake."""
+    if status.rollout.bake is None or status.current_phase is P.BAKING:
+        return status
+    return status.model_copy(update=with_rollout(status, bake=None))
+
+
 def next_step(
     spec: InferenceServiceSpec | None,
     status: InferenceServiceStatus,
@@ -308,6 +338,6 @@ def next_step(
     t = _forget_gone_commands(t)
     trigger = _detect(t)
     step = _run(t, trigger) if trigger is not None else Step(t.status)
-    done = _finalise(before, step.status)
+    done = _finalise(before, _without_ended_bake(step.status))
     actions = (*fallback_actions, *step.actions, *done.actions)
     return Transition(status=done.status, actions=actions, trigger=trigger)

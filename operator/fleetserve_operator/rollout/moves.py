@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from fleetserve_operator.records import EventNote, rfc3339
@@ -23,6 +23,7 @@ from fleetserve_operator.rollout.data import (
 from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     AnalysisResult,
+    BakeStatus,
     CheckOutcome,
     InconclusiveReason,
     InferenceServiceSpec,
@@ -252,7 +253,9 @@ def promote(t: Tick) -> Step:
 def advance(t: Tick, reason: str = "StepAdvanced") -> Step:
     """The next step, or promotion after the last."""
     following = (t.status.rollout.step_index or 0) + 1
-    return promote(t) if following >= len(t.spec.rollout.steps) else at_step(t, following, reason)
+    if following < len(t.spec.rollout.steps):
+        return at_step(t, following, reason)
+    return start_bake(t) if t.spec.rollout.bake is not None else promote(t)
 
 
 def promote_command(t: Tick) -> Step:
@@ -406,3 +409,106 @@ def inconclusive(t: Tick) -> Step:
 def ignored(t: Tick) -> Step:
     """A command with no row for the phase: nothing changes (it is still acknowledged)."""
     return Step(t.status)
+
+
+# The bake: the last step passed, the canary carries all traffic, stable is its hot standby.
+
+
+def start_bake(t: Tick) -> Step:
+    """The last step passed with `rollout.bake` set: bake at 100%, stable kept at weight 0.
+
+    The stable track keeps the previous spec (no promotion yet), so taking the traffic back
+    is a change of weights. The bake is judged as a step: a fresh interval and sample count,
+    the evidence (and stable's baseline) kept.
+    """
+    bake = t.spec.rollout.bake or "0s"
+    until = rfc3339(t.now + timedelta(seconds=parse_duration_s(bake)))
+    standby = t.status.stable_version
+    message = (
+        f"baking version {t.status.canary_version} at 100% until {until} (bake {bake}); "
+        f"version {standby} on hot standby at weight 0"
+    )
+    evidence = t.status.rollout.evidence
+    state = BakeStatus(since=t.stamp, until=until, standby_version=standby)
+    status = t.status.model_copy(
+        update={"phase": P.BAKING, "canary_weight": 100}
+        | with_rollout(
+            t.status,
+            bake=state,
+            interval_started_at=t.stamp,
+            failed_analyses=0,
+            inconclusive_analyses=0,
+            evidence=evidence
+            and evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0}),
+            message=message,
+        )
+    )
+    return Step(status, (new_event("Normal", "Baking", message),))
+
+
+def end_bake(t: Tick, reason: str, detail: str) -> Step:
+    """The bake is over: the normal promotion runs (the stable track takes the new spec)."""
+    step = promote(t)
+    return Step(step.status, (new_event("Normal", reason, detail), *step.actions))
+
+
+def bake_passed(t: Tick) -> Step:
+    """A passed analysis: the bake ends at the first one at or after its end, unless paused."""
+    bake = t.status.rollout.bake
+    t = recorded(t, failed_analyses=0, inconclusive_analyses=0)
+    if bake is None or bake.paused or elapsed_s(bake.until, t.now) < 0:
+        return Step(t.status)
+    detail = f"version {t.status.canary_version} passed its bake since {bake.since}"
+    return end_bake(t, "BakeCompleted", detail)
+
+
+def bake_promote_command(t: Tick) -> Step:
+    """The promote annotation during the bake: end it now, whatever its value."""
+    return end_bake(t, "BakeEndedByHand", "the promote annotation ended the bake early")
+
+
+def bake_failed(t: Tick) -> Step:
+    """Any failed analysis during the bake flips the traffic back to the standby at once.
+
+    The canary already served everyone: a failure is not waited out (`failureThreshold`),
+    and in sequential mode it is a test's rejection at level α, or a PromQL check's bound.
+    """
+    result = due_analysis(t)
+    rejected = any(check.outcome is CheckOutcome.REJECTED for check in result.checks)
+    reason = "AnalysisRejected" if rejected else "AnalysisFailed"
+    t = recorded(t, failed_analyses=t.status.rollout.failed_analyses + 1)
+    step = roll_back(t, reason, f"during the bake: {result.message}")
+    return Step(step.status, (new_event("Warning", reason, result.message), *step.actions))
+
+
+def bake_inconclusive(t: Tick) -> Step:
+    """No verdict during the bake: counted and reported; the bake cannot end on it."""
+    result = due_analysis(t)
+    count = t.status.rollout.inconclusive_analyses + 1
+    t = recorded(t, inconclusive_analyses=count)
+    reason = result.reason.value if result.reason else "Inconclusive"
+    detail = (
+        f"baking at 100%, never promoting without data: {reason}: {result.message} "
+        f"({count} inconclusive analyses in a row)"
+    )
+    status = t.status.model_copy(update=with_rollout(t.status, message=detail))
+    return Step(status, (new_event("Warning", "AnalysisInconclusive", detail),))
+
+
+def _bake_flag(t: Tick, message: str, *, paused: bool, **changes: Any) -> Step:
+    bake = t.status.rollout.bake
+    state = bake and bake.model_copy(update={"paused": paused})
+    update = with_rollout(t.status, bake=state, message=message, **changes)
+    return Step(t.status.model_copy(update=update))
+
+
+def pause_bake(t: Tick) -> Step:
+    """The pause annotation during the bake: it goes on (analysis, standby) but never ends."""
+    return _bake_flag(t, "bake paused by annotation: baking until resumed", paused=True)
+
+
+def resume_bake(t: Tick) -> Step:
+    """The resume annotation during the bake: it may end again, after a fresh interval."""
+    until = t.status.rollout.bake.until if t.status.rollout.bake else "its end"
+    message = f"bake resumed: it ends at the first passing analysis from {until}"
+    return _bake_flag(t, message, paused=False, interval_started_at=t.stamp)

@@ -16,7 +16,13 @@ from fleetserve_operator.spec import (
     RolloutPhase,
 )
 
-__all__ = ["fallback_active", "plan_capacity", "traffic_split"]
+__all__ = [
+    "canary_only",
+    "fallback_active",
+    "plan_capacity",
+    "standby_replicas",
+    "traffic_split",
+]
 
 P = RolloutPhase
 
@@ -58,6 +64,8 @@ def plan_capacity(
         return Capacity(stable=None if autoscaled else total, canary=0)
     weight = 100 if phase is P.PROMOTING else status.canary_weight
     canary = max(1, math.ceil(weight * total / 100))
+    if phase is P.BAKING:
+        return Capacity(stable=None if autoscaled else standby_replicas(spec, total), canary=canary)
     if autoscaled or phase is P.PROMOTING:
         return Capacity(stable=None if autoscaled else total, canary=canary)
     gpus, surge = spec.runtime.resources.gpu_count, spec.rollout.max_surge_gpus
@@ -65,3 +73,31 @@ def plan_capacity(
         return Capacity(stable=total, canary=canary)
     own = math.ceil((100 - weight) * total / 100)
     return Capacity(stable=max(own, min(total, total + surge // gpus - canary)), canary=canary)
+
+
+def standby_replicas(spec: InferenceServiceSpec, total: int) -> int:
+    """The stable track's replicas during the bake: `bakeStandbyReplicas`, else its size.
+
+    Its full size by default, so that flipping the traffic back needs no scale-up; with
+    `maxSurgeGPUs`, what the bound leaves it next to a full-size canary, but at least one:
+    a standby of no pods is no standby.
+    """
+    chosen = spec.rollout.bake_standby_replicas
+    if chosen is not None:
+        return chosen
+    gpus, surge = spec.runtime.resources.gpu_count, spec.rollout.max_surge_gpus
+    if surge is None or gpus == 0:
+        return total
+    return max(1, min(total, surge // gpus))
+
+
+def canary_only(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> bool:
+    """True while the previous version must get no request at all: the bake's standby.
+
+    From the bake's start until the canary goes (the promotion after it, too: the stable
+    track's pods still run the previous version while they roll). With weights alone the
+    umbrella Service, which selects every GPU pod, would still reach the standby's.
+    """
+    phase = status.current_phase
+    baked = phase is P.BAKING or (phase is P.PROMOTING and spec.rollout.bake is not None)
+    return baked and not fallback_active(status)

@@ -66,6 +66,7 @@ from fleetserve_operator.spec.serving import (
 from fleetserve_operator.spec.status import (
     Acknowledgement,
     AnalysisResult,
+    BakeStatus,
     CheckEvidence,
     CheckOutcome,
     CheckResult,
@@ -105,6 +106,7 @@ __all__ = [
     "AnalysisResult",
     "AnalysisSpec",
     "Backend",
+    "BakeStatus",
     "BatchingOverrides",
     "BatchingSpec",
     "CheckEvidence",

@@ -277,6 +277,17 @@ class RolloutSpec(Wire):
     """Most extra GPUs a rollout may use above the stable track's; unset: no bound."""
     analysis: AnalysisSpec | None = None
     """Metric analysis; unset promotes on readiness and time alone."""
+    bake: Duration | None = None
+    """How long the new version serves all traffic after the last step passes, judged as at
+    that step (against stable's baseline), while the previous version's pods keep running
+    at weight 0: a failure, or a crashed canary, sends the traffic back to them at once (a
+    weight change, not a redeploy); after the bake the stable track takes the new spec.
+    Unset: promote as soon as the last step passes."""
+    bake_standby_replicas: int | None = Field(None, ge=1)
+    """Replicas the previous version keeps during `bake` (the hot standby). Unset: the
+    stable track's full size (with `maxSurgeGPUs`, what that bound leaves it at 100%, at
+    least one), so a flip back has all its capacity at once; fewer saves GPUs, and a flip
+    back then waits for the standby to grow. An autoscaled stable track keeps its size."""
 
     @model_validator(mode="after")
     def _steps(self) -> RolloutSpec:

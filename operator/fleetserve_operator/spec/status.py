@@ -17,6 +17,7 @@ from fleetserve_operator.spec.tracks import GpuTrackSpec
 __all__ = [
     "Acknowledgement",
     "AnalysisResult",
+    "BakeStatus",
     "CheckOutcome",
     "CheckEvidence",
     "CheckResult",
@@ -54,8 +55,13 @@ class RolloutPhase(StrEnum):
       traffic, Prometheus down), or a step before more than half of the traffic waits for
       the evidence of sequential mode's power gates; the weight stays until a verdict,
       never promoting on missing data (a wait for evidence ends at `progressDeadline`).
-    - `Promoting`: the last step passed; the stable track rolls to the new spec while the
-      canary carries all traffic, then the canary goes.
+    - `Baking`: the last step passed and `rollout.bake` is set: the canary carries all
+      traffic for the bake, judged against stable's baseline, while the stable track keeps
+      the previous version running at weight 0 (the hot standby); a failure flips the
+      weights back to it (`RolledBack`), the bake's end promotes (`Promoting`). A pause
+      keeps it baking past its end.
+    - `Promoting`: the last step (or the bake) passed; the stable track rolls to the new
+      spec while the canary carries all traffic, then the canary goes.
     - `RolledBack`: the canary was withdrawn (failed analyses, OOM kill or restart, abort);
       stable serves the previous spec until the spec changes or `retry` is annotated.
     - `Failed`: the spec cannot be deployed: it is invalid, or its canary never became Ready.
@@ -70,6 +76,7 @@ class RolloutPhase(StrEnum):
     PROMOTING = "Promoting"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
+    BAKING = "Baking"
 
     @property
     def is_rollout_active(self) -> bool:
@@ -82,7 +89,9 @@ class RolloutPhase(StrEnum):
         return self in _ANALYSING
 
 
-_ANALYSING = frozenset({RolloutPhase.PROGRESSING, RolloutPhase.PAUSED, RolloutPhase.HOLDING})
+_ANALYSING = frozenset(
+    {RolloutPhase.PROGRESSING, RolloutPhase.PAUSED, RolloutPhase.HOLDING, RolloutPhase.BAKING}
+)
 _ROLLOUT_ACTIVE = _ANALYSING | {RolloutPhase.STARTING, RolloutPhase.PROMOTING}
 
 
@@ -293,6 +302,21 @@ class Acknowledgement(Wire):
     """What it did, e.g. `promoted to step 3 (50%)` or `ignored in phase Succeeded`."""
 
 
+class BakeStatus(Wire):
+    """The bake after the last step (`rollout.bake`), while the phase is `Baking`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    since: Timestamp
+    """When the canary began to carry all traffic for the bake."""
+    until: Timestamp
+    """When the bake may end: at the first passing analysis from then on."""
+    standby_version: str | None = Field(None, max_length=63)
+    """The version the stable track keeps running at weight 0, ready to take traffic back."""
+    paused: bool = False
+    """Paused by annotation: it goes on baking, and does not end until resumed."""
+
+
 class RolloutStatus(Wire):
     """The rollout's bookkeeping: what stable runs, what is under rollout, counts, history."""
 
@@ -330,6 +354,8 @@ class RolloutStatus(Wire):
     """Command annotations acted on, while they are still present."""
     message: str = Field("", max_length=4096)
     """Why the rollout is where it is (hold reason, failing values)."""
+    bake: BakeStatus | None = None
+    """The bake, while the phase is `Baking`."""
 
 
 class ConditionType(StrEnum):

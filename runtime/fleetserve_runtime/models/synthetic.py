@@ -1,11 +1,13 @@
 """A synthetic model whose latency, error rate and memory limit are set by URI parameters.
 
-`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&dim=8&seed=0&oom_above_tokens=0&stall_ms=0&collate_stall_ms=0`
+`builtin://synthetic?latency_ms=5&per_item_ms=0.2&error_rate=0.2&errors_after_s=0&dim=8&seed=0&oom_above_tokens=0&stall_ms=0&collate_stall_ms=0`
 
-The e2e tests use it to make a canary regress on purpose (errors, latency), and the unit
-tests use `oom_above_tokens` to drive the executor's split-on-OOM path with a real handler
-and `stall_ms` (`collate_stall_ms`) to wedge the executor's compute (prepare) thread on one
-batch (the one holding the text `stall`) while calibration and every other batch stay fast.
+The e2e tests use it to make a canary regress on purpose (errors, latency; with
+`errors_after_s`, errors only from that long after it loaded: a version that regresses once
+it has passed its canary steps), and the unit tests use `oom_above_tokens` to drive the
+executor's split-on-OOM path with a real handler and `stall_ms` (`collate_stall_ms`) to
+wedge the executor's compute (prepare) thread on one batch (the one holding the text
+`stall`) while calibration and every other batch stay fast.
 Instances are non-empty strings; an instance costs one token per whitespace-separated word
 plus two (as a BERT tokenizer's [CLS]/[SEP] would).
 """
@@ -55,6 +57,8 @@ class SyntheticParams(BaseModel):
     """Added cost per item in the batch, in milliseconds."""
     error_rate: float = Field(0.0, ge=0, le=1)
     """Probability that an item fails (its request gets 500)."""
+    errors_after_s: float = Field(0.0, ge=0, le=3600)
+    """`error_rate` applies only from this many seconds after `load`; before, none fails."""
     dim: int = Field(8, ge=1, le=4096)
     """Output vector size."""
     seed: int = 0
@@ -89,6 +93,7 @@ class SyntheticHandler:
         self._rng = random.Random(self.params.seed)
         self._stall_digest = text_digest(STALL_TEXT)
         self._rng_lock = threading.Lock()
+        self._errors_from = time.monotonic() + self.params.errors_after_s
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -96,7 +101,8 @@ class SyntheticHandler:
         return self._metadata
 
     def load(self, device: torch.device) -> None:
-        """Nothing to load; the synthetic model has no weights."""
+        """Nothing to load (no weights); `errors_after_s` counts from here."""
+        self._errors_from = time.monotonic() + self.params.errors_after_s
 
     def preprocess(self, instance: object, *, truncate: bool) -> PreparedInput:
         """Count words; refuse non-strings, empty strings and over-long inputs."""
@@ -142,8 +148,9 @@ class SyntheticHandler:
         if self.params.stall_ms and bool(seeds.eq(self._stall_digest).any()):
             sleep_ms += self.params.stall_ms
         time.sleep(sleep_ms / 1000)
+        rate = self.params.error_rate if time.monotonic() >= self._errors_from else 0.0
         with self._rng_lock:
-            failed = [self._rng.random() < self.params.error_rate for _ in range(count)]
+            failed = [self._rng.random() < rate for _ in range(count)]
         columns = torch.arange(self.params.dim, dtype=torch.float32, device=seeds.device)
         vectors = torch.sin(seeds.to(torch.float32).unsqueeze(1) + columns)
         return vectors, failed
