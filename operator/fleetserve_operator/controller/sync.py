@@ -119,6 +119,8 @@ class _Pass:
     actions: tuple[rollout.Action, ...] = ()
     problem: Problem | None = None
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
+    canary_only: bool = False
+    """The umbrella Service selects the canary's pods alone (`rollout.canary_only`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +257,7 @@ class Sync:
                 now=rfc3339(now),
                 routes_by_weight=routes_by_weight,
                 fetches=run.fetches,
+                canary_only=run.canary_only,
             )
 
         run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
@@ -302,6 +305,7 @@ class Sync:
         )
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
+        run.canary_only = rollout.canary_only(spec, step.status)
         run.fetches = observe.track_fetches(deployments, pods)
         run.problem = observe.workload_problem(deployments, pods) or self._memory_problem(
             run.ref.namespace, spec, render.stable_pods(spec, run.previous)

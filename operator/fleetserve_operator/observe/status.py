@@ -62,6 +62,8 @@ class Observation:
     """An HTTPRoute carries exact weights (`gateway-api`); else replica counts decide."""
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
     """The model fetches of the tracks whose pods fetch their model (`facts.track_fetches`)."""
+    canary_only: bool = False
+    """The umbrella Service selects the canary's pods alone: the bake's standby gets nothing."""
 
 
 def memory_problem(
@@ -301,7 +303,8 @@ def effective_canary_weight(
 
     An HTTPRoute gives it exactly its split. Without one the umbrella Service spreads
     requests over every ready GPU-pool pod, so the canary's share of ready replicas is what
-    it gets: one canary pod next to three stable ones is 25%, whatever the step says.
+    it gets: one canary pod next to three stable ones is 25%, whatever the step says; while
+    the Service selects the canary's pods alone (a bake), all of it.
     """
     if seen.routes_by_weight:
         return traffic_split(status).canary
@@ -309,6 +312,8 @@ def effective_canary_weight(
     canary_ready = canary.ready_replicas if canary else 0
     if fallback_active(status) or canary_ready == 0:
         return 0
+    if seen.canary_only:
+        return 100
     # A ready canary is behind the Service even at weight 0 (Starting): it gets its share,
     # and never reads as 0% while it does.
     share = 100 * canary_ready / (canary_ready + (stable.ready_replicas if stable else 0))

@@ -304,20 +304,31 @@ def test_a_service_lock_lives_only_while_it_is_held() -> None:
 
 
 @pytest.mark.parametrize(
-    ("split", "by_weight", "fallback", "canary", "stable", "expected"),
+    ("split", "by_weight", "fallback", "canary", "stable", "expected", "alone"),
     [
-        pytest.param(20, True, False, 1, 9, 20, id="route-weights-are-exact"),
-        pytest.param(1, False, False, 1, 3, 25, id="replicas-one-next-to-three"),
-        pytest.param(0, False, False, 1, 3, 25, id="starting-canary-already-served"),
-        pytest.param(1, False, False, 1, 199, 1, id="a-served-canary-never-reads-0"),
-        pytest.param(1, False, False, 0, 3, 0, id="no-ready-canary"),
-        pytest.param(0, False, True, 1, 3, 0, id="fallback-serves"),
+        pytest.param(20, True, False, 1, 9, 20, False, id="route-weights-are-exact"),
+        pytest.param(1, False, False, 1, 3, 25, False, id="replicas-one-next-to-three"),
+        pytest.param(0, False, False, 1, 3, 25, False, id="starting-canary-already-served"),
+        pytest.param(1, False, False, 1, 199, 1, False, id="a-served-canary-never-reads-0"),
+        pytest.param(1, False, False, 0, 3, 0, False, id="no-ready-canary"),
+        pytest.param(0, False, True, 1, 3, 0, False, id="fallback-serves"),
+        pytest.param(100, False, False, 1, 3, 100, True, id="baking-standby-gets-nothing"),
+        pytest.param(100, False, True, 1, 3, 0, True, id="baking-but-fallback-serves"),
     ],
 )
 def test_effective_canary_weight(
-    split: int, by_weight: bool, fallback: bool, canary: int, stable: int, expected: int
+    split: int,
+    by_weight: bool,
+    fallback: bool,
+    canary: int,
+    stable: int,
+    expected: int,
+    alone: bool,
 ) -> None:
-    """The route's weight with gateway-api; else the canary's share of ready GPU-pool pods."""
+    """The route's weight with gateway-api; else the canary's share of ready GPU-pool pods.
+
+    While the umbrella Service selects the canary alone (the bake's standby), all of it.
+    """
     failover = Condition(
         type=ConditionType.FALLBACK_ACTIVE,
         status="True",
@@ -336,6 +347,7 @@ def test_effective_canary_weight(
         problem=None,
         now="2025-01-01T00:00:00Z",
         routes_by_weight=by_weight,
+        canary_only=alone,
     )
     tracks = {
         Track.CANARY: TrackStatus(ready_replicas=canary),
