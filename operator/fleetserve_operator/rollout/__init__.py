@@ -11,6 +11,7 @@ a rollout.
 - `data`: what goes in (`Facts`) and out (`Transition`, the `Action` kinds), and `Trigger`.
 - `traffic`: the traffic split and GPU-aware track sizes that follow from a status.
 - `moves`: one handler per row of the table.
+- `gates`: the rows of steps with a hold or a manual gate, and their bookkeeping.
 - `machine`: `TRANSITIONS`, the only table, and `next_step`.
 
 The phases are documented once, in `spec.RolloutPhase`. One trigger is acted on per call:

@@ -47,6 +47,7 @@ class Trigger(StrEnum):
     PROMOTE = "Promote"
     PAUSE = "Pause"
     RESUME = "Resume"
+    APPROVE = "Approve"
     CANARY_READY = "CanaryReady"
     READY_DEADLINE_PASSED = "ReadyDeadlinePassed"
     ANALYSIS_PASSED = "AnalysisPassed"

@@ -18,6 +18,7 @@ from fleetserve_operator.rollout.data import (
     Transition,
     Trigger,
 )
+from fleetserve_operator.rollout.gates import approve, gated_pass, track_step_gate
 from fleetserve_operator.rollout.moves import (
     Step,
     Tick,
@@ -33,7 +34,6 @@ from fleetserve_operator.rollout.moves import (
     inconclusive,
     new_event,
     not_ready,
-    passed,
     pause,
     promote_command,
     record_only,
@@ -87,9 +87,10 @@ TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     **_rows(_ANALYSING, Trigger.PROMOTE, promote_command),
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.PAUSE, pause),
     **_rows((P.PAUSED, P.HOLDING), Trigger.RESUME, resume),
+    **_rows(_ANALYSING, Trigger.APPROVE, approve),
     (P.STARTING, Trigger.CANARY_READY): first_step,
     (P.STARTING, Trigger.READY_DEADLINE_PASSED): not_ready,
-    **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_PASSED, passed),
+    **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_PASSED, gated_pass),
     (P.PAUSED, Trigger.ANALYSIS_PASSED): record_only,
     **_rows(_ANALYSING, Trigger.ANALYSIS_FAILED, failed),
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_INCONCLUSIVE, inconclusive),
@@ -173,8 +174,8 @@ def _run(t: Tick, trigger: Trigger) -> Step:
         return step
     value = _command_value(t, command) or ""
     before, after = t.phase.value, step.status.current_phase.value
-    applied = handler is not ignored
-    result = f"{before} -> {after}" if applied else f"ignored in phase {before}"
+    applied = handler is not ignored and step.ignored is None
+    result = f"{before} -> {after}" if applied else step.ignored or f"ignored in phase {before}"
     ack = Acknowledgement(annotation=command.annotation, value=value, time=t.stamp, result=result)
     kept = [a for a in step.status.rollout.acknowledged if a.annotation != command.annotation]
     status = step.status.model_copy(update=with_rollout(step.status, acknowledged=[*kept, ack]))
@@ -308,6 +309,6 @@ def next_step(
     t = _forget_gone_commands(t)
     trigger = _detect(t)
     step = _run(t, trigger) if trigger is not None else Step(t.status)
-    done = _finalise(before, step.status)
+    done = _finalise(before, track_step_gate(t, step.status))
     actions = (*fallback_actions, *step.actions, *done.actions)
     return Transition(status=done.status, actions=actions, trigger=trigger)

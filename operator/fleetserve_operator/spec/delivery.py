@@ -20,6 +20,8 @@ __all__ = [
     "ParentRef",
     "RolloutCommand",
     "RolloutSpec",
+    "StepGate",
+    "StepPolicy",
     "TrafficProvider",
     "TrafficSpec",
 ]
@@ -53,6 +55,9 @@ class RolloutCommand(StrEnum):
     """Roll the canary back now."""
     RETRY = "retry"
     """Roll out again the spec that was rolled back or failed."""
+    APPROVE = "approve"
+    """Open a step's manual gate: the value is the weight of the step awaiting approval
+    (`approve=1`); for any other step it is acknowledged as ignored."""
 
     @property
     def annotation(self) -> str:
@@ -248,8 +253,57 @@ class AnalysisSpec(Wire):
         return self
 
 
+class StepGate(StrEnum):
+    """What a step waits for after its analysis passed and its hold elapsed."""
+
+    MANUAL = "manual"
+    """A person's approval: the `serving.fleetserve.io/approve=<weight>` annotation."""
+
+
+_POLICY_NEEDS = "a step policy needs hold or gate"
+_POLICY_WEIGHTS = "rollout.stepPolicies[].weight must be one of rollout.steps"
+
+
+class StepPolicy(Wire):
+    """What one step waits for besides its analysis (`rollout.stepPolicies[]`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("has(self.hold) || has(self.gate)", _POLICY_NEEDS)]
+        }
+    )
+
+    weight: int = Field(ge=1, le=100)
+    """The step it applies to: one of `rollout.steps`."""
+    hold: Duration | None = None
+    """Least time at this weight: the step does not advance before it has elapsed, however
+    often its analysis passed (analysis keeps running and can still roll the canary back)."""
+    gate: StepGate | None = None
+    """`manual`: once its analysis passed and its hold elapsed, the step waits for the
+    `approve` annotation naming its weight."""
+
+    @model_validator(mode="after")
+    def _needs_something(self) -> StepPolicy:
+        if self.hold is None and self.gate is None:
+            msg = f"{_POLICY_NEEDS} (weight {self.weight})"
+            raise ValueError(msg)
+        return self
+
+
 class RolloutSpec(Wire):
     """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.stepPolicies) || self.stepPolicies.all(p, p.weight in self.steps)",
+                    _POLICY_WEIGHTS,
+                    ".stepPolicies",
+                )
+            ]
+        }
+    )
 
     steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
         default=[1, 5, 20, 50, 100],
@@ -277,6 +331,17 @@ class RolloutSpec(Wire):
     """Most extra GPUs a rollout may use above the stable track's; unset: no bound."""
     analysis: AnalysisSpec | None = None
     """Metric analysis; unset promotes on readiness and time alone."""
+    step_policies: list[StepPolicy] = Field(
+        default_factory=list,
+        max_length=20,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["weight"],
+        },
+    )
+    """Holds and manual gates of single steps, by weight, e.g.
+    `[{weight: 1, hold: 24h, gate: manual}]`; a step without one advances as soon as its
+    analysis passes."""
 
     @model_validator(mode="after")
     def _steps(self) -> RolloutSpec:
@@ -286,7 +351,19 @@ class RolloutSpec(Wire):
         if self.steps[-1] != 100 or self.steps[0] < 1:
             msg = f"rollout.steps must lie in 1..100 and end at 100, got {self.steps}"
             raise ValueError(msg)
+        strays = [p.weight for p in self.step_policies if p.weight not in self.steps]
+        if strays:
+            msg = f"{_POLICY_WEIGHTS} {self.steps}, got {strays}"
+            raise ValueError(msg)
+        weights = [p.weight for p in self.step_policies]
+        if len(set(weights)) != len(weights):
+            msg = f"rollout.stepPolicies names a weight twice: {weights}"
+            raise ValueError(msg)
         return self
+
+    def policy_for(self, weight: int) -> StepPolicy | None:
+        """The step policy of the step at `weight`, if it has one."""
+        return next((p for p in self.step_policies if p.weight == weight), None)
 
 
 class ParentRef(Wire):
