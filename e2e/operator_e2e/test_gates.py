@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetserve_e2e import KubeClient
+from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
@@ -20,6 +21,7 @@ from fleetserve_e2e.waiting import wait_until
 
 NAME = "gated"
 APPROVE = "serving.fleetserve.io/approve"
+DRY_RUN = {"dryRun": "All"}
 ROLLOUT = {
     "steps": [50, 100],
     "interval": "2s",
@@ -84,3 +86,14 @@ def test_a_manual_gate_survives_an_operator_restart(
     assert {"StepApproved", "Promoted"} <= _event_reasons(kube, namespace)
     annotations = kube.get(fsvc_path(namespace, NAME))["metadata"].get("annotations", {})
     assert APPROVE not in annotations
+
+
+def test_the_api_server_accepts_both_kinds_of_webhook(crd: LocalCluster, namespace: str) -> None:
+    """The webhooks' CEL rules (events by type, `duration()` of the timeout) admit valid ones."""
+    webhooks = [
+        {"name": "chat", "url": "https://hooks.example.com/", "events": ["Promoted"]},
+        {"name": "window", "type": "confirm", "url": "http://window:8080/", "timeout": "10s"},
+    ]
+    service = synthetic_service(NAME, rollout={**ROLLOUT, "webhooks": webhooks})
+    created = crd.client.request("POST", fsvc_path(namespace), body=service, params=DRY_RUN)
+    assert [hook["name"] for hook in created["spec"]["rollout"]["webhooks"]] == ["chat", "window"]

@@ -7,6 +7,10 @@ weight. Until then each passing analysis is recorded and the step waits, saying 
 still counts towards a rollback. Everything is kept in status, bound to the rollout's spec
 hash and step, so a re-applied spec or a restarted operator neither restarts the hold nor
 forgets an approval.
+
+A `confirm` webhook's veto enters as a fact: when a step is otherwise ready to advance
+(`asks_confirmation`), the caller asks the webhooks and steps again with their answer; a
+veto records the pass and keeps the step, and the next passing analysis asks again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from fleetserve_operator.records import rfc3339
+from fleetserve_operator.rollout.data import Transition, Trigger
 from fleetserve_operator.rollout.moves import (
     Step,
     Tick,
@@ -26,6 +31,7 @@ from fleetserve_operator.rollout.moves import (
     with_rollout,
 )
 from fleetserve_operator.spec import (
+    InferenceServiceSpec,
     InferenceServiceStatus,
     RolloutCommand,
     RolloutPhase,
@@ -34,10 +40,11 @@ from fleetserve_operator.spec import (
     StepPolicy,
     StepWait,
     Verdict,
+    WebhookType,
     parse_duration_s,
 )
 
-__all__ = ["approve", "gated_pass", "track_step_gate"]
+__all__ = ["approve", "asks_confirmation", "gated_pass", "track_step_gate"]
 
 P = RolloutPhase
 
@@ -106,11 +113,38 @@ def _wait(t: Tick, gate: StepGateStatus, waiting: StepWait, detail: str) -> Step
     return Step(status, (new_event("Normal", reason, message),))
 
 
+def asks_confirmation(
+    spec: InferenceServiceSpec, before: InferenceServiceStatus, transition: Transition
+) -> bool:
+    """True when `transition` advances a step by itself and `confirm` webhooks must agree.
+
+    A person's `promote` is not asked about: it is a decision already.
+    """
+    if not spec.rollout.webhooks_of(WebhookType.CONFIRM):
+        return False
+    if transition.trigger not in (Trigger.ANALYSIS_PASSED, Trigger.APPROVE):
+        return False
+    after = transition.status
+    moved = after.rollout.step_index != before.rollout.step_index
+    return after.current_phase is P.PROMOTING or (after.current_phase.is_analysing and moved)
+
+
+def _confirmed(t: Tick) -> Step:
+    """Advance, unless the `confirm` webhooks vetoed it: then record the pass and stay."""
+    answer = t.facts.confirmation
+    if answer is None or answer.allowed:
+        return passed(t)
+    message = f"{_step_name(t)} passed its analysis; advancing was vetoed: {answer.detail}"
+    t = recorded(t, failed_analyses=0, inconclusive_analyses=0, message=message)
+    status = t.status.model_copy(update={"phase": P.PROGRESSING})
+    return Step(status, (new_event("Warning", "StepVetoed", message),))
+
+
 def gated_pass(t: Tick) -> Step:
     """A passed analysis: advance, unless the step's hold or manual gate says wait."""
     policy = _policy(t, t.status)
     if policy is None:
-        return passed(t)
+        return _confirmed(t)
     gate = _gate(t, t.status)
     if policy.hold is not None and elapsed_s(gate.started_at, t.now) < parse_duration_s(
         policy.hold
@@ -119,7 +153,7 @@ def gated_pass(t: Tick) -> Step:
     if policy.gate is StepGate.MANUAL and gate.approved_at is None:
         how = f"annotate {RolloutCommand.APPROVE.annotation}={t.status.canary_weight}"
         return _wait(t, gate, StepWait.AWAITING_APPROVAL, f"awaiting approval ({how})")
-    return passed(t)
+    return _confirmed(t)
 
 
 def _weight(value: str) -> int | None:
@@ -144,9 +178,14 @@ def approve(t: Tick) -> Step:
     t = replace(t, status=_with_gate(t.status, gate))
     event = new_event("Normal", "StepApproved", message)
     last = t.status.rollout.analyses[-1:]
-    if t.phase is P.PROGRESSING and last and last[0].verdict is Verdict.PASSED:
+    answer = t.facts.confirmation
+    allowed = answer is None or answer.allowed
+    if t.phase is P.PROGRESSING and last and last[0].verdict is Verdict.PASSED and allowed:
         step = advance(t)
         return Step(step.status, (event, *step.actions))
+    if answer is not None and not answer.allowed:
+        message = f"{message}; advancing was vetoed: {answer.detail}"
+        event = new_event("Warning", "StepVetoed", message)
     status = t.status.model_copy(
         update=with_rollout(t.status, message=f"{message}; advancing at the next passing analysis")
     )

@@ -44,6 +44,7 @@ from fleetserve_operator.rollout.moves import (
     verdict,
     with_rollout,
 )
+from fleetserve_operator.rollout.notify import notifications
 from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     Acknowledgement,
@@ -311,4 +312,5 @@ def next_step(
     step = _run(t, trigger) if trigger is not None else Step(t.status)
     done = _finalise(before, track_step_gate(t, step.status))
     actions = (*fallback_actions, *step.actions, *done.actions)
+    actions = (*actions, *notifications(spec, status, done.status, actions))
     return Transition(status=done.status, actions=actions, trigger=trigger)

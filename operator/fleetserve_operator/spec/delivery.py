@@ -8,7 +8,14 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_snake
 
-from fleetserve_operator.spec.base import DnsLabel, DnsSubdomain, Duration, Wire, cel
+from fleetserve_operator.spec.base import (
+    DnsLabel,
+    DnsSubdomain,
+    Duration,
+    Wire,
+    cel,
+    parse_duration_s,
+)
 
 __all__ = [
     "COMMAND_PREFIX",
@@ -19,11 +26,15 @@ __all__ = [
     "MetricCheck",
     "ParentRef",
     "RolloutCommand",
+    "RolloutEvent",
     "RolloutSpec",
+    "SecretKeyRef",
     "StepGate",
     "StepPolicy",
     "TrafficProvider",
     "TrafficSpec",
+    "WebhookSpec",
+    "WebhookType",
 ]
 
 COMMAND_PREFIX = "serving.fleetserve.io/"
@@ -290,6 +301,98 @@ class StepPolicy(Wire):
         return self
 
 
+class RolloutEvent(StrEnum):
+    """What a `notify` webhook can be told of: the Event reasons of the rollout it posts."""
+
+    ROLLOUT_STARTED = "RolloutStarted"
+    STEP_ADVANCED = "StepAdvanced"
+    """The canary got a step's weight (the first step's too)."""
+    STEP_HELD = "StepHeld"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    STEP_APPROVED = "StepApproved"
+    STEP_VETOED = "StepVetoed"
+    """A `confirm` webhook refused (or did not answer) a step that was ready to advance."""
+    PAUSED = "Paused"
+    RESUMED = "Resumed"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+
+class WebhookType(StrEnum):
+    """What the operator asks a webhook (`rollout.webhooks[].type`)."""
+
+    NOTIFY = "notify"
+    """Told of the `events` it lists, after the status is written; never blocks a rollout."""
+    CONFIRM = "confirm"
+    """Asked before a step advances (or the canary is promoted): only a 2xx answer lets it;
+    any other answer, or none, vetoes, and the next passing analysis asks again."""
+
+
+class SecretKeyRef(Wire):
+    """A key of a Secret in the InferenceService's namespace."""
+
+    name: DnsSubdomain
+    """The Secret."""
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    """The key whose value signs the payloads (HMAC-SHA256)."""
+
+
+MAX_WEBHOOK_TIMEOUT = "10s"
+_EVENTS_NEEDED = "a notify webhook needs events, a confirm webhook takes none"
+
+
+class WebhookSpec(Wire):
+    """An HTTP(S) endpoint the operator POSTs signed JSON to (`rollout.webhooks[]`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.type == '{WebhookType.CONFIRM}'"
+                    " ? (!has(self.events) || size(self.events) == 0)"
+                    " : (has(self.events) && size(self.events) > 0)",
+                    _EVENTS_NEEDED,
+                    ".events",
+                ),
+                cel(
+                    f"duration(self.timeout) <= duration('{MAX_WEBHOOK_TIMEOUT}')",
+                    f"a webhook's timeout must be at most {MAX_WEBHOOK_TIMEOUT}",
+                    ".timeout",
+                ),
+            ]
+        }
+    )
+
+    name: DnsLabel
+    """Shown in Events and status."""
+    type: WebhookType = WebhookType.NOTIFY
+    """`notify` (told of `events`) or `confirm` (asked before each step advances)."""
+    url: str = Field(pattern=r"^https?://[^\s]+$", max_length=2048)
+    """Where to POST: an `http://` or `https://` URL; redirects are not followed."""
+    events: list[RolloutEvent] = Field(default_factory=list, max_length=16)
+    """`notify`: the events to POST."""
+    secret_ref: SecretKeyRef | None = None
+    """The HMAC-SHA256 key: the payload's signature goes in `X-Fleetserve-Signature`
+    (`sha256=<hex>`); unset: unsigned. The operator reads no Secret it is not granted: give
+    its ServiceAccount `get` on this one (a Role with `resourceNames`)."""
+    timeout: Duration = "2s"
+    """How long one attempt may take, at most 10s."""
+    retries: int = Field(2, ge=0, le=5)
+    """Attempts after a failed one (no answer, or not 2xx), 0.5 s apart and more."""
+
+    @model_validator(mode="after")
+    def _checked(self) -> WebhookSpec:
+        if (self.type is WebhookType.CONFIRM) == bool(self.events):
+            msg = f"webhook {self.name!r}: {_EVENTS_NEEDED}"
+            raise ValueError(msg)
+        if parse_duration_s(self.timeout) > parse_duration_s(MAX_WEBHOOK_TIMEOUT):
+            msg = f"webhook {self.name!r}: timeout {self.timeout} is above {MAX_WEBHOOK_TIMEOUT}"
+            raise ValueError(msg)
+        return self
+
+
 class RolloutSpec(Wire):
     """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
 
@@ -342,6 +445,17 @@ class RolloutSpec(Wire):
     """Holds and manual gates of single steps, by weight, e.g.
     `[{weight: 1, hold: 24h, gate: manual}]`; a step without one advances as soon as its
     analysis passes."""
+    webhooks: list[WebhookSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Endpoints told of the rollout's events (`notify`), or asked before each step
+    advances (`confirm`); payloads are signed with the Secret key `secretRef` names."""
+
+    def webhooks_of(self, kind: WebhookType) -> list[WebhookSpec]:
+        """The webhooks of one type."""
+        return [hook for hook in self.webhooks if hook.type is kind]
 
     @model_validator(mode="after")
     def _steps(self) -> RolloutSpec:

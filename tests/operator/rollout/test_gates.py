@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from fleetserve_operator.rollout import ClearAnnotation
+from fleetserve_operator.rollout import ClearAnnotation, Confirmation, Notify, next_step
 from fleetserve_operator.spec import InferenceServiceStatus, RolloutCommand, StepWait
 from fleetserve_operator.testing.rollout import (
     World,
@@ -210,3 +211,33 @@ def test_invalid_step_policies_are_refused(policies: list[dict[str, Any]], messa
     with pytest.raises(ValidationError, match=message) as caught:
         make_rollout_spec("1", stepPolicies=policies)
     assert "stepPolicies" in str(caught.value)
+
+
+def test_an_approval_vetoed_by_a_confirm_webhook_is_kept() -> None:
+    """A veto of the approved step keeps the approval; the next allowed pass advances."""
+    world = awaiting_5()
+    vetoed = replace(
+        world.facts(),
+        annotations={RolloutCommand.APPROVE.annotation: "5"},
+        confirmation=Confirmation(allowed=False, detail="confirm webhook w: answered 403"),
+    )
+    step = next_step(world.spec, world.status, vetoed, world.clock.now)
+    assert step.status.canary_weight == 5
+    gate = step.status.rollout.step_gate
+    assert gate is not None
+    assert gate.approved_at is not None
+    assert "vetoed: confirm webhook w: answered 403" in step.status.rollout.message
+    world.status = step.status
+    world.tick(60)
+    assert world.status.canary_weight == 20
+
+
+def test_notify_webhooks_hear_of_pause_and_resume() -> None:
+    """Pause and resume post no Event of their own; a webhook listing them is told."""
+    hook = {"name": "chat", "url": "http://127.0.0.1:1/", "events": ["Paused", "Resumed"]}
+    world = stable_world(webhooks=[hook])
+    start_v2(world)
+    world.command(RolloutCommand.PAUSE, "1")
+    world.command(RolloutCommand.RESUME, "1")
+    told = [(n.webhook.name, n.event.value, n.message) for n in world.of(Notify)]
+    assert told == [("chat", "Paused", "paused at 1%"), ("chat", "Resumed", "resumed at 1%")]
