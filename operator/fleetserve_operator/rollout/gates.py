@@ -171,8 +171,11 @@ def approve(t: Tick) -> Step:
     value = t.facts.annotations.get(RolloutCommand.APPROVE.annotation, "")
     gate = t.status.rollout.step_gate
     waiting = gate is not None and gate.waiting is StepWait.AWAITING_APPROVAL
-    if gate is None or not waiting or _weight(value) != gate.weight:
-        return Step(t.status, ignored=f"ignored: no step at {value!r}% awaits approval")
+    if gate is None or not waiting:
+        return Step(t.status, ignored=f"ignored: no step awaits approval in phase {t.phase}")
+    if _weight(value) != gate.weight:
+        why = f"ignored: the step awaiting approval is {gate.weight}%, not {value!r}"
+        return Step(t.status, ignored=why)
     gate = gate.model_copy(update={"waiting": None, "waiting_since": None, "approved_at": t.stamp})
     message = f"{_step_name(t)} approved"
     t = replace(t, status=_with_gate(t.status, gate))

@@ -105,7 +105,7 @@ def test_an_approval_of_a_step_not_waiting_is_ignored(value: str) -> None:
     world.command(RolloutCommand.APPROVE, value)
     assert world.status.canary_weight == 5
     ack = world.status.rollout.acknowledged[-1]
-    assert ack.result == f"ignored: no step at {value!r}% awaits approval"
+    assert ack.result == f"ignored: the step awaiting approval is 5%, not {value!r}"
     assert reasons(world)[-1] == "CommandIgnored"
     gate = world.status.rollout.step_gate
     assert gate is not None
@@ -117,7 +117,8 @@ def test_an_approval_before_the_step_waits_is_ignored() -> None:
     world = gated_world(GATE_5)
     world.tick(60)
     world.command(RolloutCommand.APPROVE, "5")
-    assert world.status.rollout.acknowledged[-1].result.startswith("ignored")
+    ack = world.status.rollout.acknowledged[-1].result
+    assert ack == "ignored: no step awaits approval in phase Progressing"
     world.tick(60)
     assert world.status.canary_weight == 5
 
