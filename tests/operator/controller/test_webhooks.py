@@ -229,3 +229,28 @@ def test_invalid_webhooks_are_refused_naming_the_field(hook: dict[str, Any], mes
     with pytest.raises(ValidationError, match=message) as caught:
         make_spec(rollout={"webhooks": [hook]})
     assert "rollout.webhooks.0" in str(caught.value)
+
+
+def test_a_slow_notification_does_not_hold_up_the_reconcile(receiver: Receiver) -> None:
+    """Notifications are sent off the reconcile: a 1 s answer does not slow it down."""
+    operator = Operator([_notify(receiver, "StepAdvanced")])
+    operator.at_first_step()
+    receiver.delay_s = 1.0
+    operator.clock.advance(10)
+    started = time.monotonic()
+    assert operator.sync.run_by_name("ns", "demo", trigger="test") is None
+    assert time.monotonic() - started < 0.5
+    assert operator.kube.status_of("ns", "demo").canary_weight == 100
+    operator.sync.webhooks.drain()
+    assert [p.canary_weight for p in receiver.payloads()] == [50, 100]
+
+
+def test_promote_by_hand_is_not_asked_about(receiver: Receiver) -> None:
+    """A person's `promote` is a decision already: the confirm webhook is not asked."""
+    receiver.status = 403
+    operator = Operator([_confirm(receiver, retries=0)])
+    operator.at_first_step()
+    body = operator.kube.objects[("InferenceService", "ns", "demo")]
+    body["metadata"]["annotations"] = {"serving.fleetserve.io/promote": "next"}
+    assert operator.reconcile().canary_weight == 100
+    assert receiver.requests == []
