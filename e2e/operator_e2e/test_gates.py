@@ -83,7 +83,12 @@ def test_a_manual_gate_survives_an_operator_restart(
         timeout_s=60.0,
         what="version 2 to be promoted",
     )
-    assert {"StepApproved", "Promoted"} <= _event_reasons(kube, namespace)
+    # The Events are posted after the status write that promoted.
+    wait_until(
+        lambda: {"StepApproved", "Promoted"} <= _event_reasons(kube, namespace),
+        timeout_s=10.0,
+        what="the StepApproved and Promoted Events",
+    )
     annotations = kube.get(fsvc_path(namespace, NAME))["metadata"].get("annotations", {})
     assert APPROVE not in annotations
 
