@@ -19,6 +19,7 @@ server-side apply had created the object (see `_take_ownership`).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -52,6 +53,7 @@ _PLURALS = {
     "ScaledObject": "scaledobjects",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Secret": "secrets",
     "Event": "events",
     "Pod": "pods",
     naming.KIND: naming.PLURAL,
@@ -151,6 +153,10 @@ class Cluster(Protocol):
 
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """Whether the PersistentVolumeClaim exists."""
+        ...
+
+    def read_secret(self, namespace: str, name: str, key: str) -> bytes | None:
+        """The value of `key` in Secret `name` (a webhook's HMAC key); None when absent."""
         ...
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
@@ -407,6 +413,12 @@ class KubeApi:
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """Whether PersistentVolumeClaim `claim` exists."""
         return self._get("v1", "PersistentVolumeClaim", namespace, claim) is not None
+
+    def read_secret(self, namespace: str, name: str, key: str) -> bytes | None:
+        """The decoded value of `key` in Secret `name`; None when the Secret or key is absent."""
+        secret = self._get("v1", "Secret", namespace, name)
+        value = (secret or {}).get("data", {}).get(key)
+        return None if value is None else base64.b64decode(value)
 
     def _get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         try:

@@ -186,6 +186,12 @@ class OperatorMetrics:
                 ["reason"], registry=self.registry,
             ),
         }  # fmt: skip
+        self.webhook_failures = Counter(
+            "fleetserve_operator_webhook_failures",
+            "Rollout webhook POSTs given up after their retries, by type (notify, confirm) and "
+            "reason (timeout, status, unreachable, secret, error).",
+            ["type", "reason"], registry=self.registry,
+        )  # fmt: skip
         self._services = _ServiceGauges()
         self.registry.register(self._services)
 

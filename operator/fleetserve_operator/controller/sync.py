@@ -12,7 +12,9 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
 1. gather the rollout's `Facts`: the GPU tracks' Deployments and pods, the command
    annotations, the stable track's error ratio, and the analysis when one is due (in
    sequential mode, the tests' evidence at every look, and a result on a rejection);
-2. `rollout.next_step` decides the new status;
+2. `rollout.next_step` decides the new status; when that advances a step by itself and
+   the spec has `confirm` webhooks, they are asked (`webhooks`) and the rollout steps
+   again with their answer as a fact;
 3. the children are rendered from that status, and every one that must be written is
    checked before any is: a name taken by an object this InferenceService does not control
    stops the reconcile (`ChildConflict`, the object is left alone), and every write is
@@ -26,9 +28,9 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
    names a missing backend (a promotion moves the routes to stable before the canary goes);
 6. the status is written (with what failed after the children were applied: crashing
    pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges,
-   then the transition's side effects (Events, counters, clearing a command annotation)
-   are applied. Weights, replica counts, the canary and the stable track's spec are not
-   actions at all: they follow from the status in step 5.
+   then the transition's side effects (Events, counters, clearing a command annotation,
+   queueing `notify` webhooks) are applied. Weights, replica counts, the canary and the
+   stable track's spec are not actions at all: they follow from the status in step 5.
 
 When the children cannot be written (step 3), the rollout does not move: status keeps the
 previous step, with the reason in `Degraded`.
@@ -58,6 +60,7 @@ from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_me
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
     ChildConflict,
     DependencyMissing,
@@ -172,6 +175,7 @@ class Sync:
         self._metric_source = metric_source
         self._images = images
         self._clock = clock
+        self.webhooks = Webhooks(kube, metrics.webhook_failures, clock=clock)
         # Weak values: a service's lock lives only while a reconcile holds or awaits it, so
         # the operator keeps nothing for the services deleted over its lifetime.
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = (
@@ -295,6 +299,10 @@ class Sync:
         pods = self._kube.list_pods(run.ref.namespace, run.ref.name) if deployments else []
         seen_facts = self._facts(run.ref, spec, run.previous, deployments, pods, meta, run.now)
         step = rollout.next_step(spec, run.previous, seen_facts, run.now)
+        if rollout.asks_confirmation(spec, run.previous, step):
+            answer = self.webhooks.confirm(run.ref, spec, run.previous, step.status)
+            seen_facts = replace(seen_facts, confirmation=answer)
+            step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
         desired = render.desired_children(
             run.owner,
@@ -389,6 +397,8 @@ class Sync:
                 case rollout.ClearAnnotation(annotation=annotation):
                     self._kube.remove_annotation(ref, annotation)
                     self._metrics.writes.labels(naming.KIND, "annotation").inc()
+                case rollout.Notify():
+                    self.webhooks.notify(ref, action)
 
     def _checked_spec(
         self, owner: Owner, raw: Mapping[str, Any], generation: int

@@ -11,6 +11,9 @@ a rollout.
 - `data`: what goes in (`Facts`) and out (`Transition`, the `Action` kinds), and `Trigger`.
 - `traffic`: the traffic split and GPU-aware track sizes that follow from a status.
 - `moves`: one handler per row of the table.
+- `gates`: the rows of steps with a hold or a manual gate, and their bookkeeping; the
+  `confirm` webhooks' veto.
+- `notify`: the `notify` webhooks' actions that follow from a transition's Events.
 - `machine`: `TRANSITIONS`, the only table, and `next_step`.
 
 The phases are documented once, in `spec.RolloutPhase`. One trigger is acted on per call:
@@ -25,14 +28,17 @@ from fleetserve_operator.rollout.data import (
     Action,
     Capacity,
     ClearAnnotation,
+    Confirmation,
     Facts,
     IncrementCounter,
+    Notify,
     OperatorCounter,
     TrackFacts,
     TrafficSplit,
     Transition,
     Trigger,
 )
+from fleetserve_operator.rollout.gates import asks_confirmation
 from fleetserve_operator.rollout.machine import TRANSITIONS, next_step
 from fleetserve_operator.rollout.moves import is_analysis_due, is_watching
 from fleetserve_operator.rollout.traffic import (
@@ -47,13 +53,16 @@ __all__ = [
     "Action",
     "Capacity",
     "ClearAnnotation",
+    "Confirmation",
     "Facts",
     "IncrementCounter",
+    "Notify",
     "OperatorCounter",
     "TrackFacts",
     "TrafficSplit",
     "Transition",
     "Trigger",
+    "asks_confirmation",
     "canary_only",
     "fallback_active",
     "is_analysis_due",

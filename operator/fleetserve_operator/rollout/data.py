@@ -18,14 +18,18 @@ from fleetserve_operator.spec import (
     Evidence,
     InferenceServiceStatus,
     RolloutCommand,
+    RolloutEvent,
+    WebhookSpec,
 )
 
 __all__ = [
     "Action",
     "Capacity",
     "ClearAnnotation",
+    "Confirmation",
     "Facts",
     "IncrementCounter",
+    "Notify",
     "OperatorCounter",
     "TrackFacts",
     "Transition",
@@ -47,6 +51,7 @@ class Trigger(StrEnum):
     PROMOTE = "Promote"
     PAUSE = "Pause"
     RESUME = "Resume"
+    APPROVE = "Approve"
     CANARY_READY = "CanaryReady"
     READY_DEADLINE_PASSED = "ReadyDeadlinePassed"
     ANALYSIS_PASSED = "AnalysisPassed"
@@ -89,6 +94,15 @@ class TrackFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class Confirmation:
+    """What the `confirm` webhooks answered about a step that was ready to advance."""
+
+    allowed: bool
+    detail: str
+    """Who refused and how (a status code, a timeout), or who confirmed."""
+
+
+@dataclass(frozen=True, slots=True)
 class Facts:
     """Everything `next_step` needs besides spec, status and clock; `Facts()` is empty."""
 
@@ -103,6 +117,9 @@ class Facts:
     evidence: Evidence | None = None
     """Sequential mode: the tests' evidence after this look (`is_watching`), to be kept in
     `status.rollout.evidence`; None leaves it as it is."""
+    confirmation: Confirmation | None = None
+    """The `confirm` webhooks' answer, asked when a step was otherwise ready to advance
+    (`asks_confirmation`); None: not asked, nothing vetoes."""
 
 
 class OperatorCounter(StrEnum):
@@ -136,7 +153,18 @@ class ClearAnnotation:
     annotation: str
 
 
-Action = EventNote | IncrementCounter | ClearAnnotation
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """POST a rollout event to a `notify` webhook that listed it (after the status write)."""
+
+    webhook: WebhookSpec
+    event: RolloutEvent
+    message: str
+    status: InferenceServiceStatus
+    """The status written with it: the payload's phase, versions and weight."""
+
+
+Action = EventNote | IncrementCounter | ClearAnnotation | Notify
 """A side effect of a transition, applied after its status is written. What the children
 look like (canary, stable spec, weights, replicas) is not one: it follows from the status."""
 

@@ -18,6 +18,7 @@ from fleetserve_operator.rollout.data import (
     Transition,
     Trigger,
 )
+from fleetserve_operator.rollout.gates import approve, gated_pass, track_step_gate
 from fleetserve_operator.rollout.moves import (
     Step,
     Tick,
@@ -37,7 +38,6 @@ from fleetserve_operator.rollout.moves import (
     inconclusive,
     new_event,
     not_ready,
-    passed,
     pause,
     pause_bake,
     promote_command,
@@ -50,6 +50,7 @@ from fleetserve_operator.rollout.moves import (
     verdict,
     with_rollout,
 )
+from fleetserve_operator.rollout.notify import notifications
 from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     Acknowledgement,
@@ -109,9 +110,10 @@ TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     **_rows(_ANALYSING, Trigger.PROMOTE, promote_command),
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.PAUSE, pause),
     **_rows((P.PAUSED, P.HOLDING), Trigger.RESUME, resume),
+    **_rows(_ANALYSING, Trigger.APPROVE, approve),
     (P.STARTING, Trigger.CANARY_READY): first_step,
     (P.STARTING, Trigger.READY_DEADLINE_PASSED): not_ready,
-    **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_PASSED, passed),
+    **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_PASSED, gated_pass),
     (P.PAUSED, Trigger.ANALYSIS_PASSED): record_only,
     **_rows(_ANALYSING, Trigger.ANALYSIS_FAILED, failed),
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_INCONCLUSIVE, inconclusive),
@@ -196,8 +198,8 @@ def _run(t: Tick, trigger: Trigger) -> Step:
         return step
     value = _command_value(t, command) or ""
     before, after = t.phase.value, step.status.current_phase.value
-    applied = handler is not ignored
-    result = f"{before} -> {after}" if applied else f"ignored in phase {before}"
+    applied = handler is not ignored and step.ignored is None
+    result = f"{before} -> {after}" if applied else step.ignored or f"ignored in phase {before}"
     ack = Acknowledgement(annotation=command.annotation, value=value, time=t.stamp, result=result)
     kept = [a for a in step.status.rollout.acknowledged if a.annotation != command.annotation]
     status = step.status.model_copy(update=with_rollout(step.status, acknowledged=[*kept, ack]))
@@ -338,6 +340,7 @@ def next_step(
     t = _forget_gone_commands(t)
     trigger = _detect(t)
     step = _run(t, trigger) if trigger is not None else Step(t.status)
-    done = _finalise(before, _without_ended_bake(step.status))
+    done = _finalise(before, track_step_gate(t, _without_ended_bake(step.status)))
     actions = (*fallback_actions, *step.actions, *done.actions)
+    actions = (*actions, *notifications(spec, status, done.status, actions))
     return Transition(status=done.status, actions=actions, trigger=trigger)

@@ -74,6 +74,8 @@ class Step:
 
     status: InferenceServiceStatus
     actions: tuple[Action, ...] = ()
+    ignored: str | None = None
+    """Why a command's row did not apply it (acknowledged as ignored, with this reason)."""
 
 
 def elapsed_s(since: str | None, now: datetime) -> float:

@@ -8,7 +8,14 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_snake
 
-from fleetserve_operator.spec.base import DnsLabel, DnsSubdomain, Duration, Wire, cel
+from fleetserve_operator.spec.base import (
+    DnsLabel,
+    DnsSubdomain,
+    Duration,
+    Wire,
+    cel,
+    parse_duration_s,
+)
 
 __all__ = [
     "COMMAND_PREFIX",
@@ -19,9 +26,15 @@ __all__ = [
     "MetricCheck",
     "ParentRef",
     "RolloutCommand",
+    "RolloutEvent",
     "RolloutSpec",
+    "SecretKeyRef",
+    "StepGate",
+    "StepPolicy",
     "TrafficProvider",
     "TrafficSpec",
+    "WebhookSpec",
+    "WebhookType",
 ]
 
 COMMAND_PREFIX = "serving.fleetserve.io/"
@@ -53,6 +66,9 @@ class RolloutCommand(StrEnum):
     """Roll the canary back now."""
     RETRY = "retry"
     """Roll out again the spec that was rolled back or failed."""
+    APPROVE = "approve"
+    """Open a step's manual gate: the value is the weight of the step awaiting approval
+    (`approve=1`); for any other step it is acknowledged as ignored."""
 
     @property
     def annotation(self) -> str:
@@ -248,8 +264,149 @@ class AnalysisSpec(Wire):
         return self
 
 
+class StepGate(StrEnum):
+    """What a step waits for after its analysis passed and its hold elapsed."""
+
+    MANUAL = "manual"
+    """A person's approval: the `serving.fleetserve.io/approve=<weight>` annotation."""
+
+
+_POLICY_NEEDS = "a step policy needs hold or gate"
+_POLICY_WEIGHTS = "rollout.stepPolicies[].weight must be one of rollout.steps"
+
+
+class StepPolicy(Wire):
+    """What one step waits for besides its analysis (`rollout.stepPolicies[]`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("has(self.hold) || has(self.gate)", _POLICY_NEEDS)]
+        }
+    )
+
+    weight: int = Field(ge=1, le=100)
+    """The step it applies to: one of `rollout.steps`."""
+    hold: Duration | None = None
+    """Least time at this weight: the step does not advance before it has elapsed, however
+    often its analysis passed (analysis keeps running and can still roll the canary back)."""
+    gate: StepGate | None = None
+    """`manual`: once its analysis passed and its hold elapsed, the step waits for the
+    `approve` annotation naming its weight."""
+
+    @model_validator(mode="after")
+    def _needs_something(self) -> StepPolicy:
+        if self.hold is None and self.gate is None:
+            msg = f"{_POLICY_NEEDS} (weight {self.weight})"
+            raise ValueError(msg)
+        return self
+
+
+class RolloutEvent(StrEnum):
+    """What a `notify` webhook can be told of: the Event reasons of the rollout it posts."""
+
+    ROLLOUT_STARTED = "RolloutStarted"
+    STEP_ADVANCED = "StepAdvanced"
+    """The canary got a step's weight (the first step's too)."""
+    STEP_HELD = "StepHeld"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    STEP_APPROVED = "StepApproved"
+    STEP_VETOED = "StepVetoed"
+    """A `confirm` webhook refused (or did not answer) a step that was ready to advance."""
+    PAUSED = "Paused"
+    RESUMED = "Resumed"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+
+class WebhookType(StrEnum):
+    """What the operator asks a webhook (`rollout.webhooks[].type`)."""
+
+    NOTIFY = "notify"
+    """Told of the `events` it lists, after the status is written; never blocks a rollout."""
+    CONFIRM = "confirm"
+    """Asked before a step advances (or the canary is promoted): only a 2xx answer lets it;
+    any other answer, or none, vetoes, and the next passing analysis asks again."""
+
+
+class SecretKeyRef(Wire):
+    """A key of a Secret in the InferenceService's namespace."""
+
+    name: DnsSubdomain
+    """The Secret."""
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    """The key whose value signs the payloads (HMAC-SHA256)."""
+
+
+MAX_WEBHOOK_TIMEOUT = "10s"
+_EVENTS_NEEDED = "a notify webhook needs events, a confirm webhook takes none"
+
+
+class WebhookSpec(Wire):
+    """An HTTP(S) endpoint the operator POSTs signed JSON to (`rollout.webhooks[]`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.type == '{WebhookType.CONFIRM}'"
+                    " ? (!has(self.events) || size(self.events) == 0)"
+                    " : (has(self.events) && size(self.events) > 0)",
+                    _EVENTS_NEEDED,
+                    ".events",
+                ),
+                cel(
+                    f"duration(self.timeout) <= duration('{MAX_WEBHOOK_TIMEOUT}')",
+                    f"a webhook's timeout must be at most {MAX_WEBHOOK_TIMEOUT}",
+                    ".timeout",
+                ),
+            ]
+        }
+    )
+
+    name: DnsLabel
+    """Shown in Events and status."""
+    type: WebhookType = WebhookType.NOTIFY
+    """`notify` (told of `events`) or `confirm` (asked before each step advances)."""
+    url: str = Field(pattern=r"^https?://[^\s]+$", max_length=2048)
+    """Where to POST: an `http://` or `https://` URL; redirects are not followed."""
+    events: list[RolloutEvent] = Field(default_factory=list, max_length=16)
+    """`notify`: the events to POST."""
+    secret_ref: SecretKeyRef | None = None
+    """The HMAC-SHA256 key: the payload's signature goes in `X-Fleetserve-Signature`
+    (`sha256=<hex>`); unset: unsigned. The operator reads no Secret it is not granted: give
+    its ServiceAccount `get` on this one (a Role with `resourceNames`)."""
+    timeout: Duration = "2s"
+    """How long one attempt may take, at most 10s."""
+    retries: int = Field(2, ge=0, le=5)
+    """Attempts after a failed one (no answer, or not 2xx), 0.5 s apart and more."""
+
+    @model_validator(mode="after")
+    def _checked(self) -> WebhookSpec:
+        if (self.type is WebhookType.CONFIRM) == bool(self.events):
+            msg = f"webhook {self.name!r}: {_EVENTS_NEEDED}"
+            raise ValueError(msg)
+        if parse_duration_s(self.timeout) > parse_duration_s(MAX_WEBHOOK_TIMEOUT):
+            msg = f"webhook {self.name!r}: timeout {self.timeout} is above {MAX_WEBHOOK_TIMEOUT}"
+            raise ValueError(msg)
+        return self
+
+
 class RolloutSpec(Wire):
     """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.stepPolicies) || self.stepPolicies.all(p, p.weight in self.steps)",
+                    _POLICY_WEIGHTS,
+                    ".stepPolicies",
+                )
+            ]
+        }
+    )
 
     steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
         default=[1, 5, 20, 50, 100],
@@ -288,6 +445,28 @@ class RolloutSpec(Wire):
     stable track's full size (with `maxSurgeGPUs`, what that bound leaves it at 100%, at
     least one), so a flip back has all its capacity at once; fewer saves GPUs, and a flip
     back then waits for the standby to grow. An autoscaled stable track keeps its size."""
+    step_policies: list[StepPolicy] = Field(
+        default_factory=list,
+        max_length=20,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["weight"],
+        },
+    )
+    """Holds and manual gates of single steps, by weight, e.g.
+    `[{weight: 1, hold: 24h, gate: manual}]`; a step without one advances as soon as its
+    analysis passes."""
+    webhooks: list[WebhookSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Endpoints told of the rollout's events (`notify`), or asked before each step
+    advances (`confirm`); payloads are signed with the Secret key `secretRef` names."""
+
+    def webhooks_of(self, kind: WebhookType) -> list[WebhookSpec]:
+        """The webhooks of one type."""
+        return [hook for hook in self.webhooks if hook.type is kind]
 
     @model_validator(mode="after")
     def _steps(self) -> RolloutSpec:
@@ -297,7 +476,19 @@ class RolloutSpec(Wire):
         if self.steps[-1] != 100 or self.steps[0] < 1:
             msg = f"rollout.steps must lie in 1..100 and end at 100, got {self.steps}"
             raise ValueError(msg)
+        strays = [p.weight for p in self.step_policies if p.weight not in self.steps]
+        if strays:
+            msg = f"{_POLICY_WEIGHTS} {self.steps}, got {strays}"
+            raise ValueError(msg)
+        weights = [p.weight for p in self.step_policies]
+        if len(set(weights)) != len(weights):
+            msg = f"rollout.stepPolicies names a weight twice: {weights}"
+            raise ValueError(msg)
         return self
+
+    def policy_for(self, weight: int) -> StepPolicy | None:
+        """The step policy of the step at `weight`, if it has one."""
+        return next((p for p in self.step_policies if p.weight == weight), None)
 
 
 class ParentRef(Wire):

@@ -29,6 +29,8 @@ __all__ = [
     "InferenceServiceStatus",
     "RolloutPhase",
     "RolloutStatus",
+    "StepGateStatus",
+    "StepWait",
     "TrackCounts",
     "TrackStatus",
     "TracksStatus",
@@ -317,6 +319,43 @@ class BakeStatus(Wire):
     """Paused by annotation: it goes on baking, and does not end until resumed."""
 
 
+class StepWait(StrEnum):
+    """What a step whose analysis passed is waiting for (`status.rollout.stepGate.waiting`)."""
+
+    HOLD = "Hold"
+    """Its `hold` has not elapsed (`holdUntil`)."""
+    AWAITING_APPROVAL = "AwaitingApproval"
+    """Its manual gate: the `approve` annotation naming its weight."""
+
+
+class StepGateStatus(Wire):
+    """The hold and gate of the current step, kept while the step has a `stepPolicies` entry.
+
+    Bound to the rollout's spec hash and the step, so neither a re-applied spec nor a
+    restarted operator restarts the hold or forgets an approval.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    spec_hash: str | None = Field(None, max_length=64)
+    """The spec under rollout when the step began."""
+    step: int = Field(ge=0)
+    """Index into `spec.rollout.steps`."""
+    weight: int = Field(ge=0, le=100)
+    """The step's weight."""
+    started_at: Timestamp
+    """When the canary got this step's weight; the hold counts from here."""
+    hold_until: Timestamp | None = None
+    """When the step's `hold` ends; unset without a hold."""
+    waiting: StepWait | None = None
+    """What the step waits for since its analysis passed; unset while it is analysed, and
+    once it is approved."""
+    waiting_since: Timestamp | None = None
+    """When it began waiting for that."""
+    approved_at: Timestamp | None = None
+    """When the `approve` annotation opened its manual gate."""
+
+
 class RolloutStatus(Wire):
     """The rollout's bookkeeping: what stable runs, what is under rollout, counts, history."""
 
@@ -356,6 +395,8 @@ class RolloutStatus(Wire):
     """Why the rollout is where it is (hold reason, failing values)."""
     bake: BakeStatus | None = None
     """The bake, while the phase is `Baking`."""
+    step_gate: StepGateStatus | None = None
+    """The current step's hold and manual gate (`rollout.stepPolicies`), if it has them."""
 
 
 class ConditionType(StrEnum):

@@ -108,6 +108,8 @@ class FakeKube:
     writes: list[tuple[str, str, str]] = field(default_factory=list)
     events: list[EventNote] = field(default_factory=list)
     claims: set[tuple[str, str]] = field(default_factory=set)
+    secrets: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
+    """(namespace, Secret name, key) → value."""
     refusals: dict[tuple[str, str], str] = field(default_factory=dict)
     on_write: Callable[[], None] | None = None
 
@@ -196,6 +198,10 @@ class FakeKube:
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """Whether `claim` was added to `claims`."""
         return (namespace, claim) in self.claims
+
+    def read_secret(self, namespace: str, name: str, key: str) -> bytes | None:
+        """The value stored in `secrets`, or None."""
+        return self.secrets.get((namespace, name, key))
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
         """Stored children labelled for `owner`."""
