@@ -55,6 +55,6 @@ prometheus-down:
 e2e-harness: setup tools keda-tools prometheus-install
 	timeout 1200 $(PY) -m pytest e2e/harness --e2e-runtime=$(E2E_RUNTIME) $(E2E_PYTEST_ARGS)
 
-## e2e-gateway: the canary split Traefik enforces from the operator's HTTPRoute (not in `make test`)
+## e2e-gateway: the canary split Traefik enforces from the operator's HTTPRoute and GRPCRoute (not in `make test`)
 e2e-gateway: setup tools gateway-tools
 	cd e2e && timeout 900 ../$(PY) -m pytest gateway_e2e -s $(E2E_PYTEST_ARGS)
