@@ -43,6 +43,7 @@ local ready = condition(status.conditions, "Ready")
 local degraded = condition(status.conditions, "Degraded")
 local fallback = condition(status.conditions, "FallbackActive")
 local rollout_message = status.rollout and status.rollout.message or nil
+local bake = status.rollout and status.rollout.bake or nil
 
 if degraded ~= nil and degraded.status == "True" then
   hs.status = "Degraded"
@@ -58,11 +59,16 @@ elseif fallback ~= nil and fallback.status == "True" then
 elseif phase == "Paused" then
   hs.status = "Suspended"
   hs.message = "Rollout paused at canary weight " .. (status.canaryWeight or 0) .. "%"
+elseif phase == "Baking" and bake ~= nil and bake.paused then
+  -- A paused bake goes on serving the new version and does not end until resumed.
+  hs.status = "Suspended"
+  hs.message = "Bake paused: version " .. tostring(status.canaryVersion) .. " serves all traffic"
 elseif phase == "Succeeded" and ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
   hs.message = "Serving " .. (status.stableVersion or "the spec") .. " (" .. (status.ready or "ready") .. ")"
 elseif phase == "Succeeded" or phase == "Pending" or phase == "Starting"
-    or phase == "Progressing" or phase == "Holding" or phase == "Promoting" then
+    or phase == "Progressing" or phase == "Holding" or phase == "Promoting"
+    or phase == "Baking" then
   hs.status = "Progressing"
   hs.message = phase
   if status.canaryVersion ~= nil then

@@ -110,6 +110,37 @@ READY = condition(ConditionType.READY, "True", "Succeeded")
         ),
         pytest.param(
             service(
+                RolloutPhase.BAKING,
+                READY,
+                canaryVersion="v2",
+                canaryWeight=100,
+                rollout={
+                    "bake": {"since": "2026-01-01T00:00:00Z", "until": "2026-01-01T01:00:00Z"}
+                },
+            ),
+            "Progressing",
+            "canary v2 at 100%",
+            id="baking",
+        ),
+        pytest.param(
+            service(
+                RolloutPhase.BAKING,
+                READY,
+                canaryVersion="v2",
+                rollout={
+                    "bake": {
+                        "since": "2026-01-01T00:00:00Z",
+                        "until": "2026-01-01T01:00:00Z",
+                        "paused": True,
+                    }
+                },
+            ),
+            "Suspended",
+            "Bake paused: version v2",
+            id="bake-paused",
+        ),
+        pytest.param(
+            service(
                 RolloutPhase.ROLLED_BACK,
                 READY,
                 rollout={"message": "error_ratio 0.31 > 0.05"},
