@@ -93,6 +93,7 @@ def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster)
         metrics=metrics,
         default_prometheus_url=config.prometheus_url,
         prometheus_allowlist=allowlist,
+        webhook_allowlist=config.webhook_allowlist,
         metric_source=allowlist.source,
         images=config.runtime_images,
     )

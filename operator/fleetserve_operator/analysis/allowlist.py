@@ -1,9 +1,11 @@
-"""Which Prometheus URLs an InferenceService may name: the operator's allowlist.
+"""Which URLs an InferenceService may make the operator call: the operator's allowlists.
 
-`spec.rollout.analysis.prometheusUrl` makes the operator send requests from its own place in
-the cluster network, so without a check anyone who may create an InferenceService could point
-it at any address the operator reaches. The operator's config lists the Prometheus base URLs
-it may query (`allowed_prometheus_urls`); its own `prometheus_url` is always allowed.
+`spec.rollout.analysis.prometheusUrl` and `spec.rollout.webhooks[].url` make the operator send
+requests from its own place in the cluster network, so without a check anyone who may create
+an InferenceService could point it at any address the operator reaches. The operator's config
+lists the Prometheus base URLs it may query (`allowed_prometheus_urls`; its own
+`prometheus_url` is always allowed) and the webhook URLs it may call (`allowed_webhook_urls`;
+empty: none).
 
 Matching is structural, never a string prefix (`http://prom:9090@evil` starts with
 `http://prom:9090`): a URL is allowed when its scheme, host and port equal an entry's and its
@@ -23,7 +25,13 @@ from urllib.parse import urlsplit
 from fleetserve_operator.analysis.prometheus import MetricSource, PrometheusSource
 from fleetserve_operator.errors import InvalidSpec
 
-__all__ = ["PROMETHEUS_URL_FIELD", "BaseUrl", "PrometheusAllowlist", "parse_base_url"]
+__all__ = [
+    "PROMETHEUS_URL_FIELD",
+    "BaseUrl",
+    "PrometheusAllowlist",
+    "UrlAllowlist",
+    "parse_base_url",
+]
 
 PROMETHEUS_URL_FIELD = "spec.rollout.analysis.prometheusUrl"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -77,12 +85,47 @@ def parse_base_url(url: str) -> BaseUrl:
     )
 
 
+class UrlAllowlist:
+    """The base URLs the operator may call for one purpose, and the check of a spec's URL."""
+
+    def __init__(self, urls: Iterable[str], *, purpose: str, setting: str) -> None:
+        """`urls`: the allowed base URLs; each must pass `parse_base_url` (else ValueError).
+
+        `purpose` and `setting` name them in a refusal: "the Prometheus URLs this operator
+        may query", "allowed_prometheus_urls".
+        """
+        self._entries = tuple(parse_base_url(url) for url in urls)
+        self._purpose = purpose
+        self._setting = setting
+
+    def check(self, url: str, field: str) -> None:
+        """Refuse `url`, the value of the spec's `field`, when it lies outside the allowlist.
+
+        Raises:
+            InvalidSpec: naming `field`, and why.
+        """
+        try:
+            candidate = parse_base_url(url)
+        except ValueError as exc:
+            raise InvalidSpec(field, f"{url!r} {exc}") from None
+        if not any(entry.contains(candidate) for entry in self._entries):
+            msg = (
+                f"{url!r} is not among {self._purpose}; its administrator allows more with "
+                f"the operator's {self._setting} setting"
+            )
+            raise InvalidSpec(field, msg)
+
+
 class PrometheusAllowlist:
     """The Prometheus base URLs the operator may query, and the check of a spec's URL."""
 
     def __init__(self, urls: Iterable[str]) -> None:
         """`urls`: the allowed base URLs; each must pass `parse_base_url` (else ValueError)."""
-        self._entries = tuple(parse_base_url(url) for url in urls)
+        self._urls = UrlAllowlist(
+            urls,
+            purpose="the Prometheus URLs this operator may query",
+            setting="allowed_prometheus_urls",
+        )
 
     def check(self, url: str) -> None:
         """Refuse a `spec.rollout.analysis.prometheusUrl` outside the allowlist.
@@ -90,16 +133,7 @@ class PrometheusAllowlist:
         Raises:
             InvalidSpec: naming `spec.rollout.analysis.prometheusUrl`, and why.
         """
-        try:
-            candidate = parse_base_url(url)
-        except ValueError as exc:
-            raise InvalidSpec(PROMETHEUS_URL_FIELD, f"{url!r} {exc}") from None
-        if not any(entry.contains(candidate) for entry in self._entries):
-            msg = (
-                f"{url!r} is not among the Prometheus URLs this operator may query; its "
-                "administrator allows more with the operator's allowed_prometheus_urls setting"
-            )
-            raise InvalidSpec(PROMETHEUS_URL_FIELD, msg)
+        self._urls.check(url, PROMETHEUS_URL_FIELD)
 
     def source(self, url: str) -> MetricSource:
         """A `PrometheusSource` for `url`, only once `check` has passed it.

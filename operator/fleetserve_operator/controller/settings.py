@@ -16,11 +16,15 @@ from pydantic import AfterValidator, AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetserve_operator import naming
-from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, parse_base_url
+from fleetserve_operator.analysis.allowlist import (
+    PrometheusAllowlist,
+    UrlAllowlist,
+    parse_base_url,
+)
 from fleetserve_operator.controller.leader import LeaseTiming
 from fleetserve_operator.spec import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, Image, RuntimeImages
 
-__all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings"]
+__all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings", "webhook_allowlist"]
 
 
 def _base_url(url: str) -> str:
@@ -29,7 +33,7 @@ def _base_url(url: str) -> str:
 
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-PrometheusBaseUrl = Annotated[str, Field(max_length=512), AfterValidator(_base_url)]
+AllowedBaseUrl = Annotated[str, Field(max_length=512), AfterValidator(_base_url)]
 
 
 class OperatorConfig(BaseSettings):
@@ -51,15 +55,20 @@ class OperatorConfig(BaseSettings):
     """Port of the operator's own `/metrics` (reconciles, errors, durations); 0 disables it."""
     liveness_port: int = Field(8080, ge=0, le=65535)
     """Port of the `/healthz` liveness endpoint; 0 disables it."""
-    prometheus_url: PrometheusBaseUrl | None = None
+    prometheus_url: AllowedBaseUrl | None = None
     """Prometheus for the memory-budget check when a service names none in
     `spec.rollout.analysis.prometheusUrl`; unset: services without one are not checked.
     Services may always name this one."""
-    allowed_prometheus_urls: list[PrometheusBaseUrl] = Field(default_factory=list, max_length=64)
+    allowed_prometheus_urls: list[AllowedBaseUrl] = Field(default_factory=list, max_length=64)
     """Prometheus base URLs a service may name in `spec.rollout.analysis.prometheusUrl`
     besides `prometheus_url` (JSON list, e.g. `["http://prometheus.monitoring:9090"]`). A URL
     is allowed when scheme, host and port are an entry's and its path is the entry's or
     below it; empty: only `prometheus_url`. Any other URL is an invalid spec."""
+    allowed_webhook_urls: list[AllowedBaseUrl] = Field(default_factory=list, max_length=64)
+    """Base URLs a service's `spec.rollout.webhooks[].url` may name (JSON list, e.g.
+    `["https://hooks.example.com/fleetserve"]`), matched as `allowed_prometheus_urls` are;
+    empty (the default): no webhook at all, since a webhook makes the operator POST from its
+    own place in the cluster network. Any other URL is an invalid spec."""
     runtime_image: Image = DEFAULT_IMAGE
     """Runtime image of the GPU tracks (stable, canary) of every service that sets no
     `spec.runtime.image`; a new one rolls out to them through the canary."""
@@ -139,6 +148,18 @@ class OperatorConfig(BaseSettings):
         """`allowed_prometheus_urls` and `prometheus_url`, the URLs a service may name."""
         own = [self.prometheus_url] if self.prometheus_url else []
         return PrometheusAllowlist([*self.allowed_prometheus_urls, *own])
+
+    @property
+    def webhook_allowlist(self) -> UrlAllowlist:
+        """`allowed_webhook_urls`, the URLs a service's webhooks may name."""
+        return webhook_allowlist(self.allowed_webhook_urls)
+
+
+def webhook_allowlist(urls: list[str]) -> UrlAllowlist:
+    """The allowlist of webhook base URLs `urls`."""
+    return UrlAllowlist(
+        urls, purpose="the webhook URLs this operator may call", setting="allowed_webhook_urls"
+    )
 
 
 class RedactedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):

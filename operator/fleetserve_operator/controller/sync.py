@@ -57,7 +57,7 @@ from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, naming, observe, render, rollout
 from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
-from fleetserve_operator.analysis.allowlist import PrometheusAllowlist
+from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
@@ -153,7 +153,9 @@ class Sync:
     `prometheus_allowlist` judges a spec's `rollout.analysis.prometheusUrl` when the spec is
     parsed, so a URL outside it is an invalid spec at once, not when an analysis first falls
     due; None accepts every URL there (tests). `metric_source` makes the source a URL is
-    queried through (the operator's refuses a URL outside the allowlist again). `images`
+    queried through (the operator's refuses a URL outside the allowlist again).
+    `webhook_allowlist` judges each `rollout.webhooks[].url` in the same way, and the
+    webhooks refuse to call a URL outside it again; None accepts every URL (tests). `images`
     fill in the runtime images a spec leaves unset, as it is parsed.
     """
 
@@ -164,6 +166,7 @@ class Sync:
         metrics: OperatorMetrics,
         default_prometheus_url: str | None = None,
         prometheus_allowlist: PrometheusAllowlist | None = None,
+        webhook_allowlist: UrlAllowlist | None = None,
         metric_source: Callable[[str], MetricSource] = PrometheusSource,
         images: RuntimeImages = _BUILT_IN_IMAGES,
         clock: Callable[[], datetime] = utc_now,
@@ -172,10 +175,13 @@ class Sync:
         self._metrics = metrics
         self._default_prometheus_url = default_prometheus_url
         self._prometheus_allowlist = prometheus_allowlist
+        self._webhook_allowlist = webhook_allowlist
         self._metric_source = metric_source
         self._images = images
         self._clock = clock
-        self.webhooks = Webhooks(kube, metrics.webhook_failures, clock=clock)
+        self.webhooks = Webhooks(
+            kube, metrics.webhook_failures, clock=clock, allowlist=webhook_allowlist
+        )
         # Weak values: a service's lock lives only while a reconcile holds or awaits it, so
         # the operator keeps nothing for the services deleted over its lifetime.
         self._locks: weakref.WeakValueDictionary[tuple[str, str], threading.Lock] = (
@@ -437,6 +443,9 @@ class Sync:
         checks = spec.rollout.analysis
         if checks is not None and self._prometheus_allowlist is not None:
             self._prometheus_allowlist.check(checks.prometheus_url)
+        if self._webhook_allowlist is not None:
+            for index, hook in enumerate(spec.rollout.webhooks):
+                self._webhook_allowlist.check(hook.url, f"spec.rollout.webhooks[{index}].url")
         return spec
 
     def _checked_writes(

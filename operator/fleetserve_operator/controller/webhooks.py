@@ -33,8 +33,9 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from fleetserve_operator import rollout
+from fleetserve_operator.analysis.allowlist import UrlAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
-from fleetserve_operator.errors import ClusterUnavailable, bounded
+from fleetserve_operator.errors import ClusterUnavailable, InvalidSpec, bounded
 from fleetserve_operator.records import EventNote, rfc3339
 from fleetserve_operator.spec import (
     InferenceServiceSpec,
@@ -127,8 +128,10 @@ class Webhooks:
         *,
         clock: Callable[[], datetime],
         sleep: Callable[[float], None] = time.sleep,
+        allowlist: UrlAllowlist | None = None,
     ) -> None:
         self._kube = kube
+        self._allowlist = allowlist
         self._failures = failures
         self._clock = clock
         self._sleep = sleep
@@ -174,12 +177,19 @@ class Webhooks:
         detail = f"webhook {hook.name} ({payload.event}): {failure[1]}"
         self._kube.post_event(ref, EventNote("Warning", "WebhookFailed", detail))
 
-    def _post(
-        self, ref: ObjectRef, hook: WebhookSpec, payload: WebhookPayload
+    def _prepare(
+        self, ref: ObjectRef, hook: WebhookSpec, body: bytes, headers: dict[str, str]
     ) -> tuple[str, str] | None:
-        """POST `payload` with retries; None when answered 2xx, else (reason, detail)."""
-        body = payload.body()
-        headers = {"Content-Type": "application/json", EVENT_HEADER: payload.event}
+        """Sign `body` into `headers`; (reason, detail) when the call must not be made.
+
+        A URL outside the allowlist is refused here too, whichever path asked for the call,
+        and a webhook with a `secretRef` whose key cannot be read is never called unsigned.
+        """
+        if self._allowlist is not None:
+            try:
+                self._allowlist.check(hook.url, "url")
+            except InvalidSpec as exc:
+                return "refused", str(exc)
         if hook.secret_ref is not None:
             secret = hook.secret_ref
             try:
@@ -189,6 +199,17 @@ class Webhooks:
             if key is None:
                 return "secret", f"Secret {secret.name} has no key {secret.key!r}"
             headers[SIGNATURE_HEADER] = signature(key, body)
+        return None
+
+    def _post(
+        self, ref: ObjectRef, hook: WebhookSpec, payload: WebhookPayload
+    ) -> tuple[str, str] | None:
+        """POST `payload` with retries; None when answered 2xx, else (reason, detail)."""
+        body = payload.body()
+        headers = {"Content-Type": "application/json", EVENT_HEADER: payload.event}
+        refused = self._prepare(ref, hook, body, headers)
+        if refused is not None:
+            return refused
         timeout_s = parse_duration_s(hook.timeout)
         failure = ("unreachable", "not sent")
         for attempt in range(hook.retries + 1):

@@ -13,16 +13,25 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from fleetserve_operator.controller.kube import ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.settings import OperatorConfig, webhook_allowlist
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.webhooks import (
     CONFIRM_EVENT,
     EVENT_HEADER,
     SIGNATURE_HEADER,
     WebhookPayload,
+    Webhooks,
     verify,
 )
-from fleetserve_operator.spec import InferenceServiceStatus
+from fleetserve_operator.errors import InvalidSpec
+from fleetserve_operator.spec import (
+    ConditionType,
+    InferenceServiceStatus,
+    RolloutPhase,
+    WebhookSpec,
+)
 from fleetserve_operator.testing import FakeClock, FakeKube, make_service, make_spec
 
 KEY = b"a-shared-hmac-key"
@@ -72,15 +81,23 @@ def receiver() -> Iterator[Receiver]:
 
 
 class Operator:
-    """A FakeKube with one InferenceService under a Sync on a FakeClock."""
+    """A FakeKube with one InferenceService under a Sync on a FakeClock.
 
-    def __init__(self, webhooks: list[dict[str, Any]]) -> None:
+    `allowed`: the operator's `allowed_webhook_urls`; None: no allowlist (every URL).
+    """
+
+    def __init__(self, webhooks: list[dict[str, Any]], allowed: list[str] | None = None) -> None:
         self.webhooks = webhooks
         self.kube = FakeKube(secrets={("ns", SECRET["name"], SECRET["key"]): KEY})
         self.kube.add_service(make_service(self.spec("1")))
         self.clock = FakeClock()
         self.metrics = OperatorMetrics()
-        self.sync = Sync(self.kube, metrics=self.metrics, clock=lambda: self.clock.now)
+        self.sync = Sync(
+            self.kube,
+            metrics=self.metrics,
+            clock=lambda: self.clock.now,
+            webhook_allowlist=None if allowed is None else webhook_allowlist(allowed),
+        )
 
     def spec(self, version: str) -> dict[str, Any]:
         """The spec at `version`: steps 50 and 100, 10 s each, no analysis, the webhooks."""
@@ -254,3 +271,62 @@ def test_promote_by_hand_is_not_asked_about(receiver: Receiver) -> None:
     body["metadata"]["annotations"] = {"serving.fleetserve.io/promote": "next"}
     assert operator.reconcile().canary_weight == 100
     assert receiver.requests == []
+
+
+def test_a_webhook_outside_the_allowlist_is_an_invalid_spec(receiver: Receiver) -> None:
+    """The operator may call only `allowed_webhook_urls`: another URL names its field at once.
+
+    Nothing is created and nothing is sent.
+    """
+    operator = Operator([_notify(receiver, "StepAdvanced")], allowed=["http://hooks.example"])
+    error = operator.sync.run_by_name("ns", "demo", trigger="create")
+    assert isinstance(error, InvalidSpec)
+    assert error.field == "spec.rollout.webhooks[0].url"
+    assert "allowed_webhook_urls" in str(error)
+    status = operator.kube.status_of("ns", "demo")
+    degraded = status.condition(ConditionType.DEGRADED)
+    assert degraded is not None
+    assert degraded.reason == "InvalidSpec"
+    assert status.phase is RolloutPhase.FAILED
+    assert [action for action, _, _ in operator.kube.writes] == ["status"]
+    assert receiver.requests == []
+
+
+def test_an_allowlisted_webhook_is_called(receiver: Receiver) -> None:
+    """The receiver's base URL in the allowlist: the same service rolls out and is notified."""
+    base = receiver.url.removesuffix("/hook")
+    operator = Operator([_notify(receiver, "StepAdvanced")], allowed=[base])
+    operator.at_first_step()
+    assert [p.event for p in receiver.payloads()] == ["StepAdvanced"]
+
+
+def test_the_sender_refuses_a_url_outside_the_allowlist_whoever_asks(receiver: Receiver) -> None:
+    """Past the spec's check too: the webhooks never POST to a URL outside the allowlist."""
+    kube = FakeKube()
+    metrics = OperatorMetrics()
+    hooks = Webhooks(
+        kube,
+        metrics.webhook_failures,
+        clock=lambda: FakeClock().now,
+        allowlist=webhook_allowlist(["http://hooks.example"]),
+    )
+    hook = WebhookSpec.model_validate({"name": "x", "type": "confirm", "url": receiver.url})
+    spec = make_spec(rollout={"webhooks": [hook.model_dump(by_alias=True, exclude_unset=True)]})
+    status = InferenceServiceStatus()
+    answer = hooks.confirm(ObjectRef("ns", "demo", "uid"), spec, status, status)
+    assert not answer.allowed
+    assert "allowed_webhook_urls" in answer.detail
+    assert receiver.requests == []
+    labels = {"type": "confirm", "reason": "refused"}
+    assert metrics.registry.get_sample_value("fleetserve_operator_webhook_failures_total", labels)
+
+
+def test_by_default_the_operator_allows_no_webhook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`FLEETSERVE_ALLOWED_WEBHOOK_URLS` unset: every URL is refused; set (JSON): those."""
+    monkeypatch.delenv("FLEETSERVE_ALLOWED_WEBHOOK_URLS", raising=False)
+    with pytest.raises(InvalidSpec):
+        OperatorConfig().webhook_allowlist.check("https://hooks.example/a", "url")
+    monkeypatch.setenv("FLEETSERVE_ALLOWED_WEBHOOK_URLS", json.dumps(["https://hooks.example"]))
+    OperatorConfig().webhook_allowlist.check("https://hooks.example/a", "url")
+    with pytest.raises(InvalidSpec):
+        OperatorConfig().webhook_allowlist.check("https://hooks.example.evil/a", "url")
