@@ -183,15 +183,22 @@ class BearerAuthMiddleware:
     """401 with `WWW-Authenticate: Bearer` unless the request carries one of the files' tokens.
 
     The inference listener takes the inference token or the priority token (whoever may
-    raise priority may also infer); the admin listener only the admin token.
+    raise priority may also infer), and any token of the tenants table (`also`); the admin
+    listener only the admin token.
     """
 
     def __init__(
-        self, app: ASGIApp, *, tokens: tuple[TokenFile, ...], exempt: frozenset[str]
+        self,
+        app: ASGIApp,
+        *,
+        tokens: tuple[TokenFile, ...],
+        exempt: frozenset[str],
+        also: Callable[[bytes | None], bool] | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.exempt = exempt
+        self.also = also
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on if it bears a token (or its path is exempt); else a 401."""
@@ -199,7 +206,9 @@ class BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         presented = bearer_token(Headers(scope=scope).get("authorization"))
-        if any(token_matches(presented, token.current()) for token in self.tokens):
+        if any(token_matches(presented, token.current()) for token in self.tokens) or (
+            self.also is not None and self.also(presented)
+        ):
             await self.app(scope, receive, send)
             return
         if presented is None:

@@ -5,7 +5,9 @@ deadline lets one request hold a sequence slot for minutes. So asking for more t
 defaults (priority `high`, a timeout above the server's default) is a privilege: only a
 request bearing the priority token (`priority_token_file`) gets it, anyone else's is refused
 with a 403 naming the header or field. Asking for less (`low`, a shorter timeout) is open to
-every caller. Both the encoder's routes (`/v2/.../infer`, `/v1/...:predict`) and the
+every caller. On a server with a tenants table (`core.tenants`) a tenant may ask for the
+classes its row allows (`high` included, if listed) and no other; the priority token still
+grants any. Both the encoder's routes (`/v2/.../infer`, `/v1/...:predict`) and the
 generation routes take this one decision; it is pure, `api` passes header values and
 whether the caller holds the token in.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from fleetserve_runtime.core.errors import Forbidden, InvalidInput
 from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.core.tenants import Tenant
 
 __all__ = ["PRIORITY_HEADER", "TIMEOUT_HEADER", "Scheduling", "scheduling"]
 
@@ -52,26 +55,38 @@ def scheduling(
     timeout_ms: int | None,
     default_timeout_ms: int,
     privileged: bool,
+    tenant: Tenant | None = None,
 ) -> Scheduling:
     """What a request gets: headers beat the body's `priority` / `timeout_ms`.
 
     `InvalidInput` for a value that does not parse; `Forbidden`, naming where it was asked,
     for priority above normal or a timeout above `default_timeout_ms` unless `privileged`
-    (the request bears the priority token). The timeout's upper bound (`max_timeout_ms`) is
+    (the request bears the priority token). With a `tenant`, the priority must be one of
+    its allowed classes instead (unless `privileged`), and a request that names none gets
+    the tenant's default class. The timeout's upper bound (`max_timeout_ms`) is
     the engine's to check, for every caller.
     """
     priority_from, priority_name = (
         (PRIORITY_HEADER, priority_header) if priority_header else (PRIORITY_FIELD, priority)
     )
+    default = "normal" if tenant is None else tenant.default_priority.name
     try:
-        level = Priority.parse(priority_name or "normal")
+        level = Priority.parse(priority_name or default)
     except ValueError as exc:
         raise InvalidInput(f"{priority_from}: {exc}", param=priority_from) from None
     timeout_from = TIMEOUT_FIELD
     if timeout_header is not None:
         timeout_from, timeout_ms = TIMEOUT_HEADER, _timeout_header(timeout_header)
     if not privileged:
-        if level < Priority.NORMAL:
+        if tenant is not None:
+            if level not in tenant.priorities:
+                allowed = ", ".join(p.name.lower() for p in sorted(tenant.priorities))
+                msg = (
+                    f"{priority_from} {level.name.lower()} is not allowed for tenant "
+                    f"{tenant.name!r}, which may ask for {allowed}"
+                )
+                raise Forbidden(msg)
+        elif level < Priority.NORMAL:
             msg = (
                 f"{priority_from} {level.name.lower()} needs the priority token "
                 "(priority_token_file); other callers may ask for normal or low"
