@@ -40,6 +40,7 @@ __all__ = [
     "MAX_TENANTS",
     "TENANT_HEADER",
     "Tenant",
+    "TenantDirectory",
     "TenantLoad",
     "TenantSpec",
     "TenantTable",
@@ -140,14 +141,15 @@ CURRENT_TENANT: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar(
 
 
 @dataclass(frozen=True, slots=True)
-class _Directory:
+class TenantDirectory:
     """A table, indexed: tenants by name, and by the SHA-256 digest of each token."""
 
     by_name: dict[str, Tenant]
     by_digest: dict[bytes, tuple[bytes, Tenant]]
 
     @classmethod
-    def of(cls, table: TenantTable) -> _Directory:
+    def of(cls, table: TenantTable) -> TenantDirectory:
+        """`table`, indexed."""
         by_name = {spec.name: Tenant.of(spec) for spec in table.tenants}
         by_digest = {
             hashlib.sha256(token.encode()).digest(): (token.encode(), by_name[spec.name])
@@ -157,6 +159,7 @@ class _Directory:
         return cls(by_name, by_digest)
 
     def by_token(self, presented: bytes | None) -> Tenant | None:
+        """The tenant whose token `presented` is (found by digest, compared in constant time)."""
         if presented is None:
             return None
         entry = self.by_digest.get(hashlib.sha256(presented).digest())
@@ -190,9 +193,9 @@ class TenantsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._signature: tuple[int, ...] | None = None
-        self._directory = _Directory({}, {})
+        self._directory = TenantDirectory({}, {})
 
-    def current(self) -> _Directory:
+    def current(self) -> TenantDirectory:
         """The table as the file holds it now (empty when the file is missing or invalid)."""
         try:
             stat = os.stat(self.path)
@@ -201,16 +204,16 @@ class TenantsFile:
                 log.error(
                     "tenants file unreadable; no tenant token matches", extra={"why": str(exc)}
                 )
-            self._signature, self._directory = None, _Directory({}, {})
+            self._signature, self._directory = None, TenantDirectory({}, {})
             return self._directory
         signature = (stat.st_ino, stat.st_dev, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         if signature != self._signature:
             self._signature = signature
             try:
-                self._directory = _Directory.of(read_table(self.path))
+                self._directory = TenantDirectory.of(read_table(self.path))
             except (OSError, ValueError) as exc:
                 log.error("tenants file unusable; no tenant token matches", extra={"why": str(exc)})
-                self._directory = _Directory({}, {})
+                self._directory = TenantDirectory({}, {})
             else:
                 log.info("tenants file read", extra={"path": str(self.path)})
         return self._directory

@@ -44,10 +44,11 @@ from fleetserve_runtime.server.middleware import (
     BearerAuthMiddleware,
     InferFastPath,
     RequestContextMiddleware,
+    TenantMiddleware,
 )
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
-from fleetserve_runtime.server.tenancy import Tenancy, TenantMiddleware
+from fleetserve_runtime.serving.admission import Tenancy
 from fleetserve_runtime.serving.runtime import Runtime
 
 __all__ = ["Apps", "create_app", "create_apps", "listener_app"]

@@ -69,8 +69,7 @@ from fleetserve_runtime.server.schemas import (
     validate_body,
 )
 from fleetserve_runtime.server.sse import CLIENT_CLOSED
-from fleetserve_runtime.server.tenancy import Tenancy
-from fleetserve_runtime.serving.admission import Scheduling, scheduling
+from fleetserve_runtime.serving.admission import Scheduling, Tenancy, scheduling
 from fleetserve_runtime.serving.facade import ServingFacade
 
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
