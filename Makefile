@@ -12,7 +12,7 @@ DEMO_FLAGS ?=
 BENCH_OPERATOR_FLAGS ?=
 BENCH_FETCH_FLAGS ?=
 
-.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate \
+.PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate bench-tenants \
         bench-analysis bench-operator bench-fetch bench-peers peers-venvs peers-lock lock clean \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
         e2e-storage demo-runtime demo-generate mutate
@@ -246,6 +246,11 @@ bench-fetch: setup storage-tools
 ## bench-scheduler: queue + batcher alone with a no-op model (requests/s it can batch)
 bench-scheduler: setup
 	$(PY) -m bench.scheduler_bench
+
+## bench-tenants: a noisy tenant (10x the load) against a quiet one on one generative engine:
+##                quiet p99 alone vs under noise, without and with tenants; last line quiet_p99_ratio=
+bench-tenants: setup
+	$(PY) -m bench.tenants_bench
 
 ## bench-analysis: simulated canaries, sequential vs threshold analysis, the power table;
 ##                 last lines promoted_at_3x_errors=, false_rollback_rate=

@@ -17,13 +17,23 @@ import orjson
 __all__ = ["ResultCache", "cache_key"]
 
 
-def cache_key(*, model: str, version: str, instance: object, params: dict[str, Any]) -> bytes:
-    """Digest identifying one instance's result under one model version and parameters."""
+def cache_key(
+    *,
+    model: str,
+    version: str,
+    instance: object,
+    params: dict[str, Any],
+    tenant: str | None = None,
+) -> bytes:
+    """Digest identifying one instance's result under one model version and parameters.
+
+    With a `tenant` (a server with tenants) the key is that tenant's alone: no tenant can
+    learn from a cache hit's speed that another sent the same input.
+    """
     # The instance is hashed exactly as given (canonical JSON, sorted keys): any further
     # normalisation could map inputs the model treats differently to one cached answer.
-    blob = orjson.dumps(
-        [model, version, instance, params], option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
-    )
+    key = [model, version, instance, params] + ([] if tenant is None else [tenant])
+    blob = orjson.dumps(key, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     return hashlib.blake2b(blob, digest_size=16).digest()
 
 

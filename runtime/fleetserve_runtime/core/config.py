@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from fleetserve_runtime.core.auth import allowlist_entry_problem, read_token
+from fleetserve_runtime.core.tenants import read_table
 
 __all__ = [
     "BatchingConfig",
@@ -33,6 +34,7 @@ __all__ = [
     "MemoryConfig",
     "QueueConfig",
     "RuntimeConfig",
+    "TenantsConfig",
     "load_config",
 ]
 
@@ -302,6 +304,41 @@ class HttpConfig(_Section):
     request about a tenth of its CPU."""
 
 
+class TenantsConfig(_Section):
+    """Tenants: fair share, quotas and allowed priorities per caller (`tenants.md`)."""
+
+    flag_prefix: ClassVar[str] = "tenants-"
+
+    file: Path | None = None
+    """The tenants table (YAML or JSON, a mounted Secret, re-read when it changes): each
+    tenant's name, tokens, weight, `max_requests` and priorities. Unset: no tenants."""
+    trust_header: bool = False
+    """Take the tenant from `X-Fleetserve-Tenant` (a trusted gateway authenticated the
+    caller); off, a request carrying that header gets 400."""
+    default_weight: float = Field(1.0, gt=0, le=1000)
+    """Fair-share weight of requests bearing no tenant's token (the default tenant)."""
+    default_max_requests: int | None = Field(None, ge=1, le=1_000_000)
+    """Quota of the default tenant: most requests in flight at once; unset: none."""
+
+    @field_validator("file")
+    @classmethod
+    def _check_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                read_table(value)
+            except OSError as exc:
+                msg = f"cannot read tenants file {value}: {exc.strerror}"
+                raise ValueError(msg) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_header(self) -> TenantsConfig:
+        if self.file is None and (self.trust_header or self.default_max_requests is not None):
+            msg = "tenants.trust_header and tenants.default_max_requests need tenants.file"
+            raise ValueError(msg)
+        return self
+
+
 class RuntimeConfig(BaseSettings):
     """Everything `fleetserve-runtime serve` needs; see the module docstring for sources."""
 
@@ -429,6 +466,7 @@ class RuntimeConfig(BaseSettings):
     health: HealthConfig = HealthConfig()
     http: HttpConfig = HttpConfig()
     generation: GenerationConfig = GenerationConfig()
+    tenants: TenantsConfig = TenantsConfig()
 
     @field_validator("auth_exempt_paths", "allowed_model_uris", mode="before")
     @classmethod

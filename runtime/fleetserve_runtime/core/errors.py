@@ -19,6 +19,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "RequestTimeout",
+    "TenantOverQuota",
     "FleetserveError",
     "TooManyStreams",
     "Unauthorized",
@@ -108,3 +109,11 @@ class OutOfMemory(FleetserveError):
 
 class TooManyStreams(QueueFull):
     """The server streams `generation.max_streams` generations already (503, Retry-After)."""
+
+
+class TenantOverQuota(QueueFull):
+    """A tenant has its quota of requests in flight (429, Retry-After); others are served."""
+
+    def __init__(self, message: str, *, retry_after_s: float, tenant: str) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.tenant = tenant

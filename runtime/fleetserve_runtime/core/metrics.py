@@ -37,6 +37,7 @@ __all__ = [
     "RuntimeMetrics",
     "StateSnapshot",
     "StreamLimit",
+    "TenantMetrics",
     "VersionFamilies",
 ]
 
@@ -46,7 +47,7 @@ LATENCY_BUCKETS_S = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512)
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 LABELS = ("model", "version", "track")
-ANSWERED_CODES = (200, 400, 401, 403, 404, 408, 413, 415, 500, 503, 504)
+ANSWERED_CODES = (200, 400, 401, 403, 404, 408, 413, 415, 429, 500, 503, 504)
 """Every HTTP status the runtime answers with (`server.http_errors.STATUS_OF` and success),
 declared at 0."""
 ALLOCATED_DOC = "Bytes allocated: the CUDA allocator's figure, or weights + leased buffers on CPU."
@@ -277,6 +278,7 @@ class RuntimeMetrics:
             self.stream_limits.labels(model, track, limit)
         reg.register(StateCollector(snapshot, model, track))
         reg.register(LogDropsCollector())
+        self.tenants = TenantMetrics(reg, model=model, track=track)
 
     def labels(self, version: str) -> tuple[str, str, str]:
         """The (model, version, track) label values for `version`."""
@@ -349,3 +351,50 @@ class RuntimeMetrics:
         wait = series.queue_wait_seconds
         for seconds in queue_waits:
             wait.observe(seconds)
+
+
+# -- tenants -------------------------------------------------------------------------------
+
+
+class TenantMetrics:
+    """Per-tenant series, labelled model/track/tenant (`tenants.md`).
+
+    The tenant label takes only names from the tenants table and the default tenant's
+    label, so its cardinality is bounded by the table (at most 256 tenants) plus one.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, model: str, track: str) -> None:
+        self._labels = (model, track)
+        names = ["model", "track", "tenant"]
+        self.requests = Counter(
+            "fleetserve_tenant_requests", "Requests admitted past the tenant's quota, by tenant.",
+            names, registry=registry,
+        )  # fmt: skip
+        self.rejections = Counter(
+            "fleetserve_tenant_rejections",
+            "Requests refused with 429 because their tenant was at its quota (max_requests).",
+            names, registry=registry,
+        )  # fmt: skip
+        self.queue_wait_seconds = Histogram(
+            "fleetserve_tenant_queue_wait_seconds",
+            "Time a tenant's request waited in an engine's queue before it ran.",
+            names, buckets=LATENCY_BUCKETS_S, registry=registry,
+        )  # fmt: skip
+
+    def declare(self, tenant: str) -> None:
+        """Create `tenant`'s series at 0, so a rate over them counts its first request."""
+        self.requests.labels(*self._labels, tenant)
+        self.rejections.labels(*self._labels, tenant)
+        self.queue_wait_seconds.labels(*self._labels, tenant)
+
+    def observe_request(self, tenant: str) -> None:
+        """Count one request of `tenant` admitted past its quota."""
+        self.requests.labels(*self._labels, tenant).inc()
+
+    def observe_rejection(self, tenant: str) -> None:
+        """Count one 429 of `tenant`."""
+        self.rejections.labels(*self._labels, tenant).inc()
+
+    def observe_queue_wait(self, tenant: str, seconds: float) -> None:
+        """Record how long one request (or instance) of `tenant` waited in a queue."""
+        self.queue_wait_seconds.labels(*self._labels, tenant).observe(seconds)

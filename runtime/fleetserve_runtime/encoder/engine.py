@@ -38,6 +38,7 @@ from fleetserve_runtime.core.logs import current_request
 from fleetserve_runtime.core.metrics import RuntimeMetrics
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.core.queueing import resolve_timeout
+from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.encoder.batcher import Batch, BatchLimits, BucketPolicy, plan_batch
 from fleetserve_runtime.encoder.executor import BatchJob, BatchOutcome, Executor
 from fleetserve_runtime.encoder.request_queue import PendingItem, RequestQueue
@@ -173,7 +174,9 @@ class EncoderEngine:
         self._metrics = metrics
         self._clock = clock
         self.queue: RequestQueue[LoadedModel] = RequestQueue(
-            max_size=config.queue.max_queue_size, retry_after_s=config.queue.retry_after_s
+            max_size=config.queue.max_queue_size,
+            retry_after_s=config.queue.retry_after_s,
+            aging_s=config.queue.priority_aging_ms / 1000,
         )
         self._inflight_requests = 0
         self._loop = asyncio.get_running_loop()
@@ -251,6 +254,7 @@ class EncoderEngine:
                     ticket=ticket,
                     bucket=self._buckets.bucket_of(prepared.length),
                     request_id=request_id,
+                    tenant=CURRENT_TENANT.get(),
                 )
             )
         if items:
@@ -314,11 +318,13 @@ class EncoderEngine:
     def _cache_key(self, model: LoadedModel, instance: object, truncate: bool) -> bytes | None:
         if not self._cache.enabled:
             return None
+        tenant = CURRENT_TENANT.get()
         return cache_key(
             model=self._config.name,
             version=f"{model.version}#{model.generation}",
             instance=instance,
             params={"truncate": truncate},
+            tenant=None if tenant is None else tenant.name,
         )
 
     def _cache_lookup(self, model: LoadedModel, key: bytes | None) -> ItemResult | None:
@@ -416,6 +422,8 @@ class EncoderEngine:
         for item, result in computed:
             ticket: _Ticket = item.ticket
             waits.append(batch.formed_at - item.enqueued_at)
+            if item.tenant is not None:
+                self._metrics.tenants.observe_queue_wait(item.tenant.name, waits[-1])
             if ticket.answered:
                 continue
             if isinstance(result, FleetserveError):

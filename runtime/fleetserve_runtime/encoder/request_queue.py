@@ -7,10 +7,17 @@ The queue is generic in the group's type, so whoever reads `Batch.group` back ge
 it pushed; it knows nothing of any engine, so another engine can sit on the same queue.
 Expired and taken items are removed lazily: they are marked and skipped, so every operation
 stays O(1) amortised. Not thread-safe: its engine touches it from the event loop only.
+
+Items of tenants (`core.tenants`) are kept in a cell in fair-share order instead of FIFO:
+by their effective class (the priority aged at arrival, floored) and then their tenant's
+weighted fair-share tag (`core.fair_share`, charged their length in tokens), so the batcher,
+which takes each cell's items front first, serves a quiet tenant's request before a noisy
+tenant's backlog. Without tenants every item is appended, FIFO, as before.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -20,8 +27,10 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
+from fleetserve_runtime.core.fair_share import FairShare, effective_class
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.core.queueing import QueueBound
+from fleetserve_runtime.core.tenants import Tenant
 
 __all__ = ["Cell", "G", "PendingItem", "RequestQueue"]
 
@@ -47,6 +56,10 @@ class PendingItem(Generic[G]):
     bucket: int = 0
     request_id: str | None = None
     """The id of the request the item belongs to, for the executor's log records."""
+    tenant: Tenant | None = None
+    """Whom it is for, on a server with a tenants table; None without."""
+    fair_key: tuple[float, float] = (0.0, 0.0)
+    """(effective class, fair-share tag), set by the queue for a tenant's item."""
     seq: int = field(default_factory=lambda: next(_seq))
     live: bool = True
     """False once the item was taken into a batch or expired."""
@@ -77,8 +90,10 @@ class Cell(Generic[G]):
 class RequestQueue(Generic[G]):
     """Bounded multi-cell queue; see the module docstring."""
 
-    def __init__(self, *, max_size: int, retry_after_s: float) -> None:
+    def __init__(self, *, max_size: int, retry_after_s: float, aging_s: float = 0.0) -> None:
         self._bound = QueueBound(max_size, retry_after_s)
+        self._aging_s = aging_s
+        self._fair = FairShare()
         self._cells: dict[tuple[G, int, Priority], Cell[G]] = {}
         self._deadlines: list[tuple[float, int, PendingItem[G]]] = []
         self._size = 0
@@ -101,7 +116,16 @@ class RequestQueue(Generic[G]):
             cell = self._cells.get(key)
             if cell is None:
                 cell = self._cells[key] = Cell(item.group, item.bucket, item.priority)
-            cell.items.append(item)
+            if item.tenant is None:
+                cell.items.append(item)
+            else:
+                tenant = item.tenant
+                tag = self._fair.tag(tenant.name, item.length, tenant.weight)
+                item.fair_key = (
+                    effective_class(item.priority, item.enqueued_at, self._aging_s),
+                    tag,
+                )
+                bisect.insort(cell.items, item, key=_fair_order)
             cell.live += 1
             heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
         self._size += len(items)
@@ -118,6 +142,8 @@ class RequestQueue(Generic[G]):
     def take(self, item: PendingItem[G]) -> None:
         """Remove a live item (it joins a batch)."""
         self._kill(item)
+        if item.tenant is not None:
+            self._fair.served(item.fair_key[1])
 
     def pop_expired(self, now: float) -> list[PendingItem[G]]:
         """Remove and return every live item whose deadline is at or before `now`."""
@@ -157,3 +183,8 @@ class RequestQueue(Generic[G]):
         self._passes += 1
         if len(self._cells) > 64 and self._passes % 64 == 0:
             self._cells = {key: cell for key, cell in self._cells.items() if cell.live}
+
+
+def _fair_order(item: PendingItem[Any]) -> tuple[float, float, int]:
+    """A tenant's item's place in its cell: class, fair-share tag, arrival."""
+    return (*item.fair_key, item.seq)

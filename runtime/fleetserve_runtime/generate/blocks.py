@@ -15,6 +15,7 @@ is left uncached, when the least recently freed is evicted.
 from __future__ import annotations
 
 import hashlib
+import json
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -32,12 +33,17 @@ def chain_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
     return digest.digest()
 
 
-def salt_root(salt: str | None) -> bytes:
+def salt_root(salt: str | None, tenant: str | None = None) -> bytes:
     """The first block's parent hash for requests with cache salt `salt` (b"" for none).
 
     A digest of its own kind (personalised), so no salt can produce a chain that equals
-    another salt's, or the unsalted one's.
+    another salt's, or the unsalted one's. On a server with tenants every request has a
+    `tenant` (the default one's included), hashed with its salt under a third kind: blocks
+    are never shared between tenants, whatever salts they send.
     """
+    if tenant is not None:
+        blob = json.dumps([tenant, salt]).encode()
+        return hashlib.blake2b(blob, digest_size=16, person=b"tenant-salt").digest()
     if salt is None:
         return b""
     return hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache-salt").digest()

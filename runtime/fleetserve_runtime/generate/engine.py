@@ -4,7 +4,8 @@ This is the event loop's side; the worker's is the engine core (`engine_core`). 
 tokenises the prompt (`prompts`; a long one on a helper thread: near the context's bound in
 characters it takes the tokenizer most of a second, which would stall every stream's
 events), checks it against the context and the KV pool, refuses with `QueueFull` when the
-waiting queue is at its bound (`core.queueing`) and hands the new request to the core;
+waiting queue is at its bound (`core.queueing`) and hands the new request to the core,
+with its tenant (`core.tenants.CURRENT_TENANT`: fair share, and a cache salt of its own);
 nothing else of a request runs on the event loop. Each request's events come back through
 its `GenerationStream` (`stream`), whose deadline and `aclose` cancel it in the core.
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.core.queueing import QueueBound, resolve_timeout
+from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.blocks import salt_root
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
@@ -164,13 +166,16 @@ class GenerationEngine:
         )
         # Again: others may have queued while a long prompt was tokenised.
         self._queue.check(self._core.num_waiting)
+        tenant = CURRENT_TENANT.get()
         seq = Seq(
             next(self._ids),
             list(prompt),
             len(prompt),
             priority=request.priority,
             arrived_at=self._clock(),
-            cache_root=salt_root(request.cache_salt),
+            cache_root=salt_root(request.cache_salt, None if tenant is None else tenant.name),
+            tenant=tenant,
+            fair_cost=len(prompt) + max_tokens,
         )
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended

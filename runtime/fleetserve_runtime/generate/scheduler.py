@@ -20,7 +20,11 @@ every step and `commit` after it. Rules, in the order `schedule` applies them:
 
 "Best" is the priority class raised one class per `priority_aging_s` waited since arrival,
 so nothing starves; the same order ranks running sequences. As every sequence ages at the
-same rate, that order never changes and is fixed once, at arrival.
+same rate, that order never changes and is fixed once, at arrival. Sequences of tenants
+(`core.tenants`) rank by their effective class (that aged class, floored to a whole one)
+and, within it, by their tenant's weighted fair-share tag (`core.fair_share`), so a tenant
+flooding the queue waits behind its own backlog, not the others; without tenants the
+order is the aged class alone, as it always was.
 
 Policy "static" is the baseline the benchmark compares against: a batch is formed from the
 waiting sequences only when none runs, and runs to completion before the next is formed.
@@ -35,6 +39,7 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Literal
 
+from fleetserve_runtime.core.fair_share import FairShare, effective_class
 from fleetserve_runtime.core.queueing import aged_priority
 from fleetserve_runtime.generate.blocks import BlockPool
 from fleetserve_runtime.generate.kv_manager import KVManager
@@ -116,7 +121,8 @@ class Scheduler:
         self.kv = KVManager(pool)
         self.limits = limits
         self._running: list[Seq] = []
-        self._waiting: list[tuple[tuple[float, int], Seq]] = []
+        self._waiting: list[tuple[tuple[float, float, int], Seq]] = []
+        self._fair = FairShare()
         self._num_waiting = 0
         self.preemptions = 0
         """Sequences preempted so far."""
@@ -137,9 +143,17 @@ class Scheduler:
 
     def add(self, seq: Seq) -> None:
         """Queue a new sequence; its rank is fixed from its priority and arrival time."""
-        # Ranked as at time 0: aging keeps the order of two sequences at any time.
-        level = aged_priority(seq.priority, seq.arrived_at, 0.0, self.limits.priority_aging_s)
-        seq.rank = (level, seq.seq_id)
+        aging_s = self.limits.priority_aging_s
+        tenant = seq.tenant
+        if tenant is None:
+            # Ranked as at time 0: aging keeps the order of two sequences at any time.
+            level = aged_priority(seq.priority, seq.arrived_at, 0.0, aging_s)
+            seq.rank = (level, 0.0, seq.seq_id)
+        else:
+            cost = seq.fair_cost or len(seq.tokens)
+            tag = self._fair.tag(tenant.name, cost, tenant.weight)
+            level = effective_class(seq.priority, seq.arrived_at, aging_s)
+            seq.rank = (level, tag, seq.seq_id)
         seq.state = SeqState.WAITING
         self._push_waiting(seq)
 
@@ -242,7 +256,7 @@ class Scheduler:
         seq.state = SeqState.WAITING
         self._push_waiting(seq)
 
-    def _admit(self, draft: _Draft, better_than: tuple[float, int] | None = None) -> None:
+    def _admit(self, draft: _Draft, better_than: tuple[float, float, int] | None = None) -> None:
         """Admit waiting sequences, best first, while they fit (and outrank `better_than`)."""
         kv = self.kv
         while draft.budget > 0 and len(self._running) < self.limits.max_running_sequences:
@@ -270,6 +284,8 @@ class Scheduler:
         """Move the best waiting sequence `seq` to running, holding its cached `prefix`."""
         heapq.heappop(self._waiting)
         self._num_waiting -= 1
+        if seq.tenant is not None:
+            self._fair.served(seq.rank[1])
         self.kv.start(seq, prefix)
         seq.state = SeqState.RUNNING
         bisect.insort(self._running, seq, key=_rank)
@@ -292,5 +308,5 @@ class Scheduler:
             heapq.heapify(self._waiting)
 
 
-def _rank(seq: Seq) -> tuple[float, int]:
+def _rank(seq: Seq) -> tuple[float, float, int]:
     return seq.rank

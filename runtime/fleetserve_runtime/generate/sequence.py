@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from fleetserve_runtime.core.priority import Priority
+from fleetserve_runtime.core.tenants import Tenant
 from fleetserve_runtime.generate.blocks import chain_hash
 
 __all__ = ["Seq", "SeqState"]
@@ -43,8 +44,13 @@ class Seq:
     cached_tokens: int | None = None
     """Prompt tokens reused from the prefix cache at the first admission; None before it."""
     preemptions: int = 0
-    rank: tuple[float, int] = (0.0, 0)
-    """Set by the scheduler on `add`: lower runs first, higher is preempted first."""
+    rank: tuple[float, float, int] = (0.0, 0.0, 0)
+    """Set by the scheduler on `add`: lower runs first, higher is preempted first. Its
+    class (aged priority), its fair-share tag (0 without tenants), its id."""
+    tenant: Tenant | None = None
+    """Whom it is for, on a server with a tenants table (`core.tenants`); None without."""
+    fair_cost: int = 0
+    """Tokens it is expected to cost (prompt plus output bound), its fair-share charge."""
     cache_root: bytes = b""
     """The parent hash of the first block (`salt_root` of the request's cache salt): only
     sequences with the same root can share cached blocks."""

@@ -44,9 +44,11 @@ from fleetserve_runtime.server.middleware import (
     BearerAuthMiddleware,
     InferFastPath,
     RequestContextMiddleware,
+    TenantMiddleware,
 )
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
+from fleetserve_runtime.serving.admission import Tenancy
 from fleetserve_runtime.serving.runtime import Runtime
 
 __all__ = ["Apps", "create_app", "create_apps", "listener_app"]
@@ -76,7 +78,7 @@ async def _watch_first_load(
 
 
 async def _serve_grpc(
-    routes: Routes, config: RuntimeConfig, auth_token: TokenFile | None
+    routes: Routes, config: RuntimeConfig, auth_token: TokenFile | None, tenancy: Tenancy | None
 ) -> Callable[[], Awaitable[None]]:
     # Imported only when gRPC is on: its generated code claims protobuf's `inference.*` names,
     # which a test process using tritonclient.grpc holds already.
@@ -88,6 +90,7 @@ async def _serve_grpc(
         server_version=__version__,
         auth_token=auth_token,
         priority_token=routes.priority_token,
+        tenancy=tenancy,
     )
 
 
@@ -117,12 +120,19 @@ def create_apps(
     """
     auth_token = _token_file(config.auth_token_file)
     routes = Routes(config, priority_token=_token_file(config.priority_token_file))
+    tenancy = (
+        Tenancy(config.tenants, retry_after_s=config.queue.retry_after_s)
+        if config.tenants.file is not None
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime(config)
         routes.runtime = runtime
         app.state.runtime = runtime
+        if tenancy is not None:
+            tenancy.metrics = runtime.metrics.tenants
         await runtime.start()
         watcher = (
             asyncio.create_task(_watch_first_load(runtime, on_load_failure, on_ready))
@@ -132,7 +142,7 @@ def create_apps(
         stop_grpc = None
         try:
             if config.grpc_port is not None:
-                stop_grpc = await _serve_grpc(routes, config, auth_token)
+                stop_grpc = await _serve_grpc(routes, config, auth_token, tenancy)
             yield
         finally:
             if watcher is not None:
@@ -150,9 +160,15 @@ def create_apps(
                     *([routes.priority_token] if routes.priority_token is not None else []),
                 ),
                 exempt=frozenset(config.auth_exempt_paths),
+                also=tenancy.knows if tenancy is not None else None,
             )
         ]
         if auth_token is not None
+        else []
+    )
+    tenants = (
+        [Middleware(TenantMiddleware, tenancy=tenancy, exempt=frozenset(config.auth_exempt_paths))]
+        if tenancy is not None
         else []
     )
     docs = config.http.api_docs
@@ -168,6 +184,7 @@ def create_apps(
         middleware=[
             Middleware(RequestContextMiddleware),
             *inference_auth,
+            *tenants,
             Middleware(InferFastPath, infer=routes.infer_v2),
         ],
     )

@@ -49,6 +49,7 @@ from fleetserve_runtime.core.logs import (
     request_id_from,
     unbind_request,
 )
+from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER
 from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
@@ -68,7 +69,7 @@ from fleetserve_runtime.server.schemas import (
     validate_body,
 )
 from fleetserve_runtime.server.sse import CLIENT_CLOSED
-from fleetserve_runtime.serving.admission import Scheduling, scheduling
+from fleetserve_runtime.serving.admission import Scheduling, Tenancy, scheduling
 from fleetserve_runtime.serving.facade import ServingFacade
 
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
@@ -89,6 +90,7 @@ GRPC_CODE_OF_STATUS: dict[int, grpc.StatusCode] = {
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -177,12 +179,14 @@ class _Service:
         *,
         auth_token: TokenFile | None,
         priority_token: TokenFile | None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.host = host
         self.config = config
         self.server_version = server_version
         self.token = auth_token
         self.priority_token = priority_token
+        self.tenancy = tenancy
 
     @_rpc("/v2/health/live")
     async def ServerLive(
@@ -245,8 +249,9 @@ class _Service:
         started = time.perf_counter()
         try:
             remaining_s = context.time_remaining()
-            answer = self._infer(request, version, remaining_s, self._privileged(context))
-            response = await _in_time(answer, remaining_s)
+            with self._tenant(context):
+                answer = self._infer(request, version, remaining_s, self._privileged(context))
+                response = await _in_time(answer, remaining_s)
         except FleetserveError as exc:
             self.host.count(version, status_of(exc), time.perf_counter() - started)
             await _abort(context, exc)
@@ -283,6 +288,7 @@ class _Service:
             timeout_ms=_parameter(request, "timeout_ms", "int64_param"),
             default_timeout_ms=default_timeout_ms,
             privileged=privileged,
+            tenant=CURRENT_TENANT.get(),
         )
         rt = self.host.rt
         meta = rt.model(version).handler.metadata
@@ -318,6 +324,21 @@ class _Service:
         presented = bearer_token(_metadata(context).get("authorization"))
         return is_privileged(presented, self.priority_token)
 
+    @contextmanager
+    def _tenant(self, context: Any) -> Iterator[None]:
+        """Serve the call as its tenant's (`server.tenancy`): 400 / 429 refusals raise."""
+        if self.tenancy is None:
+            yield
+            return
+        metadata = _metadata(context)
+        tenant = self.tenancy.admit(metadata.get("authorization"), metadata.get(TENANT_HEADER))
+        token = CURRENT_TENANT.set(tenant)
+        try:
+            yield
+        finally:
+            CURRENT_TENANT.reset(token)
+            self.tenancy.release(tenant)
+
     async def _authorize(self, context: Any, probe_path: str | None) -> None:
         """Abort UNAUTHENTICATED unless the metadata carries a token (or this is exempt).
 
@@ -328,8 +349,10 @@ class _Service:
         if probe_path is not None and probe_path in self.config.auth_exempt_paths:
             return
         presented = bearer_token(_metadata(context).get("authorization"))
-        if token_matches(presented, self.token.current()) or is_privileged(
-            presented, self.priority_token
+        if (
+            token_matches(presented, self.token.current())
+            or is_privileged(presented, self.priority_token)
+            or (self.tenancy is not None and self.tenancy.knows(presented))
         ):
             return
         why = "a bearer token is required" if presented is None else "the bearer token is not valid"
@@ -524,12 +547,14 @@ async def serve_grpc(
     server_version: str,
     auth_token: TokenFile | None,
     priority_token: TokenFile | None,
+    tenancy: Tenancy | None = None,
 ) -> Callable[[], Awaitable[None]]:
     """Start the gRPC listener on `config.host:config.grpc_port`; returns its stop function.
 
     `server_version` is what ServerMetadata reports (the package's, which `app` knows).
     `auth_token` and `priority_token` are the HTTP listener's own `TokenFile`s (`app`), so
-    both protocols read each token file through one cache.
+    both protocols read each token file through one cache; `tenancy`, likewise shared,
+    identifies each inference call's tenant and holds its quota (429 is RESOURCE_EXHAUSTED).
     With `tls_cert_file` set it serves TLS only, like the HTTP listener.
 
     Raises `OSError` when the port cannot be bound. Port reuse is off: two servers on one
@@ -543,6 +568,7 @@ async def serve_grpc(
             server_version,
             auth_token=auth_token,
             priority_token=priority_token,
+            tenancy=tenancy,
         ),
         server,
     )

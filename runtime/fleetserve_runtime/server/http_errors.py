@@ -31,6 +31,7 @@ from fleetserve_runtime.core.errors import (
     PayloadTooLarge,
     QueueFull,
     RequestTimeout,
+    TenantOverQuota,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -62,6 +63,7 @@ STATUS_OF: dict[type[FleetserveError], int] = {
     UnsupportedMediaType: 415,
     ItemFailed: 500,
     BatchFailed: 500,
+    TenantOverQuota: 429,
     QueueFull: 503,
     ModelNotReady: 503,
     OutOfMemory: 503,

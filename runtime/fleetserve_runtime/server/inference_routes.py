@@ -22,6 +22,7 @@ from fleetserve_runtime.core.auth import TokenFile, bearer_token, is_privileged
 from fleetserve_runtime.core.config import GenerationConfig, RuntimeConfig
 from fleetserve_runtime.core.errors import FleetserveError, ModelNotFound, ModelNotReady
 from fleetserve_runtime.core.liveness import Liveness
+from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.encoder.engine import InferenceCall, InferenceResult
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
@@ -188,6 +189,7 @@ class Routes:
             timeout_ms=timeout_ms,
             default_timeout_ms=default_timeout_ms or self.config.queue.default_timeout_ms,
             privileged=is_privileged(presented, self.priority_token),
+            tenant=CURRENT_TENANT.get(),
         )
 
     def _granted(self, request: Request, params: RequestParameters | None) -> Scheduling:

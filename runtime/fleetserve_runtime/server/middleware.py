@@ -2,8 +2,9 @@
 
 Outermost first, as `app` stacks them: every request gets a request id (its `X-Request-ID`,
 or a new one) bound to its log records and returned in its response; then, where a token
-file is set, a bearer token is required; innermost, `POST` to a v2 infer path skips FastAPI's
-router. Headers are looked up in a dict (`_IndexedHeaders`): these run on every request.
+file is set, a bearer token is required; then, where a tenants table is set, the request's
+tenant is identified and held to its quota; innermost, `POST` to a v2 infer path skips
+FastAPI's router. Headers are looked up in a dict (`_IndexedHeaders`): these run on every request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime.core.auth import TokenFile, bearer_token, token_matches
-from fleetserve_runtime.core.errors import Unauthorized
+from fleetserve_runtime.core.errors import InvalidInput, TenantOverQuota, Unauthorized
 from fleetserve_runtime.core.logs import (
     RequestContext,
     bind_request,
@@ -26,13 +27,16 @@ from fleetserve_runtime.core.logs import (
     traceparent_from,
     unbind_request,
 )
+from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER
 from fleetserve_runtime.server.responses import failure_response, unexpected_response
+from fleetserve_runtime.serving.admission import Tenancy
 
 __all__ = [
     "BearerAuthMiddleware",
     "InferFastPath",
     "InferRoute",
     "RequestContextMiddleware",
+    "TenantMiddleware",
 ]
 
 log = logging.getLogger("fleetserve.api")
@@ -183,15 +187,22 @@ class BearerAuthMiddleware:
     """401 with `WWW-Authenticate: Bearer` unless the request carries one of the files' tokens.
 
     The inference listener takes the inference token or the priority token (whoever may
-    raise priority may also infer); the admin listener only the admin token.
+    raise priority may also infer), and any token of the tenants table (`also`); the admin
+    listener only the admin token.
     """
 
     def __init__(
-        self, app: ASGIApp, *, tokens: tuple[TokenFile, ...], exempt: frozenset[str]
+        self,
+        app: ASGIApp,
+        *,
+        tokens: tuple[TokenFile, ...],
+        exempt: frozenset[str],
+        also: Callable[[bytes | None], bool] | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.exempt = exempt
+        self.also = also
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on if it bears a token (or its path is exempt); else a 401."""
@@ -199,7 +210,9 @@ class BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         presented = bearer_token(Headers(scope=scope).get("authorization"))
-        if any(token_matches(presented, token.current()) for token in self.tokens):
+        if any(token_matches(presented, token.current()) for token in self.tokens) or (
+            self.also is not None and self.also(presented)
+        ):
             await self.app(scope, receive, send)
             return
         if presented is None:
@@ -212,3 +225,35 @@ class BearerAuthMiddleware:
                 challenge='Bearer realm="fleetserve", error="invalid_token"',
             )
         await failure_response(refusal, scope["path"])(scope, receive, send)
+
+
+class TenantMiddleware:
+    """The request's tenant (`Tenancy`): 400 for an untrusted tenant header, 429 over quota.
+
+    The request holds its place in the tenant's quota until its answer is sent, a stream's
+    last byte included, and is served with its tenant in `CURRENT_TENANT`, where admission
+    (allowed priorities), the engines (fair share, cache salt) and the result cache find it.
+    """
+
+    def __init__(self, app: ASGIApp, *, tenancy: Tenancy, exempt: frozenset[str]) -> None:
+        self.app = app
+        self.tenancy = tenancy
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request as its tenant's, or answer 400 / 429 for it."""
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            tenant = self.tenancy.admit(headers.get("authorization"), headers.get(TENANT_HEADER))
+        except (InvalidInput, TenantOverQuota) as exc:
+            await failure_response(exc, scope["path"])(scope, receive, send)
+            return
+        token = CURRENT_TENANT.set(tenant)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_TENANT.reset(token)
+            self.tenancy.release(tenant)
