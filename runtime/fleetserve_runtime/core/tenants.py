@@ -48,6 +48,7 @@ __all__ = [
     "default_tenant",
     "identify",
     "read_table",
+    "refuse_tenant_header",
 ]
 
 log = logging.getLogger("fleetserve.tenants")
@@ -253,6 +254,19 @@ def identify(
             raise InvalidInput(msg, param=TENANT_HEADER)
         return tenant
     return directory.by_token(presented) or default
+
+
+def refuse_tenant_header(header: str | None) -> None:
+    """Refuse a request that names a tenant to a runtime without a tenants table.
+
+    `InvalidInput` names the header: the caller must not believe it was served as that tenant.
+    """
+    if header is not None:
+        msg = (
+            f"{TENANT_HEADER} names a tenant, but this runtime has no tenants table "
+            "(tenants.file); remove the header"
+        )
+        raise InvalidInput(msg, param=TENANT_HEADER)
 
 
 def default_tenant(*, weight: float, max_requests: int | None) -> Tenant:

@@ -166,11 +166,10 @@ def create_apps(
         if auth_token is not None
         else []
     )
-    tenants = (
-        [Middleware(TenantMiddleware, tenancy=tenancy, exempt=frozenset(config.auth_exempt_paths))]
-        if tenancy is not None
-        else []
-    )
+    # Without a table too: a request naming a tenant is refused, never silently served.
+    tenants = [
+        Middleware(TenantMiddleware, tenancy=tenancy, exempt=frozenset(config.auth_exempt_paths))
+    ]
     docs = config.http.api_docs
     telemetry = _telemetry(config)
     inference = FastAPI(

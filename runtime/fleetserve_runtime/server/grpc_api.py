@@ -49,7 +49,7 @@ from fleetserve_runtime.core.logs import (
     request_id_from,
     unbind_request,
 )
-from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER
+from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER, refuse_tenant_header
 from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
@@ -327,10 +327,11 @@ class _Service:
     @contextmanager
     def _tenant(self, context: Any) -> Iterator[None]:
         """Serve the call as its tenant's (`server.tenancy`): 400 / 429 refusals raise."""
+        metadata = _metadata(context)
         if self.tenancy is None:
+            refuse_tenant_header(metadata.get(TENANT_HEADER))
             yield
             return
-        metadata = _metadata(context)
         tenant = self.tenancy.admit(metadata.get("authorization"), metadata.get(TENANT_HEADER))
         token = CURRENT_TENANT.set(tenant)
         try:

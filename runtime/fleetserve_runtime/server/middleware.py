@@ -27,7 +27,7 @@ from fleetserve_runtime.core.logs import (
     traceparent_from,
     unbind_request,
 )
-from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER
+from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER, refuse_tenant_header
 from fleetserve_runtime.server.responses import failure_response, unexpected_response
 from fleetserve_runtime.serving.admission import Tenancy
 
@@ -233,9 +233,10 @@ class TenantMiddleware:
     The request holds its place in the tenant's quota until its answer is sent, a stream's
     last byte included, and is served with its tenant in `CURRENT_TENANT`, where admission
     (allowed priorities), the engines (fair share, cache salt) and the result cache find it.
+    Without a tenants table (`tenancy` None) it only refuses a request naming a tenant.
     """
 
-    def __init__(self, app: ASGIApp, *, tenancy: Tenancy, exempt: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, *, tenancy: Tenancy | None, exempt: frozenset[str]) -> None:
         self.app = app
         self.tenancy = tenancy
         self.exempt = exempt
@@ -247,6 +248,10 @@ class TenantMiddleware:
             return
         headers = Headers(scope=scope)
         try:
+            if self.tenancy is None:
+                refuse_tenant_header(headers.get(TENANT_HEADER))
+                await self.app(scope, receive, send)
+                return
             tenant = self.tenancy.admit(headers.get("authorization"), headers.get(TENANT_HEADER))
         except (InvalidInput, TenantOverQuota) as exc:
             await failure_response(exc, scope["path"])(scope, receive, send)

@@ -237,6 +237,14 @@ def test_lowering_priority_and_a_long_client_deadline_need_no_priority_token(
     assert raw_infer(server, AUTH, {}, timeout_s=600).raw_output_contents
 
 
+def test_a_tenant_named_to_a_runtime_without_tenants_is_invalid_argument(server: Server) -> None:
+    """No tenants table: a call naming a tenant in its metadata is refused, never served."""
+    with pytest.raises(grpc.RpcError) as caught:
+        raw_infer(server, {**AUTH, "x-fleetserve-tenant": "gold"}, {})
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no tenants table" in caught.value.details()
+
+
 def test_unknown_model_is_not_found(server: Server) -> None:
     client = triton.InferenceServerClient(server.grpc)
     error = grpc_error(lambda: client.infer("other", [text_input(TEXTS)], headers=AUTH))

@@ -388,3 +388,16 @@ def test_request_logs_carry_trace_ids(plain: tuple[Server, Path]) -> None:
         assert record["traceparent"] == TRACEPARENT
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", str(record["ts"]))
     assert any(record.get("path") == INFER for record in records)
+
+
+def test_a_tenant_named_to_a_runtime_without_tenants_is_refused(
+    plain: tuple[Server, Path],
+) -> None:
+    """No tenants table: a request naming a tenant gets 400 naming the header, never served."""
+    server, _ = plain
+    named = httpx.post(server.url + INFER, json=BODY, headers={"X-Fleetserve-Tenant": "gold"})
+    assert named.status_code == 400, named.text
+    message = named.json()["error"]  # the Open Inference Protocol's error: one string
+    assert "x-fleetserve-tenant" in message
+    assert "no tenants table" in message
+    assert httpx.post(server.url + INFER, json=BODY).status_code == 200
