@@ -436,7 +436,9 @@ class ShadowMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, [*SHADOW_LABELS, *extra], registry=registry)
 
-        self.mirrored = counter("fleetserve_shadow_mirrored", "Copies sent to the shadow.")
+        self.mirrored = counter(
+            "fleetserve_shadow_mirrored", "Copies the shadow answered or failed, counted when done."
+        )
         self.dropped = counter(
             "fleetserve_shadow_dropped", "Sampled copies dropped: shadow.max_concurrency in flight."
         )

@@ -321,7 +321,6 @@ class Shadow:
         if copy.overflow or len(self._tasks) >= self.config.max_concurrency:
             series.dropped.inc()
             return
-        series.mirrored.inc()
         task = asyncio.get_running_loop().create_task(self._send(client, copy, series))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -332,11 +331,16 @@ class Shadow:
         try:
             answer = await client.post(self._base + copy.path, content=body, headers=copy.headers)
         except httpx.TimeoutException:
+            series.mirrored.inc()
             series.errors["timeout"].inc()
             return
         except httpx.HTTPError:
+            series.mirrored.inc()
             series.errors["transport"].inc()
             return
+        # Counted when done and before its outcome, so that at every scrape errors and
+        # compared units belong to copies already counted (the operator's trials).
+        series.mirrored.inc()
         series.seconds.observe(time.perf_counter() - started)
         if answer.status_code >= 500:
             series.errors["5xx"].inc()

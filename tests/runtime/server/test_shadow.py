@@ -101,11 +101,12 @@ def test_copies_beyond_max_concurrency_are_dropped_not_queued() -> None:
         for _ in range(5):
             shadow.offer(_copy(answer=_embedding_answer([[1.0, 0.0]])))
         assert shadow.in_flight == 2
-        assert _value(registry, "fleetserve_shadow_mirrored_total") == 2
         assert _value(registry, "fleetserve_shadow_dropped_total") == 3
+        assert _value(registry, "fleetserve_shadow_mirrored_total") == 0  # counted when done
         release.set()
         while shadow.in_flight:
             await asyncio.sleep(0.01)
+        assert _value(registry, "fleetserve_shadow_mirrored_total") == 2
         assert _value(registry, "fleetserve_shadow_compared_total") == 2
         assert _value(registry, "fleetserve_shadow_agreed_total") == 2
         await shadow.close()
