@@ -362,6 +362,17 @@ class ShadowConfig(_Section):
     """The shadow's version, the `shadow_version` label of the shadow metrics."""
     min_cosine: float = Field(0.99, ge=0, le=1)
     """Cosine similarity at or above which two embedding vectors agree."""
+    ca_file: Path | None = None
+    """PEM bundle an `https://` shadow's certificate is verified against (e.g. the pods' own
+    TLS secret's `ca.crt`); unset: the system's trust store."""
+
+    @field_validator("ca_file")
+    @classmethod
+    def _check_ca_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            msg = f"shadow.ca_file {value} is not a readable file"
+            raise ValueError(msg)
+        return value
 
 
 class RuntimeConfig(BaseSettings):

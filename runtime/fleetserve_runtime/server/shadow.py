@@ -39,6 +39,7 @@ import base64
 import json
 import random
 import re
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -281,8 +282,10 @@ class Shadow:
         """Count in `metrics`, label by the serving `version()`, and open the client."""
         self._metrics = metrics
         self._version = version
+        ca_file = self.config.ca_file
         self._client = httpx.AsyncClient(
             transport=self._transport,
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file is not None else True,
             timeout=self.config.timeout_s,
             limits=httpx.Limits(max_connections=self.config.max_concurrency),
             # An in-cluster Service is reached directly, whatever proxy the pod's env names.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -59,6 +60,8 @@ def test_config_is_off_by_default_and_refuses_other_schemes() -> None:
             ShadowConfig(url=bad)
     with pytest.raises(ValidationError):
         ShadowConfig(url=URL, fraction=0)
+    with pytest.raises(ValidationError, match="shadow.ca_file"):
+        ShadowConfig(url=URL, ca_file=Path("/nonexistent/ca.crt"))
 
 
 def test_mirrorable_paths() -> None:

@@ -7,13 +7,21 @@ copies did. Servers run under uvicorn in threads of the test process (`uvicorn_t
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import ssl
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_runtime.server.app import create_app
@@ -35,30 +43,71 @@ def _shadow(url: str, **more: Any) -> dict[str, Any]:
     return {"url": url, "fraction": 1.0, "version_label": "next", **more}
 
 
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key (its own CA), and the key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / "tls.crt", tmp / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
 @pytest.fixture(scope="module")
-def servers() -> Iterator[dict[str, str]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Base URLs by role: shadows first, then the primaries that copy to them."""
     urls: dict[str, str] = {}
+    cert, key = self_signed(tmp_path_factory.mktemp("shadow-tls"))
     with ExitStack() as stack:
 
-        def serve(role: str, model: str, shadow: dict[str, Any] | None = None) -> None:
+        def serve(
+            role: str, model: str, shadow: dict[str, Any] | None = None, **server: Any
+        ) -> None:
             config = make_config(model=model, **({"shadow": shadow} if shadow else {}))
-            port = stack.enter_context(uvicorn_thread(create_app(config)))
-            urls[role] = f"http://127.0.0.1:{port}"
+            port = stack.enter_context(uvicorn_thread(create_app(config), **server))
+            scheme = "https" if server else "http"
+            urls[role] = f"{scheme}://127.0.0.1:{port}"
 
         serve("minilm", MINILM)
         serve("slow", SLOW_384)
         serve("gen0", GENERATE.format(seed=0))
         serve("gen1", GENERATE.format(seed=1))
+        serve("tls", SYNTH_384, ssl_certfile=str(cert), ssl_keyfile=str(key))
         serve("same", MINILM, _shadow(urls["minilm"]))
         serve("other", SYNTH_384, _shadow(urls["minilm"]))
         serve("to_slow", SYNTH_384, _shadow(urls["slow"], timeout_s=0.5, max_concurrency=1))
         serve("to_down", SYNTH_384, _shadow(f"http://127.0.0.1:{free_port()}"))
         serve("gen_same", GENERATE.format(seed=0), _shadow(urls["gen0"]))
         serve("gen_other", GENERATE.format(seed=0), _shadow(urls["gen1"]))
+        serve("to_tls", SYNTH_384, _shadow(urls["tls"], ca_file=cert))
+        serve("to_untrusted", SYNTH_384, _shadow(urls["tls"]))
         deadline = time.monotonic() + 120
+        trust = ssl.create_default_context(cafile=cert)
         for role, url in urls.items():
-            while httpx.get(f"{url}/v2/health/ready", timeout=10).status_code != 200:
+            ready = f"{url}/v2/health/ready"
+            while httpx.get(ready, timeout=10, verify=trust).status_code != 200:
                 assert time.monotonic() < deadline, f"{role} did not get ready"
                 time.sleep(0.1)
         yield urls
@@ -182,3 +231,14 @@ def test_greedy_generations_of_another_model_disagree(servers: dict[str, str]) -
     assert counts["fleetserve_shadow_compared_total"] == 2
     assert counts["fleetserve_shadow_agreed_total"] == 0
     assert counts["fleetserve_shadow_agreement_ratio_sum"] < 2.0
+
+
+def test_an_https_shadow_is_trusted_through_ca_file_only(servers: dict[str, str]) -> None:
+    """With `ca_file` the copies are compared; without it the TLS handshake fails them."""
+    embed(servers["to_tls"])
+    embed(servers["to_untrusted"])
+    trusted = settled(servers["to_tls"], "fleetserve_shadow_compared_total", 3)
+    assert trusted["fleetserve_shadow_agreed_total"] == 3
+    untrusted = settled(servers["to_untrusted"], "fleetserve_shadow_errors_total", 1)
+    assert untrusted["fleetserve_shadow_errors_total"] == 1
+    assert untrusted["fleetserve_shadow_compared_total"] == 0
