@@ -16,14 +16,16 @@ tests, one pair per rate of a *bad event*:
 Each pair is a rejection test and a gate, both mixtures of Bernoulli likelihood ratios
 (`rates.bernoulli_log_ratio`) over the units seen so far:
 
-- the rejection test (`guardrails.BoundTest`, alternatives g·bound, g in
-  `count_tests.ALTERNATIVES`) bets against "the rate is at most the bound" and rejects at
-  1/(α/2): the verdict is **Failed** at that look. If the shadow is within both bounds,
-  the chance that either test ever rejects is at most α, however often it is looked at;
-- the gate (`BelowTest`, alternatives bound/g, g in `power.ALTERNATIVES`) bets against
-  "the rate is at least the bound" and clears at 1/β, β = 1 - `power`, and stays cleared.
-  A shadow whose agreement is at most `min_agreement` (or whose error rate is at least
-  `max_error_rate`) clears that gate with probability at most β, at any look.
+- the rejection test (`guardrails.BoundTest`: alternative rates whose odds are g times the
+  bound's, g in `count_tests.ALTERNATIVES`) bets against "the rate is at most the bound"
+  and rejects at 1/(α/2): the verdict is **Failed** at that look. If the shadow is within
+  both bounds, the chance that either test ever rejects is at most α, however often it is
+  looked at;
+- the gate (`BelowTest`: alternative rates whose odds are the bound's divided by g, g in
+  `power.ALTERNATIVES`) bets against "the rate is at least the bound" and clears at 1/β,
+  β = 1 - `power`, and stays cleared. A shadow whose agreement is at most `min_agreement`
+  (or whose error rate is at least `max_error_rate`) clears that gate with probability at
+  most β, at any look.
 
 The verdict is **Passed** only when both gates have cleared and at least `min_compared`
 units were compared: a gate passes on evidence, never on silence. No series (the stable
