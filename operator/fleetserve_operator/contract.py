@@ -53,6 +53,11 @@ __all__ = [
     "READY_PATH",
     "REQUESTS_METRIC",
     "REQUEST_DURATION_METRIC",
+    "SHADOW_AGREED_METRIC",
+    "SHADOW_COMPARED_METRIC",
+    "SHADOW_ERRORS_METRIC",
+    "SHADOW_MIRRORED_METRIC",
+    "SHADOW_VERSION_LABEL",
     "TIME_TO_FIRST_TOKEN_METRIC",
     "TLS_CERT_FILE",
     "TLS_KEY_FILE",
@@ -175,6 +180,20 @@ model/version/track (no series for an encoder)."""
 KV_CACHE_BLOCK_BYTES_METRIC = "fleetserve_model_kv_cache_block_bytes"
 """Bytes of one KV-cache block as loaded (every layer's keys and values for `blockSize`
 tokens, in the device's dtype); a gauge labelled model/version/track."""
+
+# Shadow mirroring (the runtime's `server.shadow`): counters of the serving (stable) pods,
+# labelled model/version/track of those pods plus `SHADOW_VERSION_LABEL`, the next version's.
+SHADOW_VERSION_LABEL = "shadow_version"
+"""The label naming the version the copies went to (the runtime's `shadow.version_label`)."""
+SHADOW_MIRRORED_METRIC = "fleetserve_shadow_mirrored_total"
+"""Copies the shadow answered or failed (counted when done, before their errors and units)."""
+SHADOW_ERRORS_METRIC = "fleetserve_shadow_errors_total"
+"""Copies the shadow did not answer with 2xx in time, by `reason` (5xx, 4xx, timeout,
+transport)."""
+SHADOW_COMPARED_METRIC = "fleetserve_shadow_compared_total"
+"""Answer units compared: embedding vectors, greedy generated answers."""
+SHADOW_AGREED_METRIC = "fleetserve_shadow_agreed_total"
+"""Compared units that agreed (counted after `SHADOW_COMPARED_METRIC`)."""
 
 
 class MemoryMetric(StrEnum):

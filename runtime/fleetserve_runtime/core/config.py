@@ -35,6 +35,7 @@ __all__ = [
     "QueueConfig",
     "RuntimeConfig",
     "TenantsConfig",
+    "ShadowConfig",
     "load_config",
 ]
 
@@ -339,6 +340,41 @@ class TenantsConfig(_Section):
         return self
 
 
+class ShadowConfig(_Section):
+    """Mirroring a sample of requests to the next version, to compare answers (`shadow.md`).
+
+    Off while `url` is unset. The copies are sent once the primary answered (2xx only) and
+    never delay or fail it; their answers are compared, counted and discarded.
+    """
+
+    flag_prefix: ClassVar[str] = "shadow-"
+
+    url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
+    """Base URL of the shadow version (its Service), `http://` or `https://`; unset: off."""
+    fraction: float = Field(0.1, gt=0, le=1)
+    """Share of the mirrorable requests (embeddings, infer, predict, OpenAI completions and
+    chat) copied to the shadow."""
+    max_concurrency: int = Field(8, ge=1, le=1024)
+    """Most copies in flight at once; a copy beyond it is dropped (and counted)."""
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    """Longest a copy may take; then it counts as a shadow error."""
+    version_label: str = Field("shadow", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
+    """The shadow's version, the `shadow_version` label of the shadow metrics."""
+    min_cosine: float = Field(0.99, ge=0, le=1)
+    """Cosine similarity at or above which two embedding vectors agree."""
+    ca_file: Path | None = None
+    """PEM bundle an `https://` shadow's certificate is verified against (e.g. the pods' own
+    TLS secret's `ca.crt`); unset: the system's trust store."""
+
+    @field_validator("ca_file")
+    @classmethod
+    def _check_ca_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            msg = f"shadow.ca_file {value} is not a readable file"
+            raise ValueError(msg)
+        return value
+
+
 class RuntimeConfig(BaseSettings):
     """Everything `fleetserve-runtime serve` needs; see the module docstring for sources."""
 
@@ -467,6 +503,7 @@ class RuntimeConfig(BaseSettings):
     http: HttpConfig = HttpConfig()
     generation: GenerationConfig = GenerationConfig()
     tenants: TenantsConfig = TenantsConfig()
+    shadow: ShadowConfig = ShadowConfig()
 
     @field_validator("auth_exempt_paths", "allowed_model_uris", mode="before")
     @classmethod

@@ -34,7 +34,9 @@ __all__ = [
     "ANSWERED_CODES",
     "LATENCY_BUCKETS_S",
     "STREAM_LIMITS",
+    "SHADOW_ERROR_REASONS",
     "RuntimeMetrics",
+    "ShadowMetrics",
     "StateSnapshot",
     "StreamLimit",
     "TenantMetrics",
@@ -398,3 +400,85 @@ class TenantMetrics:
     def observe_queue_wait(self, tenant: str, seconds: float) -> None:
         """Record how long one request (or instance) of `tenant` waited in a queue."""
         self.queue_wait_seconds.labels(*self._labels, tenant).observe(seconds)
+
+
+# Shadow mirroring (`server.shadow`): what the serving pod copied to the next version, and
+# how far the two answers agreed. Labelled like every series, plus the shadow's version.
+SHADOW_LABELS = (*LABELS, "shadow_version")
+ShadowErrorReason = Literal["5xx", "4xx", "timeout", "transport"]
+SHADOW_ERROR_REASONS: tuple[ShadowErrorReason, ...] = ("5xx", "4xx", "timeout", "transport")
+"""Why a copy counts as a shadow error: its status, no answer in time, no connection."""
+AGREEMENT_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
+"""Similarity and overlap bounds, finest near 1 where two versions of one model land."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSeries:
+    """One (version, shadow version)'s series, looked up once."""
+
+    mirrored: Counter
+    dropped: Counter
+    errors: dict[ShadowErrorReason, Counter]
+    compared: Counter
+    agreed: Counter
+    agreement: Histogram
+    seconds: Histogram
+
+
+class ShadowMetrics:
+    """The shadow mirror's families, in the runtime's registry; series declared at 0 on use."""
+
+    def __init__(self, registry: CollectorRegistry, *, model: str, track: str) -> None:
+        self._model = model
+        self._track = track
+        self._series: dict[tuple[str, str], ShadowSeries] = {}
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*SHADOW_LABELS, *extra], registry=registry)
+
+        self.mirrored = counter(
+            "fleetserve_shadow_mirrored", "Copies the shadow answered or failed, counted when done."
+        )
+        self.dropped = counter(
+            "fleetserve_shadow_dropped", "Sampled copies dropped: shadow.max_concurrency in flight."
+        )
+        self.errors = counter(
+            "fleetserve_shadow_errors",
+            "Copies the shadow did not answer with 2xx in time, by reason.",
+            ("reason",),
+        )
+        self.compared = counter(
+            "fleetserve_shadow_compared", "Answer units compared (vectors, generated answers)."
+        )
+        self.agreed = counter(
+            "fleetserve_shadow_agreed",
+            "Compared units that agreed (cosine >= shadow.min_cosine; generated text equal).",
+        )
+        self.agreement = Histogram(
+            "fleetserve_shadow_agreement_ratio",
+            "Cosine similarity (vectors) or prefix overlap (generated text) per compared unit.",
+            SHADOW_LABELS, buckets=AGREEMENT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.seconds = Histogram(
+            "fleetserve_shadow_duration_seconds", "Time the shadow took to answer a copy.",
+            SHADOW_LABELS, buckets=LATENCY_BUCKETS_S, registry=registry,
+        )  # fmt: skip
+
+    def series(self, version: str, shadow_version: str) -> ShadowSeries:
+        """The series of copies of `version`'s requests to `shadow_version`, made at 0."""
+        key = (version, shadow_version)
+        found = self._series.get(key)
+        if found is None:
+            labels = (self._model, version, self._track, shadow_version)
+            found = self._series[key] = ShadowSeries(
+                mirrored=self.mirrored.labels(*labels),
+                dropped=self.dropped.labels(*labels),
+                errors={
+                    reason: self.errors.labels(*labels, reason) for reason in SHADOW_ERROR_REASONS
+                },
+                compared=self.compared.labels(*labels),
+                agreed=self.agreed.labels(*labels),
+                agreement=self.agreement.labels(*labels),
+                seconds=self.seconds.labels(*labels),
+            )
+        return found

@@ -5,6 +5,8 @@ Two ASGI apps share one `Runtime` (see `create_apps`):
 - the inference app: health, metadata, inference and metrics (`inference_routes`), the
   generation routes (`generation`), OpenAI's embeddings over the encoder (`embeddings`),
   behind an optional bearer token (`auth_token_file`; probes and metrics exempt);
+- with `shadow.url` set, a copy of a sample of the inference requests goes to the next
+  version and the answers are compared (`shadow`);
 - the admin app, only with `model_control: explicit`: the repository load/unload API
   (`repository_routes`), always behind its own bearer token (`admin_token_file`) and the
   `allowed_model_uris` allowlist.
@@ -37,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fleetserve_runtime import __version__
 from fleetserve_runtime.core.auth import TokenFile
 from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.metrics import ShadowMetrics
 from fleetserve_runtime.server.embeddings import register_embeddings
 from fleetserve_runtime.server.generation import register_generation
 from fleetserve_runtime.server.inference_routes import Routes, register_health, register_inference
@@ -48,6 +51,7 @@ from fleetserve_runtime.server.middleware import (
 )
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
+from fleetserve_runtime.server.shadow import Shadow, ShadowMirror
 from fleetserve_runtime.serving.admission import Tenancy
 from fleetserve_runtime.serving.runtime import Runtime
 
@@ -125,6 +129,7 @@ def create_apps(
         if config.tenants.file is not None
         else None
     )
+    shadow = Shadow(config.shadow) if config.shadow.url is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -134,6 +139,9 @@ def create_apps(
         if tenancy is not None:
             tenancy.metrics = runtime.metrics.tenants
         await runtime.start()
+        if shadow is not None:
+            metrics = ShadowMetrics(runtime.metrics.registry, model=config.name, track=config.track)
+            shadow.start(metrics, lambda: runtime.active_version or "none")
         watcher = (
             asyncio.create_task(_watch_first_load(runtime, on_load_failure, on_ready))
             if on_load_failure is not None or on_ready is not None
@@ -149,6 +157,8 @@ def create_apps(
                 watcher.cancel()
             if stop_grpc is not None:
                 await stop_grpc()
+            if shadow is not None:
+                await shadow.close()
             await runtime.stop()
 
     inference_auth = (
@@ -184,6 +194,7 @@ def create_apps(
             Middleware(RequestContextMiddleware),
             *inference_auth,
             *tenants,
+            *([Middleware(ShadowMirror, shadow=shadow)] if shadow is not None else []),
             Middleware(InferFastPath, infer=routes.infer_v2),
         ],
     )
