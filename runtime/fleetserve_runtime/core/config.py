@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -93,6 +94,17 @@ def _at_least(name: str, value: float, floor_name: str, floor: float, *, why: st
     if value < floor:
         msg = f"{name} ({value}) must be >= {floor_name} ({floor})" + (f": {why}" if why else "")
         raise ValueError(msg)
+
+
+def _readable(path: Path | None, read: Callable[[Path], object], what: str) -> Path | None:
+    """`path` once `read` accepts it; a `ValueError` saying why not (start-up refuses it)."""
+    if path is not None:
+        try:
+            read(path)
+        except OSError as exc:
+            msg = f"cannot read {what} {path}: {exc.strerror}"
+            raise ValueError(msg) from None
+    return path
 
 
 class _Section(BaseModel):
@@ -324,13 +336,7 @@ class TenantsConfig(_Section):
     @field_validator("file")
     @classmethod
     def _check_file(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            try:
-                read_table(value)
-            except OSError as exc:
-                msg = f"cannot read tenants file {value}: {exc.strerror}"
-                raise ValueError(msg) from None
-        return value
+        return _readable(value, read_table, "tenants file")
 
     @model_validator(mode="after")
     def _check_header(self) -> TenantsConfig:
@@ -536,13 +542,7 @@ class RuntimeConfig(BaseSettings):
     @field_validator("auth_token_file", "admin_token_file", "priority_token_file")
     @classmethod
     def _check_token_file(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            try:
-                read_token(value)
-            except OSError as exc:
-                msg = f"cannot read token file {value}: {exc.strerror}"
-                raise ValueError(msg) from None
-        return value
+        return _readable(value, read_token, "token file")
 
     @model_validator(mode="after")
     def _check_tls(self) -> RuntimeConfig:
