@@ -49,6 +49,7 @@ from fleetserve_runtime.server.middleware import (
     RequestContextMiddleware,
     TenantMiddleware,
 )
+from fleetserve_runtime.server.openai_cache import SemanticAnswers
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
 from fleetserve_runtime.server.shadow import Shadow, ShadowMirror
@@ -130,6 +131,15 @@ def create_apps(
         else None
     )
     shadow = Shadow(config.shadow) if config.shadow.url is not None else None
+    answers = (
+        SemanticAnswers(
+            config.semantic_cache,
+            model=config.name,
+            default_max_tokens=config.generation.default_max_tokens,
+        )
+        if config.semantic_cache.enabled
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -149,6 +159,8 @@ def create_apps(
         )
         stop_grpc = None
         try:
+            if answers is not None:
+                await answers.load()  # beside the model's load; a failure stops start-up
             if config.grpc_port is not None:
                 stop_grpc = await _serve_grpc(routes, config, auth_token, tenancy)
             yield
@@ -201,7 +213,7 @@ def create_apps(
     register_error_handlers(inference)
     register_health(inference, routes, server_version=__version__)
     register_inference(inference, routes)
-    register_generation(inference, routes)
+    register_generation(inference, routes, answers)
     register_embeddings(inference, routes)
     admin = None
     if config.model_control == "explicit" and config.admin_token_file is not None:
