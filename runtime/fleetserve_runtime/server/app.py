@@ -19,7 +19,8 @@ registry, queue or engine); errors are answered by `responses`, bodies read by
 `listener_app` sends each connection to one of them by the local port it arrived on; the CLI
 runs one uvicorn server with a socket per listener, so both live in one process, one event
 loop and one lifespan. With `grpc_port` set, that lifespan also runs the OIP gRPC server
-(`grpc_api`) on the same loop, over the same runtime. Each token file is read through one
+(`grpc_api`) on the same loop, over the same runtime; with `semantic_cache` on, it loads the
+cache's encoder (`openai_cache`) before serving. Each token file is read through one
 `TokenFile`, which both protocols share.
 """
 

@@ -18,6 +18,10 @@ a 400 here (`GENERATION_STATUS_OF`); full queue 503 with `Retry-After`, deadline
 answer counts in `fleetserve_requests_total` like an inference request, under its final
 status (see `sse`).
 
+With `semantic_cache` on, chat and completions ask `openai_cache.SemanticAnswers` for their
+stream instead of the runtime (`_Routes.start`): a greedy request may be answered from an
+earlier one's answer, written by the same formats; the OIP generate routes never are.
+
 At most `generation.max_streams` streamed answers are open at once: one more is a 503 with
 `Retry-After` (`TooManyStreams`) before it reaches the engine. Per connection there is one:
 HTTP/1.1 answers a connection's requests in turn, and uvicorn starts a pipelined request
