@@ -49,6 +49,7 @@ from fleetserve_runtime.core.errors import (
     TooManyStreams,
 )
 from fleetserve_runtime.core.json_limits import check_depth
+from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.contracts import (
     FinishEvent,
     FinishReason,
@@ -470,10 +471,13 @@ class _Routes:
     async def start(self, generation: GenerationRequest, *, cacheable: bool) -> GenerationStream:
         """The generation's stream: from the semantic cache where it may answer, else the engine.
 
-        Requests carry no tenant yet: the cache's untenanted partition (None) serves them all.
+        The cache's entries are the request's tenant's (`CURRENT_TENANT`, set by the edge's
+        tenancy middleware); without a tenants table, the untenanted partition (None).
         """
         if cacheable and self.answers is not None:
-            return await self.answers.generate(self.host.rt, generation, tenant=None)
+            tenant = CURRENT_TENANT.get()
+            name = None if tenant is None else tenant.name
+            return await self.answers.generate(self.host.rt, generation, tenant=name)
         return await self.host.rt.generate(generation)
 
     def open_stream(self) -> None:

@@ -25,8 +25,8 @@
   the client leaves), unless another load took the version's place meanwhile.
 
 Keys carry the loaded version's label and load generation, so a new version never serves
-an old version's answer. The tenant partitions the entries (`Query.tenant`); requests
-carry none yet, so the routes pass None: one untenanted partition.
+an old version's answer. The tenant partitions the entries (`Query.tenant`): the routes
+pass the request's tenant name, or None on a server without a tenants table.
 """
 
 from __future__ import annotations
