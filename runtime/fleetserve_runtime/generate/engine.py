@@ -144,8 +144,10 @@ class GenerationEngine:
         # Before tokenising: an overloaded server refuses at the least cost.
         self._queue.check(self._core.num_waiting)
         params = request.sampling
-        if params.max_tokens is not None and params.max_tokens < 1:
-            msg = f"max_tokens must be at least 1, got {params.max_tokens}"
+        # With echo, 0 asks for the prompt alone (its log-probabilities: a scoring request).
+        least = 0 if params.echo else 1
+        if params.max_tokens is not None and params.max_tokens < least:
+            msg = f"max_tokens must be at least {least}, got {params.max_tokens}"
             raise InvalidInput(msg)
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
@@ -176,6 +178,7 @@ class GenerationEngine:
             cache_root=salt_root(request.cache_salt, None if tenant is None else tenant.name),
             tenant=tenant,
             fair_cost=len(prompt) + max_tokens,
+            prompt_logits=params.prompt_logprobs is not None and len(prompt) > 1,
         )
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended
@@ -189,6 +192,7 @@ class GenerationEngine:
             self._codec.decoder(),
             StopMatcher(params.stop),
             max_tokens,
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],
         )
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)

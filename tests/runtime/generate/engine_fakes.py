@@ -162,7 +162,8 @@ class PagedEcho:
                     msg = f"slot for position {pos} holds {entry}"
                     raise AssertionError(msg)
                 history.append(entry[1])
-            rows.append(self.logits(history))
+            ends = range(chunk.start_pos + 1, len(history) + 1) if chunk.all_logits else [None]
+            rows.extend(self.logits(history[:end]) for end in ends)
         return torch.stack(rows)
 
     @staticmethod
