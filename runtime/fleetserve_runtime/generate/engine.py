@@ -30,6 +30,7 @@ from fleetserve_runtime.generate.blocks import salt_root
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
+from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS, PromptProcessor, prompt_chars
 from fleetserve_runtime.generate.request import EngineRequest
@@ -149,6 +150,14 @@ class GenerationEngine:
         if params.max_tokens is not None and params.max_tokens < least:
             msg = f"max_tokens must be at least {least}, got {params.max_tokens}"
             raise InvalidInput(msg)
+        for name, top in (
+            ("logprobs", params.logprobs),
+            ("prompt_logprobs", params.prompt_logprobs),
+        ):
+            # Checked here, not in the step: there a bad width would fail every sequence.
+            if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+                msg = f"{name} must lie in 0..{MAX_TOP_LOGPROBS}, got {top}"
+                raise InvalidInput(msg)
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
         else:

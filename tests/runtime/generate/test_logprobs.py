@@ -199,6 +199,8 @@ async def test_echo_with_max_tokens_zero_is_the_prompt_alone() -> None:
         )
         with pytest.raises(InvalidInput, match="max_tokens must be at least 1"):
             await engine.submit(asking(0))
+        with pytest.raises(InvalidInput, match=r"prompt_logprobs must lie in 0..20, got 21"):
+            await engine.submit(asking(prompt_logprobs=21))
     assert len(tokens) == 1
     check_prompt(tokens[0].prompt, top=1)
     assert tokens[0].logprobs == ()
