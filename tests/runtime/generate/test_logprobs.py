@@ -159,6 +159,21 @@ async def test_prompt_logprobs_over_chunked_prefill(max_step_tokens: int) -> Non
     assert len(output_entries(tokens)) == finish.usage.completion_tokens == 4
 
 
+async def test_only_the_scored_prompt_pays_for_all_its_logits_and_only_once() -> None:
+    """Beside a plain request, in chunks: every row of the scored prompt, nothing more."""
+    lm = PagedEcho()
+    async with running_engine(lm, max_step_tokens=8, max_running_sequences=2) as engine:
+        plain = await engine.submit(asking(6, prompt="x" * 20, logprobs=None))
+        scored = await engine.submit(asking(6, prompt_logprobs=1, echo=True))
+        tokens, _ = await events_of(scored)
+        await events_of(plain)
+    check_prompt(tokens[0].prompt, top=1)
+    assert len(lm.wide) > 1  # chunked
+    starts = [start for start, _ in lm.wide]
+    assert starts == [0, *(start + length for start, length in lm.wide[:-1])]
+    assert sum(length for _, length in lm.wide) == len(prompt_ids())
+
+
 async def test_prompt_logprobs_do_not_reuse_the_prefix_cache_but_others_still_do() -> None:
     async with running_engine(max_step_tokens=64) as engine:
         _, warm = await events_of(await engine.submit(asking(2, logprobs=None)))
