@@ -261,8 +261,9 @@ class EngineCore:
         for chunk, token, logprob in zip(plan.chunks, tokens, logprobs, strict=True):
             if token is None:
                 continue
-            generated += 1
             request = self._requests[chunk.seq.seq_id]
+            # A prompt-only request (`max_tokens` 0) drops what its last prefill sampled.
+            generated += 1 if request.max_tokens else 0
             try:
                 events, finished = self._output.on_token(request, token, now, logprob)
                 if finished:

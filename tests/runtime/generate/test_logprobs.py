@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.generate.contracts import (
@@ -208,7 +209,8 @@ async def test_a_prompt_preempted_mid_prefill_still_reports_each_position_once()
 
 
 async def test_echo_with_max_tokens_zero_is_the_prompt_alone() -> None:
-    async with running_engine() as engine:
+    registry = CollectorRegistry()
+    async with running_engine(registry=registry) as engine:
         tokens, finish = await events_of(
             await engine.submit(asking(0, prompt_logprobs=1, echo=True))
         )
@@ -220,6 +222,8 @@ async def test_echo_with_max_tokens_zero_is_the_prompt_alone() -> None:
     check_prompt(tokens[0].prompt, top=1)
     assert tokens[0].logprobs == ()
     assert (finish.reason.value, finish.usage.completion_tokens) == ("length", 0)
+    labels = {"model": "m", "version": "v1", "track": "stable"}
+    assert registry.get_sample_value("fleetserve_generation_tokens_total", labels) == 0
 
 
 async def test_a_final_end_of_sequence_token_is_reported_without_text() -> None:
