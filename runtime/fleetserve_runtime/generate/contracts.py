@@ -15,6 +15,7 @@ from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.models.causal_lm import ChatMessage
 
 __all__ = [
+    "EchoedPrompt",
     "ErrorEvent",
     "FinishEvent",
     "FinishReason",
@@ -22,6 +23,7 @@ __all__ = [
     "GenerationRequest",
     "SamplingParams",
     "TokenEvent",
+    "TokenLogprob",
     "Usage",
 ]
 
@@ -44,6 +46,16 @@ class SamplingParams:
     """Strings that end the output; they are cut from the text."""
     ignore_eos: bool = False
     """Keep generating past end-of-sequence tokens (benchmarks ask for exact lengths)."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability with this many most likely
+    alternatives (`TokenEvent.logprobs`); None reports none."""
+    prompt_logprobs: int | None = None
+    """Report each prompt token's log-probability with this many alternatives
+    (`EchoedPrompt.logprobs`); None computes none. A request asking for them skips the
+    prefix cache: reused blocks would skip the positions whose logits are needed."""
+    echo: bool = False
+    """The first event carries the prompt (`TokenEvent.prompt`); with it, `max_tokens` may
+    be 0: the prompt (and its log-probabilities) alone, nothing generated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +102,51 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model's raw distribution, and the top ones.
+
+    Raw: the log-softmax of the logits before temperature, penalties, top-k or top-p (what
+    vLLM reports by default), so the numbers describe the model, not the sampler.
+    """
+
+    token_id: int
+    token: str
+    """The token decoded alone: a special token decodes to "", a token holding part of a
+    multi-byte character to U+FFFD, as vLLM shows them."""
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+    """The most likely tokens at that position, most likely first (their own `top` empty)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EchoedPrompt:
+    """The prompt as the engine saw it, for `SamplingParams.echo` and `prompt_logprobs`."""
+
+    text: str
+    """The prompt's token ids decoded."""
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob | None, ...] | None = None
+    """One entry per prompt token, None for the first (nothing precedes it); None unless
+    `prompt_logprobs` was asked."""
+    first_token: str = ""
+    """The first prompt token decoded alone (`TokenLogprob.token`'s spelling), which has
+    no entry."""
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """New output: the text delta (stop strings already cut) and the token ids behind it."""
+    """New output: the text delta (stop strings already cut) and the token ids behind it.
+
+    With `SamplingParams.logprobs`, `logprobs` has one entry per generated token behind the
+    delta, as vLLM reports them: a stop string's tokens and a final end-of-sequence token
+    included, though their text is not (so the last delta's text may be empty). With
+    `echo` or `prompt_logprobs`, the stream's first event carries the `prompt`.
+    """
 
     text: str
     token_ids: tuple[int, ...] = field(default=())
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt: EchoedPrompt | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from fleetserve_runtime.generate.blocks import salt_root
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
+from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS, PromptProcessor, prompt_chars
 from fleetserve_runtime.generate.request import EngineRequest
@@ -144,9 +145,19 @@ class GenerationEngine:
         # Before tokenising: an overloaded server refuses at the least cost.
         self._queue.check(self._core.num_waiting)
         params = request.sampling
-        if params.max_tokens is not None and params.max_tokens < 1:
-            msg = f"max_tokens must be at least 1, got {params.max_tokens}"
+        # With echo, 0 asks for the prompt alone (its log-probabilities: a scoring request).
+        least = 0 if params.echo else 1
+        if params.max_tokens is not None and params.max_tokens < least:
+            msg = f"max_tokens must be at least {least}, got {params.max_tokens}"
             raise InvalidInput(msg)
+        for name, top in (
+            ("logprobs", params.logprobs),
+            ("prompt_logprobs", params.prompt_logprobs),
+        ):
+            # Checked here, not in the step: there a bad width would fail every sequence.
+            if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+                msg = f"{name} must lie in 0..{MAX_TOP_LOGPROBS}, got {top}"
+                raise InvalidInput(msg)
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
         else:
@@ -176,6 +187,7 @@ class GenerationEngine:
             cache_root=salt_root(request.cache_salt, None if tenant is None else tenant.name),
             tenant=tenant,
             fair_cost=len(prompt) + max_tokens,
+            prompt_logits=params.prompt_logprobs is not None and len(prompt) > 1,
         )
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended
@@ -189,6 +201,7 @@ class GenerationEngine:
             self._codec.decoder(),
             StopMatcher(params.stop),
             max_tokens,
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],
         )
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)

@@ -8,6 +8,10 @@ posts each step's events to the event loop in one hop. A model step that raises 
 sequences of that step, not the engine; output processing that raises for one sequence
 fails that sequence alone.
 
+Log-probabilities (`logprobs`) are computed here, batched over the rows that asked: the
+sampled tokens' from the raw logits before `sample` sees them, and a prompt's from the
+all-position logits its prefill chunks return (`SeqChunk.all_logits`) while it wants them.
+
 Liveness watches the worker through `running_step`: the step in progress (from taking new
 work in to posting its events) with the time it should take from the pace of recent steps.
 """
@@ -21,11 +25,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from fleetserve_runtime.core.errors import BatchFailed, FleetserveError
 from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.generate.blocks import BlockPool
-from fleetserve_runtime.generate.contracts import ErrorEvent
+from fleetserve_runtime.generate.contracts import ErrorEvent, TokenLogprob
 from fleetserve_runtime.generate.limits import EngineLimits
+from fleetserve_runtime.generate.logprobs import prompt_targets, token_logprobs
 from fleetserve_runtime.generate.metrics import VersionGenerationMetrics
 from fleetserve_runtime.generate.output import OutputProcessor
 from fleetserve_runtime.generate.request import EngineRequest
@@ -105,6 +112,7 @@ class EngineCore:
         clock: Callable[[], float],
     ) -> None:
         self._lm = lm
+        self._codec = codec
         self._clock = clock
         self._metrics = metrics
         self._pool = BlockPool(
@@ -234,9 +242,14 @@ class EngineCore:
             return 0
         scheduled = sum(len(chunk.token_ids) for chunk in plan.chunks)
         self._running = RunningBatch(started, self._pace.expected_s(scheduled))
-        step = StepInput([SeqChunk(c.token_ids, c.start, c.seq.block_table) for c in plan.chunks])
+        step = StepInput(
+            [
+                SeqChunk(c.token_ids, c.start, c.seq.block_table, all_logits=c.seq.prompt_logits)
+                for c in plan.chunks
+            ]
+        )
         try:
-            tokens = self._forward(plan, step)
+            tokens, logprobs = self._forward(plan, step)
         except Exception:
             stepped = [self._requests[chunk.seq.seq_id] for chunk in plan.chunks]
             self._fail(stepped, "model step failed")
@@ -245,13 +258,14 @@ class EngineCore:
         self._steps += 1
         now = self._clock()
         generated = 0
-        for chunk, token in zip(plan.chunks, tokens, strict=True):
+        for chunk, token, logprob in zip(plan.chunks, tokens, logprobs, strict=True):
             if token is None:
                 continue
-            generated += 1
             request = self._requests[chunk.seq.seq_id]
+            # A prompt-only request (`max_tokens` 0) drops what its last prefill sampled.
+            generated += 1 if request.max_tokens else 0
             try:
-                events, finished = self._output.on_token(request, token, now)
+                events, finished = self._output.on_token(request, token, now, logprob)
                 if finished:
                     self._retire(request)
             except Exception:
@@ -263,16 +277,78 @@ class EngineCore:
         self._metrics.generation_tokens.inc(generated)
         return scheduled
 
-    def _forward(self, plan: StepPlan, step: StepInput) -> list[int | None]:
+    def _forward(
+        self, plan: StepPlan, step: StepInput
+    ) -> tuple[list[int | None], list[TokenLogprob | None]]:
+        """Run the model and sample: per chunk, its new token and (if asked) its logprob."""
         logits = self._lm.forward(step)
+        if any(chunk.all_logits for chunk in step.chunks):
+            logits = self._take_prompt_logprobs(plan, step, logits)
         rows = [n for n, chunk in enumerate(plan.chunks) if chunk.samples]
         tokens: list[int | None] = [None] * len(plan.chunks)
-        if rows:
-            picked = logits if len(rows) == len(plan.chunks) else logits[rows]
-            sampling = [self._requests[plan.chunks[n].seq.seq_id].sampling for n in rows]
-            for n, token in zip(rows, sample(picked, sampling), strict=True):
-                tokens[n] = token
-        return tokens
+        logprobs: list[TokenLogprob | None] = [None] * len(plan.chunks)
+        if not rows:
+            return tokens, logprobs
+        picked = logits if len(rows) == len(plan.chunks) else logits[rows]
+        requests = [self._requests[plan.chunks[n].seq.seq_id] for n in rows]
+        asked = [i for i, request in enumerate(requests) if request.params.logprobs is not None]
+        # A copy of the raw rows, taken before sampling may transform the logits.
+        raw = picked[asked] if asked else None
+        sampled = sample(picked, [request.sampling for request in requests])
+        if raw is not None:
+            entries = token_logprobs(
+                raw,
+                [sampled[i] for i in asked],
+                [requests[i].params.logprobs or 0 for i in asked],
+                self._token_text,
+            )
+            for i, entry in zip(asked, entries, strict=True):
+                logprobs[rows[i]] = entry
+        for n, token in zip(rows, sampled, strict=True):
+            tokens[n] = token
+        return tokens, logprobs
+
+    def _take_prompt_logprobs(
+        self, plan: StepPlan, step: StepInput, logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Record the prompt log-probabilities of the `all_logits` chunks; each chunk's last row.
+
+        A position already recorded (computed again after a preemption) is skipped; once a
+        sequence has one entry per prompt token, it wants no more rows and may reuse the
+        prefix cache again.
+        """
+        last: list[int] = []
+        rows: list[int] = []
+        targets: list[int] = []
+        widths: list[int] = []
+        owners: list[tuple[EngineRequest, int, int]] = []
+        row = 0
+        for chunk, piece in zip(plan.chunks, step.chunks, strict=True):
+            if piece.all_logits:
+                seq = chunk.seq
+                request = self._requests[seq.seq_id]
+                wanted = prompt_targets(seq.tokens, seq.prompt_len, chunk.start, chunk.length)
+                rows.extend(range(row, row + len(wanted)))
+                targets.extend(wanted)
+                widths.extend([request.params.prompt_logprobs or 0] * len(wanted))
+                owners.append((request, chunk.start + 1, len(wanted)))
+            row += len(piece.token_ids) if piece.all_logits else 1
+            last.append(row - 1)
+        entries = token_logprobs(logits[rows], targets, widths, self._token_text)
+        for request, first, count in owners:
+            mine, entries = entries[:count], entries[count:]
+            collected = request.prompt_logprobs
+            if collected is None:
+                continue
+            for position, entry in enumerate(mine, start=first):
+                if position == len(collected):
+                    collected.append(entry)
+            if len(collected) >= request.seq.prompt_len:
+                request.seq.prompt_logits = False
+        return logits[last]
+
+    def _token_text(self, token_id: int) -> str:
+        return self._codec.decode([token_id])
 
     def _retire(self, request: EngineRequest) -> None:
         del self._requests[request.seq_id]

@@ -34,7 +34,7 @@ class KVManager:
     def cached_prefix(self, seq: Seq) -> list[int]:
         """The cached blocks `seq` could start from (takes nothing)."""
         pool = self.pool
-        if not pool.prefix_caching:
+        if not pool.prefix_caching or seq.prompt_logits:
             return []
         # The last token is always computed: its logits are what the first step samples.
         reusable = (len(seq.tokens) - 1) // pool.block_size

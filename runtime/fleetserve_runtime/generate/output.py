@@ -5,15 +5,20 @@ Runs on the engine's worker thread, after each step: the token is decoded to tex
 and the request finishes at an end-of-sequence token (unless ignored), a stop string,
 `max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
 metrics (time to first token, between tokens) are observed here, where each token lands.
+A token's log-probability entry (when asked) travels with the text delta of its token; the
+echoed prompt (`SamplingParams.echo`, `prompt_logprobs`) comes first, and with `max_tokens`
+0 it is the whole answer: the token sampled after the prompt is dropped.
 """
 
 from __future__ import annotations
 
 from fleetserve_runtime.generate.contracts import (
+    EchoedPrompt,
     FinishEvent,
     FinishReason,
     GenerationEvent,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from fleetserve_runtime.generate.metrics import VersionGenerationMetrics
@@ -38,9 +43,21 @@ class OutputProcessor:
         self._metrics = metrics
 
     def on_token(
-        self, request: EngineRequest, token: int, now: float
+        self,
+        request: EngineRequest,
+        token: int,
+        now: float,
+        logprob: TokenLogprob | None = None,
     ) -> tuple[list[GenerationEvent], bool]:
-        """Account one new token of `request`: its events, and whether it finished."""
+        """Account one new token of `request`: its events, and whether it finished.
+
+        `logprob` is the token's entry when the request asked for log-probabilities.
+        """
+        events = self._echo(request)
+        if request.max_tokens == 0:
+            seq = request.seq
+            usage = Usage(seq.prompt_len, 0, seq.cached_tokens or 0)
+            return [*events, FinishEvent(FinishReason.LENGTH, usage)], True
         metrics = self._metrics
         if request.last_token_at is None:
             metrics.time_to_first_token.observe(now - request.seq.arrived_at)
@@ -50,6 +67,8 @@ class OutputProcessor:
         request.generated += 1
         reason: FinishReason | None = None
         text = ""
+        if logprob is not None:
+            request.pending_logprobs.append(logprob)
         if token in self._codec.eos_token_ids and not request.params.ignore_eos:
             reason = FinishReason.STOP
         else:
@@ -65,12 +84,30 @@ class OutputProcessor:
         if reason is not None and not request.stops.stopped:
             text += request.stops.push(request.decoder.flush())
             text += request.stops.flush()
-        events: list[GenerationEvent] = []
-        if text:
-            events.append(TokenEvent(text, tuple(request.pending_ids)))
+        if text or (reason is not None and request.pending_logprobs):
+            pending = tuple(request.pending_logprobs)
+            events.append(TokenEvent(text, tuple(request.pending_ids), pending))
             request.pending_ids.clear()
+            request.pending_logprobs.clear()
         if reason is not None:
             seq = request.seq
             usage = Usage(seq.prompt_len, request.generated, seq.cached_tokens or 0)
             events.append(FinishEvent(reason, usage))
         return events, reason is not None
+
+    def _echo(self, request: EngineRequest) -> list[GenerationEvent]:
+        """The echoed prompt, once, before the first output: when asked, else nothing."""
+        params = request.params
+        if request.prompt_sent or not (params.echo or params.prompt_logprobs is not None):
+            return []
+        request.prompt_sent = True
+        seq = request.seq
+        ids = tuple(seq.tokens[: seq.prompt_len])
+        logprobs = request.prompt_logprobs
+        prompt = EchoedPrompt(
+            text=self._codec.decode(ids),
+            token_ids=ids,
+            logprobs=None if logprobs is None else tuple(logprobs),
+            first_token=self._codec.decode(ids[:1]),
+        )
+        return [TokenEvent("", prompt=prompt)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetserve_runtime.generate.contracts import SamplingParams
+from fleetserve_runtime.generate.contracts import SamplingParams, TokenLogprob
 from fleetserve_runtime.generate.sampling import RowSampling
 from fleetserve_runtime.generate.sequence import Seq
 from fleetserve_runtime.generate.stops import StopMatcher
@@ -37,6 +37,14 @@ class EngineRequest:
     """Its prompt tokens went into the metrics (at the first admission)."""
     pending_ids: list[int] = field(default_factory=list)
     """Token ids whose text is still held back (an open character or a possible stop)."""
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """With `params.logprobs`: the entries of the tokens not yet sent (`pending_ids`, and a
+    final end-of-sequence token)."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """With `params.prompt_logprobs`: the prompt tokens' entries computed so far, None for
+    the first token; complete when it holds one per prompt token."""
+    prompt_sent: bool = False
+    """The echoed prompt went out (`params.echo` or `prompt_logprobs`: the first event)."""
 
     @property
     def seq_id(self) -> int:

@@ -54,6 +54,10 @@ class Seq:
     cache_root: bytes = b""
     """The parent hash of the first block (`salt_root` of the request's cache salt): only
     sequences with the same root can share cached blocks."""
+    prompt_logits: bool = False
+    """Every prompt position's logits are wanted (prompt log-probabilities not all computed
+    yet): its chunks return all their rows, and it reuses no cached prefix, whose
+    positions would not be computed."""
     _hashes: list[bytes] = field(default_factory=list, init=False, repr=False)
 
     def block_hashes(self, count: int, block_size: int) -> list[bytes]:

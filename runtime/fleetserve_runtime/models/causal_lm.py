@@ -127,6 +127,9 @@ class SeqChunk:
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
+    all_logits: bool = False
+    """Return the logits of every token of the chunk, not only of its last: a prompt's
+    log-probabilities need them, and nothing else pays for the rows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +157,10 @@ class CausalLM(Protocol):
         ...
 
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Run one step: fp32 logits `[len(step.chunks), vocab_size]`, in chunk order.
+        """Run one step: fp32 logits `[rows, vocab_size]`, in chunk order.
 
-        One row per chunk, of its last token. Runs on the engine's worker thread.
+        One row per chunk, of its last token; a chunk with `all_logits` has one row per
+        token instead, in position order (its last row is still its last token's). Runs on
+        the engine's worker thread.
         """
         ...

@@ -248,11 +248,8 @@ class SyntheticLM:
             digest, run = state
             if run == 1 and params.error_rate and self._draw(digest, 1) < params.error_rate:
                 failing += 1
-            chosen.append(
-                EOS_ID
-                if run >= params.output_tokens
-                else FIRST_OUTPUT_ID + self._draw_index(digest, params.vocab)
-            )
+            rows = states[-len(chunk.token_ids) :] if chunk.all_logits else [state]
+            chosen.extend(self._next_token(row) for row in rows)
         if slots:
             pool[torch.tensor(slots, device=pool.device)] = torch.tensor(
                 [(_signed(digest), run) for digest, run in states],
@@ -267,6 +264,13 @@ class SyntheticLM:
         logits = torch.zeros((len(chosen), self.vocab_size), dtype=torch.float32)
         logits[torch.arange(len(chosen)), torch.tensor(chosen, dtype=torch.int64)] = CHOSEN_LOGIT
         return logits.to(self._device)
+
+    def _next_token(self, state: tuple[int, int]) -> int:
+        """The token the logits after `state` make certain."""
+        digest, run = state
+        if run >= self._params.output_tokens:
+            return EOS_ID
+        return FIRST_OUTPUT_ID + self._draw_index(digest, self._params.vocab)
 
     def _slot(self, position: int, block_table: Sequence[int]) -> int:
         return block_table[position // self._block_size] * self._block_size + (

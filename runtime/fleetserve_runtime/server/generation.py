@@ -34,8 +34,8 @@ from __future__ import annotations
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -54,6 +54,8 @@ from fleetserve_runtime.generate.contracts import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from fleetserve_runtime.server.generation_schemas import RequestControls, usage_body
@@ -84,12 +86,16 @@ from fleetserve_runtime.server.openai_requests import (
 from fleetserve_runtime.server.openai_responses import (
     ChatChunk,
     ChatCompletion,
+    ChatLogprobs,
     Completion,
+    CompletionLogprobs,
     ModelCard,
     ModelList,
     chat_chunk,
     chat_completion,
+    chat_logprobs,
     completion_chunk,
+    completion_logprobs,
     openai_error,
 )
 from fleetserve_runtime.server.schemas import parse_json, validate_body
@@ -269,12 +275,15 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
 
     prompt_param = "messages"
     id_prefix = "chatcmpl"
+    logprobs: bool = False
+    """The request asked for log-probabilities: every text chunk carries its tokens'."""
 
     def _chunk(
         self,
         delta: dict[str, str] | None,
         reason: FinishReason | None = None,
         usage: Usage | None = None,
+        logprobs: ChatLogprobs | None = None,
     ) -> ChatChunk:
         return chat_chunk(
             id_=self.id_,
@@ -284,6 +293,7 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
             reason=reason,
             usage=usage,
             null_usage=self.include_usage,
+            logprobs=logprobs,
         )
 
     def _no_text(self) -> dict[str, str]:
@@ -293,19 +303,25 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
         """The assistant's role, with empty content, as OpenAI starts a stream."""
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def delta(self, text: str) -> object:
-        """A content delta."""
-        return self._chunk({"content": text})
+    def delta(self, event: TokenEvent) -> object | None:
+        """A content delta, with its tokens' log-probabilities when asked."""
+        if not self.logprobs:
+            return self._chunk({"content": event.text}) if event.text else None
+        if not (event.text or event.logprobs):
+            return None
+        return self._chunk({"content": event.text}, logprobs=chat_logprobs(event.logprobs))
 
-    def whole(self, text: str, finish: FinishEvent) -> ChatCompletion:
-        """The non-streamed answer, with usage."""
+    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> ChatCompletion:
+        """The non-streamed answer, with usage (and log-probabilities when asked)."""
+        entries = [entry for event in events for entry in event.logprobs]
         return chat_completion(
             id_=self.id_,
             created=self.created,
             model=self.model,
-            text=text,
+            text="".join(event.text for event in events),
             reason=finish.reason,
             usage=finish.usage,
+            logprobs=chat_logprobs(entries) if self.logprobs else None,
         )
 
 
@@ -315,9 +331,21 @@ class CompletionFormat(_OpenAIFormat[str]):
 
     prompt_param = "prompt"
     id_prefix = "cmpl"
+    logprobs: bool = False
+    """The request asked for log-probabilities: every text chunk carries its tokens'."""
+    prompt_text: str | None = None
+    """With `echo`, a text prompt as sent (OpenAI echoes it verbatim); None: the engine's
+    decoding of the prompt's token ids."""
+    _offset: list[int] = field(default_factory=lambda: [0])
+    """Where the next streamed token starts in the choice's text (`text_offset`); a list,
+    the one thing a stream's format changes."""
 
     def _chunk(
-        self, delta: str | None, reason: FinishReason | None = None, usage: Usage | None = None
+        self,
+        delta: str | None,
+        reason: FinishReason | None = None,
+        usage: Usage | None = None,
+        logprobs: CompletionLogprobs | None = None,
     ) -> Completion:
         return completion_chunk(
             id_=self.id_,
@@ -327,7 +355,20 @@ class CompletionFormat(_OpenAIFormat[str]):
             reason=reason,
             usage=usage,
             null_usage=self.include_usage,
+            logprobs=logprobs,
         )
+
+    def _pieces(self, event: TokenEvent) -> tuple[str, list[tuple[str, TokenLogprob | None]]]:
+        """An event's text (the echoed prompt first) and its (token text, entry) pairs."""
+        pairs: list[tuple[str, TokenLogprob | None]] = [(e.token, e) for e in event.logprobs]
+        prompt = event.prompt
+        if prompt is None:
+            return event.text, pairs
+        text = (prompt.text if self.prompt_text is None else self.prompt_text) + event.text
+        if prompt.logprobs is not None:
+            scored = [(e.token, e) for e in prompt.logprobs if e is not None]
+            pairs = [(prompt.first_token, None), *scored, *pairs]
+        return text, pairs
 
     def _no_text(self) -> str:
         return ""
@@ -336,13 +377,27 @@ class CompletionFormat(_OpenAIFormat[str]):
         """Nothing: completions streams start with text."""
         return []
 
-    def delta(self, text: str) -> object:
-        """A text delta."""
-        return self._chunk(text)
+    def delta(self, event: TokenEvent) -> object | None:
+        """A text delta (the echoed prompt first), with log-probabilities when asked."""
+        text, pairs = self._pieces(event)
+        if not (text or (self.logprobs and pairs)):
+            return None
+        if not self.logprobs:
+            return self._chunk(text)
+        logprobs = completion_logprobs(pairs, self._offset[0])
+        self._offset[0] += sum(len(token) for token, _ in pairs)
+        return self._chunk(text, logprobs=logprobs)
 
-    def whole(self, text: str, finish: FinishEvent) -> Completion:
-        """The non-streamed answer, with usage."""
-        return self._chunk(text, finish.reason, finish.usage)
+    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> Completion:
+        """The non-streamed answer, with usage (and log-probabilities when asked)."""
+        texts: list[str] = []
+        pairs: list[tuple[str, TokenLogprob | None]] = []
+        for event in events:
+            text, more = self._pieces(event)
+            texts.append(text)
+            pairs.extend(more)
+        logprobs = completion_logprobs(pairs, 0) if self.logprobs else None
+        return self._chunk("".join(texts), finish.reason, finish.usage, logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,17 +426,17 @@ class GenerateFormat:
         """Nothing: the stream starts with text."""
         return []
 
-    def delta(self, text: str) -> object:
-        """A text delta."""
-        return self._body(text)
+    def delta(self, event: TokenEvent) -> object | None:
+        """A text delta; None for an event without text."""
+        return self._body(event.text) if event.text else None
 
     def closing(self, finish: FinishEvent) -> list[object]:
         """An empty last event with the finish reason and usage."""
         return [self._body("", finish)]
 
-    def whole(self, text: str, finish: FinishEvent) -> GenerateResponse:
+    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> GenerateResponse:
         """The non-streamed answer."""
-        return self._body(text, finish)
+        return self._body("".join(event.text for event in events), finish)
 
     def failure(self, error: Exception) -> Failure:
         """The runtime's error shape."""
@@ -520,7 +575,9 @@ class _Routes:
             generation = chat_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = ChatFormat.answering(body.model, body.stream_options)
+            fmt = replace(
+                ChatFormat.answering(body.model, body.stream_options), logprobs=bool(body.logprobs)
+            )
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, ChatFormat.failure_of, cacheable=True)
@@ -534,7 +591,11 @@ class _Routes:
             generation = completion_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = CompletionFormat.answering(body.model, body.stream_options)
+            fmt = replace(
+                CompletionFormat.answering(body.model, body.stream_options),
+                logprobs=body.logprobs is not None,
+                prompt_text=generation.prompt if body.echo else None,
+            )
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, CompletionFormat.failure_of, cacheable=True)

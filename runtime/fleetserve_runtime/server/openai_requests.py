@@ -10,9 +10,14 @@ answered differently from what it asked, in two ways, both in `_refuse_unsupport
   `guided_json`, `chat_template_kwargs`, ...) would change the answer: a server that
   ignored them would answer 200 with text computed differently.
 - Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
-  log-probabilities, tools, JSON mode, `echo`, `best_of`, `suffix`, `store`, a
-  `service_tier` or `modalities` that asks for something) are refused when set to anything
-  but their no-op value (`_NO_OP`).
+  tools, JSON mode, `best_of`, `suffix`, `store`, a `service_tier` or `modalities` that
+  asks for something) are refused when set to anything but their no-op value (`_NO_OP`).
+
+Log-probabilities are implemented (`generate.logprobs`): chat's `logprobs` and
+`top_logprobs` (0..20; `top_logprobs` only with `logprobs: true`, as OpenAI requires), and
+completions' `logprobs` (0..5) and `echo` (the prompt, and its log-probabilities with
+`logprobs`, before the completion; with `echo`, `max_tokens` may be 0: the prompt alone, what
+lm-evaluation-harness scores with).
 
 Accepted without being implemented, because they cannot change the answer: `user` and
 `safety_identifier` (an end-user id for the provider's abuse monitoring), chat's `metadata`
@@ -28,13 +33,15 @@ check alone, which `embeddings` shares.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
-from fleetserve_runtime.generate.contracts import GenerationRequest
+from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
+from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.server.generation_schemas import (
     MaxTokens,
@@ -62,6 +69,9 @@ MAX_NAMED_KEYS = 8
 """Most unsupported keys one refusal names; the rest are counted."""
 _MAX_KEY_CHARS = 64
 """Longest stretch of an unsupported key a refusal repeats (keys are the caller's text)."""
+
+MAX_COMPLETION_LOGPROBS = 5
+"""Most alternatives per token a legacy completion may ask for (OpenAI's bound)."""
 
 _EXTRA = ConfigDict(extra="allow")
 """Keys no field reads are kept in `model_extra`, for `_refuse_unsupported` to name."""
@@ -131,7 +141,9 @@ class ChatCompletionRequest(_OpenAIRequest):
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    """Each output token's log-probability (`choices[].logprobs.content`)."""
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    """How many most likely alternatives each entry lists; needs `logprobs: true`."""
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -152,9 +164,12 @@ class CompletionRequest(_OpenAIRequest):
     """`POST /v1/completions` body; `max_tokens` defaults to 16, as OpenAI's does."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: MaxTokens | None = 16
-    logprobs: int | None = None
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    """0 only with `echo`: the prompt (and its log-probabilities) alone."""
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS, strict=True)] | None = None
+    """Each token's log-probability with this many alternatives (plus the chosen token)."""
     echo: bool = False
+    """The prompt is returned before the completion (with `logprobs`, scored too)."""
     best_of: int | None = None
     suffix: str | None = None
 
@@ -165,9 +180,6 @@ _NO_OP: dict[str, tuple[object, ...]] = {
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (False,),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -229,7 +241,7 @@ def _refuse_unsupported(body: _OpenAIRequest) -> None:
         if name not in type(body).model_fields:
             continue
         value = getattr(body, name)
-        # `0 == False`: a completion's `logprobs=0` asks for log-probabilities, `False` does not.
+        # `1 == True`: a bool is not the no-op value of a numeric field, nor the reverse.
         if not any(
             value == allowed and isinstance(value, bool) == isinstance(allowed, bool)
             for allowed in no_op
@@ -260,11 +272,15 @@ def chat_generation(
         ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
         for m in body.messages
     )
+    if body.top_logprobs and not body.logprobs:
+        msg = "top_logprobs needs logprobs set to true"
+        raise InvalidInput(msg, param="top_logprobs")
     field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
+    sampling = sampling_params(body, max_tokens=max_tokens, limits=limits, max_tokens_field=field)
     return GenerationRequest(
-        sampling=sampling_params(
-            body, max_tokens=max_tokens, limits=limits, max_tokens_field=field
+        sampling=_with_logprobs(
+            sampling, (body.top_logprobs or 0) if body.logprobs else None, echo=False
         ),
         messages=messages,
         priority=controls.priority,
@@ -298,7 +314,14 @@ def completion_generation(
     if len(prompt) == 0:
         msg = "prompt must not be empty"
         raise InvalidInput(msg, param="prompt")
-    sampling = sampling_params(body, max_tokens=body.max_tokens, limits=limits)
+    if body.max_tokens == 0 and not body.echo:
+        msg = "max_tokens must be at least 1 (0 only with echo: the prompt alone)"
+        raise InvalidInput(msg, param="max_tokens")
+    sampling = _with_logprobs(
+        sampling_params(body, max_tokens=body.max_tokens, limits=limits),
+        body.logprobs,
+        echo=body.echo,
+    )
     text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, tuple(prompt))
     return GenerationRequest(
         sampling=sampling,
@@ -309,3 +332,14 @@ def completion_generation(
         request_id=controls.request_id,
         cache_salt=body.cache_salt,
     )
+
+
+def _with_logprobs(sampling: SamplingParams, top: int | None, *, echo: bool) -> SamplingParams:
+    """`sampling` asking for `top` alternatives per token (None: no log-probabilities).
+
+    With `echo`, the prompt comes back, and with `top` its log-probabilities too.
+    """
+    if top is None and not echo:
+        return sampling
+    prompt = top if echo else None
+    return replace(sampling, logprobs=top, prompt_logprobs=prompt, echo=echo)

@@ -1,26 +1,35 @@
 """OpenAI's answers: chat completions and their chunks, text completions, models, errors.
 
 `TypedDict`s serialised with orjson: streaming writes one per token, so they cost no
-validation. `openai_error` is OpenAI's error shape.
+validation. `openai_error` is OpenAI's error shape. Log-probabilities come in the two shapes
+OpenAI defines: chat's `ChatLogprobs` (`content`: one `ChatTokenLogprob` per token, with
+its UTF-8 `bytes` and `top_logprobs`) and completions' `CompletionLogprobs` (parallel lists
+`tokens`, `token_logprobs`, `top_logprobs` of {token: logprob}, `text_offset`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, TypedDict
 
-from fleetserve_runtime.generate.contracts import FinishReason, Usage
+from fleetserve_runtime.generate.contracts import FinishReason, TokenLogprob, Usage
 from fleetserve_runtime.server.generation_schemas import UsageBody, usage_body
 
 __all__ = [
     "ChatChunk",
     "ChatCompletion",
+    "ChatLogprobs",
+    "ChatTokenLogprob",
     "Completion",
+    "CompletionLogprobs",
     "ErrorBody",
     "ModelCard",
     "ModelList",
     "chat_chunk",
     "chat_completion",
+    "chat_logprobs",
     "completion_chunk",
+    "completion_logprobs",
     "error_type",
     "openai_error",
 ]
@@ -33,12 +42,46 @@ class AssistantMessage(TypedDict):
     content: str
 
 
+class TopLogprob(TypedDict):
+    """One of the most likely tokens at a position."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    """One output token of a chat answer, with the most likely tokens at its position."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    """A chat choice's (or chunk's) `logprobs`: its tokens, in order."""
+
+    content: list[ChatTokenLogprob]
+
+
+class CompletionLogprobs(TypedDict):
+    """A completion choice's (or chunk's) `logprobs`, as parallel lists over its tokens.
+
+    An echoed prompt's first token has no log-probability (null) and no alternatives.
+    `text_offset` is where each token starts in the choice's text (summing the tokens'
+    lengths, as vLLM does).
+    """
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class ChatChoice(TypedDict):
     """The one choice of a chat completion."""
 
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str
 
 
@@ -58,7 +101,7 @@ class ChatChunkChoice(TypedDict):
 
     index: int
     delta: dict[str, str]
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 
@@ -78,7 +121,7 @@ class CompletionChoice(TypedDict):
 
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
 
 
@@ -125,15 +168,67 @@ class ErrorBody(TypedDict):
     request_id: str
 
 
+def _top(entry: TokenLogprob) -> TopLogprob:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode())}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> ChatLogprobs:
+    """Chat's `logprobs` of output tokens: each with its bytes and its alternatives."""
+    return {
+        "content": [
+            {**_top(entry), "top_logprobs": [_top(other) for other in entry.top]}
+            for entry in entries
+        ]
+    }
+
+
+def completion_logprobs(
+    tokens: Sequence[tuple[str, TokenLogprob | None]], offset: int
+) -> CompletionLogprobs:
+    """Completions' `logprobs` of (token text, entry) pairs whose text starts at `offset`.
+
+    An entry of None (an echoed prompt's first token) has a null log-probability and no
+    alternatives. Each `top_logprobs` dict holds the alternatives and the chosen token
+    (OpenAI: "up to logprobs + 1 elements"); tokens that spell the same text share a key.
+    """
+    body: CompletionLogprobs = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for text, entry in tokens:
+        body["tokens"].append(text)
+        body["text_offset"].append(offset)
+        offset += len(text)
+        if entry is None:
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+            continue
+        body["token_logprobs"].append(entry.logprob)
+        top: dict[str, float] = {}
+        for other in (*entry.top, entry):
+            top.setdefault(other.token, other.logprob)
+        body["top_logprobs"].append(top)
+    return body
+
+
 def chat_completion(
-    *, id_: str, created: int, model: str, text: str, reason: FinishReason, usage: Usage
+    *,
+    id_: str,
+    created: int,
+    model: str,
+    text: str,
+    reason: FinishReason,
+    usage: Usage,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletion:
     """The body of a non-streamed chat completion."""
     message: AssistantMessage = {"role": "assistant", "content": text}
     choice: ChatChoice = {
         "index": 0,
         "message": message,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": reason.value,
     }
     return {
@@ -173,6 +268,7 @@ def chat_chunk(
     reason: FinishReason | None = None,
     usage: Usage | None = None,
     null_usage: bool = False,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatChunk:
     """One stream chunk; `delta=None` gives the usage-only chunk (no choices).
 
@@ -189,7 +285,13 @@ def chat_chunk(
     }
     if delta is not None:
         finish = _finish_reason(reason)
-        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choice: ChatChunkChoice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        chunk["choices"] = [choice]
     return chunk
 
 
@@ -202,6 +304,7 @@ def completion_chunk(
     reason: FinishReason | None = None,
     usage: Usage | None = None,
     null_usage: bool = False,
+    logprobs: CompletionLogprobs | None = None,
 ) -> Completion:
     """One `text_completion` (a stream chunk, or the whole answer); `text=None`: usage only.
 
@@ -217,7 +320,13 @@ def completion_chunk(
     }
     if text is not None:
         finish = _finish_reason(reason)
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        choice: CompletionChoice = {
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        body["choices"] = [choice]
     return body
 
 

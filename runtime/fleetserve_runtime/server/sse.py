@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,16 +97,16 @@ class Format(Protocol):
         """Events before the first text (OpenAI chat: the assistant's role)."""
         ...
 
-    def delta(self, text: str) -> object:
-        """The event of a text delta."""
+    def delta(self, event: TokenEvent) -> object | None:
+        """The event of a text delta (and its log-probabilities); None: nothing to send."""
         ...
 
     def closing(self, finish: FinishEvent) -> list[object]:
         """Events after the last text: finish reason, usage."""
         ...
 
-    def whole(self, text: str, finish: FinishEvent) -> object:
-        """The body of a generation answered at once (`stream: false`)."""
+    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> object:
+        """The body of a generation answered at once (`stream: false`) of its text events."""
         ...
 
     def failure(self, error: Exception) -> Failure:
@@ -220,13 +220,13 @@ class GenerationResponse(Response):
             self.on_done(code)
 
     async def _whole(self, send: Send) -> int:
-        texts: list[str] = []
+        tokens: list[TokenEvent] = []
         try:
             async for event in self.stream:
                 if isinstance(event, TokenEvent):
-                    texts.append(event.text)
+                    tokens.append(event)
                 elif isinstance(event, FinishEvent):
-                    await _send_json(send, 200, self.fmt.whole("".join(texts), event), {})
+                    await _send_json(send, 200, self.fmt.whole(tokens, event), {})
                     return 200
                 else:
                     return await self._fail(send, event.error)
@@ -308,8 +308,9 @@ class GenerationResponse(Response):
     def _write(self, event: GenerationEvent, chunks: list[bytes]) -> int | None:
         """Add `event`'s SSE events to `chunks`; the status the stream ends with, if it ends."""
         if isinstance(event, TokenEvent):
-            if event.text:
-                chunks.append(sse_event(self.fmt.delta(event.text)))
+            payload = self.fmt.delta(event)
+            if payload is not None:
+                chunks.append(sse_event(payload))
             return None
         if isinstance(event, FinishEvent):
             chunks.extend(sse_event(payload) for payload in self.fmt.closing(event))

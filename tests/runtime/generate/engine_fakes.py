@@ -120,6 +120,8 @@ class PagedEcho:
     in_step: threading.Event = field(default_factory=threading.Event)
     steps: list[list[tuple[int, int]]] = field(default_factory=list)
     """Per step, each chunk's (start position, token count)."""
+    wide: list[tuple[int, int]] = field(default_factory=list)
+    """(start position, token count) of each chunk that asked for all its logits."""
     slots: list[list[tuple[int, int] | None]] = field(default_factory=list)
     block_size: int = 0
 
@@ -149,6 +151,7 @@ class PagedEcho:
             msg = "injected model failure"
             raise RuntimeError(msg)
         self.steps.append([(c.start_pos, len(c.token_ids)) for c in step.chunks])
+        self.wide.extend((c.start_pos, len(c.token_ids)) for c in step.chunks if c.all_logits)
         bs = self.block_size
         rows = []
         for chunk in step.chunks:
@@ -162,7 +165,8 @@ class PagedEcho:
                     msg = f"slot for position {pos} holds {entry}"
                     raise AssertionError(msg)
                 history.append(entry[1])
-            rows.append(self.logits(history))
+            ends = range(chunk.start_pos + 1, len(history) + 1) if chunk.all_logits else [None]
+            rows.extend(self.logits(history[:end]) for end in ends)
         return torch.stack(rows)
 
     @staticmethod

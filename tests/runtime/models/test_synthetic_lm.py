@@ -105,6 +105,20 @@ def test_a_step_of_several_sequences_answers_each_as_alone() -> None:
     assert together.tolist() == alone
 
 
+def test_all_logits_give_each_prompt_position_the_row_a_prefix_prefill_would() -> None:
+    """A chunk asking for every row gets one per token: what a prefill ending there returns.
+
+    That is what prompt log-probabilities read; the last row is the usual one.
+    """
+    lm, codec = model()
+    prompt = codec.encode("alpha beta gamma delta", add_special=True)
+    rows = lm.forward(StepInput([SeqChunk(prompt, 0, [0, 1, 2], all_logits=True)]))
+    assert rows.shape[0] == len(prompt)
+    for end in range(1, len(prompt) + 1):
+        alone = lm.forward(StepInput([SeqChunk(prompt[:end], 0, [3, 4, 5])]))
+        assert torch.equal(rows[end - 1], alone[0])
+
+
 def test_error_rate_fails_the_step_that_feeds_the_first_token_back() -> None:
     """error_rate 1 fails every generation at its first decode step; 0 never fails."""
     lm, codec = model(error_rate=1.0)

@@ -178,7 +178,10 @@ INVALID = [
     pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
     pytest.param({"stop": ""}, "stop", id="empty-stop"),
     pytest.param({"n": 2}, "n", id="n-2"),
-    pytest.param({"logprobs": True}, "logprobs", id="logprobs"),
+    pytest.param({"logprobs": True, "top_logprobs": 21}, "top_logprobs", id="top-logprobs-21"),
+    pytest.param({"logprobs": True, "top_logprobs": -1}, "top_logprobs", id="top-logprobs-neg"),
+    pytest.param({"top_logprobs": 2}, "top_logprobs", id="top-logprobs-without-logprobs"),
+    pytest.param({"logprobs": 3}, "logprobs", id="logprobs-not-bool"),
     pytest.param({"presence_penalty": 0.5}, "presence_penalty", id="presence-penalty"),
     pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
     pytest.param({"store": True}, "store", id="store"),
@@ -594,3 +597,104 @@ def test_completion_refuses_batched_or_empty_prompts(prompt: Any) -> None:
     with pytest.raises(InvalidInput) as caught:
         completion_generation(body, controls=CONTROLS, limits=LIMITS)
     assert caught.value.param == "prompt"
+
+
+COMPLETION_INVALID = [
+    pytest.param({"logprobs": 6}, "logprobs", id="logprobs-over-5"),
+    pytest.param({"logprobs": -1}, "logprobs", id="logprobs-negative"),
+    pytest.param({"logprobs": True}, "logprobs", id="logprobs-bool"),
+    pytest.param({"max_tokens": 0}, "max_tokens", id="max-tokens-0-without-echo"),
+    pytest.param({"max_tokens": -1, "echo": True}, "max_tokens", id="max-tokens-negative"),
+    pytest.param({"echo": 2}, "echo", id="echo-not-bool"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), COMPLETION_INVALID)
+async def test_completion_logprobs_and_echo_are_bounded(fields: dict[str, Any], param: str) -> None:
+    """`logprobs` 0..5 (an int), `max_tokens` 0 only with `echo`: 400 naming the key."""
+    async with serve(LLM) as (client, _):
+        response = await client.post(
+            "/v1/completions", json={"model": "test", "prompt": "x", **fields}
+        )
+    assert_openai_error(response, 400, param)
+
+
+def chat_entries(payloads: list[Any]) -> list[Any]:
+    """The `logprobs.content` entries of a chat stream's chunks, in order."""
+    return [
+        entry
+        for chunk in payloads
+        if isinstance(chunk, dict) and chunk.get("choices") and chunk["choices"][0]["logprobs"]
+        for entry in chunk["choices"][0]["logprobs"]["content"]
+    ]
+
+
+async def test_chat_logprobs_whole_and_streamed_are_the_same_entries() -> None:
+    """Each token: text, logprob, UTF-8 bytes, `top_logprobs` as asked, most likely first."""
+    body = chat(temperature=0, logprobs=True, top_logprobs=3)
+    async with serve(LLM) as (client, _):
+        whole = (await client.post(CHAT, json=body)).json()
+        streamed = events(await client.post(CHAT, json={**body, "stream": True}))
+        plain = (await client.post(CHAT, json=chat(temperature=0))).json()
+    [choice] = whole["choices"]
+    content = choice["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"]
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert len(entry["top_logprobs"]) == 3
+        values = [top["logprob"] for top in entry["top_logprobs"]]
+        assert values == sorted(values, reverse=True)
+        assert entry["logprob"] == values[0]  # greedy
+    assert chat_entries(streamed) == content
+    assert plain["choices"][0]["logprobs"] is None
+
+
+async def test_completion_echo_with_logprobs_whole_and_streamed() -> None:
+    """The prompt first (its first token unscored), then the completion; offsets add up."""
+    body = {"model": "test", "prompt": "alpha beta", "max_tokens": 4, "temperature": 0}
+    async with serve(LLM) as (client, _):
+        whole = await client.post("/v1/completions", json={**body, "echo": True, "logprobs": 2})
+        streamed = events(
+            await client.post(
+                "/v1/completions", json={**body, "echo": True, "logprobs": 2, "stream": True}
+            )
+        )
+        plain = (await client.post("/v1/completions", json=body)).json()
+        alone = await client.post(
+            "/v1/completions", json={**body, "echo": True, "logprobs": 1, "max_tokens": 0}
+        )
+    [choice] = whole.json()["choices"]
+    completion = plain["choices"][0]["text"]
+    assert choice["text"] == "alpha beta" + completion
+    logprobs = choice["logprobs"]
+    usage = whole.json()["usage"]
+    assert len(logprobs["tokens"]) == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert logprobs["token_logprobs"][0] is None
+    assert logprobs["top_logprobs"][0] is None
+    assert all(isinstance(value, float) for value in logprobs["token_logprobs"][1:])
+    offsets = [0]
+    for token in logprobs["tokens"][:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert logprobs["text_offset"] == offsets
+    for token, value, top in zip(
+        logprobs["tokens"][1:],
+        logprobs["token_logprobs"][1:],
+        logprobs["top_logprobs"][1:],
+        strict=True,
+    ):
+        assert top[token] == value  # the chosen token is always listed
+        assert len(top) <= 3
+    chunks = [c for c in streamed if isinstance(c, dict) and c["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    merged: dict[str, list[Any]] = {key: [] for key in logprobs}
+    for chunk in chunks:
+        for key, values in (chunk["choices"][0]["logprobs"] or {}).items():
+            merged[key].extend(values)
+    assert merged == logprobs
+    assert plain["choices"][0]["logprobs"] is None
+    [only] = alone.json()["choices"]
+    assert only["text"] == "alpha beta"
+    assert only["finish_reason"] == "length"
+    assert only["logprobs"]["tokens"] == logprobs["tokens"][: usage["prompt_tokens"]]
+    assert alone.json()["usage"]["completion_tokens"] == 0

@@ -24,8 +24,11 @@ import httpx
 import httpx2
 import openai
 import pytest
+import torch
 
+from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.testing import metric_total
+from tests.runtime.models.llama.test_model import reference_model
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 CONTEXT = 64
@@ -149,6 +152,77 @@ def test_an_unknown_extra_body_key_is_a_bad_request(server: str) -> None:
         api.chat.completions.create(model="test", messages=MESSAGES, extra_body={"min_tokens": 5})
     assert caught.value.param == "min_tokens"
     assert "unsupported parameter: 'min_tokens'" in caught.value.message
+
+
+def test_logprobs_chat_and_completions_whole_and_streamed(server: str) -> None:
+    """The client parses both shapes; streamed entries are the whole answer's entries."""
+    with client(server) as api:
+        whole = api.chat.completions.create(
+            model="test", messages=MESSAGES, temperature=0, logprobs=True, top_logprobs=2
+        )
+        stream = api.chat.completions.create(
+            model="test",
+            messages=MESSAGES,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+        chunks = list(stream)
+        echoed = api.completions.create(
+            model="test", prompt="once upon", max_tokens=5, temperature=0, logprobs=1, echo=True
+        )
+        pieces = list(
+            api.completions.create(
+                model="test",
+                prompt="once upon",
+                max_tokens=5,
+                temperature=0,
+                logprobs=1,
+                echo=True,
+                stream=True,
+            )
+        )
+        alone = api.completions.create(
+            model="test", prompt="once upon", max_tokens=0, logprobs=1, echo=True
+        )
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(
+                model="test", messages=MESSAGES, logprobs=True, top_logprobs=21
+            )
+    assert caught.value.param == "top_logprobs"
+    content = whole.choices[0].logprobs.content if whole.choices[0].logprobs else None
+    assert content
+    assert all(len(entry.top_logprobs) == 2 for entry in content)
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert streamed == content
+    logprobs = echoed.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.token_logprobs
+    assert logprobs.tokens
+    assert echoed.choices[0].text.startswith("once upon")
+    first: object = logprobs.token_logprobs[0]  # the client's type says float; JSON null
+    assert first is None
+    joined = [
+        value
+        for piece in pieces
+        if piece.choices[0].logprobs
+        for value in piece.choices[0].logprobs.token_logprobs or []
+    ]
+    assert joined == logprobs.token_logprobs
+    assert "".join(piece.choices[0].text for piece in pieces) == echoed.choices[0].text
+    only = alone.choices[0]
+    assert only.text == "once upon"
+    assert only.logprobs is not None
+    assert only.logprobs.tokens
+    assert only.logprobs.tokens == logprobs.tokens[: len(only.logprobs.tokens)]
+    assert alone.usage is not None
+    assert alone.usage.completion_tokens == 0
 
 
 def test_a_cache_salt_keeps_prefix_cache_hits_among_its_own_requests(server: str) -> None:
@@ -318,15 +392,23 @@ def test_client_hanging_up_while_queued_leaves_the_queue(slow_server: str) -> No
     wait_until(url, "fleetserve_running_sequences", 0, timeout_s=5)
 
 
-def test_smollm2_answers_and_seeded_sampling_is_reproducible() -> None:
+@pytest.fixture(scope="module")
+def smollm2_server() -> Iterator[str]:
+    """One SmolLM2-135M server for the tests that need a real model's answers."""
+    with running(
+        "builtin://smollm2-135m", "--generation-max-context", "512", "--threads", "2",
+        ready_s=240,
+    ) as url:  # fmt: skip
+        yield url
+
+
+def smollm2_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_smollm2_answers_and_seeded_sampling_is_reproducible(smollm2_server: str) -> None:
     """SmolLM2-135M through the client: a right answer greedily, and `seed` reproduces samples."""
-    with (
-        running(
-            "builtin://smollm2-135m", "--generation-max-context", "512", "--threads", "2",
-            ready_s=240,
-        ) as url,
-        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as api,
-    ):  # fmt: skip
+    with smollm2_client(smollm2_server) as api:
         answer = api.chat.completions.create(
             model="test",
             messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -347,3 +429,110 @@ def test_smollm2_answers_and_seeded_sampling_is_reproducible() -> None:
 
         assert sample(7) == sample(7)
         assert len({sample(seed) for seed in range(4)}) > 1
+
+
+def reference_logprobs(
+    checkpoint: Checkpoint, ids: list[int], new_tokens: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Transformers' Llama on the checkpoint's weights, independent of ours.
+
+    Greedy `new_tokens` after `ids`, then one full forward over prompt and completion
+    (teacher forcing): each position's log-softmax row, and the tokens.
+    """
+    reference = reference_model(checkpoint.config)
+    reference.load_state_dict(dict(checkpoint.weights), strict=False)
+    with torch.inference_mode():
+        tokens = list(ids)
+        for _ in range(new_tokens):
+            logits = reference(torch.tensor([tokens])).logits[0, -1]
+            tokens.append(int(logits.argmax()))
+        rows = torch.log_softmax(reference(torch.tensor([tokens])).logits[0].float(), dim=-1)
+    return rows, tokens
+
+
+def test_smollm2_logprobs_match_an_independent_full_forward(
+    smollm2_server: str, smollm2_checkpoint: Checkpoint
+) -> None:
+    """Echoed prompt and greedy completion against transformers' teacher-forced forward.
+
+    The prompt was sent once before (its blocks are in the prefix cache): the scored request
+    must not reuse them, or its first positions would have no logits.
+    """
+    codec = smollm2_checkpoint.codec
+    ids = codec.encode("The capital of France is Paris. The capital of Italy is", add_special=True)
+    new = 6
+    with smollm2_client(smollm2_server) as api:
+        api.completions.create(model="test", prompt=ids, max_tokens=1, temperature=0)
+        scored = api.completions.create(
+            model="test", prompt=ids, max_tokens=new, temperature=0, logprobs=5, echo=True
+        )
+        streamed = list(
+            api.completions.create(
+                model="test",
+                prompt=ids,
+                max_tokens=new,
+                temperature=0,
+                logprobs=5,
+                echo=True,
+                stream=True,
+            )
+        )
+        alone = api.completions.create(
+            model="test", prompt=ids, max_tokens=0, logprobs=1, echo=True
+        )
+        chat = api.chat.completions.create(
+            model="test",
+            messages=[{"role": "user", "content": "Name a river."}],
+            temperature=0,
+            max_tokens=8,
+            logprobs=True,
+            top_logprobs=5,
+        )
+    rows, tokens = reference_logprobs(smollm2_checkpoint, ids, new)
+    logprobs = scored.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens
+    assert logprobs.token_logprobs
+    assert logprobs.top_logprobs
+    assert scored.usage is not None
+    assert scored.usage.prompt_tokens_details is not None
+    assert scored.usage.prompt_tokens_details.cached_tokens == 0
+    assert logprobs.tokens == [codec.decode([token]) for token in tokens]
+    first: object = logprobs.token_logprobs[0]  # the client's type says float; JSON null
+    assert first is None
+    expected = [float(rows[p - 1, tokens[p]]) for p in range(1, len(tokens))]
+    reported = [float(value or 0.0) for value in logprobs.token_logprobs[1:]]
+    assert reported == pytest.approx(expected, abs=2e-3)
+    assert sum(reported) == pytest.approx(sum(expected), abs=1e-2)
+    for p, top in enumerate(logprobs.top_logprobs[1:], start=1):
+        assert top is not None
+        best = torch.topk(rows[p - 1], 5).values.tolist()
+        listed = sorted(top.values(), reverse=True)[:5]
+        assert listed == pytest.approx(best[: len(listed)], abs=2e-3)
+    for p in range(len(ids), len(tokens)):  # greedy: each output token is the most likely
+        top = logprobs.top_logprobs[p]
+        assert top is not None
+        assert logprobs.token_logprobs[p] == max(top.values())
+    joined = [
+        value
+        for chunk in streamed
+        if chunk.choices[0].logprobs
+        for value in chunk.choices[0].logprobs.token_logprobs or []
+    ]
+    assert joined == pytest.approx(logprobs.token_logprobs, abs=1e-5)
+    prompt_only = alone.choices[0].logprobs
+    assert prompt_only is not None
+    assert prompt_only.token_logprobs
+    assert alone.choices[0].text == codec.decode(ids)
+    assert len(prompt_only.token_logprobs) == len(ids)
+    assert prompt_only.token_logprobs == pytest.approx(
+        logprobs.token_logprobs[: len(ids)], abs=1e-5
+    )
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content
+    assert "".join(entry.token for entry in content) == chat.choices[0].message.content
+    for entry in content:
+        values = [top.logprob for top in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert entry.logprob == values[0]
+        assert bytes(entry.bytes or []) == entry.token.encode()

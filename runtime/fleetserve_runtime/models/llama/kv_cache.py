@@ -156,8 +156,9 @@ class ForwardBatch:
     decodes: tuple[DecodeBatch, ...]
     """The decode rows, shortest context first, in groups of similar length."""
     prefills: tuple[PrefillChunk, ...]
-    last_rows: torch.Tensor
-    """`[len(chunks)]` int64 row of each chunk's last token, in the step's chunk order."""
+    logit_rows: torch.Tensor
+    """int64 rows whose logits the step returns, in the step's chunk order: each chunk's
+    last token's, or every token's of a chunk with `all_logits`."""
 
 
 def _check_chunk(chunk: SeqChunk, block_size: int, num_blocks: int) -> int:
@@ -285,7 +286,7 @@ def plan_step(
     tokens: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    last_rows = [0] * len(step.chunks)
+    rows_of: list[range] = [range(0)] * len(step.chunks)
     prefills: list[PrefillChunk] = []
     for i in decode_ids + prefill_ids:
         chunk = step.chunks[i]
@@ -295,7 +296,7 @@ def plan_step(
         tokens.extend(chunk.token_ids)
         positions.extend(range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids)))
         slots.extend(_slots(chunk, bs))
-        last_rows[i] = len(tokens) - 1
+        rows_of[i] = range(row if chunk.all_logits else len(tokens) - 1, len(tokens))
     decode_spans = [spans[i] for i in decode_ids]
     decodes = []
     start = 0
@@ -309,5 +310,7 @@ def plan_step(
         slots=torch.tensor(slots, dtype=torch.int64, device=device),
         decodes=tuple(decodes),
         prefills=tuple(prefills),
-        last_rows=torch.tensor(last_rows, dtype=torch.int64, device=device),
+        logit_rows=torch.tensor(
+            [row for rows in rows_of for row in rows], dtype=torch.int64, device=device
+        ),
     )

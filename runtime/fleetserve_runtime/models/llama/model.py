@@ -14,6 +14,7 @@ itself and, when it continues a cached prefix, to the prefix's pages.
 
 The vocabulary projection is computed only for each chunk's last token, since the engine
 samples nothing else; for a 512-token prefill chunk that skips 511 rows of the largest GEMM.
+A chunk marked `all_logits` (a prompt whose log-probabilities were asked for) gets every row.
 
 Weights come by their reference parameter names (see `config.Checkpoint`); Q/K/V and
 gate/up are concatenated here so each layer makes two GEMMs fewer per step. fp32 on CPU
@@ -201,7 +202,9 @@ class LlamaModel:
         )
 
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Run one step; fp32 logits `[len(step.chunks), vocab_size]` of each chunk's last token.
+        """Run one step; fp32 logits of each chunk's last token, in chunk order.
+
+        A chunk with `all_logits` gets one row per token instead (`StepInput`'s contract).
 
         Raises:
             RuntimeError: no pool has been allocated yet.
@@ -224,8 +227,8 @@ class LlamaModel:
             sin = self._sin.index_select(0, plan.positions)[:, None, :]
             for index, layer in enumerate(self._layers):
                 x = self._layer(index, layer, x, plan, cos, sin)
-            last = x.index_select(0, plan.last_rows)
-            logits = self._rms_norm(last, self._norm) @ self._lm_head
+            rows = x.index_select(0, plan.logit_rows)
+            logits = self._rms_norm(rows, self._norm) @ self._lm_head
             return logits.float()
 
     def _embedding(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -76,7 +76,7 @@ def test_a_later_chunk_continues_the_same_pages() -> None:
 
 
 def test_plan_puts_decode_rows_first_and_keeps_logit_rows_in_chunk_order() -> None:
-    """Decode chunks become rows 0..B-1; last_rows still follow the step's chunk order."""
+    """Decode chunks become rows 0..B-1; logit_rows still follow the step's chunk order."""
     cache = make_cache(num_blocks=16)
     chunks = [
         SeqChunk(token_ids=[10, 11, 12], start_pos=0, block_table=[3]),
@@ -89,7 +89,7 @@ def test_plan_puts_decode_rows_first_and_keeps_logit_rows_in_chunk_order() -> No
     assert plan.token_ids.tolist() == [40, 20, 10, 11, 12, 30, 31]
     assert plan.positions.tolist() == [0, 5, 0, 1, 2, 2, 3]
     assert plan.slots.tolist() == [1 * 4, 9 * 4 + 1, 12, 13, 14, 8 * 4 + 2, 8 * 4 + 3]
-    assert plan.last_rows.tolist() == [4, 1, 6, 0]
+    assert plan.logit_rows.tolist() == [4, 1, 6, 0]
     (decode,) = plan.decodes
     assert (decode.row, decode.size) == (0, 2)
     assert decode.blocks.tolist() == [[1, 0], [4, 9]]
@@ -122,6 +122,20 @@ def test_decode_rows_split_where_padding_costs_more_than_a_group(
     assert group_by_length(lengths, overhead) == ends
 
 
+def test_all_logits_chunks_return_every_row_in_chunk_order() -> None:
+    """A chunk asking for all its logits (prompt log-probabilities) gets each token's row."""
+    cache = make_cache(num_blocks=16)
+    chunks = [
+        SeqChunk(token_ids=[10, 11, 12], start_pos=0, block_table=[3], all_logits=True),
+        SeqChunk(token_ids=[20], start_pos=5, block_table=[4, 9]),
+        SeqChunk(token_ids=[30, 31], start_pos=2, block_table=[8]),
+        SeqChunk(token_ids=[40], start_pos=0, block_table=[1], all_logits=True),
+    ]
+    plan = plan_step(StepInput(chunks), cache, CPU)
+
+    assert plan.logit_rows.tolist() == [2, 3, 4, 1, 6, 0]
+
+
 def test_plan_groups_decode_rows_by_context_length() -> None:
     """Short and long decode rows attend in separate padded batches, shortest first."""
     cache = make_cache(num_blocks=64, block_size=4)
@@ -134,7 +148,7 @@ def test_plan_groups_decode_rows_by_context_length() -> None:
     plan = plan_step(StepInput(chunks), cache, CPU, decode_group_overhead=16)
 
     assert plan.token_ids.tolist() == [2, 3, 1]
-    assert plan.last_rows.tolist() == [2, 0, 1]
+    assert plan.logit_rows.tolist() == [2, 0, 1]
     short, long = plan.decodes
     assert (short.row, short.size, short.blocks.tolist()) == (0, 2, [[3], [3]])
     assert (long.row, long.size, long.blocks.shape) == (2, 1, (1, 38))

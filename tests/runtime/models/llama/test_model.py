@@ -238,6 +238,43 @@ def test_tiny_model_logits_match_reference_prefill_and_decode(
         start = end
 
 
+def test_tiny_all_logits_chunks_give_the_reference_logits_of_every_position() -> None:
+    """A chunk asking for all its rows (prompt log-probabilities) gets every position's.
+
+    Over two steps of chunked prefill, beside another sequence's prefill and decode: its
+    rows come in chunk order, and the other's single row is unchanged.
+    """
+    model, reference = tiny_pair(tiny_config())
+    gen = torch.Generator().manual_seed(4)
+    first, second = ([int(t) for t in torch.randint(0, 96, (n,), generator=gen)] for n in (30, 9))
+    expected_first = reference_logits(reference, first)
+    expected_second = reference_logits(reference, second)
+    model.allocate_cache(32, 4)
+    table_first, table_second = list(range(8)), list(range(8, 11))
+    rows = model.forward(
+        StepInput(
+            [
+                SeqChunk(second[:8], 0, table_second),
+                SeqChunk(first[:12], 0, table_first, all_logits=True),
+            ]
+        )
+    )
+    assert rows.shape[0] == 1 + 12
+    torch.testing.assert_close(rows[0], expected_second[7], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[1:], expected_first[:12], atol=1e-4, rtol=1e-4)
+    rows = model.forward(
+        StepInput(
+            [
+                SeqChunk(first[12:], 12, table_first, all_logits=True),
+                SeqChunk(second[8:], 8, table_second),
+            ]
+        )
+    )
+    assert rows.shape[0] == 18 + 1
+    torch.testing.assert_close(rows[:18], expected_first[12:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[18], expected_second[8], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     "overhead", [0, 1_000_000], ids=["decode-group-per-length", "one-decode-batch"]
 )
