@@ -5,9 +5,11 @@
 
 - A sampled request (temperature above 0) bypasses the cache: it is generated, never looked
   up or stored, and counted as `bypass`. Its answer is one draw among many; serving it again
-  would change the distribution the caller asked for. Every other field that could change
-  an answer (`n` > 1, log-probabilities, penalties, ...) is refused by `openai_requests`
-  before a request gets here, so greedy decoding is the whole condition.
+  would change the distribution the caller asked for. So does a greedy request that sets any
+  other sampling field away from its default (log-probabilities, `echo`, penalties, ...):
+  the cached answer carries none of what it asks for. Only the fields the key holds
+  (`max_tokens`, stop strings, `ignore_eos`) and those greedy decoding ignores (`top_p`,
+  `top_k`, `seed`) may differ; a field added to `SamplingParams` later bypasses by itself.
 - A greedy request's prompt is tokenised and checked as the engine does it (the same
   refusals: a prompt that cannot fit is refused, hit or not), then looked up: an exact
   repeat first, then a similar prompt. The similarity compares the embedding of the prompt
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -48,6 +50,7 @@ from fleetserve_runtime.generate.contracts import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    SamplingParams,
     TokenEvent,
     Usage,
 )
@@ -66,6 +69,23 @@ MAX_PROCESSORS = 4
 """Prompt processors kept, one per load generation: the oldest load's goes first."""
 ANSWER_OVERHEAD_BYTES = 64
 """What one cached answer holds besides its text's bytes (its finish reason and counts)."""
+
+
+_KEYED_OR_IGNORED = frozenset(
+    {"max_tokens", "stop", "ignore_eos", "temperature", "top_p", "top_k", "seed"}
+)
+"""Sampling fields a cached answer may differ in: the key holds the first three, and greedy
+decoding ignores the rest (the temperature is checked on its own)."""
+_PLAIN = SamplingParams(max_tokens=None)
+
+
+def _plain_greedy(sampling: SamplingParams) -> bool:
+    """Whether a cached answer may stand for this request's: greedy, nothing else asked."""
+    return is_greedy(sampling.temperature) and all(
+        getattr(sampling, field.name) == getattr(_PLAIN, field.name)
+        for field in fields(sampling)
+        if field.name not in _KEYED_OR_IGNORED
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +208,7 @@ class SemanticAnswers:
         handler, kv = loaded.generative, loaded.kv
         if handler is None or kv is None:
             return await rt.generate(request)  # refused: the version does not generate
-        if not is_greedy(request.sampling.temperature):
+        if not _plain_greedy(request.sampling):
             rt.metrics.observe_semantic_cache(loaded.version, "bypass")
             return await rt.generate(request)
         prompts = self._processor(loaded, handler, kv)

@@ -9,6 +9,7 @@ an answer generated while another load took the version's place is not stored.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -189,3 +190,21 @@ async def test_sampled_requests_bypass(answers: SemanticAnswers) -> None:
     assert await text_of(answers, rt, sampled) == "answer 1"
     assert await text_of(answers, rt, sampled) == "answer 2"
     assert rt.metrics.outcomes == ["bypass", "bypass"]
+
+
+@pytest.mark.parametrize(
+    "asks",
+    [{"logprobs": 0}, {"prompt_logprobs": 0, "echo": True}],
+    ids=["logprobs", "echo"],
+)
+async def test_greedy_requests_asking_for_more_than_text_bypass(
+    answers: SemanticAnswers, asks: dict[str, Any]
+) -> None:
+    """A cached answer has no log-probabilities or echoed prompt: such requests generate."""
+    rt = FakeRuntime(loaded(1))
+    assert await text_of(answers, rt, completion()) == "answer 1"
+    asking = GenerationRequest(
+        SamplingParams(max_tokens=4, temperature=0.0, **asks), prompt=QUESTION
+    )
+    assert await text_of(answers, rt, asking) == "answer 2"
+    assert rt.metrics.outcomes == ["miss", "bypass"]
