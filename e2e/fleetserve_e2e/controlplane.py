@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fleetserve_e2e.paths import binary
 from fleetserve_e2e.pki import FRONT_PROXY_CLIENT_NAME, ClusterPki
-from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.ports import free_ports
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -37,7 +37,7 @@ class Ports:
     @classmethod
     def pick(cls) -> Ports:
         """Pick five free ports."""
-        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
+        return cls(*free_ports(5))
 
 
 def etcd_argv(data_dir: Path, ports: Ports) -> list[str]:

@@ -31,7 +31,7 @@ from fleetserve_e2e.identity import isolated_env
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
-from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.ports import free_ports
 from fleetserve_e2e.processes import ManagedProcess, start_process
 from fleetserve_e2e.storage_tools import GoCommand, ensure_command
 from fleetserve_e2e.waiting import wait_until
@@ -250,10 +250,7 @@ class LocalTraefik(Component):
 
     def _start(self) -> None:
         binary = self._binary or ensure_traefik()
-        self.port = free_port()
-        self.ping_port = free_port()
-        while self.ping_port == self.port:
-            self.ping_port = free_port()
+        self.port, self.ping_port = free_ports(2)
         env = {**isolated_env(os.environ), "KUBECONFIG": str(self._cluster.kubeconfig)}
         process = start_process("traefik", self.argv(binary), log_path=self._log_path, env=env)
         self.process = process

@@ -39,7 +39,7 @@ from fleetserve_e2e.kubeapi import KubeApiError
 from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
 from fleetserve_e2e.pki import write_mutual_tls_dir
-from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.ports import free_ports
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.toolchain import build_binary, module_dir
 from fleetserve_e2e.waiting import wait_until
@@ -142,7 +142,7 @@ class KedaPorts:
     @classmethod
     def pick(cls) -> KedaPorts:
         """Pick five free ports."""
-        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
+        return cls(*free_ports(5))
 
 
 def keda_env(kubeconfig: Path) -> dict[str, str]:

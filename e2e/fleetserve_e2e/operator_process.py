@@ -29,7 +29,7 @@ from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.identity import isolated_env, request_token, write_token_kubeconfig
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient, namespaced
 from fleetserve_e2e.paths import REPO_DIR
-from fleetserve_e2e.ports import free_port
+from fleetserve_e2e.ports import free_ports
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.waiting import wait_until
 
@@ -222,7 +222,7 @@ class OperatorProcess:
             ProcessExitedError: the operator exited while starting (the log tail says why).
             TimeoutError: it did not become live within 60 s.
         """
-        metrics_port, liveness_port = free_port(), free_port()
+        metrics_port, liveness_port = free_ports(2)
         # Its settings come only from here, and it reaches the API only as `kubeconfig`'s account.
         env = isolated_env(os.environ)
         env.update(

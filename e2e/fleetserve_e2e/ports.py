@@ -20,6 +20,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> tuple[int, ...]:
+    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Each is held bound until all are picked: `free_port` called twice may get the same port
+    back from the kernel, and a server told to listen twice on one port fails to start.
+    """
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def remembered_port(record: Path) -> int:
     """The port written in ``record`` if it is free now, else a free one, written there.
 
