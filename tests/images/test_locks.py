@@ -12,6 +12,7 @@ install (tests/images/stage_runner.py).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -152,6 +153,48 @@ def test_image_lock_is_its_package_closure_at_the_dev_pins(package: str) -> None
         assert tool not in image
     if package == "operator":
         assert not any(CUDA_ONLY.match(name) for name in image), "the operator image needs no torch"
+
+
+def _third_party_imports(package_dir: Path) -> dict[str, set[str]]:
+    """Top-level modules the package's shipped code imports, outside the standard library.
+
+    `testing` is left out: the tests' helpers, which no image entry point imports.
+    """
+    own = package_dir.name
+    found: dict[str, set[str]] = {}
+    for path in package_dir.rglob("*.py"):
+        if "testing" in path.relative_to(package_dir).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in (own, "__future__"):
+                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(IMAGE_LOCKS))
+def test_image_lock_provides_every_module_the_package_imports(package: str) -> None:
+    """An import the image's lock lacks fails only when that image starts: catch it here.
+
+    The runtime once imported `httpx`, which the development environment has and the runtime
+    image does not (it carries `httpx2`): every test passed and the image's pods crashed.
+    """
+    image = read_lock(IMAGE_LOCKS[package])
+    providers = metadata.packages_distributions()
+    imports = _third_party_imports(ROOT / package / f"fleetserve_{package}")
+    missing = {
+        module: sorted(where)
+        for module, where in imports.items()
+        if not any(canonicalize_name(dist) in image for dist in providers.get(module, [module]))
+    }
+    assert not missing, f"imported but not in requirements/{package}.lock: {missing}"
 
 
 def test_venv_holds_exactly_the_lock() -> None:

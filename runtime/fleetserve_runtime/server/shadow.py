@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-import httpx
+import httpx2
 import numpy as np
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -264,7 +264,7 @@ class Shadow:
         config: ShadowConfig,
         *,
         draw: Callable[[], float] = random.random,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         if config.url is None:
             msg = "a shadow needs shadow.url"
@@ -273,7 +273,7 @@ class Shadow:
         self._base = config.url.rstrip("/")
         self._draw = draw
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx2.AsyncClient | None = None
         self._metrics: ShadowMetrics | None = None
         self._version: Callable[[], str] = lambda: "none"
         self._tasks: set[asyncio.Task[None]] = set()
@@ -283,11 +283,11 @@ class Shadow:
         self._metrics = metrics
         self._version = version
         ca_file = self.config.ca_file
-        self._client = httpx.AsyncClient(
+        self._client = httpx2.AsyncClient(
             transport=self._transport,
             verify=ssl.create_default_context(cafile=ca_file) if ca_file is not None else True,
             timeout=self.config.timeout_s,
-            limits=httpx.Limits(max_connections=self.config.max_concurrency),
+            limits=httpx2.Limits(max_connections=self.config.max_concurrency),
             # An in-cluster Service is reached directly, whatever proxy the pod's env names.
             trust_env=False,
         )
@@ -328,16 +328,16 @@ class Shadow:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, client: httpx.AsyncClient, copy: Copy, series: ShadowSeries) -> None:
+    async def _send(self, client: httpx2.AsyncClient, copy: Copy, series: ShadowSeries) -> None:
         body = _unstreamed(copy.body) if copy.kind.generative else bytes(copy.body)
         started = time.perf_counter()
         try:
             answer = await client.post(self._base + copy.path, content=body, headers=copy.headers)
-        except httpx.TimeoutException:
+        except httpx2.TimeoutException:
             series.mirrored.inc()
             series.errors["timeout"].inc()
             return
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             series.mirrored.inc()
             series.errors["transport"].inc()
             return

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -26,7 +26,7 @@ def _shadow(
     handler: Any, *, draw: float = 0.0, **settings: Any
 ) -> tuple[Shadow, CollectorRegistry]:
     config = ShadowConfig(url=URL, **settings)
-    shadow = Shadow(config, draw=lambda: draw, transport=httpx.MockTransport(handler))
+    shadow = Shadow(config, draw=lambda: draw, transport=httpx2.MockTransport(handler))
     registry = CollectorRegistry()
     shadow.start(ShadowMetrics(registry, model="m", track="stable"), lambda: "1")
     return shadow, registry
@@ -78,8 +78,8 @@ def test_sampling_takes_the_drawn_fraction_of_mirrorable_posts() -> None:
     """A draw below `fraction` copies; others, GETs and other paths never do."""
 
     async def run() -> None:
-        low, _ = _shadow(lambda request: httpx.Response(200), draw=0.29, fraction=0.3)
-        high, _ = _shadow(lambda request: httpx.Response(200), draw=0.3, fraction=0.3)
+        low, _ = _shadow(lambda request: httpx2.Response(200), draw=0.29, fraction=0.3)
+        high, _ = _shadow(lambda request: httpx2.Response(200), draw=0.3, fraction=0.3)
         assert low.sampled("POST", "/v1/embeddings") is Kind.EMBEDDINGS
         assert low.sampled("GET", "/v1/embeddings") is None
         assert low.sampled("POST", "/v2/health/ready") is None
@@ -96,9 +96,9 @@ def test_copies_beyond_max_concurrency_are_dropped_not_queued() -> None:
     async def run() -> None:
         release = asyncio.Event()
 
-        async def handler(request: httpx.Request) -> httpx.Response:
+        async def handler(request: httpx2.Request) -> httpx2.Response:
             await release.wait()
-            return httpx.Response(200, content=_embedding_answer([[1.0, 0.0]]))
+            return httpx2.Response(200, content=_embedding_answer([[1.0, 0.0]]))
 
         shadow, registry = _shadow(handler, max_concurrency=2)
         for _ in range(5):
@@ -119,7 +119,7 @@ def test_copies_beyond_max_concurrency_are_dropped_not_queued() -> None:
 
 def test_a_failed_primary_is_not_copied() -> None:
     async def run() -> None:
-        shadow, registry = _shadow(lambda request: httpx.Response(200))
+        shadow, registry = _shadow(lambda request: httpx2.Response(200))
         copy = _copy()
         copy.status = 503
         shadow.offer(copy)
@@ -133,17 +133,17 @@ def test_a_failed_primary_is_not_copied() -> None:
 @pytest.mark.parametrize(
     ("answer", "reason"),
     [
-        (httpx.Response(500), "5xx"),
-        (httpx.Response(404), "4xx"),
-        (httpx.TimeoutException("slow"), "timeout"),
-        (httpx.ConnectError("refused"), "transport"),
+        (httpx2.Response(500), "5xx"),
+        (httpx2.Response(404), "4xx"),
+        (httpx2.TimeoutException("slow"), "timeout"),
+        (httpx2.ConnectError("refused"), "transport"),
     ],
 )
 def test_shadow_failures_are_counted_by_reason(
-    answer: httpx.Response | Exception, reason: str
+    answer: httpx2.Response | Exception, reason: str
 ) -> None:
     async def run() -> None:
-        def handler(request: httpx.Request) -> httpx.Response:
+        def handler(request: httpx2.Request) -> httpx2.Response:
             if isinstance(answer, Exception):
                 raise answer
             return answer
@@ -160,12 +160,12 @@ def test_shadow_failures_are_counted_by_reason(
 
 
 def test_a_streamed_copy_is_sent_unstreamed_with_the_forwarded_headers() -> None:
-    sent: list[httpx.Request] = []
+    sent: list[httpx2.Request] = []
 
     async def run() -> None:
-        def handler(request: httpx.Request) -> httpx.Response:
+        def handler(request: httpx2.Request) -> httpx2.Response:
             sent.append(request)
-            return httpx.Response(200, json={"choices": [{"message": {"content": "a b"}}]})
+            return httpx2.Response(200, json={"choices": [{"message": {"content": "a b"}}]})
 
         shadow, _ = _shadow(handler)
         body = {"model": "m", "messages": [], "stream": True, "stream_options": {}}
