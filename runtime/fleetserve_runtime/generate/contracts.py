@@ -44,6 +44,21 @@ class SamplingParams:
     """Strings that end the output; they are cut from the text."""
     ignore_eos: bool = False
     """Keep generating past end-of-sequence tokens (benchmarks ask for exact lengths)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token generated so far (OpenAI's, -2..2)."""
+    frequency_penalty: float = 0.0
+    """Subtracted once per time a token was generated so far (OpenAI's, -2..2)."""
+    repetition_penalty: float = 1.0
+    """vLLM's: logits of tokens in the prompt or generated so far are divided by it when
+    positive and multiplied by it when negative; 1 leaves them."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits (OpenAI's, -100..100)."""
+    min_p: float = 0.0
+    """vLLM's: drop tokens less likely than `min_p` times the most likely one; 0 is off."""
+    min_tokens: int = 0
+    """vLLM's: end-of-sequence and `stop_token_ids` cannot be sampled before this many."""
+    stop_token_ids: tuple[int, ...] = ()
+    """vLLM's: token ids that end the output like end-of-sequence (not shown in the text)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.core.queueing import QueueBound, resolve_timeout
 from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.blocks import salt_root
-from fleetserve_runtime.generate.contracts import GenerationRequest
+from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
 from fleetserve_runtime.generate.metrics import GenerationMetrics
@@ -147,6 +147,7 @@ class GenerationEngine:
         if params.max_tokens is not None and params.max_tokens < 1:
             msg = f"max_tokens must be at least 1, got {params.max_tokens}"
             raise InvalidInput(msg)
+        self._check_token_ids(params)
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
         else:
@@ -185,7 +186,7 @@ class GenerationEngine:
             seq,
             stream,
             params,
-            RowSampling.of(params),
+            RowSampling.of(params, self._codec.eos_token_ids),
             self._codec.decoder(),
             StopMatcher(params.stop),
             max_tokens,
@@ -193,6 +194,18 @@ class GenerationEngine:
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)
         return stream
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """`InvalidInput` naming `logit_bias` or `stop_token_ids` for an id past the vocabulary."""
+        vocab = self._lm.vocab_size
+        for field, ids in (
+            ("logit_bias", [token for token, _ in params.logit_bias]),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            wrong = [token for token in ids if not 0 <= token < vocab]
+            if wrong:
+                msg = f"{field}: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
+                raise InvalidInput(msg, param=field)
 
     def _check_running(self) -> None:
         if not self.is_running:

@@ -270,7 +270,8 @@ class EngineCore:
         if rows:
             picked = logits if len(rows) == len(plan.chunks) else logits[rows]
             sampling = [self._requests[plan.chunks[n].seq.seq_id].sampling for n in rows]
-            for n, token in zip(rows, sample(picked, sampling), strict=True):
+            seqs = [plan.chunks[n].seq for n in rows]
+            for n, token in zip(rows, sample(picked, sampling, seqs), strict=True):
                 tokens[n] = token
         return tokens
 

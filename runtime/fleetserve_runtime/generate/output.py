@@ -2,7 +2,8 @@
 
 Runs on the engine's worker thread, after each step: the token is decoded to text
 (incrementally, so a character split over tokens is held back), the stop strings cut it,
-and the request finishes at an end-of-sequence token (unless ignored), a stop string,
+and the request finishes at an end-of-sequence token (unless ignored) or one of its
+`stop_token_ids` (neither shown in the text), a stop string,
 `max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
 metrics (time to first token, between tokens) are observed here, where each token lands.
 """
@@ -50,7 +51,9 @@ class OutputProcessor:
         request.generated += 1
         reason: FinishReason | None = None
         text = ""
-        if token in self._codec.eos_token_ids and not request.params.ignore_eos:
+        if (
+            token in self._codec.eos_token_ids and not request.params.ignore_eos
+        ) or token in request.params.stop_token_ids:
             reason = FinishReason.STOP
         else:
             request.pending_ids.append(token)

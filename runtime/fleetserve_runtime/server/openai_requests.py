@@ -4,13 +4,14 @@ A body is refused with a 400 (OpenAI's error shape, `param` naming the field) ra
 answered differently from what it asked, in two ways, both in `_refuse_unsupported`:
 
 - Keys no field here reads, at the top level, in `stream_options` or in a message, are named
-  (`unsupported parameter: 'min_tokens'`), sorted, the first `MAX_NAMED_KEYS` of them. This
+  (`unsupported parameter: 'guided_json'`), sorted, the first `MAX_NAMED_KEYS` of them. This
   is what OpenAI's API does with a parameter it does not know, and it matters because vLLM's
-  and SGLang's extensions (`min_tokens`, `repetition_penalty`, `min_p`, `stop_token_ids`,
-  `guided_json`, `chat_template_kwargs`, ...) would change the answer: a server that
-  ignored them would answer 200 with text computed differently.
-- Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
-  log-probabilities, tools, JSON mode, `echo`, `best_of`, `suffix`, `store`, a
+  and SGLang's extensions (`guided_json`, `chat_template_kwargs`,
+  `include_stop_str_in_output`, ...) would change the answer: a server that ignored them
+  would answer 200 with text computed differently. (vLLM's `repetition_penalty`, `min_p`,
+  `min_tokens` and `stop_token_ids` are implemented: `SamplingFields`.)
+- Fields of OpenAI's API this server does not implement (`n` > 1, log-probabilities,
+  tools, JSON mode, `echo`, `best_of`, `suffix`, `store`, a
   `service_tier` or `modalities` that asks for something) are refused when set to anything
   but their no-op value (`_NO_OP`).
 
@@ -90,9 +91,6 @@ class _OpenAIRequest(SamplingFields):
     """vLLM's extension: only requests with the same salt share prefix-cache blocks, so
     `cached_tokens` says nothing of what other parties sent (`GenerationRequest`)."""
     n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 class ChatMessageIn(BaseModel):
@@ -162,9 +160,6 @@ class CompletionRequest(_OpenAIRequest):
 _NO_OP: dict[str, tuple[object, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (False,),

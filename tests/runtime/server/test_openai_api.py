@@ -179,7 +179,21 @@ INVALID = [
     pytest.param({"stop": ""}, "stop", id="empty-stop"),
     pytest.param({"n": 2}, "n", id="n-2"),
     pytest.param({"logprobs": True}, "logprobs", id="logprobs"),
-    pytest.param({"presence_penalty": 0.5}, "presence_penalty", id="presence-penalty"),
+    pytest.param({"presence_penalty": 2.5}, "presence_penalty", id="presence-penalty-over-2"),
+    pytest.param({"frequency_penalty": -2.1}, "frequency_penalty", id="frequency-under-minus-2"),
+    pytest.param({"repetition_penalty": 0}, "repetition_penalty", id="repetition-penalty-zero"),
+    pytest.param({"min_p": 1.5}, "min_p", id="min-p-over-1"),
+    pytest.param({"min_tokens": -1}, "min_tokens", id="min-tokens-negative"),
+    pytest.param({"min_tokens": 9, "max_tokens": 8}, "min_tokens", id="min-tokens-over-max"),
+    pytest.param({"logit_bias": {"5": 101}}, "logit_bias.5", id="logit-bias-over-100"),
+    pytest.param({"logit_bias": {"x": 1}}, "logit_bias", id="logit-bias-not-an-id"),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", id="logit-bias-301"
+    ),
+    pytest.param({"logit_bias": {"99999": 1}}, "logit_bias", id="logit-bias-past-vocab"),
+    pytest.param({"stop_token_ids": [99999]}, "stop_token_ids", id="stop-token-past-vocab"),
+    pytest.param({"stop_token_ids": [1] * 65}, "stop_token_ids", id="65-stop-token-ids"),
+    pytest.param({"stop_token_ids": [-1]}, "stop_token_ids.0", id="stop-token-negative"),
     pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
     pytest.param({"store": True}, "store", id="store"),
     pytest.param({"service_tier": "flex"}, "service_tier", id="service-tier"),
@@ -211,10 +225,6 @@ async def test_invalid_requests_get_400_naming_the_field(
 
 
 VLLM_KEYS = [
-    pytest.param("min_tokens", 5, id="min_tokens"),
-    pytest.param("repetition_penalty", 1.2, id="repetition_penalty"),
-    pytest.param("min_p", 0.1, id="min_p"),
-    pytest.param("stop_token_ids", [2], id="stop_token_ids"),
     pytest.param("include_stop_str_in_output", True, id="include_stop_str_in_output"),
     pytest.param("continue_final_message", True, id="continue_final_message"),
     pytest.param("guided_json", {"type": "object"}, id="guided_json"),
@@ -247,7 +257,7 @@ async def test_unknown_keys_are_400_naming_them(key: str, value: Any) -> None:
 async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
     """Body keys sorted, then `stream_options`', then each message's; at most eight named."""
     several = chat(
-        min_p=0.1,
+        spaces_between_special_tokens=False,
         truncate_prompt_tokens=8,
         guided_json={},
         stream=True,
@@ -267,7 +277,8 @@ async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
     assert_refused(
         named,
         "guided_json",
-        "unsupported parameters: 'guided_json', 'min_p', 'truncate_prompt_tokens', "
+        "unsupported parameters: 'guided_json', 'spaces_between_special_tokens', "
+        "'truncate_prompt_tokens', "
         "'stream_options.continuous_usage_stats', 'messages[1].reasoning_content'",
     )
     shown = ", ".join(f"'key_{i:02}'" for i in range(8))

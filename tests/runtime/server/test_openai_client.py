@@ -144,11 +144,13 @@ def test_prompt_over_the_context_is_one_bad_request(server: str) -> None:
 
 
 def test_an_unknown_extra_body_key_is_a_bad_request(server: str) -> None:
-    """A `min_tokens` (vLLM's) sent through `extra_body` is refused by name, not ignored."""
+    """A `guided_json` (vLLM's) sent through `extra_body` is refused by name, not ignored."""
     with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
-        api.chat.completions.create(model="test", messages=MESSAGES, extra_body={"min_tokens": 5})
-    assert caught.value.param == "min_tokens"
-    assert "unsupported parameter: 'min_tokens'" in caught.value.message
+        api.chat.completions.create(
+            model="test", messages=MESSAGES, extra_body={"guided_json": {"type": "object"}}
+        )
+    assert caught.value.param == "guided_json"
+    assert "unsupported parameter: 'guided_json'" in caught.value.message
 
 
 def test_a_cache_salt_keeps_prefix_cache_hits_among_its_own_requests(server: str) -> None:
