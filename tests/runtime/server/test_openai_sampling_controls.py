@@ -1,0 +1,158 @@
+"""The sampling controls over HTTP with the official `openai` client, whole and streamed.
+
+The synthetic model gives its chosen token a logit of 30 and every other token 0, so a
+`logit_bias` of 35 on "in" (id 20) and 34 on "wind" (id 21) leaves those two in charge (for
+this prompt the model's own choice is never either of them) and the penalties decide
+between them, predictably:
+
+- none: "in" every time (35 > 34);
+- `presence_penalty` 2: "in", then "wind" (33 < 34), then "in" for good (33 > 32);
+- `frequency_penalty` 2: they alternate, each use costing 2;
+- `repetition_penalty` 1.1: "in", "wind" (35/1.1 < 34), then "in" (31.8 > 30.9).
+
+SmolLM2 checks that a penalty changes a real model's greedy answer, which repeats itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.runtime.server.test_openai_client import LLM, MESSAGES, client, running
+
+SMOLLM2_ARGS = ("--generation-max-context", "512", "--threads", "2")
+
+IN, WIND = "20", "21"
+STEER = {IN: 35, WIND: 34}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with running(LLM) as url:
+        yield url
+
+
+def ask(url: str, **body: Any) -> tuple[list[str], str, int]:
+    """Words, finish reason and completion tokens of one chat answer, whole and streamed alike.
+
+    Both ways must give the same answer; the streamed one asks for usage in the last chunk.
+    """
+    with client(url) as api:
+        whole = api.chat.completions.create(model="test", messages=MESSAGES, **body)
+        chunks = list(
+            api.chat.completions.create(
+                model="test",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+                **body,
+            )
+        )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    text = whole.choices[0].message.content or ""
+    assert whole.usage is not None
+    assert chunks[-1].usage is not None
+    assert streamed == text
+    assert reasons[-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    return text.split(), whole.choices[0].finish_reason, whole.usage.completion_tokens
+
+
+def test_logit_bias_steers_the_answer(server: str) -> None:
+    """A bias of 35 beats the model's own choice: "in" every time."""
+    words, reason, tokens = ask(server, temperature=0, max_tokens=4, logit_bias=STEER)
+    assert (words, reason, tokens) == (["in"] * 4, "length", 4)
+
+
+@pytest.mark.parametrize(
+    ("controls", "expected"),
+    [
+        pytest.param({"presence_penalty": 2}, "in wind in in", id="presence_penalty"),
+        pytest.param({"frequency_penalty": 2}, "in wind in wind", id="frequency_penalty"),
+        pytest.param(
+            {"extra_body": {"repetition_penalty": 1.1}},
+            "in wind in in",
+            id="repetition_penalty",
+        ),
+    ],
+)
+def test_penalties_change_the_greedy_answer(
+    server: str, controls: dict[str, Any], expected: str
+) -> None:
+    """Each penalty turns "in in in in" into what its arithmetic says."""
+    words, _, _ = ask(server, temperature=0, max_tokens=4, logit_bias=STEER, **controls)
+    assert " ".join(words) == expected
+
+
+def test_min_p_drops_the_unlikely_tokens(server: str) -> None:
+    """`min_p` 0.5 leaves only the likeliest tokens; without it (same seed) others come.
+
+    Biased to 31 each, "in" and "wind" are 0.42 likely, the model's own token 0.16.
+    """
+    body: dict[str, Any] = {"temperature": 1, "seed": 3, "max_tokens": 12}
+    body["logit_bias"] = {IN: 31, WIND: 31}
+    free, _, _ = ask(server, **body)
+    floored, _, _ = ask(server, **body, extra_body={"min_p": 0.5})
+    assert set(floored) <= {"in", "wind"}
+    assert not set(free) <= {"in", "wind"}
+
+
+def test_min_tokens_holds_back_the_end_of_sequence(server: str) -> None:
+    """The model ends after 12 tokens; `min_tokens` 15 masks its end until then."""
+    _, reason, tokens = ask(server, temperature=0, max_tokens=30)
+    assert (reason, tokens) == ("stop", 13)
+    _, _, held = ask(server, temperature=0, max_tokens=30, extra_body={"min_tokens": 15})
+    assert held >= 15
+
+
+def test_a_stop_token_id_ends_the_answer_unseen(server: str) -> None:
+    """Biased to be drawn first, stop token "in" ends the answer at once, not shown."""
+    words, reason, tokens = ask(
+        server,
+        temperature=0,
+        max_tokens=4,
+        logit_bias={IN: 100},
+        extra_body={"stop_token_ids": [int(IN)]},
+    )
+    assert (words, reason, tokens) == ([], "stop", 1)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        pytest.param({"logit_bias": {"99999": 1}}, "logit_bias", id="logit-bias-past-vocab"),
+        pytest.param({"presence_penalty": 3}, "presence_penalty", id="presence-over-2"),
+        pytest.param({"extra_body": {"min_p": 2}}, "min_p", id="min-p-over-1"),
+        pytest.param(
+            {"extra_body": {"stop_token_ids": [99999]}}, "stop_token_ids", id="stop-id-past-vocab"
+        ),
+    ],
+)
+def test_out_of_range_controls_are_bad_requests(
+    server: str, body: dict[str, Any], param: str
+) -> None:
+    """The client raises `BadRequestError` naming the key."""
+    with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="test", messages=MESSAGES, **body)
+    assert caught.value.param == param
+
+
+def test_smollm2_frequency_penalty_breaks_a_repetition() -> None:
+    """Greedy SmolLM2 asked to repeat a word repeats it; a frequency penalty of 2 stops it."""
+    with running("builtin://smollm2-135m", *SMOLLM2_ARGS, ready_s=180) as url:
+        body: dict[str, Any] = {"temperature": 0, "max_tokens": 24}
+        messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+            {"role": "user", "content": "Write the word cat twenty times."}
+        ]
+        with client(url) as api:
+            plain = api.chat.completions.create(model="test", messages=messages, **body)
+            penalised = api.chat.completions.create(
+                model="test", messages=messages, frequency_penalty=2, **body
+            )
+    text = plain.choices[0].message.content or ""
+    assert text.lower().count("cat") >= 5
+    assert (penalised.choices[0].message.content or "").lower().count("cat") < 5
