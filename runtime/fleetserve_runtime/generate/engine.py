@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
@@ -194,6 +194,26 @@ class GenerationEngine:
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)
         return stream
+
+    # -- tokenizer routes --------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of the model are 0 to `vocab_size - 1`."""
+        return self._lm.vocab_size
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        """The token ids `submit` would compute for the request's prompt, under its bounds."""
+        return self._prompts.tokenise(request)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, special tokens skipped (`tokens`: ids in the vocabulary)."""
+        vocab = self._lm.vocab_size
+        wrong = [token for token in token_ids if not 0 <= token < vocab]
+        if wrong:
+            msg = f"tokens: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
+            raise InvalidInput(msg, param="tokens")
+        return self._codec.decode(token_ids)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         """`InvalidInput` naming `logit_bias` or `stop_token_ids` for an id past the vocabulary."""

@@ -101,10 +101,17 @@ __all__ = [
 ]
 
 OPENAI_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
 )
-"""OpenAI's routes (`/v1/embeddings` is `embeddings`'); `/v1/models/{id}` too (but not
-KServe's `/v1/models/{name}:predict`)."""
+"""OpenAI's routes (`/v1/embeddings` is `embeddings'`, vLLM's `/tokenize` and `/detokenize`
+`tokenize_routes'`); `/v1/models/{id}` too (but not KServe's `/v1/models/{name}:predict`)."""
 OWNER = "fleetserve"
 STREAM_RETRY_AFTER_S = 1.0
 """`Retry-After` of a stream refused at `generation.max_streams`: a slot frees whenever any
