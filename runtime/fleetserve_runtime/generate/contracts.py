@@ -74,6 +74,9 @@ class GenerationRequest:
     """Total time allowed (queue and generation); None takes the configured default."""
     version: str | None = None
     request_id: str | None = None
+    n: int = 1
+    """Choices to generate for the one prompt (OpenAI's `n`): sequences that share the
+    prompt's KV blocks through the prefix cache, their events told apart by `index`."""
     cache_salt: str | None = None
     """Prefix-cache isolation: cached KV blocks are shared only between requests with the
     same salt (None is a salt of its own), so a caller cannot learn from `cached_tokens`
@@ -110,14 +113,21 @@ class TokenEvent:
 
     text: str
     token_ids: tuple[int, ...] = field(default=())
+    index: int = 0
+    """Which choice of an `n` > 1 request it belongs to."""
 
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
-    """The last event of a successful generation."""
+    """The end of one choice; the last of them ends a successful generation."""
 
     reason: FinishReason
     usage: Usage
+    """The request's counts so far: the prompt once, the completion tokens of every choice
+    that finished (all of them on the `final` event)."""
+    index: int = 0
+    final: bool = True
+    """No choice is left: the generation is over."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
@@ -32,7 +33,7 @@ from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS, PromptProcessor, prompt_chars
-from fleetserve_runtime.generate.request import EngineRequest
+from fleetserve_runtime.generate.request import Choices, EngineRequest
 from fleetserve_runtime.generate.sampling import RowSampling
 from fleetserve_runtime.generate.sequence import Seq
 from fleetserve_runtime.generate.stops import StopMatcher
@@ -168,29 +169,39 @@ class GenerationEngine:
         # Again: others may have queued while a long prompt was tokenised.
         self._queue.check(self._core.num_waiting)
         tenant = CURRENT_TENANT.get()
-        seq = Seq(
-            next(self._ids),
-            list(prompt),
-            len(prompt),
-            priority=request.priority,
-            arrived_at=self._clock(),
-            cache_root=salt_root(request.cache_salt, None if tenant is None else tenant.name),
-            tenant=tenant,
-            fair_cost=len(prompt) + max_tokens,
-        )
+        arrived_at = self._clock()
+        cache_root = salt_root(request.cache_salt, None if tenant is None else tenant.name)
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended
         )
         self._open_streams += 1
-        work = EngineRequest(
-            seq,
-            stream,
-            params,
-            RowSampling.of(params, self._codec.eos_token_ids),
-            self._codec.decoder(),
-            StopMatcher(params.stop),
-            max_tokens,
-        )
+        works: list[EngineRequest] = []
+        for index in range(max(request.n, 1)):
+            seq = Seq(
+                next(self._ids),
+                list(prompt),
+                len(prompt),
+                priority=request.priority,
+                arrived_at=arrived_at,
+                cache_root=cache_root,
+                tenant=tenant,
+                fair_cost=len(prompt) + max_tokens,
+            )
+            # vLLM's: a seeded request's choice i draws from seed + i, so they differ.
+            seed = None if params.seed is None else params.seed + index
+            sampling = RowSampling.of(replace(params, seed=seed), self._codec.eos_token_ids)
+            decoder = self._codec.decoder()
+            stops = StopMatcher(params.stop)
+            works.append(
+                EngineRequest(
+                    seq, stream, params, sampling, decoder, stops, max_tokens, index=index
+                )
+            )
+        work = works[0]
+        if len(works) > 1:
+            choices = Choices(members=works, pending=works[1:], remaining=len(works))
+            for member in works:
+                member.choices = choices
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)
         return stream

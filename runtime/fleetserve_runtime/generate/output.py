@@ -6,9 +6,13 @@ and the request finishes at an end-of-sequence token (unless ignored) or one of 
 `stop_token_ids` (neither shown in the text), a stop string,
 `max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
 metrics (time to first token, between tokens) are observed here, where each token lands.
+A choice of an `n` > 1 request tags its events with its index and counts its usage into
+the request's (`_as_choice`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from fleetserve_runtime.generate.contracts import (
     FinishEvent,
@@ -76,4 +80,30 @@ class OutputProcessor:
             seq = request.seq
             usage = Usage(seq.prompt_len, request.generated, seq.cached_tokens or 0)
             events.append(FinishEvent(reason, usage))
+        if request.choices is not None:
+            events = _as_choice(request, events)
         return events, reason is not None
+
+
+def _as_choice(request: EngineRequest, events: list[GenerationEvent]) -> list[GenerationEvent]:
+    """The events of one choice of an `n` > 1 request: its index, and the usage of all.
+
+    The prompt counts once (with the first choice's cached tokens); each finish adds its
+    completion tokens, and the last one is `final`.
+    """
+    choices = request.choices
+    assert choices is not None
+    tagged: list[GenerationEvent] = []
+    for event in events:
+        if isinstance(event, TokenEvent):
+            tagged.append(replace(event, index=request.index))
+        elif isinstance(event, FinishEvent):
+            choices.remaining -= 1
+            choices.completion_tokens += event.usage.completion_tokens
+            first = choices.members[0].seq
+            usage = Usage(first.prompt_len, choices.completion_tokens, first.cached_tokens or 0)
+            final = choices.remaining == 0
+            tagged.append(replace(event, usage=usage, index=request.index, final=final))
+        else:
+            tagged.append(event)
+    return tagged

@@ -218,24 +218,31 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
     model: str
     include_usage: bool
     terminator: bytes = DONE
+    choices: int = 1
+    """OpenAI's `n`: how many choices the answer has."""
     prompt_param: ClassVar[str]
     id_prefix: ClassVar[str]
 
     @classmethod
-    def answering(cls, model: str, stream_options: StreamOptions | None) -> Self:
+    def answering(cls, model: str, stream_options: StreamOptions | None, n: int = 1) -> Self:
         """The format of one request's answer: a new id, created now, usage as it asks."""
         return cls(
             id_=f"{cls.id_prefix}-{request_id()}",
             created=int(time.time()),
             model=model,
             include_usage=stream_options is not None and stream_options.include_usage,
+            choices=n,
         )
 
     @abstractmethod
     def _chunk(
-        self, delta: _Delta | None, reason: FinishReason | None = None, usage: Usage | None = None
+        self,
+        delta: _Delta | None,
+        reason: FinishReason | None = None,
+        usage: Usage | None = None,
+        index: int = 0,
     ) -> object:
-        """One chunk; `delta=None` gives the usage-only chunk (no choices)."""
+        """One chunk of choice `index`; `delta=None` gives the usage-only chunk (no choices)."""
 
     @abstractmethod
     def _no_text(self) -> _Delta:
@@ -245,14 +252,15 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
         """The finish reason with the usage; with `include_usage`, OpenAI's usage-only chunk.
 
         OpenAI sends usage only in that extra chunk (choices empty); without it, usage rides
-        on the finish chunk, so every stream's last chunk carries the counts.
+        on the finish chunk, so every stream's last chunk carries the counts. Of an `n` > 1
+        answer, only the last choice to finish (`final`) closes with the usage of all.
         """
+        ends = self._chunk(self._no_text(), finish.reason, index=finish.index)
+        if not finish.final:
+            return [ends]
         if self.include_usage:
-            return [
-                self._chunk(self._no_text(), finish.reason),
-                self._chunk(None, usage=finish.usage),
-            ]
-        return [self._chunk(self._no_text(), finish.reason, finish.usage)]
+            return [ends, self._chunk(None, usage=finish.usage)]
+        return [self._chunk(self._no_text(), finish.reason, finish.usage, index=finish.index)]
 
     def failure(self, error: Exception) -> Failure:
         """OpenAI's error shape; a too-long prompt names `prompt_param`."""
@@ -276,6 +284,7 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
         delta: dict[str, str] | None,
         reason: FinishReason | None = None,
         usage: Usage | None = None,
+        index: int = 0,
     ) -> ChatChunk:
         return chat_chunk(
             id_=self.id_,
@@ -285,28 +294,31 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
             reason=reason,
             usage=usage,
             null_usage=self.include_usage,
+            index=index,
         )
 
     def _no_text(self) -> dict[str, str]:
         return {}
 
     def opening(self) -> list[object]:
-        """The assistant's role, with empty content, as OpenAI starts a stream."""
-        return [self._chunk({"role": "assistant", "content": ""})]
+        """The assistant's role, with empty content, as OpenAI starts a stream (per choice)."""
+        return [
+            self._chunk({"role": "assistant", "content": ""}, index=index)
+            for index in range(self.choices)
+        ]
 
-    def delta(self, text: str) -> object:
+    def delta(self, text: str, index: int = 0) -> object:
         """A content delta."""
-        return self._chunk({"content": text})
+        return self._chunk({"content": text}, index=index)
 
-    def whole(self, text: str, finish: FinishEvent) -> ChatCompletion:
+    def whole(self, texts: list[str], finishes: list[FinishEvent]) -> ChatCompletion:
         """The non-streamed answer, with usage."""
         return chat_completion(
             id_=self.id_,
             created=self.created,
             model=self.model,
-            text=text,
-            reason=finish.reason,
-            usage=finish.usage,
+            choices=[(text, finish.reason) for text, finish in zip(texts, finishes, strict=True)],
+            usage=_final(finishes).usage,
         )
 
 
@@ -318,7 +330,11 @@ class CompletionFormat(_OpenAIFormat[str]):
     id_prefix = "cmpl"
 
     def _chunk(
-        self, delta: str | None, reason: FinishReason | None = None, usage: Usage | None = None
+        self,
+        delta: str | None,
+        reason: FinishReason | None = None,
+        usage: Usage | None = None,
+        index: int = 0,
     ) -> Completion:
         return completion_chunk(
             id_=self.id_,
@@ -328,6 +344,7 @@ class CompletionFormat(_OpenAIFormat[str]):
             reason=reason,
             usage=usage,
             null_usage=self.include_usage,
+            index=index,
         )
 
     def _no_text(self) -> str:
@@ -337,13 +354,21 @@ class CompletionFormat(_OpenAIFormat[str]):
         """Nothing: completions streams start with text."""
         return []
 
-    def delta(self, text: str) -> object:
+    def delta(self, text: str, index: int = 0) -> object:
         """A text delta."""
-        return self._chunk(text)
+        return self._chunk(text, index=index)
 
-    def whole(self, text: str, finish: FinishEvent) -> Completion:
+    def whole(self, texts: list[str], finishes: list[FinishEvent]) -> Completion:
         """The non-streamed answer, with usage."""
-        return self._chunk(text, finish.reason, finish.usage)
+        return completion_chunk(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            text=texts[0],
+            reason=finishes[0].reason,
+            usage=_final(finishes).usage,
+            more=[(text, f.reason) for text, f in zip(texts[1:], finishes[1:], strict=True)],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,21 +397,26 @@ class GenerateFormat:
         """Nothing: the stream starts with text."""
         return []
 
-    def delta(self, text: str) -> object:
-        """A text delta."""
+    def delta(self, text: str, index: int = 0) -> object:
+        """A text delta (OIP generate has one choice)."""
         return self._body(text)
 
     def closing(self, finish: FinishEvent) -> list[object]:
         """An empty last event with the finish reason and usage."""
         return [self._body("", finish)]
 
-    def whole(self, text: str, finish: FinishEvent) -> GenerateResponse:
-        """The non-streamed answer."""
-        return self._body(text, finish)
+    def whole(self, texts: list[str], finishes: list[FinishEvent]) -> GenerateResponse:
+        """The non-streamed answer (of its one choice)."""
+        return self._body(texts[0], finishes[0])
 
     def failure(self, error: Exception) -> Failure:
         """The runtime's error shape."""
         return oip_failure(error)
+
+
+def _final(finishes: list[FinishEvent]) -> FinishEvent:
+    """The finish of the choice that ended last: its usage counts every choice."""
+    return next((finish for finish in finishes if finish.final), finishes[-1])
 
 
 def _check_token_ids(data: object, context_length: int) -> None:
@@ -499,7 +529,7 @@ class _Routes:
             generation = chat_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = ChatFormat.answering(body.model, body.stream_options)
+            fmt = ChatFormat.answering(body.model, body.stream_options, generation.n)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, ChatFormat.failure_of)
@@ -513,7 +543,7 @@ class _Routes:
             generation = completion_generation(
                 body, controls=self.controls(request), limits=self.host.generation
             )
-            fmt = CompletionFormat.answering(body.model, body.stream_options)
+            fmt = CompletionFormat.answering(body.model, body.stream_options, generation.n)
             return generation, fmt, body.stream
 
         return await self.answer(None, admit, CompletionFormat.failure_of)

@@ -6,6 +6,7 @@ validation. `openai_error` is OpenAI's error shape.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 from fleetserve_runtime.generate.contracts import FinishReason, Usage
@@ -126,22 +127,26 @@ class ErrorBody(TypedDict):
 
 
 def chat_completion(
-    *, id_: str, created: int, model: str, text: str, reason: FinishReason, usage: Usage
+    *,
+    id_: str,
+    created: int,
+    model: str,
+    choices: Sequence[tuple[str, FinishReason]],
+    usage: Usage,
 ) -> ChatCompletion:
-    """The body of a non-streamed chat completion."""
-    message: AssistantMessage = {"role": "assistant", "content": text}
-    choice: ChatChoice = {
-        "index": 0,
-        "message": message,
-        "logprobs": None,
-        "finish_reason": reason.value,
-    }
+    """The body of a non-streamed chat completion: one choice per (text, reason), by index."""
+    listed: list[ChatChoice] = []
+    for index, (text, reason) in enumerate(choices):
+        message: AssistantMessage = {"role": "assistant", "content": text}
+        listed.append(
+            {"index": index, "message": message, "logprobs": None, "finish_reason": reason.value}
+        )
     return {
         "id": id_,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": listed,
         "usage": usage_body(usage),
     }
 
@@ -173,6 +178,7 @@ def chat_chunk(
     reason: FinishReason | None = None,
     usage: Usage | None = None,
     null_usage: bool = False,
+    index: int = 0,
 ) -> ChatChunk:
     """One stream chunk; `delta=None` gives the usage-only chunk (no choices).
 
@@ -189,7 +195,13 @@ def chat_chunk(
     }
     if delta is not None:
         finish = _finish_reason(reason)
-        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choice: ChatChunkChoice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        chunk["choices"] = [choice]
     return chunk
 
 
@@ -202,10 +214,13 @@ def completion_chunk(
     reason: FinishReason | None = None,
     usage: Usage | None = None,
     null_usage: bool = False,
+    index: int = 0,
+    more: Sequence[tuple[str, FinishReason]] = (),
 ) -> Completion:
     """One `text_completion` (a stream chunk, or the whole answer); `text=None`: usage only.
 
-    `null_usage` as `chat_chunk`'s.
+    `null_usage` as `chat_chunk`'s; `more` are the whole answer's further choices (`n` > 1),
+    indexed after this one.
     """
     body: Completion = {
         "id": id_,
@@ -217,7 +232,15 @@ def completion_chunk(
     }
     if text is not None:
         finish = _finish_reason(reason)
-        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        body["choices"] = [
+            {"index": index, "text": text, "logprobs": None, "finish_reason": finish},
+            *(
+                CompletionChoice(
+                    index=index + 1 + n, text=other, logprobs=None, finish_reason=why.value
+                )
+                for n, (other, why) in enumerate(more)
+            ),
+        ]
     return body
 
 

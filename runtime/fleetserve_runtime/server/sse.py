@@ -6,8 +6,9 @@ one API (OpenAI chat, OpenAI completions, OIP generate) writes the events. Its r
 - The status is decided by the first event: an error raised before it (the deadline passed
   in the queue, the server stops) is answered as a plain JSON error with its own status.
   Only then does a stream begin (`200`, `text/event-stream`).
-- Each text delta is one `data: {json}` event. A stream ends with the format's closing
-  events (finish reason, usage) or, when generation fails midway, with one error event;
+- Each text delta is one `data: {json}` event (of choice `index`, for `n` > 1). Each choice
+  ends with the format's closing events (finish reason), the stream with the `final`
+  choice's (and the usage), or, when generation fails midway, with one error event;
   then the format's terminator (`data: [DONE]` for OpenAI) and the end of the body.
 - The client hanging up is noticed while waiting for any event (the ASGI `http.disconnect`
   message, watched alongside), not only at the next write: the generation is closed at
@@ -97,16 +98,16 @@ class Format(Protocol):
         """Events before the first text (OpenAI chat: the assistant's role)."""
         ...
 
-    def delta(self, text: str) -> object:
-        """The event of a text delta."""
+    def delta(self, text: str, index: int = 0) -> object:
+        """The event of a text delta of choice `index`."""
         ...
 
     def closing(self, finish: FinishEvent) -> list[object]:
-        """Events after the last text: finish reason, usage."""
+        """Events after a choice's last text: its finish reason; usage on the `final` one."""
         ...
 
-    def whole(self, text: str, finish: FinishEvent) -> object:
-        """The body of a generation answered at once (`stream: false`)."""
+    def whole(self, texts: list[str], finishes: list[FinishEvent]) -> object:
+        """The body of a generation answered at once (`stream: false`), choice by choice."""
         ...
 
     def failure(self, error: Exception) -> Failure:
@@ -220,13 +221,20 @@ class GenerationResponse(Response):
             self.on_done(code)
 
     async def _whole(self, send: Send) -> int:
-        texts: list[str] = []
+        texts: dict[int, list[str]] = {}
+        finishes: dict[int, FinishEvent] = {}
         try:
             async for event in self.stream:
                 if isinstance(event, TokenEvent):
-                    texts.append(event.text)
+                    texts.setdefault(event.index, []).append(event.text)
                 elif isinstance(event, FinishEvent):
-                    await _send_json(send, 200, self.fmt.whole("".join(texts), event), {})
+                    finishes[event.index] = event
+                    if not event.final:
+                        continue
+                    order = sorted(finishes)
+                    joined = ["".join(texts.get(index, [])) for index in order]
+                    body = self.fmt.whole(joined, [finishes[index] for index in order])
+                    await _send_json(send, 200, body, {})
                     return 200
                 else:
                     return await self._fail(send, event.error)
@@ -309,10 +317,12 @@ class GenerationResponse(Response):
         """Add `event`'s SSE events to `chunks`; the status the stream ends with, if it ends."""
         if isinstance(event, TokenEvent):
             if event.text:
-                chunks.append(sse_event(self.fmt.delta(event.text)))
+                chunks.append(sse_event(self.fmt.delta(event.text, event.index)))
             return None
         if isinstance(event, FinishEvent):
             chunks.extend(sse_event(payload) for payload in self.fmt.closing(event))
+            if not event.final:
+                return None
             chunks.append(self.fmt.terminator)
             return 200
         failure = self.fmt.failure(event.error)

@@ -177,7 +177,10 @@ INVALID = [
     pytest.param({"seed": 2**64}, "seed", id="seed-over-int64"),
     pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
     pytest.param({"stop": ""}, "stop", id="empty-stop"),
-    pytest.param({"n": 2}, "n", id="n-2"),
+    pytest.param({"n": 17}, "n", id="n-17"),
+    pytest.param({"n": 0}, "n", id="n-0"),
+    pytest.param({"n": 16, "max_tokens": 300}, "n", id="n-times-max-tokens-over-the-limit"),
+    pytest.param({"n": 9}, "n", id="n-times-default-max-tokens-over-the-limit"),
     pytest.param({"logprobs": True}, "logprobs", id="logprobs"),
     pytest.param({"presence_penalty": 2.5}, "presence_penalty", id="presence-penalty-over-2"),
     pytest.param({"frequency_penalty": -2.1}, "frequency_penalty", id="frequency-under-minus-2"),
@@ -439,7 +442,7 @@ async def test_requests_are_counted_by_status() -> None:
     async with serve(LLM) as (client, _):
         await client.post(CHAT, json=chat())
         await client.post(CHAT, json=chat(stream=True))
-        await client.post(CHAT, json=chat(n=3))
+        await client.post(CHAT, json=chat(n=17))
         await client.post(CHAT, json={**chat(), "model": "other"})
         metrics = (await client.get("/metrics")).text
     assert metric_total(metrics, "fleetserve_requests_total", code="200") == 2
