@@ -10,21 +10,25 @@ between them, predictably:
 - `frequency_penalty` 2: they alternate, each use costing 2;
 - `repetition_penalty` 1.1: "in", "wind" (35/1.1 < 34), then "in" (31.8 > 30.9).
 
+`n` > 1: choices whole and streamed, told apart by `index`, sharing the prompt's blocks.
+
 SmolLM2 checks that a penalty changes a real model's greedy answer, which repeats itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.runtime.server.test_openai_client import LLM, MESSAGES, client, running
+from tests.runtime.server.test_openai_client import LLM, MESSAGES, client, metric, running
 
 SMOLLM2_ARGS = ("--generation-max-context", "512", "--threads", "2")
 
+BLOCK_SIZE = 16
+"""The server's KV block size (`generation.block_size`'s default)."""
 IN, WIND = "20", "21"
 STEER = {IN: 35, WIND: 34}
 
@@ -156,3 +160,94 @@ def test_smollm2_frequency_penalty_breaks_a_repetition() -> None:
     text = plain.choices[0].message.content or ""
     assert text.lower().count("cat") >= 5
     assert (penalised.choices[0].message.content or "").lower().count("cat") < 5
+
+
+def by_index(chunks: list[Any], text: Callable[[Any], str | None]) -> dict[int, str]:
+    """The streamed text of each choice, told apart by the chunks' `index`."""
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (text(choice) or "")
+    return texts
+
+
+def test_n_chat_choices_whole_and_streamed(server: str) -> None:
+    """Three seeded choices, told apart: their own texts, one finish each, usage of all."""
+    body: dict[str, Any] = {"temperature": 1, "seed": 5, "max_tokens": 4, "n": 3}
+    body["logit_bias"] = {IN: 30, WIND: 30}  # three equal tokens: the choices differ
+    with client(server) as api:
+        one = api.chat.completions.create(model="test", messages=MESSAGES, max_tokens=1)
+        whole = api.chat.completions.create(model="test", messages=MESSAGES, **body)
+        chunks = list(
+            api.chat.completions.create(
+                model="test",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+                **body,
+            )
+        )
+    assert [choice.index for choice in whole.choices] == [0, 1, 2]
+    texts = [choice.message.content for choice in whole.choices]
+    assert len(set(texts)) > 1
+    assert whole.usage is not None
+    assert one.usage is not None
+    assert whole.usage.prompt_tokens == one.usage.prompt_tokens
+    assert whole.usage.completion_tokens == 12
+    assert by_index(chunks, lambda c: c.delta.content) == dict(enumerate(texts))
+    roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+    assert roles == [0, 1, 2]
+    reasons = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert reasons == [0, 1, 2]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_n_completions_whole_and_streamed(server: str) -> None:
+    """The legacy API's choices, whole and streamed; a greedy n gives the same text twice."""
+    with client(server) as api:
+        whole = api.completions.create(
+            model="test", prompt="rivers run", max_tokens=3, temperature=0, n=2
+        )
+        chunks = list(
+            api.completions.create(
+                model="test", prompt="rivers run", max_tokens=3, temperature=0, n=2, stream=True
+            )
+        )
+    texts = [choice.text for choice in whole.choices]
+    assert [choice.index for choice in whole.choices] == [0, 1]
+    assert texts[0] == texts[1] != ""
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == 6
+    assert by_index(chunks, lambda c: c.text) == dict(enumerate(texts))
+
+
+def test_n_choices_share_the_prompt_blocks(server: str) -> None:
+    """The second choice takes the prompt's full blocks from the prefix cache.
+
+    The hits metric grows by them, while the request's own usage reports no cached prompt.
+    """
+    prompt = " ".join(f"w{i}" for i in range(40))
+    before = metric(server, "fleetserve_prefix_cache_hits_total")
+    with client(server) as api:
+        answer = api.completions.create(
+            model="test",
+            prompt=prompt,
+            max_tokens=2,
+            n=2,
+            extra_body={"cache_salt": "n-sharing"},
+        )
+    assert answer.usage is not None
+    shared = answer.usage.prompt_tokens // BLOCK_SIZE * BLOCK_SIZE
+    assert shared >= 2 * BLOCK_SIZE
+    assert metric(server, "fleetserve_prefix_cache_hits_total") - before == shared
+    details = answer.usage.prompt_tokens_details
+    assert details is not None
+    assert details.cached_tokens == 0
+
+
+def test_best_of_stays_refused(server: str) -> None:
+    """`best_of` asks for a ranking by log-probability, which this server does not do."""
+    with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(model="test", prompt="x", best_of=2, n=1)
+    assert caught.value.param == "best_of"
