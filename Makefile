@@ -13,7 +13,7 @@ BENCH_OPERATOR_FLAGS ?=
 BENCH_FETCH_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test demo bench-runtime bench-scheduler bench-generate bench-tenants \
-        bench-analysis bench-operator bench-fetch bench-peers peers-venvs peers-lock lock clean \
+        bench-analysis bench-operator bench-fetch bench-peers bench-semantic-cache peers-venvs peers-lock lock clean \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
         e2e-storage demo-runtime demo-generate mutate
 
@@ -262,6 +262,13 @@ bench-analysis: setup
 GENERATE_BENCH_FLAGS ?=
 bench-generate: setup
 	$(PY) -m bench.generate_bench $(GENERATE_BENCH_FLAGS)
+
+## bench-semantic-cache: SmolLM2 on a paraphrase workload, the semantic cache off vs on; hit
+##                       ratios, false-hit rate against the model's own greedy answers; last
+##                       line semantic_cache_speedup= (SEMANTIC_CACHE_BENCH_FLAGS="--groups 2")
+SEMANTIC_CACHE_BENCH_FLAGS ?=
+bench-semantic-cache: setup
+	$(PY) -m bench.semantic_cache_bench $(SEMANTIC_CACHE_BENCH_FLAGS)
 
 ## bench-peers: MiniLM on the runtime vs LitServe, Ray Serve, MLServer, BentoML, PyTriton and
 ##              plain FastAPI, 64 clients; last lines best_peer=, vs_best_peer=

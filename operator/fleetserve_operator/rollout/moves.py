@@ -214,24 +214,29 @@ def not_ready(t: Tick) -> Step:
     return roll_back(t, "CanaryNotReady", detail, phase=P.FAILED)
 
 
+def _fresh_interval(t: Tick, **fields: Any) -> dict[str, Any]:
+    """`with_rollout` for a new analysis interval (a step's, or the bake's), with `fields`.
+
+    The tests run on over the whole rollout; an interval's sample size starts afresh.
+    """
+    evidence = t.status.rollout.evidence
+    return with_rollout(
+        t.status,
+        interval_started_at=t.stamp,
+        failed_analyses=0,
+        inconclusive_analyses=0,
+        evidence=evidence and evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0}),
+        **fields,
+    )
+
+
 def at_step(t: Tick, index: int, reason: str) -> Step:
     """Hold step `index` for a fresh interval."""
     weight = t.spec.rollout.steps[index]
     message = f"step {index + 1}/{len(t.spec.rollout.steps)}: {weight}% to the canary"
-    evidence = t.status.rollout.evidence
     status = t.status.model_copy(
         update={"phase": P.PROGRESSING, "canary_weight": weight}
-        | with_rollout(
-            t.status,
-            step_index=index,
-            interval_started_at=t.stamp,
-            failed_analyses=0,
-            inconclusive_analyses=0,
-            # The tests run on over the whole rollout; a step's sample size starts afresh.
-            evidence=evidence
-            and evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0}),
-            message=message,
-        )
+        | _fresh_interval(t, step_index=index, message=message)
     )
     return Step(status, (new_event("Normal", reason, message),))
 
@@ -430,20 +435,10 @@ def start_bake(t: Tick) -> Step:
         f"baking version {t.status.canary_version} at 100% until {until} (bake {bake}); "
         f"version {standby} on hot standby at weight 0"
     )
-    evidence = t.status.rollout.evidence
     state = BakeStatus(since=t.stamp, until=until, standby_version=standby)
     status = t.status.model_copy(
         update={"phase": P.BAKING, "canary_weight": 100}
-        | with_rollout(
-            t.status,
-            bake=state,
-            interval_started_at=t.stamp,
-            failed_analyses=0,
-            inconclusive_analyses=0,
-            evidence=evidence
-            and evidence.model_copy(update={"step_samples": 0.0, "step_tokens": 0.0}),
-            message=message,
-        )
+        | _fresh_interval(t, bake=state, message=message)
     )
     return Step(status, (new_event("Normal", "Baking", message),))
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextvars
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -36,6 +38,7 @@ __all__ = [
     "RuntimeConfig",
     "TenantsConfig",
     "ShadowConfig",
+    "SemanticCacheConfig",
     "load_config",
 ]
 
@@ -93,6 +96,17 @@ def _at_least(name: str, value: float, floor_name: str, floor: float, *, why: st
     if value < floor:
         msg = f"{name} ({value}) must be >= {floor_name} ({floor})" + (f": {why}" if why else "")
         raise ValueError(msg)
+
+
+def _readable(path: Path | None, read: Callable[[Path], object], what: str) -> Path | None:
+    """`path` once `read` accepts it; a `ValueError` saying why not (start-up refuses it)."""
+    if path is not None:
+        try:
+            read(path)
+        except OSError as exc:
+            msg = f"cannot read {what} {path}: {exc.strerror}"
+            raise ValueError(msg) from None
+    return path
 
 
 class _Section(BaseModel):
@@ -267,6 +281,45 @@ class CacheConfig(_Section):
     """Most bytes of cached results."""
 
 
+class SemanticCacheConfig(_Section):
+    """Optional cache of greedy generations, by exact prompt then by embedding similarity.
+
+    Off when `max_entries` is 0; see docs/how-to/semantic-cache.md.
+    """
+
+    flag_prefix: ClassVar[str] = "semantic-cache-"
+
+    encoder: str | None = Field(None, min_length=1, max_length=2048)
+    """Encoder model URI that embeds prompts for the similarity search (e.g.
+    `builtin://minilm-l6`), run on the CPU beside the served model; required when on."""
+    min_similarity: float = Field(0.95, gt=0, le=1)
+    """Least cosine similarity of two prompts' embeddings for one to take the other's
+    cached answer; 1 answers only prompts of identical embeddings."""
+    max_entries: int = Field(0, ge=0)
+    """Most cached answers; 0 disables the semantic cache."""
+    max_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    """Most bytes of cached answers, their embeddings and keys."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the cache has room for any entry."""
+        return self.max_entries > 0 and self.max_bytes > 0
+
+    @model_validator(mode="after")
+    def _check_encoder(self) -> SemanticCacheConfig:
+        if self.enabled and self.encoder is None:
+            msg = (
+                "semantic_cache.encoder is required when semantic_cache.max_entries > 0: name "
+                "the encoder model that embeds prompts (e.g. builtin://minilm-l6)"
+            )
+            raise ValueError(msg)
+        return self
+
+
+_ENCODER_BUILTINS = frozenset({"minilm-l6", "synthetic"})
+"""Built-in models that embed text: a semantic cache of generations cannot serve them."""
+
+
 class HealthConfig(_Section):
     """When `/v2/health/live` fails, so that the kubelet restarts a wedged replica."""
 
@@ -324,13 +377,7 @@ class TenantsConfig(_Section):
     @field_validator("file")
     @classmethod
     def _check_file(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            try:
-                read_table(value)
-            except OSError as exc:
-                msg = f"cannot read tenants file {value}: {exc.strerror}"
-                raise ValueError(msg) from None
-        return value
+        return _readable(value, read_table, "tenants file")
 
     @model_validator(mode="after")
     def _check_header(self) -> TenantsConfig:
@@ -499,6 +546,7 @@ class RuntimeConfig(BaseSettings):
     queue: QueueConfig = QueueConfig()
     memory: MemoryConfig = MemoryConfig()
     cache: CacheConfig = CacheConfig()
+    semantic_cache: SemanticCacheConfig = SemanticCacheConfig()
     health: HealthConfig = HealthConfig()
     http: HttpConfig = HttpConfig()
     generation: GenerationConfig = GenerationConfig()
@@ -536,13 +584,7 @@ class RuntimeConfig(BaseSettings):
     @field_validator("auth_token_file", "admin_token_file", "priority_token_file")
     @classmethod
     def _check_token_file(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            try:
-                read_token(value)
-            except OSError as exc:
-                msg = f"cannot read token file {value}: {exc.strerror}"
-                raise ValueError(msg) from None
-        return value
+        return _readable(value, read_token, "token file")
 
     @model_validator(mode="after")
     def _check_tls(self) -> RuntimeConfig:
@@ -604,6 +646,23 @@ class RuntimeConfig(BaseSettings):
             "max_instances", self.max_instances,
             why="every instance has at least one value",
         )  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _check_semantic_cache(self) -> RuntimeConfig:
+        """Refuse the semantic cache where nothing generates: it caches generations only."""
+        if not self.semantic_cache.enabled:
+            return self
+        parsed = urlparse(self.model)
+        encoder = parsed.scheme == "builtin" and parsed.netloc in _ENCODER_BUILTINS
+        if self.task == "embed" or encoder:
+            msg = (
+                f"semantic_cache.max_entries ({self.semantic_cache.max_entries}) applies to "
+                f"generative models only, and {self.model!r} (task {self.task}) embeds text: "
+                "set semantic_cache.max_entries to 0 (the result cache, cache.max_entries, "
+                "serves encoders)"
+            )
+            raise ValueError(msg)
         return self
 
     @classmethod

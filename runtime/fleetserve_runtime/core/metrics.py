@@ -37,6 +37,7 @@ __all__ = [
     "SHADOW_ERROR_REASONS",
     "RuntimeMetrics",
     "ShadowMetrics",
+    "SemanticCacheOutcome",
     "StateSnapshot",
     "StreamLimit",
     "TenantMetrics",
@@ -57,6 +58,10 @@ RESERVED_DOC = "Bytes reserved: the CUDA caching allocator's, or allocated + poo
 StreamLimit = Literal["max_streams", "send_timeout", "buffer"]
 STREAM_LIMITS: tuple[StreamLimit, ...] = ("max_streams", "send_timeout", "buffer")
 """The limits `fleetserve_generation_stream_limits_total` counts, declared at 0."""
+SemanticCacheOutcome = Literal["exact_hit", "semantic_hit", "miss", "bypass"]
+"""What `fleetserve_semantic_cache_requests_total` counts: an exact repeat answered from the
+cache, a similar prompt answered from it, a cacheable request generated, and a request the
+cache may not answer (sampled), generated without a lookup."""
 STALLED_DOC = "1 while the running batch is past its stuck limit and liveness fails, else 0."
 
 # `_created` series double the scrape size and no query of ours reads them.
@@ -278,6 +283,12 @@ class RuntimeMetrics:
         )  # fmt: skip
         for limit in STREAM_LIMITS:
             self.stream_limits.labels(model, track, limit)
+        self.semantic_cache = Counter(
+            "fleetserve_semantic_cache_requests",
+            "OpenAI generation requests seen by the semantic cache, by outcome: exact_hit, "
+            "semantic_hit, miss (greedy, generated), bypass (sampled, never cached).",
+            [*LABELS, "outcome"], registry=reg,
+        )  # fmt: skip
         reg.register(StateCollector(snapshot, model, track))
         reg.register(LogDropsCollector())
         self.tenants = TenantMetrics(reg, model=model, track=track)
@@ -318,6 +329,10 @@ class RuntimeMetrics:
     def observe_stream_limit(self, limit: StreamLimit) -> None:
         """Count one stream refused or cut by `limit`."""
         self.stream_limits.labels(self._model, self._track, limit).inc()
+
+    def observe_semantic_cache(self, version: str, outcome: SemanticCacheOutcome) -> None:
+        """Count one generation request's semantic-cache outcome."""
+        self.semantic_cache.labels(*self.labels(version), outcome).inc()
 
     def _batch(self, version: str) -> _BatchSeries:
         series = self._batch_series.get(version)

@@ -19,7 +19,8 @@ registry, queue or engine); errors are answered by `responses`, bodies read by
 `listener_app` sends each connection to one of them by the local port it arrived on; the CLI
 runs one uvicorn server with a socket per listener, so both live in one process, one event
 loop and one lifespan. With `grpc_port` set, that lifespan also runs the OIP gRPC server
-(`grpc_api`) on the same loop, over the same runtime. Each token file is read through one
+(`grpc_api`) on the same loop, over the same runtime; with `semantic_cache` on, it loads the
+cache's encoder (`openai_cache`) before serving. Each token file is read through one
 `TokenFile`, which both protocols share.
 """
 
@@ -49,6 +50,7 @@ from fleetserve_runtime.server.middleware import (
     RequestContextMiddleware,
     TenantMiddleware,
 )
+from fleetserve_runtime.server.openai_cache import SemanticAnswers
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
 from fleetserve_runtime.server.shadow import Shadow, ShadowMirror
@@ -131,6 +133,15 @@ def create_apps(
         else None
     )
     shadow = Shadow(config.shadow) if config.shadow.url is not None else None
+    answers = (
+        SemanticAnswers(
+            config.semantic_cache,
+            model=config.name,
+            default_max_tokens=config.generation.default_max_tokens,
+        )
+        if config.semantic_cache.enabled
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -150,6 +161,8 @@ def create_apps(
         )
         stop_grpc = None
         try:
+            if answers is not None:
+                await answers.load()  # beside the model's load; a failure stops start-up
             if config.grpc_port is not None:
                 stop_grpc = await _serve_grpc(routes, config, auth_token, tenancy)
             yield
@@ -202,7 +215,7 @@ def create_apps(
     register_error_handlers(inference)
     register_health(inference, routes, server_version=__version__)
     register_inference(inference, routes)
-    register_generation(inference, routes)
+    register_generation(inference, routes, answers)
     register_embeddings(inference, routes)
     register_tokenize(inference, routes)
     admin = None

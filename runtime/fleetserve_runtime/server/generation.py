@@ -18,6 +18,10 @@ a 400 here (`GENERATION_STATUS_OF`); full queue 503 with `Retry-After`, deadline
 answer counts in `fleetserve_requests_total` like an inference request, under its final
 status (see `sse`).
 
+With `semantic_cache` on, chat and completions ask `openai_cache.SemanticAnswers` for their
+stream instead of the runtime (`_Routes.start`): a greedy request may be answered from an
+earlier one's answer, written by the same formats; the OIP generate routes never are.
+
 At most `generation.max_streams` streamed answers are open at once: one more is a 503 with
 `Retry-After` (`TooManyStreams`) before it reaches the engine. Per connection there is one:
 HTTP/1.1 answers a connection's requests in turn, and uvicorn starts a pipelined request
@@ -45,6 +49,7 @@ from fleetserve_runtime.core.errors import (
     TooManyStreams,
 )
 from fleetserve_runtime.core.json_limits import check_depth
+from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.contracts import (
     FinishEvent,
     FinishReason,
@@ -68,6 +73,7 @@ from fleetserve_runtime.server.oip_generate_schemas import (
     GenerateResponse,
     oip_generation,
 )
+from fleetserve_runtime.server.openai_cache import SemanticAnswers
 from fleetserve_runtime.server.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -89,7 +95,7 @@ from fleetserve_runtime.server.openai_responses import (
 from fleetserve_runtime.server.schemas import parse_json, validate_body
 from fleetserve_runtime.server.sse import DONE, Format, GenerationResponse, StreamLimits
 from fleetserve_runtime.serving.admission import Scheduling
-from fleetserve_runtime.serving.facade import ServingFacade
+from fleetserve_runtime.serving.facade import GenerationStream, ServingFacade
 
 __all__ = [
     "OPENAI_PATHS",
@@ -447,16 +453,26 @@ Admit = Callable[[], Awaitable[tuple[GenerationRequest, Format, bool]]]
 class _Routes:
     """The route bodies; `host` is the inference routes' side of them."""
 
-    def __init__(self, host: RouteHost) -> None:
+    def __init__(self, host: RouteHost, answers: SemanticAnswers | None) -> None:
         self.host = host
+        self.answers = answers
+        """The semantic cache of the OpenAI routes; None when it is off."""
         self.started_at = int(time.time())
         self.open_streams = 0
         """Streamed answers admitted and not over, against `generation.max_streams`."""
 
     async def answer(
-        self, version: str | None, admit: Admit, fail: Callable[[Exception], Failure]
+        self,
+        version: str | None,
+        admit: Admit,
+        fail: Callable[[Exception], Failure],
+        *,
+        cacheable: bool = False,
     ) -> Response:
-        """Admit the request and answer it; errors before admission are answered by `fail`."""
+        """Admit the request and answer it; errors before admission are answered by `fail`.
+
+        `cacheable`: the semantic cache, when on, may answer it (the OpenAI routes).
+        """
         started = time.perf_counter()
         streaming = False
         try:
@@ -464,7 +480,7 @@ class _Routes:
             if streaming:
                 self.open_stream()
             try:
-                stream = await self.host.rt.generate(generation)
+                stream = await self.start(generation, cacheable=cacheable)
             except BaseException:
                 if streaming:
                     self.open_streams -= 1
@@ -488,6 +504,18 @@ class _Routes:
             on_done=on_done,
             on_cut=self.host.rt.metrics.observe_stream_limit,
         )
+
+    async def start(self, generation: GenerationRequest, *, cacheable: bool) -> GenerationStream:
+        """The generation's stream: from the semantic cache where it may answer, else the engine.
+
+        The cache's entries are the request's tenant's (`CURRENT_TENANT`, set by the edge's
+        tenancy middleware); without a tenants table, the untenanted partition (None).
+        """
+        if cacheable and self.answers is not None:
+            tenant = CURRENT_TENANT.get()
+            name = None if tenant is None else tenant.name
+            return await self.answers.generate(self.host.rt, generation, tenant=name)
+        return await self.host.rt.generate(generation)
 
     def open_stream(self) -> None:
         """Count one more open stream; `TooManyStreams` at `generation.max_streams`."""
@@ -532,7 +560,7 @@ class _Routes:
             fmt = ChatFormat.answering(body.model, body.stream_options, generation.n)
             return generation, fmt, body.stream
 
-        return await self.answer(None, admit, ChatFormat.failure_of)
+        return await self.answer(None, admit, ChatFormat.failure_of, cacheable=True)
 
     async def completions(self, request: Request) -> Response:
         async def admit() -> tuple[GenerationRequest, Format, bool]:
@@ -546,7 +574,7 @@ class _Routes:
             fmt = CompletionFormat.answering(body.model, body.stream_options, generation.n)
             return generation, fmt, body.stream
 
-        return await self.answer(None, admit, CompletionFormat.failure_of)
+        return await self.answer(None, admit, CompletionFormat.failure_of, cacheable=True)
 
     async def generate(
         self, request: Request, name: str, version: str | None, *, streaming: bool
@@ -598,9 +626,11 @@ class _Routes:
         return json_response(cards[0])
 
 
-def register_generation(app: FastAPI, host: RouteHost) -> None:
-    """Mount the generation routes on `app`."""
-    routes = _Routes(host)
+def register_generation(
+    app: FastAPI, host: RouteHost, answers: SemanticAnswers | None = None
+) -> None:
+    """Mount the generation routes on `app`; `answers`: the OpenAI routes' semantic cache."""
+    routes = _Routes(host, answers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
