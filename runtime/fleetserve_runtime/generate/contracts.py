@@ -60,6 +60,22 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     """vLLM's: token ids that end the output like end-of-sequence (not shown in the text)."""
 
+    @property
+    def controls_logits(self) -> bool:
+        """A logits control is set: the answer is not the prompt's plain decoding.
+
+        The controls: the penalties, `logit_bias`, `min_p`, `min_tokens`, `stop_token_ids`.
+        """
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+            or self.min_p > 0.0
+            or self.min_tokens > 0
+            or bool(self.stop_token_ids)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:

@@ -5,9 +5,11 @@
 
 - A sampled request (temperature above 0) bypasses the cache: it is generated, never looked
   up or stored, and counted as `bypass`. Its answer is one draw among many; serving it again
-  would change the distribution the caller asked for. Every other field that could change
-  an answer (`n` > 1, log-probabilities, penalties, ...) is refused by `openai_requests`
-  before a request gets here, so greedy decoding is the whole condition.
+  would change the distribution the caller asked for. So does a greedy request with `n` > 1
+  (an answer here is one choice) or a logits control (penalties, `logit_bias`, `min_p`,
+  `min_tokens`, `stop_token_ids`: `SamplingParams.controls_logits`), whose answer is not the
+  plain greedy one. Other fields that could change an answer (log-probabilities, ...) are
+  refused by `openai_requests` before a request gets here.
 - A greedy request's prompt is tokenised and checked as the engine does it (the same
   refusals: a prompt that cannot fit is refused, hit or not), then looked up: an exact
   repeat first, then a similar prompt. The similarity compares the embedding of the prompt
@@ -188,7 +190,8 @@ class SemanticAnswers:
         handler, kv = loaded.generative, loaded.kv
         if handler is None or kv is None:
             return await rt.generate(request)  # refused: the version does not generate
-        if not is_greedy(request.sampling.temperature):
+        sampling = request.sampling
+        if not is_greedy(sampling.temperature) or request.n > 1 or sampling.controls_logits:
             rt.metrics.observe_semantic_cache(loaded.version, "bypass")
             return await rt.generate(request)
         prompts = self._processor(loaded, handler, kv)

@@ -189,3 +189,42 @@ async def test_sampled_requests_bypass(answers: SemanticAnswers) -> None:
     assert await text_of(answers, rt, sampled) == "answer 1"
     assert await text_of(answers, rt, sampled) == "answer 2"
     assert rt.metrics.outcomes == ["bypass", "bypass"]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(
+            GenerationRequest(SamplingParams(max_tokens=4, temperature=0), prompt=QUESTION, n=2),
+            id="n",
+        ),
+        pytest.param(
+            GenerationRequest(
+                SamplingParams(max_tokens=4, temperature=0, logit_bias=((3, 5.0),)),
+                prompt=QUESTION,
+            ),
+            id="logit_bias",
+        ),
+        pytest.param(
+            GenerationRequest(
+                SamplingParams(max_tokens=4, temperature=0, frequency_penalty=1.0),
+                prompt=QUESTION,
+            ),
+            id="penalty",
+        ),
+        pytest.param(
+            GenerationRequest(
+                SamplingParams(max_tokens=4, temperature=0, min_tokens=2), prompt=QUESTION
+            ),
+            id="min_tokens",
+        ),
+    ],
+)
+async def test_greedy_requests_with_choices_or_logits_controls_bypass(
+    answers: SemanticAnswers, request_: GenerationRequest
+) -> None:
+    """Their answers are not the plain greedy one: neither served from nor stored in it."""
+    rt = FakeRuntime(loaded(1))
+    assert await text_of(answers, rt, request_) == "answer 1"
+    assert await text_of(answers, rt, request_) == "answer 2"
+    assert rt.metrics.outcomes == ["bypass", "bypass"]
