@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -251,3 +252,18 @@ def test_best_of_stays_refused(server: str) -> None:
     with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
         api.completions.create(model="test", prompt="x", best_of=2, n=1)
     assert caught.value.param == "best_of"
+
+
+def test_oip_generate_takes_the_same_controls(server: str) -> None:
+    """The OIP generate `parameters` share the fields (and their bounds) with OpenAI's."""
+    url = f"{server}/v2/models/test/generate"
+    parameters: dict[str, Any] = {"temperature": 0, "max_tokens": 4, "logit_bias": STEER}
+    steered = httpx.post(url, json={"text_input": "x", "parameters": parameters}, timeout=20)
+    assert steered.status_code == 200
+    assert steered.json()["text_output"].split() == ["in"] * 4
+    parameters["frequency_penalty"] = 2
+    penalised = httpx.post(url, json={"text_input": "x", "parameters": parameters}, timeout=20)
+    assert penalised.json()["text_output"].split() == ["in", "wind", "in", "wind"]
+    parameters["min_p"] = 2
+    refused = httpx.post(url, json={"text_input": "x", "parameters": parameters}, timeout=20)
+    assert refused.status_code == 400
