@@ -56,6 +56,21 @@ class SamplingParams:
     echo: bool = False
     """The first event carries the prompt (`TokenEvent.prompt`); with it, `max_tokens` may
     be 0: the prompt (and its log-probabilities) alone, nothing generated."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token generated so far (OpenAI's, -2..2)."""
+    frequency_penalty: float = 0.0
+    """Subtracted once per time a token was generated so far (OpenAI's, -2..2)."""
+    repetition_penalty: float = 1.0
+    """vLLM's: logits of tokens in the prompt or generated so far are divided by it when
+    positive and multiplied by it when negative; 1 leaves them."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to those tokens' logits (OpenAI's, -100..100)."""
+    min_p: float = 0.0
+    """vLLM's: drop tokens less likely than `min_p` times the most likely one; 0 is off."""
+    min_tokens: int = 0
+    """vLLM's: end-of-sequence and `stop_token_ids` cannot be sampled before this many."""
+    stop_token_ids: tuple[int, ...] = ()
+    """vLLM's: token ids that end the output like end-of-sequence (not shown in the text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,9 @@ class GenerationRequest:
     """Total time allowed (queue and generation); None takes the configured default."""
     version: str | None = None
     request_id: str | None = None
+    n: int = 1
+    """Choices to generate for the one prompt (OpenAI's `n`): sequences that share the
+    prompt's KV blocks through the prefix cache, their events told apart by `index`."""
     cache_salt: str | None = None
     """Prefix-cache isolation: cached KV blocks are shared only between requests with the
     same salt (None is a salt of its own), so a caller cannot learn from `cached_tokens`
@@ -140,21 +158,28 @@ class TokenEvent:
     With `SamplingParams.logprobs`, `logprobs` has one entry per generated token behind the
     delta, as vLLM reports them: a stop string's tokens and a final end-of-sequence token
     included, though their text is not (so the last delta's text may be empty). With
-    `echo` or `prompt_logprobs`, the stream's first event carries the `prompt`.
+    `echo` or `prompt_logprobs`, each choice's first event carries the `prompt`.
     """
 
     text: str
     token_ids: tuple[int, ...] = field(default=())
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt: EchoedPrompt | None = None
+    index: int = 0
+    """Which choice of an `n` > 1 request it belongs to."""
 
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
-    """The last event of a successful generation."""
+    """The end of one choice; the last of them ends a successful generation."""
 
     reason: FinishReason
     usage: Usage
+    """The request's counts so far: the prompt once, the completion tokens of every choice
+    that finished (all of them on the `final` event)."""
+    index: int = 0
+    final: bool = True
+    """No choice is left: the generation is over."""
 
 
 @dataclass(frozen=True, slots=True)

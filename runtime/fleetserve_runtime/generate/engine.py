@@ -20,20 +20,21 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
 from fleetserve_runtime.core.queueing import QueueBound, resolve_timeout
 from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.blocks import salt_root
-from fleetserve_runtime.generate.contracts import GenerationRequest
+from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
 from fleetserve_runtime.generate.limits import EngineLimits
 from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS, PromptProcessor, prompt_chars
-from fleetserve_runtime.generate.request import EngineRequest
+from fleetserve_runtime.generate.request import Choices, EngineRequest
 from fleetserve_runtime.generate.sampling import RowSampling
 from fleetserve_runtime.generate.sequence import Seq
 from fleetserve_runtime.generate.stops import StopMatcher
@@ -158,6 +159,7 @@ class GenerationEngine:
             if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
                 msg = f"{name} must lie in 0..{MAX_TOP_LOGPROBS}, got {top}"
                 raise InvalidInput(msg)
+        self._check_token_ids(params)
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
         else:
@@ -178,34 +180,85 @@ class GenerationEngine:
         # Again: others may have queued while a long prompt was tokenised.
         self._queue.check(self._core.num_waiting)
         tenant = CURRENT_TENANT.get()
-        seq = Seq(
-            next(self._ids),
-            list(prompt),
-            len(prompt),
-            priority=request.priority,
-            arrived_at=self._clock(),
-            cache_root=salt_root(request.cache_salt, None if tenant is None else tenant.name),
-            tenant=tenant,
-            fair_cost=len(prompt) + max_tokens,
-            prompt_logits=params.prompt_logprobs is not None and len(prompt) > 1,
-        )
+        arrived_at = self._clock()
+        cache_root = salt_root(request.cache_salt, None if tenant is None else tenant.name)
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended
         )
         self._open_streams += 1
-        work = EngineRequest(
-            seq,
-            stream,
-            params,
-            RowSampling.of(params),
-            self._codec.decoder(),
-            StopMatcher(params.stop),
-            max_tokens,
-            prompt_logprobs=None if params.prompt_logprobs is None else [None],
-        )
+        works: list[EngineRequest] = []
+        for index in range(max(request.n, 1)):
+            # Of `n` > 1 choices the first alone computes the prompt's log-probabilities.
+            scores_prompt = index == 0 and params.prompt_logprobs is not None
+            seq = Seq(
+                next(self._ids),
+                list(prompt),
+                len(prompt),
+                priority=request.priority,
+                arrived_at=arrived_at,
+                cache_root=cache_root,
+                tenant=tenant,
+                fair_cost=len(prompt) + max_tokens,
+                prompt_logits=scores_prompt and len(prompt) > 1,
+            )
+            # vLLM's: a seeded request's choice i draws from seed + i, so they differ.
+            seed = None if params.seed is None else params.seed + index
+            sampling = RowSampling.of(replace(params, seed=seed), self._codec.eos_token_ids)
+            decoder = self._codec.decoder()
+            stops = StopMatcher(params.stop)
+            works.append(
+                EngineRequest(
+                    seq,
+                    stream,
+                    params,
+                    sampling,
+                    decoder,
+                    stops,
+                    max_tokens,
+                    prompt_logprobs=[None] if scores_prompt else None,
+                    index=index,
+                )
+            )
+        work = works[0]
+        if len(works) > 1:
+            choices = Choices(members=works, pending=works[1:], remaining=len(works))
+            for member in works:
+                member.choices = choices
         stream.watch(timeout_s, lambda: self._core.cancel(work))
         self._core.add(work)
         return stream
+
+    # -- tokenizer routes --------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of the model are 0 to `vocab_size - 1`."""
+        return self._lm.vocab_size
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        """The token ids `submit` would compute for the request's prompt, under its bounds."""
+        return self._prompts.tokenise(request)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, special tokens skipped (`tokens`: ids in the vocabulary)."""
+        vocab = self._lm.vocab_size
+        wrong = [token for token in token_ids if not 0 <= token < vocab]
+        if wrong:
+            msg = f"tokens: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
+            raise InvalidInput(msg, param="tokens")
+        return self._codec.decode(token_ids)
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """`InvalidInput` naming `logit_bias` or `stop_token_ids` for an id past the vocabulary."""
+        vocab = self._lm.vocab_size
+        for field, ids in (
+            ("logit_bias", [token for token, _ in params.logit_bias]),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            wrong = [token for token in ids if not 0 <= token < vocab]
+            if wrong:
+                msg = f"{field}: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
+                raise InvalidInput(msg, param=field)
 
     def _check_running(self) -> None:
         if not self.is_running:

@@ -3,7 +3,8 @@
 The event loop hands it new and cancelled requests (`add`, `cancel`, thread-safe); the
 worker takes them in at a step boundary, lets the `Scheduler` plan a step, runs
 `CausalLM.forward` on it, samples the sequences whose chunk reached their end, lets the
-`OutputProcessor` turn each new token into events, retires finished sequences at once, and
+`OutputProcessor` turn each new token into events, retires finished sequences at once (the
+other choices of an `n` > 1 request join once its first has sampled, `_release_choices`), and
 posts each step's events to the event loop in one hop. A model step that raises fails the
 sequences of that step, not the engine; output processing that raises for one sequence
 fails that sequence alone.
@@ -208,12 +209,7 @@ class EngineCore:
                 cancelled, self._cancelled = self._cancelled, []
             started = time.perf_counter()
             self._running = RunningBatch(started, self._pace.expected_s(0))
-            for request in inbox:
-                self._requests[request.seq_id] = request
-                self._scheduler.add(request.seq)
-            for request in cancelled:
-                if self._requests.pop(request.seq_id, None) is not None:
-                    self._scheduler.finish(request.seq)
+            self._take_in(inbox, cancelled)
             try:
                 tokens = self._step(started)
             except Exception:
@@ -229,6 +225,18 @@ class EngineCore:
             elif tokens == 0:
                 with self._wake:
                     self._wake.wait(IDLE_POLL_S)
+
+    def _take_in(self, inbox: list[EngineRequest], cancelled: list[EngineRequest]) -> None:
+        """New requests join the scheduler; cancelled ones (all their choices) leave it."""
+        for request in inbox:
+            self._requests[request.seq_id] = request
+            self._scheduler.add(request.seq)
+        for request in cancelled:
+            for member in _family(request):
+                if self._requests.pop(member.seq_id, None) is not None:
+                    self._scheduler.finish(member.seq)
+            if request.choices is not None:
+                request.choices.pending.clear()
 
     def _step(self, started: float) -> int | None:
         """Plan and run one step; the tokens it computed (0: nothing to run, None: it failed)."""
@@ -264,6 +272,7 @@ class EngineCore:
             request = self._requests[chunk.seq.seq_id]
             # A prompt-only request (`max_tokens` 0) drops what its last prefill sampled.
             generated += 1 if request.max_tokens else 0
+            self._release_choices(request)
             try:
                 events, finished = self._output.on_token(request, token, now, logprob)
                 if finished:
@@ -292,9 +301,14 @@ class EngineCore:
         picked = logits if len(rows) == len(plan.chunks) else logits[rows]
         requests = [self._requests[plan.chunks[n].seq.seq_id] for n in rows]
         asked = [i for i, request in enumerate(requests) if request.params.logprobs is not None]
-        # A copy of the raw rows, taken before sampling may transform the logits.
+        # A copy of the raw rows, taken before `sample` adjusts (penalties, logit_bias, ...)
+        # or scales them: the entries describe the model's distribution, not the sampler's.
         raw = picked[asked] if asked else None
-        sampled = sample(picked, [request.sampling for request in requests])
+        sampled = sample(
+            picked,
+            [request.sampling for request in requests],
+            [request.seq for request in requests],
+        )
         if raw is not None:
             entries = token_logprobs(
                 raw,
@@ -350,6 +364,22 @@ class EngineCore:
     def _token_text(self, token_id: int) -> str:
         return self._codec.decode([token_id])
 
+    def _release_choices(self, request: EngineRequest) -> None:
+        """Schedule the other choices of an `n` > 1 request once its first one sampled.
+
+        Its prompt's full blocks are computed and in the prefix cache by now (`commit`), so
+        they take references to them rather than computing the prompt again; its prompt
+        log-probabilities (when asked) are complete too, and they echo the same ones.
+        """
+        choices = request.choices
+        if choices is None or not choices.pending:
+            return
+        for child in choices.pending:
+            child.prompt_logprobs = request.prompt_logprobs
+            self._requests[child.seq_id] = child
+            self._scheduler.add(child.seq)
+        choices.pending.clear()
+
     def _retire(self, request: EngineRequest) -> None:
         del self._requests[request.seq_id]
         self._scheduler.finish(request.seq)
@@ -359,8 +389,16 @@ class EngineCore:
         ids = [request.stream.request_id for request in requests[:32]]
         log.exception(what, extra={"error_id": error_id, "request_ids": ids})
         error = BatchFailed(f"generation failed (error id {error_id})", error_id=error_id)
+        failed: dict[int, EngineRequest] = {}
         for request in requests:
-            self._retire(request)
+            # The choices of an `n` > 1 request share its stream, which the error ends.
+            for member in _family(request):
+                if self._requests.get(member.seq_id) is member:
+                    self._retire(member)
+            if request.choices is not None:
+                request.choices.pending.clear()
+            failed.setdefault(id(request.stream), request)
+        for request in failed.values():
             self._outbox.append((request.stream, [ErrorEvent(error)]))
 
     def _publish(self) -> None:
@@ -405,3 +443,8 @@ class EngineCore:
             prefix_cache_resumed_query_tokens=pool.resumed_query_tokens,
             steps=self._steps,
         )
+
+
+def _family(request: EngineRequest) -> list[EngineRequest]:
+    """Every sequence of `request`'s request: its choices when `n` > 1, else itself."""
+    return request.choices.members if request.choices is not None else [request]

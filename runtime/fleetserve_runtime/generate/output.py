@@ -2,15 +2,20 @@
 
 Runs on the engine's worker thread, after each step: the token is decoded to text
 (incrementally, so a character split over tokens is held back), the stop strings cut it,
-and the request finishes at an end-of-sequence token (unless ignored), a stop string,
+and the request finishes at an end-of-sequence token (unless ignored) or one of its
+`stop_token_ids` (neither shown in the text), a stop string,
 `max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
 metrics (time to first token, between tokens) are observed here, where each token lands.
 A token's log-probability entry (when asked) travels with the text delta of its token; the
 echoed prompt (`SamplingParams.echo`, `prompt_logprobs`) comes first, and with `max_tokens`
 0 it is the whole answer: the token sampled after the prompt is dropped.
+A choice of an `n` > 1 request tags its events with its index (its echoed prompt too: each
+choice echoes it, as vLLM does) and counts its usage into the request's (`_as_choice`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from fleetserve_runtime.generate.contracts import (
     EchoedPrompt,
@@ -57,7 +62,7 @@ class OutputProcessor:
         if request.max_tokens == 0:
             seq = request.seq
             usage = Usage(seq.prompt_len, 0, seq.cached_tokens or 0)
-            return [*events, FinishEvent(FinishReason.LENGTH, usage)], True
+            return _tagged(request, [*events, FinishEvent(FinishReason.LENGTH, usage)]), True
         metrics = self._metrics
         if request.last_token_at is None:
             metrics.time_to_first_token.observe(now - request.seq.arrived_at)
@@ -69,7 +74,9 @@ class OutputProcessor:
         text = ""
         if logprob is not None:
             request.pending_logprobs.append(logprob)
-        if token in self._codec.eos_token_ids and not request.params.ignore_eos:
+        if (
+            token in self._codec.eos_token_ids and not request.params.ignore_eos
+        ) or token in request.params.stop_token_ids:
             reason = FinishReason.STOP
         else:
             request.pending_ids.append(token)
@@ -93,7 +100,7 @@ class OutputProcessor:
             seq = request.seq
             usage = Usage(seq.prompt_len, request.generated, seq.cached_tokens or 0)
             events.append(FinishEvent(reason, usage))
-        return events, reason is not None
+        return _tagged(request, events), reason is not None
 
     def _echo(self, request: EngineRequest) -> list[GenerationEvent]:
         """The echoed prompt, once, before the first output: when asked, else nothing."""
@@ -111,3 +118,32 @@ class OutputProcessor:
             first_token=self._codec.decode(ids[:1]),
         )
         return [TokenEvent("", prompt=prompt)]
+
+
+def _tagged(request: EngineRequest, events: list[GenerationEvent]) -> list[GenerationEvent]:
+    """`events` as they go out: those of a choice of an `n` > 1 request via `_as_choice`."""
+    return events if request.choices is None else _as_choice(request, events)
+
+
+def _as_choice(request: EngineRequest, events: list[GenerationEvent]) -> list[GenerationEvent]:
+    """The events of one choice of an `n` > 1 request: its index, and the usage of all.
+
+    The prompt counts once (with the first choice's cached tokens); each finish adds its
+    completion tokens, and the last one is `final`.
+    """
+    choices = request.choices
+    assert choices is not None
+    tagged: list[GenerationEvent] = []
+    for event in events:
+        if isinstance(event, TokenEvent):
+            tagged.append(replace(event, index=request.index))
+        elif isinstance(event, FinishEvent):
+            choices.remaining -= 1
+            choices.completion_tokens += event.usage.completion_tokens
+            first = choices.members[0].seq
+            usage = Usage(first.prompt_len, choices.completion_tokens, first.cached_tokens or 0)
+            final = choices.remaining == 0
+            tagged.append(replace(event, usage=usage, index=request.index, final=final))
+        else:
+            tagged.append(event)
+    return tagged

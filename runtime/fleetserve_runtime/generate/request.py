@@ -16,7 +16,23 @@ from fleetserve_runtime.generate.stops import StopMatcher
 from fleetserve_runtime.generate.stream import GenerationStream
 from fleetserve_runtime.models.causal_lm import IncrementalDecoder
 
-__all__ = ["EngineRequest"]
+__all__ = ["Choices", "EngineRequest"]
+
+
+@dataclass(slots=True, eq=False)
+class Choices:
+    """The sequences of one `n` > 1 request, which share its stream.
+
+    Only the first is scheduled at once; the others wait in `pending` until its prompt is
+    computed, so that they find the prompt's full blocks in the prefix cache instead of
+    computing them again. Their events carry their `index`; the last one to finish sends
+    the `final` finish with the usage of all (the prompt counted once).
+    """
+
+    members: list[EngineRequest] = field(default_factory=list)
+    pending: list[EngineRequest] = field(default_factory=list)
+    remaining: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -42,9 +58,15 @@ class EngineRequest:
     final end-of-sequence token)."""
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """With `params.prompt_logprobs`: the prompt tokens' entries computed so far, None for
-    the first token; complete when it holds one per prompt token."""
+    the first token; complete when it holds one per prompt token. Of an `n` > 1 request's
+    choices only the first computes them; the others get its complete list when they join
+    (`EngineCore._release_choices`)."""
     prompt_sent: bool = False
     """The echoed prompt went out (`params.echo` or `prompt_logprobs`: the first event)."""
+    index: int = 0
+    """Its choice's index within its request (0 unless `n` > 1)."""
+    choices: Choices | None = None
+    """The request's other sequences when `n` > 1; None otherwise."""
 
     @property
     def seq_id(self) -> int:

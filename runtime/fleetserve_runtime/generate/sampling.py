@@ -1,6 +1,11 @@
 """Next-token choice from a step's logits: greedy, temperature, top-k, top-p, seeded.
 
-One call samples every row of a step at once. Greedy rows (temperature 0) take the argmax.
+One call samples every row of a step at once. Rows that set a logits control first have
+their logits adjusted (`adjust_logits`, batched over those rows alone, in vLLM's order and
+with its semantics): `logit_bias`, `min_tokens` (end-of-sequence and stop token ids masked
+until that many tokens), the repetition, frequency and presence penalties, then `min_p`.
+Rows that set none skip all of it: a batch without controls takes the same path as before
+them. Greedy rows (temperature 0) take the argmax.
 The others are scaled by their temperature, cut to their top-k and top-p (nucleus) sets and
 drawn by inverse transform sampling with one uniform number from the request's own
 `torch.Generator`: a request draws exactly one number per token from a generator nobody else
@@ -9,15 +14,31 @@ touches, so a seeded request gives the same output whatever else shares its step
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from fleetserve_runtime.generate.contracts import SamplingParams
 
-__all__ = ["RowSampling", "sample"]
+__all__ = ["RowSampling", "TokenHistory", "adjust_logits", "sample"]
+
+
+class TokenHistory(Protocol):
+    """A sequence's tokens so far (the prompt's, then the generated ones): what penalties see."""
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The prompt followed by the tokens generated so far."""
+        ...
+
+    @property
+    def prompt_len(self) -> int:
+        """How many of `tokens` are the prompt's."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -28,14 +49,36 @@ class RowSampling:
     top_k: int
     top_p: float
     generator: torch.Generator
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
+    min_tokens: int = 0
+    held_back: tuple[int, ...] = ()
+    """Token ids masked while fewer than `min_tokens` were generated: end-of-sequence
+    (unless ignored) and the stop token ids."""
 
     @classmethod
-    def of(cls, params: SamplingParams) -> RowSampling:
+    def of(cls, params: SamplingParams, eos_token_ids: Collection[int] = ()) -> RowSampling:
         """The sampling of a request; an unseeded one gets a random seed of its own."""
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         generator = torch.Generator()
         generator.manual_seed(seed)
-        return cls(params.temperature, params.top_k, params.top_p, generator)
+        eos = () if params.ignore_eos else tuple(sorted(eos_token_ids))
+        return cls(
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            generator,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logit_bias=params.logit_bias,
+            min_p=params.min_p,
+            min_tokens=params.min_tokens,
+            held_back=tuple(dict.fromkeys((*eos, *params.stop_token_ids))),
+        )
 
     @property
     def greedy(self) -> bool:
@@ -47,9 +90,44 @@ class RowSampling:
         """Top-k or top-p narrow the distribution (which needs the sorted probabilities)."""
         return self.top_k > 0 or self.top_p < 1.0
 
+    @property
+    def penalises(self) -> bool:
+        """A repetition, frequency or presence penalty is set (which needs the history)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
-def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> list[int]:
-    """One token id per row of `logits` `[len(rows), vocab]`, each as its `rows` entry says."""
+    @property
+    def adjusts(self) -> bool:
+        """Some logits control is set: the row goes through `adjust_logits`."""
+        return (
+            self.penalises
+            or bool(self.logit_bias)
+            or (self.min_tokens > 0 and bool(self.held_back))
+            or (self.min_p > 0.0 and not self.greedy)
+        )
+
+
+def sample(
+    logits: torch.Tensor,
+    rows: Sequence[RowSampling],
+    histories: Sequence[TokenHistory] | None = None,
+) -> list[int]:
+    """One token id per row of `logits` `[len(rows), vocab]`, each as its `rows` entry says.
+
+    `histories` (one per row) are the sequences' tokens so far, which penalties and
+    `min_tokens` need; None counts as no tokens yet.
+    """
+    adjusted = [n for n, row in enumerate(rows) if row.adjusts]
+    if adjusted:
+        seen: Sequence[TokenHistory] = histories or [_NoHistory()] * len(rows)
+        new_rows = adjust_logits(
+            logits[adjusted], [rows[n] for n in adjusted], [seen[n] for n in adjusted]
+        )
+        index = torch.tensor(adjusted, device=logits.device)
+        logits = logits.float().index_put((index,), new_rows)
     tokens = torch.argmax(logits, dim=-1)
     plain = [n for n, row in enumerate(rows) if not row.greedy and not row.cuts]
     cut = [n for n, row in enumerate(rows) if not row.greedy and row.cuts]
@@ -125,3 +203,86 @@ def _draw_sorted(scaled: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tens
     probs = torch.softmax(ordered, dim=-1)
     probs = probs.masked_fill(torch.cumsum(probs, dim=-1) - probs >= top_p, 0.0)
     return order.gather(-1, _pick(probs, uniforms)[:, None])[:, 0]
+
+
+@dataclass(frozen=True, slots=True)
+class _NoHistory:
+    """The history of a row sampled without one: nothing yet."""
+
+    tokens: tuple[int, ...] = ()
+    prompt_len: int = 0
+
+
+def adjust_logits(
+    logits: torch.Tensor, rows: Sequence[RowSampling], histories: Sequence[TokenHistory]
+) -> torch.Tensor:
+    """The logits `[len(rows), vocab]` after each row's controls, as new float32 rows.
+
+    In vLLM's order: `logit_bias` added; the `held_back` ids masked while fewer than
+    `min_tokens` were generated; the repetition penalty over the prompt's and the
+    generated tokens (a positive logit divided by it, a negative one multiplied); the
+    frequency penalty times each token's count among the generated tokens and the
+    presence penalty once per generated token subtracted; then, on rows that sample,
+    `min_p` drops every token whose probability at the row's temperature is below
+    `min_p` times the most likely one's. A control a row does not set leaves it as it is.
+    """
+    out = logits.to(torch.float32, copy=True)
+    vocab = out.shape[-1]
+    generated = [history.tokens[history.prompt_len :] for history in histories]
+    if any(row.logit_bias for row in rows):
+        pairs = [row.logit_bias for row in rows]
+        ids = _padded([[token for token, _ in bias] for bias in pairs], vocab, out.device)
+        values = _padded_values([[value for _, value in bias] for bias in pairs], ids)
+        out += _scatter(ids, values, vocab)
+    early = [
+        row.held_back if len(done) < row.min_tokens else ()
+        for row, done in zip(rows, generated, strict=True)
+    ]
+    if any(early):
+        ids = _padded([list(held) for held in early], vocab, out.device)
+        out.masked_fill_(_scatter(ids, torch.ones_like(ids, dtype=out.dtype), vocab) > 0, -math.inf)
+    if any(row.penalises for row in rows):
+        counts = _counts(generated, vocab, out.device)
+        if any(row.repetition_penalty != 1.0 for row in rows):
+            prompts = [history.tokens[: history.prompt_len] for history in histories]
+            seen = (counts > 0) | (_counts(prompts, vocab, out.device) > 0)
+            penalty = _column([row.repetition_penalty for row in rows], out)
+            out = torch.where(seen, torch.where(out > 0, out / penalty, out * penalty), out)
+        out -= _column([row.frequency_penalty for row in rows], out) * counts
+        out -= _column([row.presence_penalty for row in rows], out) * (counts > 0)
+    floors = [row.min_p if not row.greedy else 0.0 for row in rows]
+    if any(floors):
+        temperatures = _column([row.temperature if not row.greedy else 1.0 for row in rows], out)
+        # p / p_max >= min_p  <=>  logit >= max logit + temperature * log(min_p)
+        floor = out.amax(dim=-1, keepdim=True) + temperatures * torch.log(_column(floors, out))
+        out.masked_fill_(out < floor, -math.inf)
+    return out
+
+
+def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+
+
+def _padded(rows: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """Token ids `[len(rows), longest]`, short rows padded with `vocab` (a column past the end)."""
+    width = max((len(row) for row in rows), default=0)
+    padded = [[*row, *([vocab] * (width - len(row)))] for row in rows]
+    return torch.tensor(padded, dtype=torch.long, device=device).reshape(len(rows), width)
+
+
+def _padded_values(rows: Sequence[Sequence[float]], ids: torch.Tensor) -> torch.Tensor:
+    width = ids.shape[-1]
+    padded = [[*row, *([0.0] * (width - len(row)))] for row in rows]
+    return torch.tensor(padded, dtype=torch.float32, device=ids.device).reshape(ids.shape)
+
+
+def _scatter(ids: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[rows, vocab]` sums of `values` at `ids` (padding, at column `vocab`, dropped)."""
+    total = torch.zeros(ids.shape[0], vocab + 1, dtype=values.dtype, device=ids.device)
+    return total.scatter_add_(1, ids, values)[:, :vocab]
+
+
+def _counts(rows: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """How often each token id occurs in each row, `[len(rows), vocab]` float32."""
+    ids = _padded(rows, vocab, device)
+    return _scatter(ids, torch.ones(ids.shape, dtype=torch.float32, device=device), vocab)

@@ -15,7 +15,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from fleetserve_runtime.core.errors import DeadlineExceeded
-from fleetserve_runtime.generate.contracts import ErrorEvent, GenerationEvent, TokenEvent
+from fleetserve_runtime.generate.contracts import (
+    ErrorEvent,
+    FinishEvent,
+    GenerationEvent,
+    TokenEvent,
+)
 
 __all__ = ["Delivery", "GenerationStream", "deliver"]
 
@@ -79,12 +84,14 @@ class GenerationStream:
         self._events.clear()
 
     def push(self, events: Iterable[GenerationEvent]) -> None:
-        """Queue events (on the event loop); the stream ends at a finish or error event."""
+        """Queue events (on the event loop); it ends at the final finish or an error event."""
         if self._ended:
             return
         for event in events:
             self._events.append(event)
-            if not isinstance(event, TokenEvent):
+            if not isinstance(event, TokenEvent) and not (
+                isinstance(event, FinishEvent) and not event.final
+            ):
                 self._end()
                 break
         self._wake()

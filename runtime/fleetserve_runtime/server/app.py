@@ -54,6 +54,7 @@ from fleetserve_runtime.server.openai_cache import SemanticAnswers
 from fleetserve_runtime.server.repository_routes import register_repository
 from fleetserve_runtime.server.responses import register_error_handlers
 from fleetserve_runtime.server.shadow import Shadow, ShadowMirror
+from fleetserve_runtime.server.tokenize_routes import register_tokenize
 from fleetserve_runtime.serving.admission import Tenancy
 from fleetserve_runtime.serving.runtime import Runtime
 
@@ -216,6 +217,7 @@ def create_apps(
     register_inference(inference, routes)
     register_generation(inference, routes, answers)
     register_embeddings(inference, routes)
+    register_tokenize(inference, routes)
     admin = None
     if config.model_control == "explicit" and config.admin_token_file is not None:
         admin = FastAPI(

@@ -113,10 +113,17 @@ __all__ = [
 ]
 
 OPENAI_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
 )
-"""OpenAI's routes (`/v1/embeddings` is `embeddings`'); `/v1/models/{id}` too (but not
-KServe's `/v1/models/{name}:predict`)."""
+"""OpenAI's routes (`/v1/embeddings` is `embeddings'`, vLLM's `/tokenize` and `/detokenize`
+`tokenize_routes'`); `/v1/models/{id}` too (but not KServe's `/v1/models/{name}:predict`)."""
 OWNER = "fleetserve"
 STREAM_RETRY_AFTER_S = 1.0
 """`Retry-After` of a stream refused at `generation.max_streams`: a slot frees whenever any
@@ -223,24 +230,31 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
     model: str
     include_usage: bool
     terminator: bytes = DONE
+    choices: int = 1
+    """OpenAI's `n`: how many choices the answer has."""
     prompt_param: ClassVar[str]
     id_prefix: ClassVar[str]
 
     @classmethod
-    def answering(cls, model: str, stream_options: StreamOptions | None) -> Self:
+    def answering(cls, model: str, stream_options: StreamOptions | None, n: int = 1) -> Self:
         """The format of one request's answer: a new id, created now, usage as it asks."""
         return cls(
             id_=f"{cls.id_prefix}-{request_id()}",
             created=int(time.time()),
             model=model,
             include_usage=stream_options is not None and stream_options.include_usage,
+            choices=n,
         )
 
     @abstractmethod
     def _chunk(
-        self, delta: _Delta | None, reason: FinishReason | None = None, usage: Usage | None = None
+        self,
+        delta: _Delta | None,
+        reason: FinishReason | None = None,
+        usage: Usage | None = None,
+        index: int = 0,
     ) -> object:
-        """One chunk; `delta=None` gives the usage-only chunk (no choices)."""
+        """One chunk of choice `index`; `delta=None` gives the usage-only chunk (no choices)."""
 
     @abstractmethod
     def _no_text(self) -> _Delta:
@@ -250,14 +264,15 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
         """The finish reason with the usage; with `include_usage`, OpenAI's usage-only chunk.
 
         OpenAI sends usage only in that extra chunk (choices empty); without it, usage rides
-        on the finish chunk, so every stream's last chunk carries the counts.
+        on the finish chunk, so every stream's last chunk carries the counts. Of an `n` > 1
+        answer, only the last choice to finish (`final`) closes with the usage of all.
         """
+        ends = self._chunk(self._no_text(), finish.reason, index=finish.index)
+        if not finish.final:
+            return [ends]
         if self.include_usage:
-            return [
-                self._chunk(self._no_text(), finish.reason),
-                self._chunk(None, usage=finish.usage),
-            ]
-        return [self._chunk(self._no_text(), finish.reason, finish.usage)]
+            return [ends, self._chunk(None, usage=finish.usage)]
+        return [self._chunk(self._no_text(), finish.reason, finish.usage, index=finish.index)]
 
     def failure(self, error: Exception) -> Failure:
         """OpenAI's error shape; a too-long prompt names `prompt_param`."""
@@ -283,6 +298,7 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
         delta: dict[str, str] | None,
         reason: FinishReason | None = None,
         usage: Usage | None = None,
+        index: int = 0,
         logprobs: ChatLogprobs | None = None,
     ) -> ChatChunk:
         return chat_chunk(
@@ -294,35 +310,48 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
             usage=usage,
             null_usage=self.include_usage,
             logprobs=logprobs,
+            index=index,
         )
 
     def _no_text(self) -> dict[str, str]:
         return {}
 
     def opening(self) -> list[object]:
-        """The assistant's role, with empty content, as OpenAI starts a stream."""
-        return [self._chunk({"role": "assistant", "content": ""})]
+        """The assistant's role, with empty content, as OpenAI starts a stream (per choice)."""
+        return [
+            self._chunk({"role": "assistant", "content": ""}, index=index)
+            for index in range(self.choices)
+        ]
 
     def delta(self, event: TokenEvent) -> object | None:
-        """A content delta, with its tokens' log-probabilities when asked."""
+        """A content delta of choice `event.index`, with its tokens' log-probabilities if asked."""
         if not self.logprobs:
-            return self._chunk({"content": event.text}) if event.text else None
+            return self._chunk({"content": event.text}, index=event.index) if event.text else None
         if not (event.text or event.logprobs):
             return None
-        return self._chunk({"content": event.text}, logprobs=chat_logprobs(event.logprobs))
+        logprobs = chat_logprobs(event.logprobs)
+        return self._chunk({"content": event.text}, index=event.index, logprobs=logprobs)
 
-    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> ChatCompletion:
-        """The non-streamed answer, with usage (and log-probabilities when asked)."""
-        entries = [entry for event in events for entry in event.logprobs]
+    def whole(
+        self, choices: Sequence[Sequence[TokenEvent]], finishes: Sequence[FinishEvent]
+    ) -> ChatCompletion:
+        """The non-streamed answer, choice by choice, with usage (and logprobs when asked)."""
         return chat_completion(
             id_=self.id_,
             created=self.created,
             model=self.model,
-            text="".join(event.text for event in events),
-            reason=finish.reason,
-            usage=finish.usage,
-            logprobs=chat_logprobs(entries) if self.logprobs else None,
+            choices=[
+                ("".join(event.text for event in events), finish.reason, self._logprobs(events))
+                for events, finish in zip(choices, finishes, strict=True)
+            ],
+            usage=_final(finishes).usage,
         )
+
+    def _logprobs(self, events: Sequence[TokenEvent]) -> ChatLogprobs | None:
+        """One choice's `logprobs`: the entries of all its events; None unless asked."""
+        if not self.logprobs:
+            return None
+        return chat_logprobs([entry for event in events for entry in event.logprobs])
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,15 +365,16 @@ class CompletionFormat(_OpenAIFormat[str]):
     prompt_text: str | None = None
     """With `echo`, a text prompt as sent (OpenAI echoes it verbatim); None: the engine's
     decoding of the prompt's token ids."""
-    _offset: list[int] = field(default_factory=lambda: [0])
-    """Where the next streamed token starts in the choice's text (`text_offset`); a list,
-    the one thing a stream's format changes."""
+    _offsets: dict[int, int] = field(default_factory=dict)
+    """Where the next streamed token starts in each choice's text (`text_offset`), by
+    index: the one thing a stream's format changes."""
 
     def _chunk(
         self,
         delta: str | None,
         reason: FinishReason | None = None,
         usage: Usage | None = None,
+        index: int = 0,
         logprobs: CompletionLogprobs | None = None,
     ) -> Completion:
         return completion_chunk(
@@ -356,6 +386,7 @@ class CompletionFormat(_OpenAIFormat[str]):
             usage=usage,
             null_usage=self.include_usage,
             logprobs=logprobs,
+            index=index,
         )
 
     def _pieces(self, event: TokenEvent) -> tuple[str, list[tuple[str, TokenLogprob | None]]]:
@@ -378,18 +409,38 @@ class CompletionFormat(_OpenAIFormat[str]):
         return []
 
     def delta(self, event: TokenEvent) -> object | None:
-        """A text delta (the echoed prompt first), with log-probabilities when asked."""
+        """A text delta of choice `event.index` (echoed prompt first), logprobs when asked."""
         text, pairs = self._pieces(event)
         if not (text or (self.logprobs and pairs)):
             return None
         if not self.logprobs:
-            return self._chunk(text)
-        logprobs = completion_logprobs(pairs, self._offset[0])
-        self._offset[0] += sum(len(token) for token, _ in pairs)
-        return self._chunk(text, logprobs=logprobs)
+            return self._chunk(text, index=event.index)
+        offset = self._offsets.get(event.index, 0)
+        self._offsets[event.index] = offset + sum(len(token) for token, _ in pairs)
+        return self._chunk(text, index=event.index, logprobs=completion_logprobs(pairs, offset))
 
-    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> Completion:
-        """The non-streamed answer, with usage (and log-probabilities when asked)."""
+    def whole(
+        self, choices: Sequence[Sequence[TokenEvent]], finishes: Sequence[FinishEvent]
+    ) -> Completion:
+        """The non-streamed answer, choice by choice, with usage (and logprobs when asked)."""
+        (text, reason, logprobs), *more = [
+            self._answer(events, finish) for events, finish in zip(choices, finishes, strict=True)
+        ]
+        return completion_chunk(
+            id_=self.id_,
+            created=self.created,
+            model=self.model,
+            text=text,
+            reason=reason,
+            usage=_final(finishes).usage,
+            logprobs=logprobs,
+            more=more,
+        )
+
+    def _answer(
+        self, events: Sequence[TokenEvent], finish: FinishEvent
+    ) -> tuple[str, FinishReason, CompletionLogprobs | None]:
+        """One choice of the whole answer: its text, finish reason and `logprobs`."""
         texts: list[str] = []
         pairs: list[tuple[str, TokenLogprob | None]] = []
         for event in events:
@@ -397,7 +448,7 @@ class CompletionFormat(_OpenAIFormat[str]):
             texts.append(text)
             pairs.extend(more)
         logprobs = completion_logprobs(pairs, 0) if self.logprobs else None
-        return self._chunk("".join(texts), finish.reason, finish.usage, logprobs)
+        return "".join(texts), finish.reason, logprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,20 +478,27 @@ class GenerateFormat:
         return []
 
     def delta(self, event: TokenEvent) -> object | None:
-        """A text delta; None for an event without text."""
+        """A text delta (OIP generate has one choice); None for an event without text."""
         return self._body(event.text) if event.text else None
 
     def closing(self, finish: FinishEvent) -> list[object]:
         """An empty last event with the finish reason and usage."""
         return [self._body("", finish)]
 
-    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> GenerateResponse:
-        """The non-streamed answer."""
-        return self._body("".join(event.text for event in events), finish)
+    def whole(
+        self, choices: Sequence[Sequence[TokenEvent]], finishes: Sequence[FinishEvent]
+    ) -> GenerateResponse:
+        """The non-streamed answer (of its one choice)."""
+        return self._body("".join(event.text for event in choices[0]), finishes[0])
 
     def failure(self, error: Exception) -> Failure:
         """The runtime's error shape."""
         return oip_failure(error)
+
+
+def _final(finishes: Sequence[FinishEvent]) -> FinishEvent:
+    """The finish of the choice that ended last: its usage counts every choice."""
+    return next((finish for finish in finishes if finish.final), finishes[-1])
 
 
 def _check_token_ids(data: object, context_length: int) -> None:
@@ -576,7 +634,8 @@ class _Routes:
                 body, controls=self.controls(request), limits=self.host.generation
             )
             fmt = replace(
-                ChatFormat.answering(body.model, body.stream_options), logprobs=bool(body.logprobs)
+                ChatFormat.answering(body.model, body.stream_options, generation.n),
+                logprobs=bool(body.logprobs),
             )
             return generation, fmt, body.stream
 
@@ -592,7 +651,7 @@ class _Routes:
                 body, controls=self.controls(request), limits=self.host.generation
             )
             fmt = replace(
-                CompletionFormat.answering(body.model, body.stream_options),
+                CompletionFormat.answering(body.model, body.stream_options, generation.n),
                 logprobs=body.logprobs is not None,
                 prompt_text=generation.prompt if body.echo else None,
             )

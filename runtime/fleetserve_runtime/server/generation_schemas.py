@@ -2,7 +2,8 @@
 
 The generation bodies (`openai_requests` for OpenAI's API, `oip_generate_schemas` for the
 OIP generate extension) are pydantic models over `SamplingFields`, whose ranges
-(`temperature` in [0, 2], `top_p` in (0, 1], at most four `stop` strings) `decode_body`
+(`temperature` in [0, 2], `top_p` in (0, 1], at most four `stop` strings, the penalties,
+`logit_bias`, `min_p`, `min_tokens`, `stop_token_ids`) `decode_body`
 checks, refusing a bad body with a 400 naming the field before anything is tokenised.
 `sampling_params` turns them into the engine's `SamplingParams` under the server's limits
 (`generation.max_output_tokens`, `generation.allow_ignore_eos`); `usage_body` is the token
@@ -22,7 +23,9 @@ from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import SamplingParams, Usage
 
 __all__ = [
+    "MAX_LOGIT_BIAS",
     "MAX_STOPS",
+    "MAX_STOP_TOKEN_IDS",
     "MAX_STOP_CHARS",
     "MaxTokens",
     "RequestControls",
@@ -62,6 +65,33 @@ TokenId = Annotated[int, Field(ge=0, strict=True)]
 """Strict: `true` or `1.0` is no token id (lax parsing would read them as 1)."""
 
 
+MAX_LOGIT_BIAS = 300
+"""Most entries of `logit_bias`, as OpenAI allows."""
+MAX_STOP_TOKEN_IDS = 64
+"""Most `stop_token_ids`."""
+
+
+def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
+    if len(value) > MAX_LOGIT_BIAS:
+        msg = f"at most {MAX_LOGIT_BIAS} logit_bias entries are allowed, got {len(value)}"
+        raise ValueError(msg)
+    for key in value:
+        if not (key.isascii() and key.isdigit() and len(key) <= 12):
+            msg = f"logit_bias keys must be token ids, got {key[:40]!r}"
+            raise ValueError(msg)
+    return value
+
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+"""OpenAI's presence and frequency penalties."""
+RepetitionPenalty = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
+LogitBias = Annotated[
+    dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]], AfterValidator(_check_logit_bias)
+]
+"""Token id (as a string, OpenAI's spelling) to a bias added to its logit."""
+
+
 class SamplingFields(BaseModel):
     """How to decode, as every generation API spells it; None takes OpenAI's default."""
 
@@ -72,6 +102,14 @@ class SamplingFields(BaseModel):
     stop: Stop | None = None
     ignore_eos: bool = False
     """Not OpenAI's (vLLM's extension): generate exactly `max_tokens`, as benchmarks do."""
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    """vLLM's extension, as are `min_p`, `min_tokens` and `stop_token_ids`."""
+    min_p: MinP | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +145,13 @@ def sampling_params(
     if fields.ignore_eos and not limits.allow_ignore_eos:
         msg = f"{prefix}ignore_eos is not allowed on this server (generation.allow_ignore_eos)"
         raise InvalidInput(msg, param=prefix + "ignore_eos")
+    min_tokens = fields.min_tokens or 0
+    if min_tokens > (limits.max_output_tokens if max_tokens is None else max_tokens):
+        bound = "max_tokens" if max_tokens is not None else "generation.max_output_tokens"
+        msg = f"{prefix}min_tokens {min_tokens} is over {bound}"
+        raise InvalidInput(msg, param=prefix + "min_tokens")
     stops = [fields.stop] if isinstance(fields.stop, str) else fields.stop or []
+    bias = fields.logit_bias or {}
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if fields.temperature is None else fields.temperature,
@@ -116,6 +160,13 @@ def sampling_params(
         seed=fields.seed,
         stop=tuple(stops),
         ignore_eos=fields.ignore_eos,
+        presence_penalty=fields.presence_penalty or 0.0,
+        frequency_penalty=fields.frequency_penalty or 0.0,
+        repetition_penalty=fields.repetition_penalty or 1.0,
+        logit_bias=tuple((int(token), value) for token, value in bias.items() if value),
+        min_p=fields.min_p or 0.0,
+        min_tokens=min_tokens,
+        stop_token_ids=tuple(fields.stop_token_ids or ()),
     )
 
 

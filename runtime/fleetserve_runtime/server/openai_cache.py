@@ -5,11 +5,13 @@
 
 - A sampled request (temperature above 0) bypasses the cache: it is generated, never looked
   up or stored, and counted as `bypass`. Its answer is one draw among many; serving it again
-  would change the distribution the caller asked for. So does a greedy request that sets any
-  other sampling field away from its default (log-probabilities, `echo`, penalties, ...):
-  the cached answer carries none of what it asks for. Only the fields the key holds
-  (`max_tokens`, stop strings, `ignore_eos`) and those greedy decoding ignores (`top_p`,
-  `top_k`, `seed`) may differ; a field added to `SamplingParams` later bypasses by itself.
+  would change the distribution the caller asked for. So does a greedy request with `n` > 1
+  (an answer here is one choice), and one that sets any other sampling field away from its
+  default (log-probabilities, `echo`, penalties, `logit_bias`, `min_p`, `min_tokens`,
+  `stop_token_ids`, ...): the cached answer carries none of what it asks for, or is not the
+  plain greedy one. Only the fields the key holds (`max_tokens`, stop strings, `ignore_eos`)
+  and those greedy decoding ignores (`top_p`, `top_k`, `seed`) may differ; a field added to
+  `SamplingParams` later bypasses by itself.
 - A greedy request's prompt is tokenised and checked as the engine does it (the same
   refusals: a prompt that cannot fit is refused, hit or not), then looked up: an exact
   repeat first, then a similar prompt. The similarity compares the embedding of the prompt
@@ -79,12 +81,17 @@ decoding ignores the rest (the temperature is checked on its own)."""
 _PLAIN = SamplingParams(max_tokens=None)
 
 
-def _plain_greedy(sampling: SamplingParams) -> bool:
-    """Whether a cached answer may stand for this request's: greedy, nothing else asked."""
-    return is_greedy(sampling.temperature) and all(
-        getattr(sampling, field.name) == getattr(_PLAIN, field.name)
-        for field in fields(sampling)
-        if field.name not in _KEYED_OR_IGNORED
+def _plain_greedy(request: GenerationRequest) -> bool:
+    """Whether a cached answer may stand for this request's: greedy, one choice, no more."""
+    sampling = request.sampling
+    return (
+        request.n <= 1
+        and is_greedy(sampling.temperature)
+        and all(
+            getattr(sampling, field.name) == getattr(_PLAIN, field.name)
+            for field in fields(sampling)
+            if field.name not in _KEYED_OR_IGNORED
+        )
     )
 
 
@@ -208,7 +215,7 @@ class SemanticAnswers:
         handler, kv = loaded.generative, loaded.kv
         if handler is None or kv is None:
             return await rt.generate(request)  # refused: the version does not generate
-        if not _plain_greedy(request.sampling):
+        if not _plain_greedy(request):
             rt.metrics.observe_semantic_cache(loaded.version, "bypass")
             return await rt.generate(request)
         prompts = self._processor(loaded, handler, kv)

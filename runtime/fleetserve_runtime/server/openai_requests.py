@@ -4,27 +4,32 @@ A body is refused with a 400 (OpenAI's error shape, `param` naming the field) ra
 answered differently from what it asked, in two ways, both in `_refuse_unsupported`:
 
 - Keys no field here reads, at the top level, in `stream_options` or in a message, are named
-  (`unsupported parameter: 'min_tokens'`), sorted, the first `MAX_NAMED_KEYS` of them. This
+  (`unsupported parameter: 'guided_json'`), sorted, the first `MAX_NAMED_KEYS` of them. This
   is what OpenAI's API does with a parameter it does not know, and it matters because vLLM's
-  and SGLang's extensions (`min_tokens`, `repetition_penalty`, `min_p`, `stop_token_ids`,
-  `guided_json`, `chat_template_kwargs`, ...) would change the answer: a server that
-  ignored them would answer 200 with text computed differently.
-- Fields of OpenAI's API this server does not implement (`n` > 1, penalties, `logit_bias`,
-  tools, JSON mode, `best_of`, `suffix`, `store`, a `service_tier` or `modalities` that
-  asks for something) are refused when set to anything but their no-op value (`_NO_OP`).
+  and SGLang's extensions (`guided_json`, `chat_template_kwargs`,
+  `include_stop_str_in_output`, ...) would change the answer: a server that ignored them
+  would answer 200 with text computed differently. (vLLM's `repetition_penalty`, `min_p`,
+  `min_tokens` and `stop_token_ids` are implemented: `SamplingFields`.)
+- Fields of OpenAI's API this server does not implement (tools, JSON mode, `best_of`,
+  `suffix`, `store`, a `service_tier` or `modalities` that asks for something) are refused
+  when set to anything but their no-op value (`_NO_OP`).
 
 Log-probabilities are implemented (`generate.logprobs`): chat's `logprobs` and
 `top_logprobs` (0..20; `top_logprobs` only with `logprobs: true`, as OpenAI requires), and
 completions' `logprobs` (0..5) and `echo` (the prompt, and its log-probabilities with
 `logprobs`, before the completion; with `echo`, `max_tokens` may be 0: the prompt alone, what
-lm-evaluation-harness scores with).
+lm-evaluation-harness scores with). With `n` > 1 each choice carries its own, and each
+echoes the prompt (as vLLM does).
 
 Accepted without being implemented, because they cannot change the answer: `user` and
 `safety_identifier` (an end-user id for the provider's abuse monitoring), chat's `metadata`
 (tags for stored completions, which are not kept here) and `parallel_tool_calls` (about
 tool calls, which are refused), and a message's `name` (not shown to the model: the chat
 templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`). vLLM's
-`cache_salt` is implemented: it isolates the request's prefix-cache blocks.
+`cache_salt` is implemented: it isolates the request's prefix-cache blocks. `n` (up to
+`MAX_CHOICES`, and `n` times `max_tokens` within `generation.max_output_tokens`) is too;
+`best_of` is refused. A greedy request with `n` > 1 is served, as vLLM serves it: its
+choices are the same text.
 `chat_generation` and `completion_generation` are the pure translation of a validated body
 to the engine's `GenerationRequest`. `unknown_keys` and `refuse_unknown` are the unknown-key
 check alone, which `embeddings` shares.
@@ -52,6 +57,7 @@ from fleetserve_runtime.server.generation_schemas import (
 )
 
 __all__ = [
+    "MAX_CHOICES",
     "MAX_MESSAGES",
     "MAX_NAMED_KEYS",
     "ChatCompletionRequest",
@@ -65,6 +71,8 @@ __all__ = [
 
 MAX_MESSAGES = 1024
 """Most messages in one chat request, and content parts in one message."""
+MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for."""
 MAX_NAMED_KEYS = 8
 """Most unsupported keys one refusal names; the rest are counted."""
 _MAX_KEY_CHARS = 64
@@ -99,10 +107,8 @@ class _OpenAIRequest(SamplingFields):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     """vLLM's extension: only requests with the same salt share prefix-cache blocks, so
     `cached_tokens` says nothing of what other parties sent (`GenerationRequest`)."""
-    n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    """Choices for the one prompt; they share its KV blocks (`GenerationRequest.n`)."""
 
 
 class ChatMessageIn(BaseModel):
@@ -175,11 +181,7 @@ class CompletionRequest(_OpenAIRequest):
 
 
 _NO_OP: dict[str, tuple[object, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -248,9 +250,25 @@ def _refuse_unsupported(body: _OpenAIRequest) -> None:
         ):
             shown = repr(value)[:60]
             msg = f"{name}={shown} is not supported by this server"
-            if name == "n":
-                msg = f"n={shown}: only one choice per request is supported (n must be 1)"
+            if name == "best_of":
+                msg = f"best_of={shown} is not supported by this server; n is"
             raise InvalidInput(msg, param=name)
+
+
+def _choices(body: _OpenAIRequest, max_tokens: int | None, limits: GenerationConfig) -> int:
+    """`n`, when its choices' output fits `generation.max_output_tokens` together.
+
+    An unset `max_tokens` counts as `generation.default_max_tokens`, what each may run to.
+    """
+    n = body.n or 1
+    each = max_tokens if max_tokens is not None else limits.default_max_tokens
+    if n > 1 and n * each > limits.max_output_tokens:
+        msg = (
+            f"n={n} choices of up to {each} tokens each is over this server's limit of "
+            f"{limits.max_output_tokens} output tokens (generation.max_output_tokens)"
+        )
+        raise InvalidInput(msg, param="n")
+    return n
 
 
 def _check_stream_options(body: _OpenAIRequest) -> None:
@@ -283,6 +301,7 @@ def chat_generation(
             sampling, (body.top_logprobs or 0) if body.logprobs else None, echo=False
         ),
         messages=messages,
+        n=_choices(body, max_tokens, limits),
         priority=controls.priority,
         timeout_s=controls.timeout_s,
         request_id=controls.request_id,
@@ -327,6 +346,7 @@ def completion_generation(
         sampling=sampling,
         prompt=text,
         prompt_token_ids=token_ids,
+        n=_choices(body, body.max_tokens, limits),
         priority=controls.priority,
         timeout_s=controls.timeout_s,
         request_id=controls.request_id,

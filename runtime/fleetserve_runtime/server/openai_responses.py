@@ -218,25 +218,27 @@ def chat_completion(
     id_: str,
     created: int,
     model: str,
-    text: str,
-    reason: FinishReason,
+    choices: Sequence[tuple[str, FinishReason, ChatLogprobs | None]],
     usage: Usage,
-    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletion:
-    """The body of a non-streamed chat completion."""
-    message: AssistantMessage = {"role": "assistant", "content": text}
-    choice: ChatChoice = {
-        "index": 0,
-        "message": message,
-        "logprobs": logprobs,
-        "finish_reason": reason.value,
-    }
+    """The body of a non-streamed chat completion: a choice per (text, reason, logprobs)."""
+    listed: list[ChatChoice] = []
+    for index, (text, reason, logprobs) in enumerate(choices):
+        message: AssistantMessage = {"role": "assistant", "content": text}
+        listed.append(
+            {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": reason.value,
+            }
+        )
     return {
         "id": id_,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": listed,
         "usage": usage_body(usage),
     }
 
@@ -269,6 +271,7 @@ def chat_chunk(
     usage: Usage | None = None,
     null_usage: bool = False,
     logprobs: ChatLogprobs | None = None,
+    index: int = 0,
 ) -> ChatChunk:
     """One stream chunk; `delta=None` gives the usage-only chunk (no choices).
 
@@ -286,7 +289,7 @@ def chat_chunk(
     if delta is not None:
         finish = _finish_reason(reason)
         choice: ChatChunkChoice = {
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": finish,
@@ -305,10 +308,13 @@ def completion_chunk(
     usage: Usage | None = None,
     null_usage: bool = False,
     logprobs: CompletionLogprobs | None = None,
+    index: int = 0,
+    more: Sequence[tuple[str, FinishReason, CompletionLogprobs | None]] = (),
 ) -> Completion:
     """One `text_completion` (a stream chunk, or the whole answer); `text=None`: usage only.
 
-    `null_usage` as `chat_chunk`'s.
+    `null_usage` as `chat_chunk`'s; `more` are the whole answer's further choices (`n` > 1),
+    as (text, reason, logprobs), indexed after this one.
     """
     body: Completion = {
         "id": id_,
@@ -321,12 +327,20 @@ def completion_chunk(
     if text is not None:
         finish = _finish_reason(reason)
         choice: CompletionChoice = {
-            "index": 0,
+            "index": index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": finish,
         }
-        body["choices"] = [choice]
+        body["choices"] = [
+            choice,
+            *(
+                CompletionChoice(
+                    index=index + 1 + n, text=other, logprobs=scored, finish_reason=why.value
+                )
+                for n, (other, why, scored) in enumerate(more)
+            ),
+        ]
     return body
 
 

@@ -6,8 +6,9 @@ one API (OpenAI chat, OpenAI completions, OIP generate) writes the events. Its r
 - The status is decided by the first event: an error raised before it (the deadline passed
   in the queue, the server stops) is answered as a plain JSON error with its own status.
   Only then does a stream begin (`200`, `text/event-stream`).
-- Each text delta is one `data: {json}` event. A stream ends with the format's closing
-  events (finish reason, usage) or, when generation fails midway, with one error event;
+- Each text delta is one `data: {json}` event (of choice `index`, for `n` > 1). Each choice
+  ends with the format's closing events (finish reason), the stream with the `final`
+  choice's (and the usage), or, when generation fails midway, with one error event;
   then the format's terminator (`data: [DONE]` for OpenAI) and the end of the body.
 - The client hanging up is noticed while waiting for any event (the ASGI `http.disconnect`
   message, watched alongside), not only at the next write: the generation is closed at
@@ -98,15 +99,23 @@ class Format(Protocol):
         ...
 
     def delta(self, event: TokenEvent) -> object | None:
-        """The event of a text delta (and its log-probabilities); None: nothing to send."""
+        """The event of a text delta of choice `event.index`; None: nothing to send.
+
+        It carries the event's log-probabilities and echoed prompt where the API shows them.
+        """
         ...
 
     def closing(self, finish: FinishEvent) -> list[object]:
-        """Events after the last text: finish reason, usage."""
+        """Events after a choice's last text: its finish reason; usage on the `final` one."""
         ...
 
-    def whole(self, events: Sequence[TokenEvent], finish: FinishEvent) -> object:
-        """The body of a generation answered at once (`stream: false`) of its text events."""
+    def whole(
+        self, choices: Sequence[Sequence[TokenEvent]], finishes: Sequence[FinishEvent]
+    ) -> object:
+        """The body of a generation answered at once (`stream: false`), choice by choice.
+
+        `choices` holds each choice's text events, `finishes` its finish, in index order.
+        """
         ...
 
     def failure(self, error: Exception) -> Failure:
@@ -220,13 +229,22 @@ class GenerationResponse(Response):
             self.on_done(code)
 
     async def _whole(self, send: Send) -> int:
-        tokens: list[TokenEvent] = []
+        tokens: dict[int, list[TokenEvent]] = {}
+        finishes: dict[int, FinishEvent] = {}
         try:
             async for event in self.stream:
                 if isinstance(event, TokenEvent):
-                    tokens.append(event)
+                    tokens.setdefault(event.index, []).append(event)
                 elif isinstance(event, FinishEvent):
-                    await _send_json(send, 200, self.fmt.whole(tokens, event), {})
+                    finishes[event.index] = event
+                    if not event.final:
+                        continue
+                    order = sorted(finishes)
+                    body = self.fmt.whole(
+                        [tokens.get(index, []) for index in order],
+                        [finishes[index] for index in order],
+                    )
+                    await _send_json(send, 200, body, {})
                     return 200
                 else:
                     return await self._fail(send, event.error)
@@ -314,6 +332,8 @@ class GenerationResponse(Response):
             return None
         if isinstance(event, FinishEvent):
             chunks.extend(sse_event(payload) for payload in self.fmt.closing(event))
+            if not event.final:
+                return None
             chunks.append(self.fmt.terminator)
             return 200
         failure = self.fmt.failure(event.error)

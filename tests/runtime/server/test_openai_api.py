@@ -177,12 +177,29 @@ INVALID = [
     pytest.param({"seed": 2**64}, "seed", id="seed-over-int64"),
     pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
     pytest.param({"stop": ""}, "stop", id="empty-stop"),
-    pytest.param({"n": 2}, "n", id="n-2"),
     pytest.param({"logprobs": True, "top_logprobs": 21}, "top_logprobs", id="top-logprobs-21"),
     pytest.param({"logprobs": True, "top_logprobs": -1}, "top_logprobs", id="top-logprobs-neg"),
     pytest.param({"top_logprobs": 2}, "top_logprobs", id="top-logprobs-without-logprobs"),
     pytest.param({"logprobs": 3}, "logprobs", id="logprobs-not-bool"),
-    pytest.param({"presence_penalty": 0.5}, "presence_penalty", id="presence-penalty"),
+    pytest.param({"n": 17}, "n", id="n-17"),
+    pytest.param({"n": 0}, "n", id="n-0"),
+    pytest.param({"n": 16, "max_tokens": 300}, "n", id="n-times-max-tokens-over-the-limit"),
+    pytest.param({"n": 9}, "n", id="n-times-default-max-tokens-over-the-limit"),
+    pytest.param({"presence_penalty": 2.5}, "presence_penalty", id="presence-penalty-over-2"),
+    pytest.param({"frequency_penalty": -2.1}, "frequency_penalty", id="frequency-under-minus-2"),
+    pytest.param({"repetition_penalty": 0}, "repetition_penalty", id="repetition-penalty-zero"),
+    pytest.param({"min_p": 1.5}, "min_p", id="min-p-over-1"),
+    pytest.param({"min_tokens": -1}, "min_tokens", id="min-tokens-negative"),
+    pytest.param({"min_tokens": 9, "max_tokens": 8}, "min_tokens", id="min-tokens-over-max"),
+    pytest.param({"logit_bias": {"5": 101}}, "logit_bias.5", id="logit-bias-over-100"),
+    pytest.param({"logit_bias": {"x": 1}}, "logit_bias", id="logit-bias-not-an-id"),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", id="logit-bias-301"
+    ),
+    pytest.param({"logit_bias": {"99999": 1}}, "logit_bias", id="logit-bias-past-vocab"),
+    pytest.param({"stop_token_ids": [99999]}, "stop_token_ids", id="stop-token-past-vocab"),
+    pytest.param({"stop_token_ids": [1] * 65}, "stop_token_ids", id="65-stop-token-ids"),
+    pytest.param({"stop_token_ids": [-1]}, "stop_token_ids.0", id="stop-token-negative"),
     pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
     pytest.param({"store": True}, "store", id="store"),
     pytest.param({"service_tier": "flex"}, "service_tier", id="service-tier"),
@@ -214,10 +231,6 @@ async def test_invalid_requests_get_400_naming_the_field(
 
 
 VLLM_KEYS = [
-    pytest.param("min_tokens", 5, id="min_tokens"),
-    pytest.param("repetition_penalty", 1.2, id="repetition_penalty"),
-    pytest.param("min_p", 0.1, id="min_p"),
-    pytest.param("stop_token_ids", [2], id="stop_token_ids"),
     pytest.param("include_stop_str_in_output", True, id="include_stop_str_in_output"),
     pytest.param("continue_final_message", True, id="continue_final_message"),
     pytest.param("guided_json", {"type": "object"}, id="guided_json"),
@@ -250,7 +263,7 @@ async def test_unknown_keys_are_400_naming_them(key: str, value: Any) -> None:
 async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
     """Body keys sorted, then `stream_options`', then each message's; at most eight named."""
     several = chat(
-        min_p=0.1,
+        spaces_between_special_tokens=False,
         truncate_prompt_tokens=8,
         guided_json={},
         stream=True,
@@ -270,7 +283,8 @@ async def test_every_unknown_key_is_named_sorted_and_bounded() -> None:
     assert_refused(
         named,
         "guided_json",
-        "unsupported parameters: 'guided_json', 'min_p', 'truncate_prompt_tokens', "
+        "unsupported parameters: 'guided_json', 'spaces_between_special_tokens', "
+        "'truncate_prompt_tokens', "
         "'stream_options.continuous_usage_stats', 'messages[1].reasoning_content'",
     )
     shown = ", ".join(f"'key_{i:02}'" for i in range(8))
@@ -431,7 +445,7 @@ async def test_requests_are_counted_by_status() -> None:
     async with serve(LLM) as (client, _):
         await client.post(CHAT, json=chat())
         await client.post(CHAT, json=chat(stream=True))
-        await client.post(CHAT, json=chat(n=3))
+        await client.post(CHAT, json=chat(n=17))
         await client.post(CHAT, json={**chat(), "model": "other"})
         metrics = (await client.get("/metrics")).text
     assert metric_total(metrics, "fleetserve_requests_total", code="200") == 2
@@ -698,3 +712,47 @@ async def test_completion_echo_with_logprobs_whole_and_streamed() -> None:
     assert only["finish_reason"] == "length"
     assert only["logprobs"]["tokens"] == logprobs["tokens"][: usage["prompt_tokens"]]
     assert alone.json()["usage"]["completion_tokens"] == 0
+
+
+async def test_completion_echo_with_logprobs_and_n_echoes_each_choice() -> None:
+    """`n=2` with `echo` and `logprobs`: each choice is the one-choice answer, prompt first.
+
+    As vLLM answers: every choice starts with the prompt and its scores; streamed, each
+    choice's chunks (told apart by `index`) carry its own text and offsets, from 0. With
+    `max_tokens` 0, each choice is the prompt alone.
+    """
+    body = {"model": "test", "prompt": "alpha beta", "max_tokens": 4, "temperature": 0}
+    asks = {**body, "echo": True, "logprobs": 2}
+    async with serve(LLM) as (client, _):
+        one = (await client.post("/v1/completions", json=asks)).json()
+        whole = (await client.post("/v1/completions", json={**asks, "n": 2})).json()
+        streamed = events(
+            await client.post("/v1/completions", json={**asks, "n": 2, "stream": True})
+        )
+        alone = (
+            await client.post("/v1/completions", json={**asks, "n": 2, "max_tokens": 0})
+        ).json()
+    [single] = one["choices"]
+    assert [choice["index"] for choice in whole["choices"]] == [0, 1]
+    for choice in whole["choices"]:
+        assert choice["text"] == single["text"]
+        assert choice["text"].startswith("alpha beta")
+        assert choice["logprobs"] == single["logprobs"]
+    merged: dict[int, dict[str, list[Any]]] = {}
+    texts: dict[int, str] = {}
+    for chunk in streamed:
+        if not isinstance(chunk, dict):
+            continue
+        for part in chunk["choices"]:
+            texts[part["index"]] = texts.get(part["index"], "") + part["text"]
+            mine = merged.setdefault(part["index"], {key: [] for key in single["logprobs"]})
+            for key, values in (part["logprobs"] or {}).items():
+                mine[key].extend(values)
+    assert texts == {0: single["text"], 1: single["text"]}
+    assert merged == {0: single["logprobs"], 1: single["logprobs"]}
+    prompt_tokens = one["usage"]["prompt_tokens"]
+    assert [choice["text"] for choice in alone["choices"]] == ["alpha beta", "alpha beta"]
+    for choice in alone["choices"]:
+        assert choice["logprobs"]["tokens"] == single["logprobs"]["tokens"][:prompt_tokens]
+        assert choice["logprobs"]["token_logprobs"][0] is None
+    assert alone["usage"]["completion_tokens"] == 0

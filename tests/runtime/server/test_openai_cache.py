@@ -192,19 +192,34 @@ async def test_sampled_requests_bypass(answers: SemanticAnswers) -> None:
     assert rt.metrics.outcomes == ["bypass", "bypass"]
 
 
+def greedy(n: int = 1, **asks: Any) -> GenerationRequest:
+    """A greedy request for `QUESTION` with `asks` set on its sampling."""
+    return GenerationRequest(
+        SamplingParams(max_tokens=4, temperature=0.0, **asks), prompt=QUESTION, n=n
+    )
+
+
 @pytest.mark.parametrize(
-    "asks",
-    [{"logprobs": 0}, {"prompt_logprobs": 0, "echo": True}],
-    ids=["logprobs", "echo"],
+    "request_",
+    [
+        pytest.param(greedy(n=2), id="n"),
+        pytest.param(greedy(logprobs=0), id="logprobs"),
+        pytest.param(greedy(prompt_logprobs=0, echo=True), id="echo"),
+        pytest.param(greedy(logit_bias=((3, 5.0),)), id="logit_bias"),
+        pytest.param(greedy(frequency_penalty=1.0), id="penalty"),
+        pytest.param(greedy(min_tokens=2), id="min_tokens"),
+        pytest.param(greedy(stop_token_ids=(3,)), id="stop_token_ids"),
+    ],
 )
-async def test_greedy_requests_asking_for_more_than_text_bypass(
-    answers: SemanticAnswers, asks: dict[str, Any]
+async def test_greedy_requests_asking_for_more_than_plain_text_bypass(
+    answers: SemanticAnswers, request_: GenerationRequest
 ) -> None:
-    """A cached answer has no log-probabilities or echoed prompt: such requests generate."""
+    """A request asking for more than one plain greedy text generates, each time.
+
+    A cached answer is one choice of it, without log-probabilities or an echoed prompt.
+    """
     rt = FakeRuntime(loaded(1))
     assert await text_of(answers, rt, completion()) == "answer 1"
-    asking = GenerationRequest(
-        SamplingParams(max_tokens=4, temperature=0.0, **asks), prompt=QUESTION
-    )
-    assert await text_of(answers, rt, asking) == "answer 2"
-    assert rt.metrics.outcomes == ["miss", "bypass"]
+    assert await text_of(answers, rt, request_) == "answer 2"
+    assert await text_of(answers, rt, request_) == "answer 3"
+    assert rt.metrics.outcomes == ["miss", "bypass", "bypass"]

@@ -25,6 +25,7 @@ import httpx2
 import openai
 import pytest
 import torch
+from openai.types.chat import ChatCompletionTokenLogprob
 
 from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.testing import metric_total
@@ -147,11 +148,13 @@ def test_prompt_over_the_context_is_one_bad_request(server: str) -> None:
 
 
 def test_an_unknown_extra_body_key_is_a_bad_request(server: str) -> None:
-    """A `min_tokens` (vLLM's) sent through `extra_body` is refused by name, not ignored."""
+    """A `guided_json` (vLLM's) sent through `extra_body` is refused by name, not ignored."""
     with client(server) as api, pytest.raises(openai.BadRequestError) as caught:
-        api.chat.completions.create(model="test", messages=MESSAGES, extra_body={"min_tokens": 5})
-    assert caught.value.param == "min_tokens"
-    assert "unsupported parameter: 'min_tokens'" in caught.value.message
+        api.chat.completions.create(
+            model="test", messages=MESSAGES, extra_body={"guided_json": {"type": "object"}}
+        )
+    assert caught.value.param == "guided_json"
+    assert "unsupported parameter: 'guided_json'" in caught.value.message
 
 
 def test_logprobs_chat_and_completions_whole_and_streamed(server: str) -> None:
@@ -223,6 +226,68 @@ def test_logprobs_chat_and_completions_whole_and_streamed(server: str) -> None:
     assert only.logprobs.tokens == logprobs.tokens[: len(only.logprobs.tokens)]
     assert alone.usage is not None
     assert alone.usage.completion_tokens == 0
+
+
+def test_n_choices_carry_their_own_logprobs_whole_and_streamed(server: str) -> None:
+    """`n=2` with `logprobs`: each choice lists its own tokens' entries, under its index.
+
+    The synthetic model puts a logit of 30 on its own choice and 0 elsewhere; a bias of 30 on
+    "in" and "wind" (ids 20, 21) makes three equal tokens, so the seeded choices differ
+    (choice 1 draws from seed + 1) and entries copied from the other choice would show. The
+    entries are the raw model's: a biased token keeps its unbiased log-probability (about
+    -30). Seeded, the streamed answer repeats the whole one.
+    """
+    bias = {"20": 30, "21": 30}
+    with client(server) as api:
+        whole = api.chat.completions.create(
+            model="test",
+            messages=MESSAGES,
+            n=2,
+            temperature=1,
+            seed=5,
+            max_tokens=6,
+            logit_bias=bias,
+            logprobs=True,
+            top_logprobs=1,
+        )
+        chunks = list(
+            api.chat.completions.create(
+                model="test",
+                messages=MESSAGES,
+                n=2,
+                temperature=1,
+                seed=5,
+                max_tokens=6,
+                logit_bias=bias,
+                logprobs=True,
+                top_logprobs=1,
+                stream=True,
+            )
+        )
+    assert [choice.index for choice in whole.choices] == [0, 1]
+    entries = {}
+    for choice in whole.choices:
+        assert choice.logprobs is not None
+        assert choice.logprobs.content
+        # The synthetic tokens are words, each decoded alone (without the space between).
+        tokens = [entry.token for entry in choice.logprobs.content if entry.token]
+        assert tokens == (choice.message.content or "").split()
+        entries[choice.index] = choice.logprobs.content
+    assert [entry.token for entry in entries[0]] != [entry.token for entry in entries[1]]
+    biased = [
+        entry for listed in entries.values() for entry in listed if entry.token in {"in", "wind"}
+    ]
+    assert biased
+    assert all(entry.logprob < -20 for entry in biased)
+    texts: dict[int, str] = {0: "", 1: ""}
+    streamed: dict[int, list[ChatCompletionTokenLogprob]] = {0: [], 1: []}
+    for chunk in chunks:
+        for part in chunk.choices:
+            texts[part.index] += part.delta.content or ""
+            if part.logprobs and part.logprobs.content:
+                streamed[part.index].extend(part.logprobs.content)
+    assert texts == {choice.index: choice.message.content for choice in whole.choices}
+    assert streamed == entries
 
 
 def test_a_cache_salt_keeps_prefix_cache_hits_among_its_own_requests(server: str) -> None:
