@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import secrets
@@ -20,6 +21,7 @@ from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
 from fleetserve_runtime.core.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.tenants import TENANT_HEADER
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.models.registry import resolve_handler
 
@@ -43,7 +45,11 @@ SPECS = {
     "tls-and-priority": {"runtime": {"tls": {"secretName": "demo-cert"},
                                      "priorityTokenSecretRef": {"name": "tokens", "key": "vip"}},
                          "fallback": {"enabled": True}},
+    "tenants": {"runtime": {"tenants": {"secretRef": {"name": "callers", "key": "table"},
+                                        "trustHeader": True}},
+                "fallback": {"enabled": True}},
 }  # fmt: skip
+TABLE = {"tenants": [{"name": "search", "tokens": [secrets.token_hex(16)]}]}
 
 
 def _plans(sections: dict[str, Any]) -> list[tuple[Any, Any]]:
@@ -51,10 +57,14 @@ def _plans(sections: dict[str, Any]) -> list[tuple[Any, Any]]:
     return [(spec, plan) for plan in plan_tracks(spec, InferenceServiceStatus())]
 
 
-def _as_mounted(args: list[str], token_file: Path) -> list[str]:
-    """`args` with the Secrets' token files where the kubelet would mount them (`token_file`)."""
+def _as_mounted(args: list[str], token_file: Path, table_file: Path) -> list[str]:
+    """`args` with the Secrets' files where the kubelet would mount them.
+
+    The token files at `token_file`, the tenants table at `table_file`.
+    """
     tokens = (contract.AUTH_TOKEN_FILE, contract.PRIORITY_TOKEN_FILE)
-    return [str(token_file) if arg in tokens else arg for arg in args]
+    mounted = [str(token_file) if arg in tokens else arg for arg in args]
+    return [str(table_file) if arg == contract.TENANTS_FILE else arg for arg in mounted]
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -69,9 +79,11 @@ def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     # As `openssl rand -hex 32` makes one: the runtime refuses short, guessable tokens.
     token_file.write_text(secrets.token_hex(32) + "\n")
+    table_file = tmp_path / "tenants.yaml"
+    table_file.write_text(json.dumps(TABLE))
     for spec, plan in _plans(SPECS[name]):
         args = contract.render_args(pods=plan.pods, config=plan.config)
-        config = parse_config(_as_mounted(args, token_file))
+        config = parse_config(_as_mounted(args, token_file, table_file))
         batching = plan.config.batching
         assert config.model == contract.runtime_model_uri(spec.model)
         assert (config.name, config.version) == (spec.model.name, spec.model.version)
@@ -103,6 +115,9 @@ def test_rendered_args_round_trip(name: str, tmp_path: Path) -> None:
         assert config.model_digest == spec.model.digest
         assert config.task == (spec.model.effective_task if fetched else "auto")
         assert config.model_metadata == spec.model.metadata
+        tenants = spec.runtime.tenants
+        assert config.tenants.file == (None if tenants is None else table_file)
+        assert config.tenants.trust_header == (tenants is not None and tenants.trust_header)
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -112,6 +127,11 @@ def test_every_rendered_flag_is_a_runtime_flag(name: str) -> None:
     for _, plan in _plans(SPECS[name]):
         args = contract.render_args(pods=plan.pods, config=plan.config)
         assert {a for a in args if a.startswith("--")} <= known
+
+
+def test_the_tenant_header_is_the_runtimes() -> None:
+    """The header the HTTPRoute strips is the one the runtime reads (HTTP names ignore case)."""
+    assert contract.TENANT_HEADER.lower() == TENANT_HEADER
 
 
 def test_batching_defaults_agree() -> None:
