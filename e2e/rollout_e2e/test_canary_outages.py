@@ -106,6 +106,15 @@ def test_restarted_operator_resumes_the_same_step(env: RolloutEnv) -> None:
     active = [s for s in seen if s.get("canaryVersion")]
     assert all(s["rollout"].get("canaryStartedAt") == started for s in active), "restarted"
     assert all(s["rollout"].get("stepIndex", 1) >= 1 for s in active), "went back a step"
+    # The counter and the Event are applied after the status write that promoted: wait for
+    # them (a scrape right after that write can come first), then check there was only one.
+    wait_until(
+        lambda: (
+            second.total("fleetserve_operator_promotions") >= 1 and "Promoted" in event_reasons(env)
+        ),
+        timeout_s=30.0,
+        what="the promotion's counter and Event",
+    )
     assert second.total("fleetserve_operator_promotions") == 1
     reasons = event_reasons(env)
     assert reasons.count("Promoted") == 1
