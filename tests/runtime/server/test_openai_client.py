@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -237,33 +238,20 @@ def test_n_choices_carry_their_own_logprobs_whole_and_streamed(server: str) -> N
     entries are the raw model's: a biased token keeps its unbiased log-probability (about
     -30). Seeded, the streamed answer repeats the whole one.
     """
-    bias = {"20": 30, "21": 30}
+    asked: dict[str, Any] = {
+        "model": "test",
+        "messages": MESSAGES,
+        "n": 2,
+        "temperature": 1,
+        "seed": 5,
+        "max_tokens": 6,
+        "logit_bias": {"20": 30, "21": 30},
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
     with client(server) as api:
-        whole = api.chat.completions.create(
-            model="test",
-            messages=MESSAGES,
-            n=2,
-            temperature=1,
-            seed=5,
-            max_tokens=6,
-            logit_bias=bias,
-            logprobs=True,
-            top_logprobs=1,
-        )
-        chunks = list(
-            api.chat.completions.create(
-                model="test",
-                messages=MESSAGES,
-                n=2,
-                temperature=1,
-                seed=5,
-                max_tokens=6,
-                logit_bias=bias,
-                logprobs=True,
-                top_logprobs=1,
-                stream=True,
-            )
-        )
+        whole = api.chat.completions.create(**asked)
+        chunks = list(api.chat.completions.create(**asked, stream=True))
     assert [choice.index for choice in whole.choices] == [0, 1]
     entries = {}
     for choice in whole.choices:
