@@ -49,7 +49,7 @@ from fleetserve_runtime.core.logs import (
     request_id_from,
     unbind_request,
 )
-from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER, refuse_tenant_header
+from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER
 from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.models.base import TensorSpec
 from fleetserve_runtime.server.binary_tensors import (
@@ -69,7 +69,7 @@ from fleetserve_runtime.server.schemas import (
     validate_body,
 )
 from fleetserve_runtime.server.sse import CLIENT_CLOSED
-from fleetserve_runtime.serving.admission import Scheduling, Tenancy, scheduling
+from fleetserve_runtime.serving.admission import Scheduling, Tenancy, scheduling, served_as_tenant
 from fleetserve_runtime.serving.facade import ServingFacade
 
 __all__ = ["GRPC_CODE_OF_STATUS", "MAX_PING_STRIKES", "GrpcHost", "serve_grpc", "server_options"]
@@ -328,17 +328,10 @@ class _Service:
     def _tenant(self, context: Any) -> Iterator[None]:
         """Serve the call as its tenant's (`server.tenancy`): 400 / 429 refusals raise."""
         metadata = _metadata(context)
-        if self.tenancy is None:
-            refuse_tenant_header(metadata.get(TENANT_HEADER))
+        with served_as_tenant(
+            self.tenancy, metadata.get("authorization"), metadata.get(TENANT_HEADER)
+        ):
             yield
-            return
-        tenant = self.tenancy.admit(metadata.get("authorization"), metadata.get(TENANT_HEADER))
-        token = CURRENT_TENANT.set(tenant)
-        try:
-            yield
-        finally:
-            CURRENT_TENANT.reset(token)
-            self.tenancy.release(tenant)
 
     async def _authorize(self, context: Any, probe_path: str | None) -> None:
         """Abort UNAUTHENTICATED unless the metadata carries a token (or this is exempt).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from typing import Any
 
 from fastapi import Request, Response
@@ -27,9 +28,9 @@ from fleetserve_runtime.core.logs import (
     traceparent_from,
     unbind_request,
 )
-from fleetserve_runtime.core.tenants import CURRENT_TENANT, TENANT_HEADER, refuse_tenant_header
+from fleetserve_runtime.core.tenants import TENANT_HEADER
 from fleetserve_runtime.server.responses import failure_response, unexpected_response
-from fleetserve_runtime.serving.admission import Tenancy
+from fleetserve_runtime.serving.admission import Tenancy, served_as_tenant
 
 __all__ = [
     "BearerAuthMiddleware",
@@ -247,18 +248,14 @@ class TenantMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        try:
-            if self.tenancy is None:
-                refuse_tenant_header(headers.get(TENANT_HEADER))
-                await self.app(scope, receive, send)
+        served = served_as_tenant(
+            self.tenancy, headers.get("authorization"), headers.get(TENANT_HEADER)
+        )
+        with ExitStack() as stack:
+            # Only entering is a refusal: an error from the app itself is not answered here.
+            try:
+                stack.enter_context(served)
+            except (InvalidInput, TenantOverQuota) as exc:
+                await failure_response(exc, scope["path"])(scope, receive, send)
                 return
-            tenant = self.tenancy.admit(headers.get("authorization"), headers.get(TENANT_HEADER))
-        except (InvalidInput, TenantOverQuota) as exc:
-            await failure_response(exc, scope["path"])(scope, receive, send)
-            return
-        token = CURRENT_TENANT.set(tenant)
-        try:
             await self.app(scope, receive, send)
-        finally:
-            CURRENT_TENANT.reset(token)
-            self.tenancy.release(tenant)

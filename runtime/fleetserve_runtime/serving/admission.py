@@ -18,6 +18,8 @@ by the HTTP middleware and the gRPC listener, with the per-tenant metrics.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,11 +28,13 @@ from fleetserve_runtime.core.config import TenantsConfig
 from fleetserve_runtime.core.errors import Forbidden, InvalidInput, TenantOverQuota
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.core.tenants import (
+    CURRENT_TENANT,
     Tenant,
     TenantLoad,
     TenantsFile,
     default_tenant,
     identify,
+    refuse_tenant_header,
 )
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "Tenancy",
     "TenantCounters",
     "scheduling",
+    "served_as_tenant",
 ]
 
 PRIORITY_HEADER = "x-fleetserve-priority"
@@ -190,3 +195,26 @@ class Tenancy:
         for name in (self.default.name, *self.table.current().by_name):
             metrics.declare(name)
         self._declared = True
+
+
+@contextmanager
+def served_as_tenant(
+    tenancy: Tenancy | None, authorization: str | None, header: str | None
+) -> Iterator[None]:
+    """Serve one request as its tenant's, for both listeners (HTTP and gRPC).
+
+    Entering raises `InvalidInput` (a tenant header that may not be honoured, or any tenant
+    header without a table) or `TenantOverQuota`; inside, `CURRENT_TENANT` holds the tenant
+    and its quota counts the request until the block ends (a stream's last byte included).
+    """
+    if tenancy is None:
+        refuse_tenant_header(header)
+        yield
+        return
+    tenant = tenancy.admit(authorization, header)
+    token = CURRENT_TENANT.set(tenant)
+    try:
+        yield
+    finally:
+        CURRENT_TENANT.reset(token)
+        tenancy.release(tenant)
