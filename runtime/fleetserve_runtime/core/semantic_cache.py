@@ -16,8 +16,9 @@ least recently used goes first. A partition names its version and tenant, so a n
 never answers from an old one's entries and a tenant never reads another's; `tenant=None`
 is the untenanted partition, a partition of its own.
 
-Only greedy decoding may be cached (`is_greedy`): a sampled answer is one draw among many,
-and serving it again would change the distribution callers asked for.
+Only greedy decoding may be cached (the caller checks, `generate.contracts.is_greedy`): a
+sampled answer is one draw among many, and serving it again would change the distribution
+callers asked for.
 
 Pure: numpy only, no asyncio, no threads; used from the event loop only.
 """
@@ -34,7 +35,7 @@ import numpy.typing as npt
 
 from fleetserve_runtime.core.cache import cache_key
 
-__all__ = ["Hit", "Partition", "Query", "SemanticCache", "is_greedy"]
+__all__ = ["Hit", "Partition", "Query", "SemanticCache"]
 
 V = TypeVar("V")
 Embedding = npt.NDArray[np.float32]
@@ -45,11 +46,6 @@ _SIMILARITY_SLACK = 1e-6
 """Float32 rounding: an identical embedding may score 0.99999994, and `min_similarity` 1.0
 means identical."""
 _INITIAL_ROWS = 8
-
-
-def is_greedy(temperature: float) -> bool:
-    """Whether decoding at `temperature` is greedy (argmax), as the sampler treats it."""
-    return temperature <= 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,13 @@ __all__ = [
     "TokenEvent",
     "TokenLogprob",
     "Usage",
+    "is_greedy",
 ]
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether decoding at `temperature` is greedy (always the most likely token)."""
+    return temperature <= 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from fleetserve_runtime.generate.contracts import SamplingParams
+from fleetserve_runtime.generate.contracts import SamplingParams, is_greedy
 
 __all__ = ["RowSampling", "TokenHistory", "adjust_logits", "sample"]
 
@@ -83,7 +83,7 @@ class RowSampling:
     @property
     def greedy(self) -> bool:
         """Temperature 0: always the most likely token."""
-        return self.temperature <= 0.0
+        return is_greedy(self.temperature)
 
     @property
     def cuts(self) -> bool:

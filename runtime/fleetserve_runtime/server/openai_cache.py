@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from fleetserve_runtime.core.config import SemanticCacheConfig
 from fleetserve_runtime.core.metrics import SemanticCacheOutcome
-from fleetserve_runtime.core.semantic_cache import Query, SemanticCache, is_greedy
+from fleetserve_runtime.core.semantic_cache import Query, SemanticCache
 from fleetserve_runtime.encoder.executor import resolve_device
 from fleetserve_runtime.generate.contracts import (
     FinishEvent,
@@ -55,6 +55,7 @@ from fleetserve_runtime.generate.contracts import (
     SamplingParams,
     TokenEvent,
     Usage,
+    is_greedy,
 )
 from fleetserve_runtime.generate.prompts import INLINE_PROMPT_CHARS, PromptProcessor, prompt_chars
 from fleetserve_runtime.models.accuracy import embed_texts

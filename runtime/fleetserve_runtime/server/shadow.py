@@ -52,6 +52,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetserve_runtime.core.agreement import Comparison, compare_texts, compare_vectors
 from fleetserve_runtime.core.config import ShadowConfig
 from fleetserve_runtime.core.metrics import ShadowMetrics, ShadowSeries
+from fleetserve_runtime.generate.contracts import is_greedy
 from fleetserve_runtime.server.request_body import BINARY_TENSOR_HEADER
 
 __all__ = ["MAX_CAPTURE_BYTES", "Copy", "Kind", "Shadow", "ShadowMirror", "kind_of"]
@@ -214,7 +215,9 @@ def _greedy(request: object) -> bool:
         return False
     temperature = request.get("temperature")
     return (
-        isinstance(temperature, int | float) and temperature == 0 and request.get("n") in (None, 1)
+        isinstance(temperature, int | float)
+        and is_greedy(temperature)
+        and request.get("n") in (None, 1)
     )
 
 

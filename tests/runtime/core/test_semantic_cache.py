@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from fleetserve_runtime.core.semantic_cache import Query, SemanticCache, is_greedy
+from fleetserve_runtime.core.semantic_cache import Query, SemanticCache
+from fleetserve_runtime.generate.contracts import is_greedy
 
 DIM = 4
 
