@@ -22,21 +22,6 @@ from fleetserve_operator.spec import (
     WebhookSpec,
 )
 
-__all__ = [
-    "Action",
-    "Capacity",
-    "ClearAnnotation",
-    "Confirmation",
-    "Facts",
-    "IncrementCounter",
-    "Notify",
-    "OperatorCounter",
-    "TrackFacts",
-    "Transition",
-    "TrafficSplit",
-    "Trigger",
-]
-
 
 class Trigger(StrEnum):
     """What moves a rollout, in priority order (the first detected one with a row wins)."""

@@ -24,18 +24,6 @@ from fleetserve_operator.errors import ChildConflict, ChildRefused, MetricsUnava
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
 
-__all__ = [
-    "FakeClock",
-    "FakeKube",
-    "FakeMetricSource",
-    "QuietHandler",
-    "RollingOut",
-    "ScriptedMetricSource",
-    "make_service",
-    "make_spec",
-    "serve_http",
-]
-
 
 class QuietHandler(BaseHTTPRequestHandler):
     """A loopback server's request handler that answers in one call and logs nothing."""
