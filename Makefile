@@ -210,7 +210,8 @@ e2e-images: setup images-install
 	cd e2e && timeout 600 ../$(PY) -m pytest images_e2e -s $(E2E_PYTEST_ARGS)
 
 ## e2e-containers: the fake kubelet's container backend on the local control plane: runtime
-##                 pods as podman/runc containers of the built image (init containers, Secret
+##                 and operator pods as podman/runc containers of the built images (the
+##                 operator an in-cluster client of its ServiceAccount; init containers, Secret
 ##                 env, volumes, securityContext, memory limits and OOMKilled, a registry pull),
 ##                 and models fetched by the init container from S3, OCI and HTTPS stores
 e2e-containers: setup images-install storage-tools

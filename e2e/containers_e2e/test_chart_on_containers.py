@@ -1,16 +1,22 @@
-"""The chart installed from a registry's images, its services served by real containers.
+"""The chart installed from a registry's images, the operator and its services real containers.
 
 The images are pushed to a registry (Distribution, TLS, a password) and the chart names them
 there: the operator's image, the runtime's for the GPU tracks and, as the CPU-track image
 cannot be built on these machines (torch's CPU wheel is served only by PyTorch's own index),
-the same runtime image for the CPU fallback. The fake kubelet runs the runtime pods as
-containers pulled from that registry (the operator's pods stay processes: they need the API
-server on the host's loopback), so MiniLM and SmolLM2 answer from the image a cluster would
-run, confined as the operator's pod spec says.
+the same runtime image for the CPU fallback. The fake kubelet runs every pod of those images
+as containers pulled from that registry, confined as the pod specs say. The operator's pod is
+an in-cluster client, as on a cluster: the projected token of the chart's ServiceAccount (a
+TokenRequest token bound to the pod), the cluster CA and namespace under
+/var/run/secrets/kubernetes.io/serviceaccount, and ``KUBERNETES_SERVICE_HOST``/``PORT`` naming
+the API server by a name in its certificate that resolves to the host's loopback in the
+container (slirp4netns), where the API server listens on 127.0.0.1 only; so it reconciles with
+the chart's RBAC and nothing more. Prometheus is reached the same way, by a name. MiniLM and
+SmolLM2 answer from the image a cluster would run.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +34,10 @@ from fleetserve_e2e.images.build import Built
 from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
 from fleetserve_e2e.images.podman import podman
 from fleetserve_e2e.images.registry import PullOptions, push, remote_reference
-from fleetserve_e2e.kubeapi import KubeClient
+from fleetserve_e2e.kubeapi import JsonObject, KubeClient
 from fleetserve_e2e.oci_registry import OciRegistry
 from fleetserve_e2e.operator_process import condition, fsvc_path
+from fleetserve_e2e.pki import APISERVER_NAME
 from fleetserve_e2e.pod_containers import POD_UID_LABEL
 from fleetserve_e2e.pod_map import PodAddress
 from fleetserve_e2e.testing import list_pods
@@ -40,6 +47,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fleetserve"
 NAMESPACE = "fleet"
 READY_TIMEOUT_S = 300.0
+OPERATOR_SELECTOR = "app.kubernetes.io/name=fleetserve-operator"
+PROMETHEUS_NAME = "prometheus"
+"""How the operator's container names Prometheus (on the host's loopback)."""
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 # helm install, two services whose pods import torch in containers, a streamed chat.
 pytestmark = pytest.mark.timeout(900)
@@ -85,9 +96,10 @@ def fleet(
     work = tmp_path_factory.mktemp("fleet")
     pull = PullOptions.for_registry(image_registry, work / "certs")
     with (
-        LocalCluster(pod_backend="containers", pull=pull) as cluster,
+        LocalCluster(pod_backend="containers", pull=pull, host_names=(PROMETHEUS_NAME,)) as cluster,
         LocalPrometheus(cluster.file_sd_path, scrape_interval_s=1.0) as prometheus,
     ):
+        prometheus_url = f"http://{PROMETHEUS_NAME}:{prometheus.port}"
         cluster.client.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         installed = helm(
             cluster, work, "install", "fs", str(CHART), "-n", NAMESPACE, "--wait",
@@ -98,11 +110,11 @@ def fleet(
             "--set", f"runtime.image.repository={_repository(runtime_ref)}",
             "--set", f"runtime.cpuImage.repository={_repository(runtime_ref)}",
             "--set-string", f"runtime.cpuImage.tag={runtime_ref.rsplit(':', 1)[1]}",
-            "--set-json", f'operator.allowedPrometheusUrls=["{prometheus.url}"]',
+            "--set-json", f'operator.allowedPrometheusUrls=["{prometheus_url}"]',
         )  # fmt: skip
         assert installed.returncode == 0, installed.stderr
-        minilm = demo_service(prometheus_url=prometheus.url, interval_s=5)
-        chat = chat_service(prometheus_url=prometheus.url)
+        minilm = demo_service(prometheus_url=prometheus_url, interval_s=5)
+        chat = chat_service(prometheus_url=prometheus_url)
         chat["spec"]["fallback"]["enabled"] = False
         for service in (minilm, chat):
             cluster.client.create(fsvc_path(NAMESPACE), service)
@@ -116,6 +128,41 @@ def fleet(
 
             wait_until(ready, timeout_s=READY_TIMEOUT_S, what=f"{name} Ready", interval_s=1.0)
         yield fleet
+
+
+def _pod_container(uid: str) -> JsonObject:
+    """``podman container inspect`` of the one container running for the pod `uid`."""
+    names = podman(
+        ["ps", "--filter", f"label={POD_UID_LABEL}={uid}", "--format", "{{.Names}}"]
+    ).stdout.split()
+    assert len(names) == 1, names
+    inspected: JsonObject = json.loads(podman(["container", "inspect", names[0]]).stdout)[0]
+    return inspected
+
+
+def test_the_operator_runs_as_a_container_with_its_service_accounts_token_only(
+    fleet: Fleet,
+) -> None:
+    """The operator's pod: the registry's image, confined, acting as the chart's account."""
+    (pod,) = list_pods(fleet.kube, NAMESPACE, OPERATOR_SELECTOR)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == fleet.operator_ref
+    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
+    assert ready == "True"
+    inspected = _pod_container(pod["metadata"]["uid"])
+    assert inspected["ImageName"] == fleet.operator_ref
+    assert inspected["Config"]["User"] == "65532:65532"
+    assert inspected["HostConfig"]["ReadonlyRootfs"] is True
+    env = dict(item.split("=", 1) for item in inspected["Config"]["Env"])
+    assert env["KUBERNETES_SERVICE_HOST"] == APISERVER_NAME
+    assert "KUBECONFIG" not in env
+    token = podman(["exec", inspected["Name"], "cat", TOKEN_PATH]).stdout
+    review = fleet.kube.create(
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+    )
+    account = pod["spec"]["serviceAccountName"]
+    assert review["status"]["user"]["username"] == f"system:serviceaccount:{NAMESPACE}:{account}"
 
 
 def test_runtime_pods_are_containers_of_the_registry_image(fleet: Fleet) -> None:

@@ -81,9 +81,9 @@ class LocalCluster(Component):
             flags appended to its command line (an audit log, higher client QPS for scale).
         keda: Whether to run KEDA's operator and metrics API server (``fleetserve_e2e.keda``),
             so ScaledObjects drive real HPAs; needs ``make keda-tools``.
-        pod_backend: How the fake kubelet runs runtime pods: ``processes`` (local processes
-            from `commands`) or ``containers`` (podman containers of the pod's image; needs
-            ``make images``); operator pods are local processes either way.
+        pod_backend: How the fake kubelet runs runtime and operator pods: ``processes``
+            (local processes from `commands`) or ``containers`` (podman containers of the
+            pod's image; needs ``make images``).
         pod_images: Image reference in pod specs → local tag to run (``containers`` only).
         pull: How a ``containers`` pod's image missing locally is pulled (registry CA
             directory, credentials).

@@ -25,6 +25,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 # 10.0.0.1 is the first address of the service range the API server is started with.
 SERVICE_IP = "10.0.0.1"
+APISERVER_NAME = "kubernetes.default.svc"
+"""The API server's in-cluster name, in its serving certificate: a container of the fake
+kubelet's container backend reaches the API server (on the host's loopback) by it."""
 _VALIDITY = datetime.timedelta(days=7)
 # The common name the aggregator's client certificate carries; aggregated API servers accept
 # request headers only from a certificate with one of the names in --requestheader-allowed-names.
@@ -136,7 +139,7 @@ def write_pki(directory: Path) -> ClusterPki:
             x509.DNSName("localhost"),
             x509.DNSName("kubernetes"),
             x509.DNSName("kubernetes.default"),
-            x509.DNSName("kubernetes.default.svc"),
+            x509.DNSName(APISERVER_NAME),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address(SERVICE_IP)),
         ]

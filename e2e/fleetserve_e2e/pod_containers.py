@@ -1,12 +1,16 @@
 """Turn a Fleetserve pod into the containers podman runs for it (pure; no I/O).
 
-The container backend of the fake kubelet runs a runtime pod from its image, as a kubelet does:
+The container backend of the fake kubelet runs a pod of a Fleetserve image (the runtime's or
+the operator's) from that image, as a kubelet does:
 
 - each container's ``image`` (through an optional map to a local tag), ``command`` (replacing
   the ENTRYPOINT) and ``args`` as written: the container has its own network namespace and
   listens on its own container port, so no listen flag is rewritten;
 - env: literal values, downward-API fieldRefs, and secretKeyRef/configMapKeyRef values read
-  through `Lookup`; a missing non-optional reference stops the pod from starting;
+  through `Lookup`; a missing non-optional reference stops the pod from starting; under them,
+  as a kubelet gives every container, ``KUBERNETES_SERVICE_HOST``/``PORT``: the API server's
+  in-cluster name (`pki.APISERVER_NAME`, in its serving certificate) and its port, so an
+  in-cluster client (the operator) finds it with the projected token and CA below;
 - volumes as host directories under the pod's directory: emptyDir (a ``medium: Memory`` one
   mounted by a single container is a tmpfs of its sizeLimit instead), secret and configMap
   files (``items`` and ``defaultMode`` honoured, mounted read-only), a projected volume's
@@ -15,11 +19,14 @@ The container backend of the fake kubelet runs a runtime pod from its image, as 
 - the securityContext (pod, then container): runAsUser/runAsGroup, readOnlyRootFilesystem,
   ``capabilities.drop: [ALL]``, ``allowPrivilegeEscalation: false``; resources.limits memory
   and cpu;
-- every containerPort published on 127.0.0.1 at a free host port, where the readiness probe
-  and the pod map reach it;
+- every containerPort, and every port the image listens on (the runtime's ``--port`` and
+  ``--grpc-port``, the operator's metrics and health ports), published on 127.0.0.1 at a free
+  host port, where the readiness probe and the pod map reach it;
 - labels naming the pod and the cluster, by which leftovers are removed;
-- the cluster's host names (``RunnerConfig.host_names``) resolving to the host's loopback in
-  every container, the stand-in for the cluster DNS that names the stores pods fetch from.
+- the cluster's host names (``RunnerConfig.host_names``) and the API server's name resolving
+  to the host's loopback in every container, the stand-in for the cluster DNS that names the
+  API server and the stores pods fetch from: the API server still listens on 127.0.0.1 only,
+  which slirp4netns's ``allow_host_loopback`` forwards to.
 """
 
 from __future__ import annotations
@@ -34,13 +41,13 @@ from pathlib import Path, PurePosixPath
 
 from fleetserve_e2e.images.containers import ContainerSpec, Mount
 from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.pki import APISERVER_NAME
 from fleetserve_e2e.pod_launch import (
     HttpProbe,
-    Image,
     distinct_ports,
     field_value,
-    flag_value,
     image_of,
+    listen_ports,
     readiness_probe,
 )
 
@@ -120,7 +127,8 @@ class ContainersPlan:
     host_ports: Mapping[int, int]
     readiness: HttpProbe | None
     serving_port: int | None
-    """The host port of the runtime's inference API, which the pod map publishes."""
+    """The host port of the runtime's inference API, which the pod map publishes; None for
+    the operator, which serves no inference."""
     grpc_port: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     fs_group: int | None = None
@@ -407,8 +415,17 @@ def pod_labels(pod: JsonObject, cluster: str) -> dict[str, str]:
     }
 
 
-def _serving_port(args: Sequence[str]) -> int:
-    return int(flag_value(args, "--port") or 8080)
+def service_env(apiserver_port: int) -> dict[str, str]:
+    """What a kubelet tells every container about the API server (the ``kubernetes`` Service).
+
+    A kubelet names the Service's cluster IP; no container here can route to one, so the host
+    is the API server's in-cluster name, which resolves to the host's loopback inside the
+    container, and the port is the one the API server listens on there.
+    """
+    return {
+        "KUBERNETES_SERVICE_HOST": APISERVER_NAME,
+        "KUBERNETES_SERVICE_PORT": str(apiserver_port),
+    }
 
 
 def containers_plan(
@@ -420,27 +437,35 @@ def containers_plan(
     pod_dir: Path,
     allocate_port: Callable[[], int],
     cluster: str,
+    apiserver_port: int,
     host_names: Sequence[str] = (),
     node_dir: Path | None = None,
 ) -> ContainersPlan:
-    """How to run the pod's init containers and its runtime `container` with podman.
+    """How to run the pod's init containers and its Fleetserve `container` with podman.
+
+    `apiserver_port` is the port of the API server on the host's loopback (`service_env`).
 
     Raises:
-        ValueError: `container` runs no Fleetserve runtime image, or its readiness probe names
-            an unknown port.
+        ValueError: `container` runs no Fleetserve image, or its readiness probe names an
+            unknown port.
         PodSpecError: A Secret or ConfigMap the pod reads is missing.
     """
-    if image_of(container) is not Image.RUNTIME:
-        raise ValueError(f"container {container['name']!r} runs no Fleetserve runtime image")
+    image = image_of(container)
+    if image is None:
+        raise ValueError(f"container {container['name']!r} runs no Fleetserve image")
     args = [str(arg) for arg in container.get("args", [])]
-    grpc = flag_value(args, "--grpc-port")
+    main_env = resolved_env(pod, container, lookup)
+    listening = listen_ports(image, args, main_env)
     declared = {int(port["containerPort"]) for port in container.get("ports", [])}
-    listening = {_serving_port(args), *([int(grpc)] if grpc is not None else [])}
-    host_ports = distinct_ports(sorted(declared | listening), allocate_port)
+    # Port 0 turns an operator endpoint off: nothing listens, nothing to publish.
+    host_ports = distinct_ports(sorted((declared | set(listening.values())) - {0}), allocate_port)
     volumes = {volume.name: volume for volume in host_volumes(pod, lookup, node_dir)}
     labels = pod_labels(pod, cluster)
+    names = tuple(dict.fromkeys((*host_names, APISERVER_NAME)))
 
-    def planned(spec: JsonObject, ports: Mapping[int, int]) -> PlannedContainer:
+    def planned(
+        spec: JsonObject, ports: Mapping[int, int], env: Mapping[str, str]
+    ) -> PlannedContainer:
         termination_file = f"termination-{spec['name']}"
         return PlannedContainer(
             name=spec["name"],
@@ -448,27 +473,32 @@ def containers_plan(
             spec=container_spec(
                 pod,
                 spec,
-                env=resolved_env(pod, spec, lookup),
+                # The pod spec's own variables win over the kubelet's, as in a cluster.
+                env={**service_env(apiserver_port), **env},
                 images=images,
                 volumes=volumes,
                 pod_dir=pod_dir,
                 termination_file=termination_file,
                 ports=ports,
                 labels=labels,
-                host_names=host_names,
+                host_names=names,
             ),
             termination_file=termination_file,
             fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
         )
 
+    serving, grpc = listening.get("--port"), listening.get("--grpc-port")
     return ContainersPlan(
-        init=tuple(planned(spec, {}) for spec in pod["spec"].get("initContainers", [])),
-        main=planned(container, host_ports),
+        init=tuple(
+            planned(spec, {}, resolved_env(pod, spec, lookup))
+            for spec in pod["spec"].get("initContainers", [])
+        ),
+        main=planned(container, host_ports, main_env),
         volumes=tuple(volumes.values()),
         host_ports=host_ports,
         readiness=readiness_probe(container, host_ports),
-        serving_port=host_ports[_serving_port(args)],
-        grpc_port=None if grpc is None else host_ports[int(grpc)],
+        serving_port=None if serving is None else host_ports[serving],
+        grpc_port=None if grpc is None else host_ports[grpc],
         labels=labels,
         fs_group=fs_group(pod),
     )

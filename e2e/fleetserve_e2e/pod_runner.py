@@ -16,12 +16,12 @@ bound to a node and, for each one:
   (SIGTERM, SIGKILL after its grace period, both capped) and is removed for good, as a
   kubelet confirms a graceful deletion.
 
-With ``backend="containers"`` a runtime pod runs as real containers of its image instead
-(``pod_containers`` plans them, ``container_pod`` runs them with podman): init containers first,
-volumes, securityContext and limits honoured, container ports published on 127.0.0.1 where the
-probe and the pod map reach them, an exit 137 at the memory limit reported as ``OOMKilled``.
-Operator pods stay local processes in either backend: the operator needs the API server on the
-host's loopback.
+With ``backend="containers"`` a pod of a Fleetserve image, runtime or operator, runs as real
+containers of its image instead (``pod_containers`` plans them, ``container_pod`` runs them
+with podman): init containers first, volumes (the projected service-account token included),
+securityContext and limits honoured, container ports published on 127.0.0.1 where the probe
+and the pod map reach them, an exit 137 at the memory limit reported as ``OOMKilled``; the
+operator finds the API server as an in-cluster client does (``pod_containers.service_env``).
 
 With ``pod_network`` each process pod gets a loopback address of its own instead of remapped
 ports on 127.0.0.1, and the runner publishes every Service's pods in EndpointSlices that a
@@ -41,6 +41,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -62,10 +63,8 @@ from fleetserve_e2e.pod_containers import (
 from fleetserve_e2e.pod_endpoints import MANAGED_BY, MANAGED_BY_LABEL, endpoint_slices
 from fleetserve_e2e.pod_launch import (
     LOOPBACK,
-    Image,
     LaunchPlan,
     fleetserve_container,
-    image_of,
     launch_plan,
     prestop_sleep_s,
 )
@@ -242,7 +241,7 @@ class RunnerConfig:
     sync_interval_s: float = 0.3
     restart_delay_s: float = 1.0
     backend: Backend = "processes"
-    """``containers``: runtime pods run as containers of their image (operator pods do not)."""
+    """``containers``: Fleetserve pods (runtime and operator) run as containers of their image."""
     images: Mapping[str, str] = field(default_factory=dict)
     """Image reference in a pod spec → the local tag to run instead (containers backend)."""
     pull: PullOptions = field(default_factory=PullOptions)
@@ -256,6 +255,14 @@ class RunnerConfig:
     its container ports (`ports.free_pod_ip`), and publish each Service's pods in EndpointSlices
     of their own (`pod_endpoints`); off: every pod is 127.0.0.1 at remapped ports, which only
     the pod map tells apart."""
+
+
+def _port_of(url: str) -> int:
+    """The port of an ``https://host:port`` URL (the API server's, which always names one)."""
+    port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"{url!r} names no port")
+    return port
 
 
 class PodRunner:
@@ -348,8 +355,7 @@ class PodRunner:
             return
         running = self._processes.get(pod["metadata"]["uid"])
         if running is None:
-            in_containers = self._config.backend == "containers"
-            if in_containers and image_of(container) is Image.RUNTIME:
+            if self._config.backend == "containers":
                 try:
                     running = self._launch_containers(pod, container)
                 except PodSpecError as error:
@@ -423,6 +429,7 @@ class PodRunner:
             pod_dir=pod_dir,
             allocate_port=free_port,
             cluster=self._config.marker,
+            apiserver_port=_port_of(self._config.server),
             host_names=self._config.host_names,
             node_dir=node_directory(self._config.work_dir, pod["spec"].get("nodeName", "")),
         )

@@ -1,4 +1,4 @@
-"""How the fake kubelet's container backend turns a runtime pod into podman containers (pure)."""
+"""How the fake kubelet's container backend turns a Fleetserve pod into podman containers (pure)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from fleetserve_e2e.container_pod import write_volume
 from fleetserve_e2e.images.containers import Mount
 from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.pki import APISERVER_NAME
 from fleetserve_e2e.pod_containers import (
     CLUSTER_LABEL,
     POD_UID_LABEL,
@@ -30,6 +31,8 @@ from fleetserve_e2e.pod_launch import HttpProbe
 from fleetserve_e2e.testing import RUNTIME_IMAGE
 
 LOCAL = "localhost/fleetserve/fleetserve-runtime:0.1.0"
+OPERATOR_IMAGE = "registry.test/fleetserve/fleetserve-operator:0.1.0"
+APISERVER_PORT = 46443
 POD_DIR = Path("/work/pods/ns_demo")
 SECRET = {"data": {"token": base64.b64encode(b"s3cret").decode(), "other": "eA=="}}
 CONFIG_MAP = {"data": {"a.yaml": "a: 1\n"}, "binaryData": {"b.bin": "AAE="}}
@@ -86,6 +89,7 @@ def _plan(
         pod_dir=pod_dir,
         allocate_port=itertools.count(40000).__next__,
         cluster="/tmp/cluster-a",
+        apiserver_port=APISERVER_PORT,
         host_names=host_names,
         node_dir=node_dir,
     )
@@ -257,8 +261,19 @@ def test_the_clusters_host_names_reach_every_container_init_ones_too() -> None:
     """The fetch init container is the one that needs them: it reaches the stores."""
     plan = _plan(_volumes_pod(), host_names=("seaweedfs-s3",))
     for planned in (*plan.init, plan.main):
-        assert planned.spec.host_names == ("seaweedfs-s3",)
-    assert _plan(_volumes_pod()).main.spec.host_names == ()
+        assert planned.spec.host_names == ("seaweedfs-s3", APISERVER_NAME)
+    assert _plan(_volumes_pod()).main.spec.host_names == (APISERVER_NAME,)
+
+
+def test_every_container_finds_the_api_server_as_a_kubelet_tells_it() -> None:
+    """KUBERNETES_SERVICE_HOST/PORT: the name in the API server's certificate, its port."""
+    plan = _plan(_volumes_pod())
+    for planned in (*plan.init, plan.main):
+        assert planned.spec.env["KUBERNETES_SERVICE_HOST"] == APISERVER_NAME
+        assert planned.spec.env["KUBERNETES_SERVICE_PORT"] == str(APISERVER_PORT)
+    # The pod's own variables win, as in a cluster.
+    own = _runtime(env=[{"name": "KUBERNETES_SERVICE_PORT", "value": "443"}])
+    assert _plan(_pod(own)).main.spec.env["KUBERNETES_SERVICE_PORT"] == "443"
 
 
 def test_every_container_is_labelled_with_the_pod_and_the_cluster() -> None:
@@ -303,9 +318,42 @@ def test_a_missing_secret_volume_stops_the_pod_unless_optional() -> None:
     )
 
 
-def test_an_operator_pod_is_not_planned_as_containers() -> None:
-    container = {**_runtime(), "image": "ghcr.io/fleetserve/fleetserve-operator:0.1.0"}
-    with pytest.raises(ValueError, match="runtime image"):
+def _operator(metrics_port: str = "8081") -> JsonObject:
+    """The chart's operator container, as far as the backend reads it."""
+    return {
+        "name": "operator",
+        "image": OPERATOR_IMAGE,
+        "args": ["run"],
+        "env": [
+            {"name": "FLEETSERVE_METRICS_PORT", "value": metrics_port},
+            {"name": "FLEETSERVE_LIVENESS_PORT", "value": "8080"},
+        ],
+        "ports": [{"name": "health", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}},
+        "securityContext": _restricted(),
+    }
+
+
+def test_an_operator_pod_runs_its_image_with_its_ports_published_and_no_serving_port() -> None:
+    """The image's entrypoint and the pod's args; metrics and health ports on the host."""
+    plan = _plan(_pod(_operator(), securityContext={"runAsUser": 65532, "runAsGroup": 65532}))
+    main = plan.main.spec
+    assert (main.image, main.entrypoint, main.args) == (OPERATOR_IMAGE, None, ("run",))
+    assert (main.user, main.read_only, main.drop_all_capabilities) == ("65532:65532", True, True)
+    assert plan.host_ports == {8080: 40000, 8081: 40001}
+    assert main.ports == plan.host_ports
+    assert plan.readiness == HttpProbe(port=40000, path="/healthz")
+    assert (plan.serving_port, plan.grpc_port) == (None, None)
+    assert main.env["KUBERNETES_SERVICE_HOST"] == APISERVER_NAME
+
+
+def test_an_operator_endpoint_turned_off_is_not_published() -> None:
+    assert _plan(_pod(_operator(metrics_port="0"))).host_ports == {8080: 40000}
+
+
+def test_a_pod_of_no_fleetserve_image_is_not_planned_as_containers() -> None:
+    container = {**_runtime(), "image": "registry.test/busybox:1"}
+    with pytest.raises(ValueError, match="no Fleetserve image"):
         _plan(_pod(container))
 
 
