@@ -80,7 +80,9 @@ def test_a_disagreeing_version_is_rolled_back_at_the_shadow_stage(env: RolloutEn
     assert "ShadowStarted" in event_reasons(env)
     assert _target(env) is None
     assert "shadow" not in status["rollout"]
-    assert operator.total("fleetserve_operator_rollbacks") == 1
+    # Counted after the status write that rolled back.
+    wait_until(lambda: operator.total("fleetserve_operator_rollbacks") == 1, timeout_s=10.0,
+               what="the rollback's counter")  # fmt: skip
     # No caller saw version 2: every request was answered, 200, by stable.
     assert not failed_requests(load), failed_requests(load)
     assert {r.track for r in load.records} == {"stable"}
