@@ -68,7 +68,7 @@ elseif phase == "Succeeded" and ready ~= nil and ready.status == "True" then
   hs.message = "Serving " .. (status.stableVersion or "the spec") .. " (" .. (status.ready or "ready") .. ")"
 elseif phase == "Succeeded" or phase == "Pending" or phase == "Starting"
     or phase == "Progressing" or phase == "Holding" or phase == "Promoting"
-    or phase == "Baking" then
+    or phase == "Baking" or phase == "Shadowing" then
   hs.status = "Progressing"
   hs.message = phase
   if status.canaryVersion ~= nil then

@@ -23,6 +23,10 @@ securityContext and limits honoured, container ports published on 127.0.0.1 wher
 and the pod map reach them, an exit 137 at the memory limit reported as ``OOMKilled``; the
 operator finds the API server as an in-cluster client does (``pod_containers.service_env``).
 
+A process pod's ``configMap`` volumes are projected into host directories that follow the
+ConfigMap, its args pointed at them, and a Service's cluster URL in them resolved to a ready
+pod of the Service (``pod_volumes``): the harness has neither mount namespaces nor cluster DNS.
+
 With ``pod_network`` each process pod gets a loopback address of its own instead of remapped
 ports on 127.0.0.1, and the runner publishes every Service's pods in EndpointSlices that a
 gateway can dial (``pod_endpoints`` says why the controller's own cannot); containers pods keep
@@ -76,6 +80,13 @@ from fleetserve_e2e.pod_map import (
     write_pod_map,
 )
 from fleetserve_e2e.pod_status import Observation, pod_status, termination_reason, timestamp
+from fleetserve_e2e.pod_volumes import (
+    ConfigMapMount,
+    config_map_mounts,
+    host_args,
+    project,
+    resolve_services,
+)
 from fleetserve_e2e.ports import free_pod_ip, free_port
 from fleetserve_e2e.processes import ManagedProcess, start_process
 
@@ -280,6 +291,8 @@ class PodRunner:
         self._published: list[PodAddress] | None = None
         self._slices: dict[tuple[str, str], JsonObject] | None = None
         """The pod network's EndpointSlices as last written, by (namespace, name)."""
+        self._mounts: dict[str, list[ConfigMapMount]] = {}
+        """uid → the ConfigMap volumes a process pod mounts, projected at every sync."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
         # "namespace/pod" (or "" for the pod list itself) → the last error syncing it.
@@ -326,6 +339,7 @@ class PodRunner:
         live_uids = {pod["metadata"]["uid"] for pod in pods}
         for uid in [uid for uid in self._processes if uid not in live_uids]:
             self._processes.pop(uid).process.stop()
+            self._mounts.pop(uid, None)
         for uid in [uid for uid in self._reported if uid not in live_uids]:
             del self._reported[uid]
         for pod in pods:
@@ -364,6 +378,7 @@ class PodRunner:
                     raise
             else:
                 running = self._launch(pod, container)
+        self._project(pod)
         self._supervise(running)
         self._report(pod, running.seen, pod_ip=running.ip)
 
@@ -380,12 +395,51 @@ class PodRunner:
             kubeconfig=kubeconfig,
             allocate_pod_ip=self._allocate_pod_ip if self._config.pod_network else None,
         )
+        mounts = config_map_mounts(pod, container, Path(f"{stem}.volumes"))
+        plan = replace(plan, argv=tuple(host_args(plan.argv, mounts)))
+        self._mounts[pod["metadata"]["uid"]] = mounts
+        self._project(pod)  # before the process starts, as a kubelet mounts first
         # Only once the plan holds: a pod spec the harness cannot run is retried every sync,
         # and must not request a token each time.
         if token is not None and kubeconfig is not None:
             self._write_token_kubeconfig(pod, token, kubeconfig)
         workload = ProcessWorkload(plan, Path(f"{stem}.log"), self._config.work_dir)
         return self._track(pod, plan, workload)
+
+    def _project(self, pod: JsonObject) -> None:
+        """Bring a process pod's ConfigMap volumes up to date with the API (`pod_volumes`)."""
+        namespace = pod["metadata"]["namespace"]
+        for mount in self._mounts.get(pod["metadata"]["uid"], []):
+            try:
+                found = self._client.get(namespaced("configmaps", namespace, mount.config_map))
+            except KubeApiError as error:
+                if error.status_code != 404:
+                    raise
+                found = None
+            data = {
+                key: resolve_services(value, self._service_endpoint)
+                for key, value in ((found or {}).get("data") or {}).items()
+            }
+            project(mount, data if found is not None else None)
+
+    def _service_endpoint(self, namespace: str, service: str) -> str | None:
+        """``<ip>:<port>`` of a ready published pod the Service selects; None without one."""
+        try:
+            found = self._client.get(namespaced("services", namespace, service))
+        except KubeApiError as error:
+            if error.status_code == 404:
+                return None
+            raise
+        selector: dict[str, str] = found["spec"].get("selector") or {}
+        ready = [
+            pod.address
+            for pod in self._published or []
+            if pod.namespace == namespace
+            and pod.ready
+            and selector
+            and all(pod.labels.get(key) == value for key, value in selector.items())
+        ]
+        return min(ready) if ready else None
 
     def _allocate_pod_ip(self, ports: Collection[int]) -> str:
         """A free loopback address for a new pod; a live pod's stays its own across restarts."""

@@ -15,11 +15,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fleetserve_operator.naming import Track
-from fleetserve_operator.spec import RUNTIME_HTTP_PORT, BatchingSpec, GpuTrackSpec, ModelSpec
+from fleetserve_operator.spec import (
+    RUNTIME_HTTP_PORT,
+    BatchingSpec,
+    GpuTrackSpec,
+    ModelSpec,
+    ShadowSpec,
+)
 from fleetserve_operator.spec.base import parse_quantity
 from fleetserve_operator.spec.model_source import DEFAULT_MAX_BYTES, ModelCache, fetched_scheme
 
 __all__ = [
+    "shadow_flags",
+    "shadow_target",
     "AUTH_MOUNT",
     "AUTH_TOKEN_FILE",
     "AUTH_TOKEN_KEY",
@@ -54,6 +62,9 @@ __all__ = [
     "REQUESTS_METRIC",
     "REQUEST_DURATION_METRIC",
     "SHADOW_AGREED_METRIC",
+    "SHADOW_MOUNT",
+    "SHADOW_TARGET_FILE",
+    "SHADOW_TARGET_KEY",
     "SHADOW_COMPARED_METRIC",
     "SHADOW_ERRORS_METRIC",
     "SHADOW_MIRRORED_METRIC",
@@ -140,6 +151,12 @@ TLS_MOUNT = "/var/run/secrets/fleetserve/tls"
 swapped in by the kubelet."""
 TLS_CERT_FILE = f"{TLS_MOUNT}/tls.crt"
 TLS_KEY_FILE = f"{TLS_MOUNT}/tls.key"
+SHADOW_MOUNT = "/etc/fleetserve/shadow"
+"""Where the stable pods mount the shadow stage's ConfigMap (`rollout.shadow`): a directory,
+never a subPath, so the kubelet swaps in a new target and the runtime, which re-reads it
+(`--shadow-file`), starts and stops copying without a restart."""
+SHADOW_TARGET_KEY = "target.json"
+SHADOW_TARGET_FILE = f"{SHADOW_MOUNT}/{SHADOW_TARGET_KEY}"
 PRIVILEGED_HEADERS = ("X-Fleetserve-Priority", "X-Fleetserve-Timeout-Ms")
 """Request headers the runtime honours only from a caller holding the priority token; the
 HTTPRoute removes them from every request it forwards."""
@@ -286,6 +303,28 @@ def render_args(*, pods: GpuTrackSpec, config: TrackConfig) -> list[str]:
     # The runtime's switches take no value (`--tenants-trust-header`), unlike every flag above.
     switches = ["--tenants-trust-header"] if tenants is not None and tenants.trust_header else []
     return as_args(flags) + switches
+
+
+def shadow_flags(*, tls: bool) -> dict[str, object]:
+    """The flags of a stable pod that follows the shadow stage's target file.
+
+    With TLS the target is `https://`, verified against the pods' own certificate.
+    """
+    flags: dict[str, object] = {"shadow-file": SHADOW_TARGET_FILE}
+    if tls:
+        flags["shadow-ca-file"] = TLS_CERT_FILE
+    return flags
+
+
+def shadow_target(url: str, shadow: ShadowSpec, version: str) -> str:
+    """The target file's text (the runtime's `ShadowTarget`): copy to `url`, labelled `version`."""
+    target = {
+        "url": url,
+        "fraction": shadow.fraction,
+        "version_label": version,
+        "min_cosine": shadow.min_cosine,
+    }
+    return json.dumps(target, sort_keys=True)
 
 
 def as_args(flags: dict[str, object]) -> list[str]:

@@ -19,6 +19,7 @@ __all__ = [
     "VERSION",
     "Track",
     "child_name",
+    "shadow_target_name",
     "labels",
     "selector",
 ]
@@ -63,6 +64,11 @@ pods, EndpointSlices) are DNS subdomains, or are truncated by the controllers th
 def child_name(service: str, track: Track | None = None) -> str:
     """`<name>-<track>` for a track's Deployment and Service; `<name>` for the umbrella."""
     return service if track is None else f"{service}-{track.value}"
+
+
+def shadow_target_name(service: str) -> str:
+    """`<name>-shadow`: the ConfigMap holding the shadow stage's target (`rollout.shadow`)."""
+    return f"{service}-shadow"
 
 
 def labels(

@@ -14,13 +14,14 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetserve_operator import analysis, contract
+from fleetserve_operator import analysis, contract, render
 from fleetserve_operator.naming import Track
 from fleetserve_operator.render import plan_tracks
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import FakeMetricSource, make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
 from fleetserve_runtime.core.metrics import LATENCY_BUCKETS_S, RuntimeMetrics, StateSnapshot
+from fleetserve_runtime.core.shadow_target import ShadowTarget, read_target
 from fleetserve_runtime.core.tenants import TENANT_HEADER
 from fleetserve_runtime.generate.metrics import GenerationMetrics
 from fleetserve_runtime.models.registry import resolve_handler
@@ -261,3 +262,24 @@ def test_unknown_builtin_is_rejected_by_the_runtime_too() -> None:
     """The operator's Degraded for an unknown builtin matches the runtime's refusal."""
     with pytest.raises(ValueError, match="unknown builtin model"):
         resolve_handler("builtin://gpt9", name="m", version="1", max_sequence_length=32)
+
+
+def test_the_shadow_target_the_operator_writes_is_the_one_the_runtime_reads(
+    tmp_path: Path,
+) -> None:
+    """The stable pods' flags with `rollout.shadow` parse, and so does the ConfigMap's file."""
+    spec = make_spec(rollout={"shadow": {"fraction": 0.25, "minCosine": 0.98}})
+    (stable, *_) = plan_tracks(spec, InferenceServiceStatus())
+    assert stable.follows_shadow
+    args = render.runtime_args(stable)
+    config = parse_config(args)
+    assert config.shadow.file == Path(contract.SHADOW_TARGET_FILE)
+    assert config.shadow.enabled
+    assert config.shadow.fixed_target() is None
+    shadow = spec.rollout.shadow
+    assert shadow is not None
+    written = tmp_path / contract.SHADOW_TARGET_KEY
+    written.write_text(contract.shadow_target("http://m-canary.ns.svc:80", shadow, "2.1"))
+    assert read_target(written) == ShadowTarget(
+        url="http://m-canary.ns.svc:80", fraction=0.25, version_label="2.1", min_cosine=0.98
+    )

@@ -45,8 +45,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import Field
-
 from fleetserve_operator.analysis.count_tests import e_value
 from fleetserve_operator.analysis.guardrails import BoundTest
 from fleetserve_operator.analysis.power import ALTERNATIVES as GATE_ALTERNATIVES
@@ -67,9 +65,12 @@ from fleetserve_operator.spec import (
     CheckOutcome,
     CheckResult,
     InconclusiveReason,
+    RateEvidence,
+    ShadowCounts,
+    ShadowEvidence,
+    ShadowSpec,
     Verdict,
 )
-from fleetserve_operator.spec.base import Wire
 
 __all__ = [
     "AGREEMENT_CHECK",
@@ -132,6 +133,17 @@ class ShadowPolicy:
     min_compared: int = 100
     """Fewest compared units for a Passed verdict."""
 
+    @classmethod
+    def of(cls, spec: ShadowSpec) -> ShadowPolicy:
+        """The policy `rollout.shadow` states."""
+        return cls(
+            min_agreement=spec.min_agreement,
+            max_error_rate=spec.max_error_rate,
+            alpha=spec.alpha,
+            power=spec.power,
+            min_compared=spec.min_compared,
+        )
+
     def __post_init__(self) -> None:
         for name in ("min_agreement", "max_error_rate", "alpha", "power"):
             value = getattr(self, name)
@@ -146,35 +158,6 @@ class ShadowPolicy:
     def gate(self, bound: float) -> BelowTest:
         """The gate that passes the shadow below `bound`, at β = 1 - power."""
         return BelowTest(rate=bound, beta=1.0 - self.power)
-
-
-class ShadowCounts(Wire):
-    """The four cumulative sums over the stable pods at one look."""
-
-    mirrored: float = Field(0, ge=0)
-    errors: float = Field(0, ge=0)
-    compared: float = Field(0, ge=0)
-    agreed: float = Field(0, ge=0)
-
-
-class RateEvidence(Wire):
-    """One bad event's tests: trials and events seen, both states, whether the gate cleared."""
-
-    trials: float = 0.0
-    events: float = 0.0
-    rejection: tuple[float, ...] = ()
-    gate: tuple[float, ...] = ()
-    cleared: bool = False
-
-
-class ShadowEvidence(Wire):
-    """Everything a shadow stage has learnt; kept between looks (and in status, as JSON)."""
-
-    last: ShadowCounts | None = None
-    """The sums at the last look that read them; increments are taken from here."""
-    disagreement: RateEvidence = RateEvidence()
-    errors: RateEvidence = RateEvidence()
-    failed: bool = False
 
 
 def _advanced(
@@ -233,6 +216,19 @@ def _state(evidence: RateEvidence, name: str, gate: BelowTest) -> str:
     return f"{seen} (evidence {e:.3g} of {gate.threshold:.3g} needed)"
 
 
+def _measured(evidence: ShadowEvidence) -> str:
+    """The agreement and the error rate as measured, with their counts."""
+    agreed = evidence.disagreement.trials - evidence.disagreement.events
+    failed = evidence.errors
+    agreement = evidence.disagreement.rate
+    shown = "n/a" if agreement is None else f"{1.0 - agreement:.3g}"
+    rate = "n/a" if failed.rate is None else f"{failed.rate:.3g}"
+    return (
+        f"agreement {shown} ({agreed:.0f} of {evidence.disagreement.trials:.0f} answers), "
+        f"error rate {rate} ({failed.events:.0f} of {failed.trials:.0f} copies)"
+    )
+
+
 def _verdict(policy: ShadowPolicy, evidence: ShadowEvidence) -> AnalysisResult:
     """The verdict on the evidence as it stands, the look's reads having succeeded."""
     disagreement_bound, error_bound = 1.0 - policy.min_agreement, policy.max_error_rate
@@ -245,7 +241,8 @@ def _verdict(policy: ShadowPolicy, evidence: ShadowEvidence) -> AnalysisResult:
     if evidence.failed or rejected:
         message = (
             f"the shadow's disagreement is shown above {disagreement_bound:g} or its error "
-            f"rate above {error_bound:g}: {', '.join(rejected) or 'rejected at an earlier look'}"
+            f"rate above {error_bound:g} ({', '.join(rejected) or 'rejected at an earlier look'}): "
+            f"{_measured(evidence)}"
         )
         return AnalysisResult(
             verdict=Verdict.FAILED, message=message, requests=compared, checks=checks

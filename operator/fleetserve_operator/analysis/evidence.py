@@ -127,15 +127,23 @@ def _stable_bound(histogram: HistogramTest, stable: TrackCounts) -> float | None
     return histogram.bounds[index]
 
 
-def _start(plan: SequentialPlan, canary: TrackCounts, stable: TrackCounts) -> Evidence:
+def _start(
+    plan: SequentialPlan, canary: TrackCounts, stable: TrackCounts, *, canary_from_now: bool
+) -> Evidence:
     """Evidence before any increment: stable's counters from now, the canary's from 0.
 
     The canary's series exist at 0 from the moment its version loaded, so everything it
     answered counts; stable's history before the rollout is not comparable share by share,
-    but it picks each latency gate's bound and is part of the 100% step's baseline.
+    but it picks each latency gate's bound and is part of the 100% step's baseline. After a
+    shadow stage (`canary_from_now`) the canary has answered the stable pods' copies, which
+    are no step's traffic: its counters are taken from now too.
     """
-    zero = TrackCounts().model_copy(
-        update={h.field: [0.0] * len(_buckets(canary, h)) for h in plan.histograms.values()}
+    zero = (
+        canary
+        if canary_from_now
+        else TrackCounts().model_copy(
+            update={h.field: [0.0] * len(_buckets(canary, h)) for h in plan.histograms.values()}
+        )
     )
     gate = plan.gate
     checks = []
@@ -372,7 +380,10 @@ def _advanced(evidence: Evidence, plan: SequentialPlan, reads: _Reads) -> list[C
     for name, histogram in plan.histograms.items():
         series[name] = _histogram_series(reads, histogram)
     kept = {check.name: check for check in evidence.checks}
-    fresh = {check.name: check for check in _start(plan, TrackCounts(), reads.stable[0]).checks}
+    fresh = {
+        check.name: check
+        for check in _start(plan, TrackCounts(), reads.stable[0], canary_from_now=False).checks
+    }
     checks = []
     for name, check in ((name, kept.get(name, fresh[name])) for name in fresh):
         if name in plan.tests:
@@ -392,6 +403,7 @@ def accumulate(
     *,
     generative: bool = False,
     canary_alone: bool = False,
+    canary_from_now: bool = False,
 ) -> Evidence:
     """The evidence after the counters `canary` and `stable` were read (pure).
 
@@ -399,13 +411,15 @@ def accumulate(
     requests in it, and into the absolute bounds' tests whenever the canary did. When the
     canary carries all the traffic (`canary_alone`) and stable answered nothing, stable's
     counters as last taken in become the baseline, fixed from then on, and the tests hold
-    the canary's increments to it. When a sum went back (a pod restarted or left), that
-    track is read afresh and the increment is skipped. Whether an increment is used
-    depends on request counts only, never on the events, so skipping keeps every test valid.
+    the canary's increments to it. `canary_from_now`: the canary's counters at the first
+    read are its starting point (after a shadow stage), not 0. When a sum went back (a pod
+    restarted or left), that track is read afresh and the increment is skipped. Whether an
+    increment is used depends on request counts only, never on the events, so skipping
+    keeps every test valid.
     """
     plan = sequential_plan(spec, generative=generative)
     if evidence is None or evidence.canary is None or evidence.stable is None:
-        return _start(plan, canary, stable)
+        return _start(plan, canary, stable, canary_from_now=canary_from_now)
     before_canary, before_stable = evidence.canary, evidence.stable
     if _went_back(before_canary, canary) or _went_back(before_stable, stable):
         fresh_canary = canary if _went_back(before_canary, canary) else before_canary

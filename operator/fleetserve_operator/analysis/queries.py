@@ -128,6 +128,9 @@ class AnalysisTarget:
     canary_alone: bool = False
     """The canary carries all the traffic (the 100% step): sequential mode holds it to
     stable's baseline when stable answers nothing."""
+    canary_served_copies: bool = False
+    """A shadow stage came first (`rollout.shadow`): the canary's counters already hold
+    the copies it answered, so sequential mode counts them from its first look, not from 0."""
 
 
 GATED_ABOVE = 50
@@ -165,6 +168,7 @@ def target_for(
         generative=spec.model.generates,
         gated=index is not None and following > GATED_ABOVE,
         canary_alone=alone,
+        canary_served_copies=spec.rollout.shadow is not None,
     )
 
 

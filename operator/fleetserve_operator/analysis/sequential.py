@@ -187,7 +187,13 @@ def watch(
         return evidence, inconclusive(InconclusiveReason.QUERY_ERROR, str(exc))
     if canary is not None and stable is not None:
         evidence = accumulate(
-            spec, evidence, canary, stable, generative=generative, canary_alone=target.canary_alone
+            spec,
+            evidence,
+            canary,
+            stable,
+            generative=generative,
+            canary_alone=target.canary_alone,
+            canary_from_now=target.canary_served_copies,
         )
     samples = evidence.step_samples if evidence is not None else None
     if evidence is not None and evidence.rejected:

@@ -1,6 +1,6 @@
 """Watches of the operator's children: one thread per kind and namespace, feeding a work queue.
 
-Every event of a child (Deployment, Service, HTTPRoute, GRPCRoute, ScaledObject,
+Every event of a child (Deployment, Service, ConfigMap, HTTPRoute, GRPCRoute, ScaledObject,
 PodDisruptionBudget) or of a pod of one only says which InferenceService to re-converge, so
 the event is reduced to its owner's key (`owner_key`) and added to the `WorkQueue`; nothing
 of the object is kept. kopf would instead start a worker and an event queue per watched
@@ -61,6 +61,7 @@ class ChildKind:
 CHILD_KINDS = (
     ChildKind("apps/v1", "Deployment", "deployments"),
     ChildKind("v1", "Service", "services"),
+    ChildKind("v1", "ConfigMap", "configmaps"),
     ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ChildKind("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),

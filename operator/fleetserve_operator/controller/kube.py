@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 _PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
+    "ConfigMap": "configmaps",
     "HTTPRoute": "httproutes",
     "GRPCRoute": "grpcroutes",
     "ScaledObject": "scaledobjects",
@@ -61,6 +62,7 @@ _PLURALS = {
 _CHILD_KINDS = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
+    ("v1", "ConfigMap"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("gateway.networking.k8s.io/v1", "GRPCRoute"),
     ("keda.sh/v1alpha1", "ScaledObject"),
@@ -100,6 +102,7 @@ _SOURCE_FIELDS = {
     "Service": "spec.traffic",
     "ScaledObject": "spec.scaling",
     "PodDisruptionBudget": "spec.disruption",
+    "ConfigMap": "spec.rollout.shadow",
 }
 
 

@@ -56,7 +56,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetserve_operator import analysis, contract, naming, observe, render, rollout
-from fleetserve_operator.analysis import MetricSource, PrometheusSource, read_memory_figures
+from fleetserve_operator.analysis import (
+    MetricSource,
+    PrometheusSource,
+    agreement,
+    read_memory_figures,
+)
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
@@ -80,8 +85,11 @@ from fleetserve_operator.spec import (
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    RolloutPhase,
     RuntimeImages,
+    ShadowEvidence,
     TrafficProvider,
+    Verdict,
 )
 
 __all__ = ["Sync", "utc_now"]
@@ -124,6 +132,8 @@ class _Pass:
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
     canary_only: bool = False
     """The umbrella Service selects the canary's pods alone (`rollout.canary_only`)."""
+    stable_only: bool = False
+    """The umbrella Service selects the stable pods alone (`rollout.stable_only`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +278,7 @@ class Sync:
                 routes_by_weight=routes_by_weight,
                 fetches=run.fetches,
                 canary_only=run.canary_only,
+                stable_only=run.stable_only,
             )
 
         run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
@@ -320,6 +331,7 @@ class Sync:
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
+        run.stable_only = rollout.stable_only(spec, step.status)
         run.fetches = observe.track_fetches(deployments, pods)
         run.problem = observe.workload_problem(deployments, pods) or self._memory_problem(
             run.ref.namespace, spec, render.stable_pods(spec, run.previous)
@@ -343,13 +355,15 @@ class Sync:
     ) -> rollout.Facts:
         """What the rollout needs to know now (a due analysis queries Prometheus)."""
         evidence, result = self._analysis(ref.namespace, spec, previous, now)
+        shadow_evidence, shadow_result = self._shadow_look(ref.namespace, spec, previous, now)
         return rollout.Facts(
             stable=observe.track_facts(deployments.get(Track.STABLE), pods),
             canary=observe.track_facts(deployments.get(Track.CANARY), pods),
             stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
             annotations=dict(meta.get("annotations") or {}),
-            analysis=result,
+            analysis=result or shadow_result,
             evidence=evidence,
+            shadow_evidence=shadow_evidence,
         )
 
     def _prometheus_url(self, spec: InferenceServiceSpec) -> str | None:
@@ -391,6 +405,37 @@ class Sync:
         if checks.mode is AnalysisMode.SEQUENTIAL:
             return analysis.watch(source, checks, target, previous.rollout.evidence, due=due)
         return None, analysis.evaluate(source, checks, target) if due else None
+
+    def _shadow_look(
+        self,
+        namespace: str,
+        spec: InferenceServiceSpec,
+        previous: InferenceServiceStatus,
+        now: datetime,
+    ) -> tuple[ShadowEvidence | None, AnalysisResult | None]:
+        """While shadowing: the stage's evidence at this look, and its verdict when due.
+
+        Read at every look, as sequential mode is, over the stable pods' shadow series
+        labelled with the canary's version; a Failed verdict acts at once. Without a
+        Prometheus to read, nothing: the stage then ends at `maxDuration`, never passing.
+        """
+        shadow, stage = spec.rollout.shadow, previous.rollout.shadow
+        url = self._prometheus_url(spec)
+        if shadow is None or stage is None or url is None:
+            return None, None
+        if previous.current_phase is not RolloutPhase.SHADOWING:
+            return None, None
+        model = render.stable_pods(spec, previous).model
+        scope = analysis.TrackScope(namespace, model.name, model.version, Track.STABLE)
+        evidence, result = agreement.watch(
+            self._metric_source(url),
+            agreement.ShadowPolicy.of(shadow),
+            scope,
+            previous.canary_version or spec.model.version,
+            stage.evidence,
+        )
+        due = rollout.is_shadow_due(spec, previous, now)
+        return evidence, result if due or result.verdict is Verdict.FAILED else None
 
     def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
         """Events, counters and command annotations; the rest was rendered from status."""

@@ -64,6 +64,8 @@ class Observation:
     """The model fetches of the tracks whose pods fetch their model (`facts.track_fetches`)."""
     canary_only: bool = False
     """The umbrella Service selects the canary's pods alone: the bake's standby gets nothing."""
+    stable_only: bool = False
+    """The umbrella Service selects the stable pods alone: before and during a shadow stage."""
 
 
 def memory_problem(
@@ -304,13 +306,14 @@ def effective_canary_weight(
     An HTTPRoute gives it exactly its split. Without one the umbrella Service spreads
     requests over every ready GPU-pool pod, so the canary's share of ready replicas is what
     it gets: one canary pod next to three stable ones is 25%, whatever the step says; while
-    the Service selects the canary's pods alone (a bake), all of it.
+    the Service selects the canary's pods alone (a bake), all of it, and while it selects the
+    stable pods alone (a shadow stage), none.
     """
     if seen.routes_by_weight:
         return traffic_split(status).canary
     canary, stable = tracks.get(Track.CANARY), tracks.get(Track.STABLE)
     canary_ready = canary.ready_replicas if canary else 0
-    if fallback_active(status) or canary_ready == 0:
+    if fallback_active(status) or canary_ready == 0 or seen.stable_only:
         return 0
     if seen.canary_only:
         return 100

@@ -16,19 +16,20 @@ from __future__ import annotations
 import hashlib
 import json
 
-from fleetserve_operator import naming
+from fleetserve_operator import contract, naming
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.render import routes, scaling
 from fleetserve_operator.render.owner import Owner
 from fleetserve_operator.render.pods import TrackPlan, pod_template
 from fleetserve_operator.render.tracks import plan_tracks
-from fleetserve_operator.rollout import canary_only, fallback_active
+from fleetserve_operator.rollout import canary_only, fallback_active, stable_only
 from fleetserve_operator.spec import (
     DisruptionSpec,
     GrpcSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    RolloutPhase,
     ScalingSpec,
     TrafficProvider,
 )
@@ -55,7 +56,12 @@ def _deployment(owner: Owner, plan: TrackPlan) -> Manifest:
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
         },
         "revisionHistoryLimit": 3,
-        "template": pod_template(plan, labels, naming.selector(owner.name, track)),
+        "template": pod_template(
+            plan,
+            labels,
+            naming.selector(owner.name, track),
+            shadow_target=naming.shadow_target_name(owner.name),
+        ),
     }
     if plan.replicas is not None:
         body = {"replicas": plan.replicas, **body}
@@ -196,12 +202,18 @@ def desired_children(
         naming.POOL_LABEL: pool,
     }
     umbrella_grpc = grpc[Track.STABLE]
+    if stable_only(spec, status):
+        # Before and during a shadow stage the canary answers only the stable pods' copies,
+        # through its own Service (with `replicas` traffic, every client reaches this one).
+        umbrella = naming.selector(owner.name, Track.STABLE)
     if canary_only(spec, status):
         # The bake's standby: its pods keep running but must answer nothing, whatever
         # reaches the umbrella Service (with `replicas` traffic, every client).
         umbrella, umbrella_grpc = naming.selector(owner.name, Track.CANARY), grpc[Track.CANARY]
     # The fallback runs the stable track's pods, so both pools serve gRPC as stable does.
     children.append(_service(owner, spec, owner.name, umbrella, umbrella_grpc))
+    if spec.rollout.shadow is not None:
+        children.append(_shadow_target(owner, spec, status))
     if spec.traffic.provider is TrafficProvider.GATEWAY_API:
         weights = routes.traffic_weights(spec, status)
         children.append(routes.http_route(owner, spec, weights))
@@ -209,6 +221,31 @@ def desired_children(
         if grpc_route is not None:
             children.append(grpc_route)
     return [_with_applied_hash(child) for child in children]
+
+
+def _shadow_target(
+    owner: Owner, spec: InferenceServiceSpec, status: InferenceServiceStatus
+) -> Manifest:
+    """The ConfigMap the stable pods follow: the canary's Service while shadowing, else empty.
+
+    Present whenever `rollout.shadow` is set, so that a stage's start and end are edits of
+    one file the pods re-read; empty (no target) outside the stage, so leaving it by any
+    row stops the copies.
+    """
+    target = ""
+    shadow = spec.rollout.shadow
+    if shadow is not None and status.current_phase is RolloutPhase.SHADOWING:
+        scheme = "https" if spec.runtime.tls is not None else "http"
+        service = naming.child_name(owner.name, Track.CANARY)
+        url = f"{scheme}://{service}.{owner.namespace}.svc:{spec.traffic.port}"
+        target = contract.shadow_target(url, shadow, status.canary_version or spec.model.version)
+    name = naming.shadow_target_name(owner.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.metadata(name, naming.labels(owner.name)),
+        "data": {contract.SHADOW_TARGET_KEY: target},
+    }
 
 
 def _with_applied_hash(child: Manifest) -> Manifest:

@@ -59,6 +59,7 @@ TENANTS_VOLUME = "tenants"
 TLS_VOLUME = "tls"
 STORAGE_CREDENTIALS_VOLUME = "storage-credentials"
 STORAGE_CA_VOLUME = "storage-ca"
+SHADOW_VOLUME = "shadow-target"
 NODE_CACHE_VOLUME = "model-cache"
 # The fetch downloads beside the finished model and unpacks archives there before it renames,
 # so the volume holds up to twice the model for a moment.
@@ -103,6 +104,10 @@ class TrackPlan:
     """How the track's pods spread across nodes and zones."""
     priority_class_name: str | None = None
     """The pods' PriorityClass; None: the cluster's default."""
+    follows_shadow: bool = False
+    """The stable track with `rollout.shadow`: its pods mount the shadow stage's ConfigMap
+    and copy to the target it holds (`--shadow-file`), always, so that the stage's start
+    and end restart none of them."""
 
     @property
     def drain_seconds(self) -> int:
@@ -115,6 +120,8 @@ class TrackPlan:
 def runtime_args(plan: TrackPlan) -> list[str]:
     """The runtime's flags: `contract.render_args`, and a generative model's engine knobs."""
     args = contract.render_args(pods=plan.pods, config=plan.config)
+    if plan.follows_shadow:
+        args += contract.as_args(contract.shadow_flags(tls=_serves_tls(plan.pods)))
     # fp32 is the runtime's default: leaving it out keeps a runtime image older than the
     # flag starting.
     if plan.precision != "fp32":
@@ -348,13 +355,26 @@ def _container(plan: TrackPlan, mounts: list[Manifest]) -> Manifest:
     return container
 
 
-def pod_template(plan: TrackPlan, labels: dict[str, str], selector: dict[str, str]) -> Manifest:
+def pod_template(
+    plan: TrackPlan,
+    labels: dict[str, str],
+    selector: dict[str, str],
+    *,
+    shadow_target: str | None = None,
+) -> Manifest:
     """The pod template of `plan`'s track, labelled `labels` (those of its Deployment).
 
-    `selector` picks the track's own pods, which its topology spread balances.
+    `selector` picks the track's own pods, which its topology spread balances;
+    `shadow_target` names the ConfigMap a track that `follows_shadow` mounts.
     """
     spec = plan.pods
     volumes, mounts = _volumes(spec)
+    if plan.follows_shadow and shadow_target is not None:
+        # Optional: the pods start before the operator writes the ConfigMap, and then see it
+        # appear in the directory, as they see its later changes.
+        config_map = {"name": shadow_target, "optional": True}
+        volumes.append({"name": SHADOW_VOLUME, "configMap": config_map})
+        mounts.append({"name": SHADOW_VOLUME, "mountPath": contract.SHADOW_MOUNT, "readOnly": True})
     pod: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

@@ -10,6 +10,7 @@ stable track's pods on CPU, in its own image (`spec.fallback.image`, a CPU-only 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import InvalidSpec
@@ -126,7 +127,8 @@ def plan_tracks(
     """
     capacity = plan_capacity(spec, status, stable_replicas=observed_stable_replicas)
     stable = stable_pods(spec, status)
-    plans = [_gpu_plan(spec, stable, Track.STABLE, capacity.stable)]
+    stable_plan = _gpu_plan(spec, stable, Track.STABLE, capacity.stable)
+    plans = [replace(stable_plan, follows_shadow=spec.rollout.shadow is not None)]
     phase = status.current_phase
     if phase.is_rollout_active:
         plans.append(_gpu_plan(spec, spec.gpu_track, Track.CANARY, capacity.canary))

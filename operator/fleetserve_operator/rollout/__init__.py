@@ -13,6 +13,7 @@ a rollout.
 - `moves`: one handler per row of the table.
 - `gates`: the rows of steps with a hold or a manual gate, and their bookkeeping; the
   `confirm` webhooks' veto.
+- `shadow`: the rows of the shadow stage before the first step (`Shadowing`).
 - `notify`: the `notify` webhooks' actions that follow from a transition's Events.
 - `machine`: `TRANSITIONS`, the only table, and `next_step`.
 
@@ -40,11 +41,12 @@ from fleetserve_operator.rollout.data import (
 )
 from fleetserve_operator.rollout.gates import asks_confirmation
 from fleetserve_operator.rollout.machine import TRANSITIONS, next_step
-from fleetserve_operator.rollout.moves import is_analysis_due, is_watching
+from fleetserve_operator.rollout.moves import is_analysis_due, is_shadow_due, is_watching
 from fleetserve_operator.rollout.traffic import (
     canary_only,
     fallback_active,
     plan_capacity,
+    stable_only,
     traffic_split,
 )
 
@@ -66,8 +68,10 @@ __all__ = [
     "canary_only",
     "fallback_active",
     "is_analysis_due",
+    "is_shadow_due",
     "is_watching",
     "next_step",
     "plan_capacity",
+    "stable_only",
     "traffic_split",
 ]

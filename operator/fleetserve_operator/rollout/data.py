@@ -19,6 +19,7 @@ from fleetserve_operator.spec import (
     InferenceServiceStatus,
     RolloutCommand,
     RolloutEvent,
+    ShadowEvidence,
     WebhookSpec,
 )
 
@@ -102,6 +103,9 @@ class Facts:
     evidence: Evidence | None = None
     """Sequential mode: the tests' evidence after this look (`is_watching`), to be kept in
     `status.rollout.evidence`; None leaves it as it is."""
+    shadow_evidence: ShadowEvidence | None = None
+    """While shadowing: the stage's evidence after this look (`analysis.agreement.watch`),
+    to be kept in `status.rollout.shadow`; its verdict, when due or Failed, is `analysis`."""
     confirmation: Confirmation | None = None
     """The `confirm` webhooks' answer, asked when a step was otherwise ready to advance
     (`asks_confirmation`); None: not asked, nothing vetoes."""

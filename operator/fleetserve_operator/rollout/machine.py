@@ -33,7 +33,6 @@ from fleetserve_operator.rollout.moves import (
     elapsed_s,
     failed,
     finish,
-    first_step,
     ignored,
     inconclusive,
     new_event,
@@ -51,6 +50,15 @@ from fleetserve_operator.rollout.moves import (
     with_rollout,
 )
 from fleetserve_operator.rollout.notify import notifications
+from fleetserve_operator.rollout.shadow import (
+    canary_ready,
+    shadow_failed,
+    shadow_inconclusive,
+    shadow_passed,
+    shadow_skipped,
+    with_shadow_evidence,
+    without_ended_shadow,
+)
 from fleetserve_operator.rollout.traffic import fallback_active
 from fleetserve_operator.spec import (
     Acknowledgement,
@@ -70,7 +78,7 @@ __all__ = ["TRANSITIONS", "next_step"]
 P = RolloutPhase
 
 _ANALYSING = (P.PROGRESSING, P.PAUSED, P.HOLDING)
-_CANARY = (P.STARTING, *_ANALYSING)
+_CANARY = (P.STARTING, P.SHADOWING, *_ANALYSING)
 _SETTLED = (P.PENDING, P.SUCCEEDED)
 _ENDED = (P.ROLLED_BACK, P.FAILED)
 Handler = Callable[[Tick], Step]
@@ -98,6 +106,16 @@ _BAKE_ROWS: dict[Trigger, Handler] = {
 Rolling back (abort, a crash, a failed analysis) is the usual withdrawal: the weights go
 back to the stable track, which still runs the previous spec."""
 
+_SHADOW_ROWS: dict[Trigger, Handler] = {
+    Trigger.PROMOTE: shadow_skipped,
+    Trigger.ANALYSIS_PASSED: shadow_passed,
+    Trigger.ANALYSIS_FAILED: shadow_failed,
+    Trigger.ANALYSIS_INCONCLUSIVE: shadow_inconclusive,
+}
+"""The `Shadowing` rows beyond those of every canary phase (a new or reverted spec, abort,
+a crash): the canary at weight 0, judged on the copies the stable pods send it. Pause and
+resume do not apply (the stage ends at `maxDuration` whatever happens)."""
+
 TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     **_rows(tuple(RolloutPhase), Trigger.SPEC_INVALID, refuse),
     **_rows((*_SETTLED, *_ENDED), Trigger.ADOPT, adopt),
@@ -111,7 +129,7 @@ TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.PAUSE, pause),
     **_rows((P.PAUSED, P.HOLDING), Trigger.RESUME, resume),
     **_rows(_ANALYSING, Trigger.APPROVE, approve),
-    (P.STARTING, Trigger.CANARY_READY): first_step,
+    (P.STARTING, Trigger.CANARY_READY): canary_ready,
     (P.STARTING, Trigger.READY_DEADLINE_PASSED): not_ready,
     **_rows((P.PROGRESSING, P.HOLDING), Trigger.ANALYSIS_PASSED, gated_pass),
     (P.PAUSED, Trigger.ANALYSIS_PASSED): record_only,
@@ -122,6 +140,7 @@ TRANSITIONS: dict[tuple[RolloutPhase, Trigger], Handler] = {
     (P.PENDING, Trigger.STABLE_AVAILABLE): settle,
     (P.SUCCEEDED, Trigger.STABLE_UNAVAILABLE): settle,
     **{(P.BAKING, trigger): handler for trigger, handler in _BAKE_ROWS.items()},
+    **{(P.SHADOWING, trigger): handler for trigger, handler in _SHADOW_ROWS.items()},
 }
 """(phase, trigger) → handler. A pair not listed leaves the status as it is."""
 
@@ -263,11 +282,14 @@ def _fail_over(t: Tick) -> tuple[Tick, tuple[Action, ...]]:
 
 
 def _with_evidence(t: Tick) -> Tick:
-    """Keep the sequential tests' new evidence, whatever the step does with it."""
-    evidence = t.facts.evidence
-    if evidence is None or t.given is None:
+    """Keep the sequential tests' (or the shadow stage's) new evidence, whatever the step does."""
+    if t.given is None:
         return t
-    return replace(t, status=t.status.model_copy(update=with_rollout(t.status, evidence=evidence)))
+    status = with_shadow_evidence(t.status, t.facts.shadow_evidence)
+    evidence = t.facts.evidence
+    if evidence is not None:
+        status = status.model_copy(update=with_rollout(status, evidence=evidence))
+    return replace(t, status=status)
 
 
 def _forget_gone_commands(t: Tick) -> Tick:
@@ -340,7 +362,8 @@ def next_step(
     t = _forget_gone_commands(t)
     trigger = _detect(t)
     step = _run(t, trigger) if trigger is not None else Step(t.status)
-    done = _finalise(before, track_step_gate(t, _without_ended_bake(step.status)))
+    ended = without_ended_shadow(_without_ended_bake(step.status))
+    done = _finalise(before, track_step_gate(t, ended))
     actions = (*fallback_actions, *step.actions, *done.actions)
     actions = (*actions, *notifications(spec, status, done.status, actions))
     return Transition(status=done.status, actions=actions, trigger=trigger)

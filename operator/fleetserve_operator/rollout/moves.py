@@ -98,6 +98,19 @@ def is_analysis_due(
     return elapsed >= parse_duration_s(spec.rollout.interval)
 
 
+def is_shadow_due(
+    spec: InferenceServiceSpec, status: InferenceServiceStatus, now: datetime
+) -> bool:
+    """True while shadowing, failover off, and an interval has passed: the stage is judged.
+
+    Failover sends the traffic to the CPU track: the stable pods copy nothing then.
+    """
+    if status.current_phase is not P.SHADOWING or fallback_active(status):
+        return False
+    elapsed = elapsed_s(status.rollout.interval_started_at, now)
+    return elapsed >= parse_duration_s(spec.rollout.interval)
+
+
 def with_rollout(status: InferenceServiceStatus, **changes: Any) -> dict[str, Any]:
     """A status update that changes these `status.rollout` fields."""
     return {"rollout": status.rollout.model_copy(update=changes)}
@@ -299,10 +312,13 @@ def resume(t: Tick) -> Step:
 
 
 def due_analysis(t: Tick) -> AnalysisResult:
-    """The due analysis: the caller's result, a pass without analysis config, else NotRun."""
+    """The due analysis: the caller's result, a pass without analysis config, else NotRun.
+
+    A shadow stage never passes without a result: its agreement must be shown.
+    """
     if t.facts.analysis is not None:
         return t.facts.analysis
-    if t.spec.rollout.analysis is None:
+    if t.spec.rollout.analysis is None and t.phase is not P.SHADOWING:
         message = "no analysis configured: judged on readiness and time alone"
         return AnalysisResult(verdict=Verdict.PASSED, message=message)
     return AnalysisResult(
@@ -317,7 +333,7 @@ def verdict(t: Tick) -> Verdict | None:
 
     A Failed result acts before the interval is over: a sequential test rejected.
     """
-    if is_analysis_due(t.spec, t.status, t.now):
+    if is_analysis_due(t.spec, t.status, t.now) or is_shadow_due(t.spec, t.status, t.now):
         return due_analysis(t).verdict
     early = t.facts.analysis
     return Verdict.FAILED if early is not None and early.verdict is Verdict.FAILED else None

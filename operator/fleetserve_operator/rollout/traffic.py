@@ -20,6 +20,7 @@ __all__ = [
     "canary_only",
     "fallback_active",
     "plan_capacity",
+    "stable_only",
     "standby_replicas",
     "traffic_split",
 ]
@@ -101,3 +102,14 @@ def canary_only(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> b
     phase = status.current_phase
     baked = phase is P.BAKING or (phase is P.PROMOTING and spec.rollout.bake is not None)
     return baked and not fallback_active(status)
+
+
+def stable_only(spec: InferenceServiceSpec, status: InferenceServiceStatus) -> bool:
+    """True while the canary must get no live request at all: before a shadow stage, and in it.
+
+    With `rollout.shadow`, from the canary's start until the stage ends, the canary gets
+    only the copies the stable pods send to its own Service. With weights alone the
+    umbrella Service, which selects every GPU pod, would reach its ready pods too.
+    """
+    before = status.current_phase in (P.STARTING, P.SHADOWING)
+    return before and spec.rollout.shadow is not None and not fallback_active(status)

@@ -29,6 +29,7 @@ __all__ = [
     "RolloutEvent",
     "RolloutSpec",
     "SecretKeyRef",
+    "ShadowSpec",
     "StepGate",
     "StepPolicy",
     "TrafficProvider",
@@ -301,6 +302,40 @@ class StepPolicy(Wire):
         return self
 
 
+_SHADOW_LONGER = "rollout.shadow.maxDuration must be at least rollout.interval (one look)"
+
+
+class ShadowSpec(Wire):
+    """The shadow stage before the first step (`rollout.shadow`, `shadow.md`).
+
+    The canary's pods run at weight 0 while the stable pods copy a sample of their live
+    requests to it and compare its answers with theirs; the operator judges the agreement
+    and the copies' error rate sequentially at every `rollout.interval`.
+    """
+
+    fraction: float = Field(0.1, gt=0, le=1)
+    """Share of the stable pods' mirrorable requests copied to the canary. The copies' work
+    lands on the stable pods: keep it small on busy services."""
+    min_compared: int = Field(100, ge=1, le=1_000_000)
+    """Fewest answers compared before the stage can pass (it passes on evidence, never on
+    silence)."""
+    min_agreement: float = Field(0.95, gt=0, lt=1)
+    """Share of compared answers that must agree (greedy texts equal, vectors within
+    `minCosine`), shown at power `power`; shown below it, the canary is rolled back."""
+    max_error_rate: float = Field(0.01, gt=0, lt=1)
+    """Most share of copies the canary may fail (5xx, 4xx, timeout, no connection)."""
+    min_cosine: float = Field(0.99, ge=0, le=1)
+    """Cosine similarity at or above which two embedding vectors agree."""
+    alpha: float = Field(0.01, gt=0, lt=1)
+    """Most probability that a canary within both bounds is rolled back."""
+    power: float = Field(0.9, gt=0, lt=1)
+    """1 - the most probability that a canary at or past either bound passes."""
+    max_duration: Duration = "30m"
+    """How long the stage may last without a verdict; then the canary is rolled back
+    (`ShadowInconclusive`), as a step that waited too long for its evidence is. At least
+    `rollout.interval`."""
+
+
 class RolloutEvent(StrEnum):
     """What a `notify` webhook can be told of: the Event reasons of the rollout it posts."""
 
@@ -403,7 +438,13 @@ class RolloutSpec(Wire):
                     "!has(self.stepPolicies) || self.stepPolicies.all(p, p.weight in self.steps)",
                     _POLICY_WEIGHTS,
                     ".stepPolicies",
-                )
+                ),
+                cel(
+                    "!has(self.shadow) || duration(self.shadow.maxDuration) >= "
+                    "duration(self.interval)",
+                    _SHADOW_LONGER,
+                    ".shadow.maxDuration",
+                ),
             ]
         }
     )
@@ -456,6 +497,11 @@ class RolloutSpec(Wire):
     """Holds and manual gates of single steps, by weight, e.g.
     `[{weight: 1, hold: 24h, gate: manual}]`; a step without one advances as soon as its
     analysis passes."""
+    shadow: ShadowSpec | None = None
+    """A shadow stage before the first step: the canary gets a copy of a sample of live
+    requests at weight 0, its answers compared with stable's and never returned; it goes on
+    to the first step when its agreement is shown, and is rolled back when its disagreement
+    or errors are, or after `maxDuration` without a verdict. Unset: no shadow stage."""
     webhooks: list[WebhookSpec] = Field(
         default_factory=list,
         max_length=8,
@@ -483,6 +529,12 @@ class RolloutSpec(Wire):
         weights = [p.weight for p in self.step_policies]
         if len(set(weights)) != len(weights):
             msg = f"rollout.stepPolicies names a weight twice: {weights}"
+            raise ValueError(msg)
+        shadow = self.shadow
+        if shadow is not None and (
+            parse_duration_s(shadow.max_duration) < parse_duration_s(self.interval)
+        ):
+            msg = f"{_SHADOW_LONGER}: {shadow.max_duration} < {self.interval}"
             raise ValueError(msg)
         return self
 

@@ -18,6 +18,10 @@ __all__ = [
     "Acknowledgement",
     "AnalysisResult",
     "BakeStatus",
+    "RateEvidence",
+    "ShadowCounts",
+    "ShadowEvidence",
+    "ShadowStatus",
     "CheckOutcome",
     "CheckEvidence",
     "CheckResult",
@@ -48,6 +52,10 @@ class RolloutPhase(StrEnum):
     - `Succeeded`: no rollout; the stable track serves the spec.
     - `Starting`: a canary runs the new spec at weight 0 until it is Ready (or the
       `progressDeadline` passes).
+    - `Shadowing`: the canary is Ready and `rollout.shadow` is set: at weight 0 it gets a
+      copy of a sample of the stable pods' live requests, its answers compared with theirs
+      and never returned; shown to agree, it takes the first step (`Progressing`); shown to
+      disagree or fail, or without a verdict within `maxDuration`, it is rolled back.
     - `Progressing`: the canary holds a step's weight; at the end of each interval the
       analysis decides: advance, count a failure, or count an inconclusive result (in
       sequential mode a rejecting test rolls the canary back at once, at any look).
@@ -79,6 +87,7 @@ class RolloutPhase(StrEnum):
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
     BAKING = "Baking"
+    SHADOWING = "Shadowing"
 
     @property
     def is_rollout_active(self) -> bool:
@@ -94,7 +103,11 @@ class RolloutPhase(StrEnum):
 _ANALYSING = frozenset(
     {RolloutPhase.PROGRESSING, RolloutPhase.PAUSED, RolloutPhase.HOLDING, RolloutPhase.BAKING}
 )
-_ROLLOUT_ACTIVE = _ANALYSING | {RolloutPhase.STARTING, RolloutPhase.PROMOTING}
+_ROLLOUT_ACTIVE = _ANALYSING | {
+    RolloutPhase.STARTING,
+    RolloutPhase.SHADOWING,
+    RolloutPhase.PROMOTING,
+}
 
 
 class Verdict(StrEnum):
@@ -319,6 +332,82 @@ class BakeStatus(Wire):
     """Paused by annotation: it goes on baking, and does not end until resumed."""
 
 
+class ShadowCounts(Wire):
+    """The four cumulative sums of the shadow metrics over the stable pods at one look."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mirrored: float = Field(0, ge=0)
+    errors: float = Field(0, ge=0)
+    compared: float = Field(0, ge=0)
+    agreed: float = Field(0, ge=0)
+
+
+class RateEvidence(Wire):
+    """One bad event's tests: trials and events seen, both states, whether the gate cleared."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trials: float = 0.0
+    events: float = 0.0
+    rejection: tuple[float, ...] = Field((), max_length=16)
+    gate: tuple[float, ...] = Field((), max_length=16)
+    cleared: bool = False
+
+    @property
+    def rate(self) -> float | None:
+        """Events per trial so far; None before any trial."""
+        return self.events / self.trials if self.trials > 0 else None
+
+
+class ShadowEvidence(Wire):
+    """Everything a shadow stage has learnt (`analysis.agreement`); a restart resumes it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    last: ShadowCounts | None = None
+    """The sums at the last look that read them; increments are taken from here."""
+    disagreement: RateEvidence = RateEvidence()
+    """Compared answers (trials) and those that did not agree (events)."""
+    errors: RateEvidence = RateEvidence()
+    """Copies done (trials) and those the canary failed (events)."""
+    failed: bool = False
+
+
+class ShadowStatus(Wire):
+    """The shadow stage before the first step (`rollout.shadow`), while `Shadowing`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    since: Timestamp
+    """When the stable pods were told to copy to the canary."""
+    until: Timestamp
+    """When the stage ends without a verdict (`maxDuration`): the canary is rolled back."""
+    compared: float = Field(0, ge=0)
+    """Answers compared so far."""
+    agreement: float | None = Field(None, ge=0, le=1)
+    """Share of them that agreed; unset before the first."""
+    mirrored: float = Field(0, ge=0)
+    """Copies the canary answered or failed so far."""
+    error_rate: float | None = Field(None, ge=0, le=1)
+    """Share of them it failed; unset before the first."""
+    evidence: ShadowEvidence = ShadowEvidence()
+    """The sequential tests' state (`analysis.agreement`)."""
+
+    def with_evidence(self, evidence: ShadowEvidence) -> ShadowStatus:
+        """This stage with `evidence` and the figures it gives."""
+        disagreement = evidence.disagreement.rate
+        return self.model_copy(
+            update={
+                "evidence": evidence,
+                "compared": evidence.disagreement.trials,
+                "agreement": None if disagreement is None else 1.0 - disagreement,
+                "mirrored": evidence.errors.trials,
+                "error_rate": evidence.errors.rate,
+            }
+        )
+
+
 class StepWait(StrEnum):
     """What a step whose analysis passed is waiting for (`status.rollout.stepGate.waiting`)."""
 
@@ -395,6 +484,8 @@ class RolloutStatus(Wire):
     """Why the rollout is where it is (hold reason, failing values)."""
     bake: BakeStatus | None = None
     """The bake, while the phase is `Baking`."""
+    shadow: ShadowStatus | None = None
+    """The shadow stage, while the phase is `Shadowing`."""
     step_gate: StepGateStatus | None = None
     """The current step's hold and manual gate (`rollout.stepPolicies`), if it has them."""
 

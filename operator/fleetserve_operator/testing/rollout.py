@@ -12,13 +12,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetserve_operator import analysis, naming, render, rollout
-from fleetserve_operator.analysis import REJECTIONS, SERVER_ERRORS
+from fleetserve_operator.analysis import REJECTIONS, SERVER_ERRORS, agreement
 from fleetserve_operator.contract import QUEUE_WAIT_METRIC, REQUEST_DURATION_METRIC
 from fleetserve_operator.naming import Track
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.render import Owner
 from fleetserve_operator.rollout import ClearAnnotation, Facts, TrackFacts, Transition
-from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RolloutCommand
+from fleetserve_operator.spec import (
+    AnalysisResult,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    RolloutCommand,
+    RolloutPhase,
+    ShadowCounts,
+    ShadowEvidence,
+    Verdict,
+)
 from fleetserve_operator.testing.fakes import FakeClock, ScriptedMetricSource, make_spec
 
 __all__ = [
@@ -91,6 +100,10 @@ class World:
     routes: list[dict[Track, int]] = field(default_factory=list)
     scales: list[tuple[int | None, int]] = field(default_factory=list)
     templates: list[Template] = field(default_factory=list)
+    shadow: ShadowCounts | None = None
+    """The stable pods' shadow sums Prometheus answers while shadowing; None: no series."""
+    children_seen: list[Manifest] = field(default_factory=list)
+    """The children rendered for the current status."""
 
     def source(self) -> ScriptedMetricSource:
         """Scripted Prometheus answers for the current canary and stable series."""
@@ -116,12 +129,32 @@ class World:
         config = self.spec.rollout.analysis
         if config is not None and rollout.is_analysis_due(self.spec, self.status, self.clock.now):
             result = analysis.evaluate(self.source(), config, self.target())
+        evidence, judged = self.shadow_look()
         return Facts(
             stable=self.stable,
             canary=self.canary,
             annotations=dict(self.annotations),
-            analysis=result,
+            analysis=result or judged,
+            shadow_evidence=evidence,
         )
+
+    def shadow_look(self) -> tuple[ShadowEvidence | None, AnalysisResult | None]:
+        """While shadowing, as `sync` looks: the evidence, and the verdict when due or Failed."""
+        shadow, stage = self.spec.rollout.shadow, self.status.rollout.shadow
+        if shadow is None or stage is None or self.status.phase != RolloutPhase.SHADOWING:
+            return None, None
+        version = self.status.canary_version or ""
+        scope = analysis.TrackScope("ns", "demo", self.status.stable_version or "", Track.STABLE)
+        queries = agreement.shadow_queries(scope, version)
+        counts = self.shadow.model_dump() if self.shadow is not None else {}
+        source = ScriptedMetricSource(
+            values={query: counts.get(name) for name, query in queries.items()},
+            online=self.prometheus_online,
+        )
+        policy = agreement.ShadowPolicy.of(shadow)
+        evidence, result = agreement.watch(source, policy, scope, version, stage.evidence)
+        due = rollout.is_shadow_due(self.spec, self.status, self.clock.now)
+        return evidence, result if due or result.verdict is Verdict.FAILED else None
 
     def target(self) -> analysis.AnalysisTarget:
         """The series the analysis compares."""
@@ -152,6 +185,7 @@ class World:
     def render(self) -> None:
         """Render the children of the current status and play the Deployment controller."""
         children = self.children(self.status)
+        self.children_seen = children
         route = route_weights(children)
         if not self.routes or self.routes[-1] != route:
             self.routes.append(route)

@@ -25,6 +25,13 @@ from pydantic_settings import (
 )
 
 from fleetserve_runtime.core.auth import allowlist_entry_problem, read_token
+from fleetserve_runtime.core.shadow_target import (
+    MinCosine,
+    ShadowFraction,
+    ShadowTarget,
+    ShadowUrl,
+    ShadowVersionLabel,
+)
 from fleetserve_runtime.core.tenants import read_table
 
 __all__ = [
@@ -390,25 +397,35 @@ class TenantsConfig(_Section):
 class ShadowConfig(_Section):
     """Mirroring a sample of requests to the next version, to compare answers (`shadow.md`).
 
-    Off while `url` is unset. The copies are sent once the primary answered (2xx only) and
-    never delay or fail it; their answers are compared, counted and discarded.
+    The target (`core.shadow_target`) is given by `url` and its companions, fixed for the
+    pod's life, or by `file`, re-read every `poll_s` (how the operator starts and stops a
+    shadow stage); never both. Off while neither is set (or the file is absent or empty).
+    The copies are sent once the primary answered (2xx only) and never delay or fail it;
+    their answers are compared, counted and discarded.
     """
 
     flag_prefix: ClassVar[str] = "shadow-"
 
-    url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2048)
-    """Base URL of the shadow version (its Service), `http://` or `https://`; unset: off."""
-    fraction: float = Field(0.1, gt=0, le=1)
+    url: ShadowUrl | None = None
+    """Base URL of the shadow version (its Service), `http://` or `https://`; unset: off
+    (unless `file` is set)."""
+    fraction: ShadowFraction = 0.1
     """Share of the mirrorable requests (embeddings, infer, predict, OpenAI completions and
     chat) copied to the shadow."""
+    version_label: ShadowVersionLabel = "shadow"
+    """The shadow's version, the `shadow_version` label of the shadow metrics."""
+    min_cosine: MinCosine = 0.99
+    """Cosine similarity at or above which two embedding vectors agree."""
+    file: Path | None = None
+    """JSON file holding the target (`url`, `fraction`, `version_label`, `min_cosine`),
+    re-read every `poll_s`: absent or empty is off, so the target can come and go without a
+    restart (a mounted ConfigMap). Refused together with any of those four settings."""
+    poll_s: float = Field(2.0, ge=0.1, le=300)
+    """How often `file` is re-read, in seconds."""
     max_concurrency: int = Field(8, ge=1, le=1024)
     """Most copies in flight at once; a copy beyond it is dropped (and counted)."""
     timeout_s: float = Field(10.0, gt=0, le=600)
     """Longest a copy may take; then it counts as a shadow error."""
-    version_label: str = Field("shadow", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.+-]{0,62}$")
-    """The shadow's version, the `shadow_version` label of the shadow metrics."""
-    min_cosine: float = Field(0.99, ge=0, le=1)
-    """Cosine similarity at or above which two embedding vectors agree."""
     ca_file: Path | None = None
     """PEM bundle an `https://` shadow's certificate is verified against (e.g. the pods' own
     TLS secret's `ca.crt`); unset: the system's trust store."""
@@ -420,6 +437,36 @@ class ShadowConfig(_Section):
             msg = f"shadow.ca_file {value} is not a readable file"
             raise ValueError(msg)
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ShadowConfig:
+        if self.file is None:
+            if self.model_fields_set & {"poll_s"}:
+                msg = "shadow.poll_s only applies with shadow.file"
+                raise ValueError(msg)
+            return self
+        given = sorted(self.model_fields_set & set(ShadowTarget.model_fields))
+        if given:
+            named = ", ".join(f"shadow.{name}" for name in given)
+            msg = f"shadow.file holds the target: {named} cannot be set beside it"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the pod mirrors at all: a fixed `url`, or a `file` to follow."""
+        return self.url is not None or self.file is not None
+
+    def fixed_target(self) -> ShadowTarget | None:
+        """The target the settings give (None with `file`, or without `url`)."""
+        if self.url is None:
+            return None
+        return ShadowTarget(
+            url=self.url,
+            fraction=self.fraction,
+            version_label=self.version_label,
+            min_cosine=self.min_cosine,
+        )
 
 
 class RuntimeConfig(BaseSettings):

@@ -132,7 +132,7 @@ def create_apps(
         if config.tenants.file is not None
         else None
     )
-    shadow = Shadow(config.shadow) if config.shadow.url is not None else None
+    shadow = Shadow(config.shadow) if config.shadow.enabled else None
     answers = (
         SemanticAnswers(
             config.semantic_cache,

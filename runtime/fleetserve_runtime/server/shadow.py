@@ -13,6 +13,11 @@ answer goes to the client first and unchanged, and only once its last byte is se
 copy handed to `Shadow.offer`. The copy then runs as a task of its own: the primary is
 neither delayed nor failed by a slow, failing or absent shadow.
 
+The target (`core.shadow_target`) is fixed by the `shadow.*` settings, or re-read from
+`shadow.file` every `shadow.poll_s` (`Shadow.follow`): the operator starts and stops a shadow
+stage by writing a ConfigMap mounted there, without restarting the serving pods. A copy
+keeps the target it was drawn under, so a change never splits one copy between two.
+
 - Only answers the primary gave with 2xx are copied: a request the stable version refused
   says nothing about the shadow, and a shadow failure is then a request it failed that the
   stable version served (`fleetserve_shadow_errors_total`: 5xx, 4xx, timeout, transport).
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import random
 import re
 import ssl
@@ -52,10 +58,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetserve_runtime.core.agreement import Comparison, compare_texts, compare_vectors
 from fleetserve_runtime.core.config import ShadowConfig
 from fleetserve_runtime.core.metrics import ShadowMetrics, ShadowSeries
+from fleetserve_runtime.core.shadow_target import ShadowTarget, read_target
 from fleetserve_runtime.generate.contracts import is_greedy
 from fleetserve_runtime.server.request_body import BINARY_TENSOR_HEADER
 
 __all__ = ["MAX_CAPTURE_BYTES", "Copy", "Kind", "Shadow", "ShadowMirror", "kind_of"]
+
+logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_BYTES = 16 * 1024 * 1024
 """Most bytes of a sampled primary answer recorded for the comparison; a larger answer is
@@ -98,6 +107,8 @@ class Copy:
     """One sampled request as it passed: its body and headers, the primary's answer."""
 
     kind: Kind
+    target: ShadowTarget
+    """The target it was drawn under."""
     path: str
     headers: dict[str, str]
     body: bytearray = field(default_factory=bytearray)
@@ -256,10 +267,11 @@ def _unstreamed(body: bytes | bytearray) -> bytes:
 
 
 class Shadow:
-    """Sends the copies: the sample, the bound on copies in flight, the client, the metrics.
+    """Sends the copies: the target, the sample, the bound on copies in flight, the client.
 
     `draw` is the sampling's random source (tests fix it); `transport` replaces the
-    network (tests). `start` binds it to the runtime's metrics once the runtime exists.
+    network (tests). `start` binds it to the runtime's metrics once the runtime exists, and
+    with `shadow.file` starts following it.
     """
 
     def __init__(
@@ -269,20 +281,24 @@ class Shadow:
         draw: Callable[[], float] = random.random,
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
-        if config.url is None:
-            msg = "a shadow needs shadow.url"
+        if not config.enabled:
+            msg = "a shadow needs shadow.url or shadow.file"
             raise ValueError(msg)
         self.config = config
-        self._base = config.url.rstrip("/")
+        self.target = config.fixed_target()
+        """Where copies go now; None: nothing is copied."""
         self._draw = draw
         self._transport = transport
         self._client: httpx2.AsyncClient | None = None
         self._metrics: ShadowMetrics | None = None
         self._version: Callable[[], str] = lambda: "none"
         self._tasks: set[asyncio.Task[None]] = set()
+        self._follower: asyncio.Task[None] | None = None
+        self._problem: str | None = None
+        """Why the file was refused at the last read (logged once per change)."""
 
     def start(self, metrics: ShadowMetrics, version: Callable[[], str]) -> None:
-        """Count in `metrics`, label by the serving `version()`, and open the client."""
+        """Count in `metrics`, label by the serving `version()`, open the client, follow a file."""
         self._metrics = metrics
         self._version = version
         ca_file = self.config.ca_file
@@ -294,12 +310,45 @@ class Shadow:
             # An in-cluster Service is reached directly, whatever proxy the pod's env names.
             trust_env=False,
         )
+        if self.config.file is not None:
+            self.reload()
+            self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    def reload(self) -> None:
+        """Take the target `shadow.file` holds now; a file that does not parse stops copying.
+
+        A bad file is logged (once while it stays the same) and treated as no target: the
+        stage it was meant to start then shows no data, which never passes.
+        """
+        path = self.config.file
+        if path is None:
+            return
+        try:
+            target, problem = read_target(path), None
+        except ValueError as exc:
+            target, problem = None, str(exc)
+        if problem is not None and problem != self._problem:
+            logger.error("shadow off: %s", problem)
+        self._problem = problem
+        if target != self.target:
+            logger.info(
+                "shadow target %s",
+                "off" if target is None else f"{target.url} ({target.version_label})",
+            )
+            self.target = target
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_s)
+            self.reload()
 
     async def close(self) -> None:
-        """Cancel the copies in flight and close the client."""
-        for task in list(self._tasks):
+        """Stop following the file, cancel the copies in flight and close the client."""
+        tasks = [*self._tasks, *([self._follower] if self._follower is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._follower = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -309,21 +358,22 @@ class Shadow:
         """Copies sent and not yet answered (or failed)."""
         return len(self._tasks)
 
-    def sampled(self, method: str, path: str) -> Kind | None:
-        """The route of a request to copy, when it is mirrorable and drawn; else None."""
-        if self._client is None or method != "POST":
+    def sampled(self, method: str, path: str) -> tuple[Kind, ShadowTarget] | None:
+        """The route of a request to copy and the target now, when it is drawn; else None."""
+        target = self.target
+        if self._client is None or target is None or method != "POST":
             return None
         kind = kind_of(path)
-        if kind is None or self._draw() >= self.config.fraction:
+        if kind is None or self._draw() >= target.fraction:
             return None
-        return kind
+        return kind, target
 
     def offer(self, copy: Copy) -> None:
         """Send `copy` in a task of its own, unless `max_concurrency` copies are in flight."""
         client, metrics = self._client, self._metrics
         if not 200 <= copy.status < 300 or client is None or metrics is None:
             return
-        series = metrics.series(self._version(), self.config.version_label)
+        series = metrics.series(self._version(), copy.target.version_label)
         if copy.overflow or len(self._tasks) >= self.config.max_concurrency:
             series.dropped.inc()
             return
@@ -335,7 +385,8 @@ class Shadow:
         body = _unstreamed(copy.body) if copy.kind.generative else bytes(copy.body)
         started = time.perf_counter()
         try:
-            answer = await client.post(self._base + copy.path, content=body, headers=copy.headers)
+            url = copy.target.url.rstrip("/") + copy.path
+            answer = await client.post(url, content=body, headers=copy.headers)
         except httpx2.TimeoutException:
             series.mirrored.inc()
             series.errors["timeout"].inc()
@@ -354,7 +405,7 @@ class Shadow:
         if answer.status_code >= 300:
             series.errors["4xx"].inc()
             return
-        comparison = compare(copy, answer.content, self.config.min_cosine)
+        comparison = compare(copy, answer.content, copy.target.min_cosine)
         if comparison is None:
             return
         series.compared.inc(comparison.compared)
@@ -376,18 +427,19 @@ class ShadowMirror:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on; when sampled, record it and offer its copy once answered."""
-        kind = (
+        drawn = (
             self.shadow.sampled(scope["method"], scope["path"]) if scope["type"] == "http" else None
         )
-        if kind is None:
+        if drawn is None:
             await self.app(scope, receive, send)
             return
+        kind, target = drawn
         headers = {
             key.decode("latin-1"): value.decode("latin-1")
             for key, value in scope["headers"]
             if key.decode("latin-1") in FORWARDED_HEADERS
         }
-        copy = Copy(kind=kind, path=scope["path"], headers=headers)
+        copy = Copy(kind=kind, target=target, path=scope["path"], headers=headers)
 
         async def recording_receive() -> Message:
             message = await receive()

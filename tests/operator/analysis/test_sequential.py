@@ -87,6 +87,16 @@ def test_evidence_starts_with_the_canary_from_zero_and_stable_from_now() -> None
     assert {c.threshold for c in evidence.checks} == {400.0}
 
 
+def test_after_a_shadow_stage_the_canary_counts_from_its_first_look() -> None:
+    """The copies it answered while shadowing are no step's traffic: they are not counted."""
+    copies = _counts(300, 30)  # errors among copies must not reject the first step
+    evidence = accumulate(SPEC, None, copies, _counts(5000, 10), canary_from_now=True)
+    assert evidence.canary == copies
+    evidence = accumulate(SPEC, evidence, _counts(320, 30), _counts(5080, 10))
+    assert evidence.step_samples == 20
+    assert not evidence.rejected
+
+
 def test_canary_errors_raise_the_error_e_value_until_it_rejects() -> None:
     """Each increment goes in once; stable's errors in proportion would not move it."""
     evidence = accumulate(SPEC, None, _counts(0, 0), _counts(1000, 0))

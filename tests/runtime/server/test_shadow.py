@@ -16,10 +16,12 @@ from pydantic import ValidationError
 
 from fleetserve_runtime.core.config import ShadowConfig
 from fleetserve_runtime.core.metrics import ShadowMetrics
+from fleetserve_runtime.core.shadow_target import ShadowTarget
 from fleetserve_runtime.server.shadow import Copy, Kind, Shadow, compare, kind_of
 from fleetserve_runtime.testing import make_config
 
 URL = "http://next.ns.svc:8080"
+TARGET = ShadowTarget(url=URL)
 
 
 def _shadow(
@@ -47,8 +49,8 @@ def _embedding_answer(rows: list[list[float]]) -> bytes:
 
 def _copy(kind: Kind = Kind.EMBEDDINGS, answer: bytes = b"", body: bytes = b"{}") -> Copy:
     return Copy(
-        kind=kind, path="/v1/embeddings", headers={}, body=bytearray(body), status=200,
-        answer=bytearray(answer),
+        kind=kind, target=TARGET, path="/v1/embeddings", headers={}, body=bytearray(body),
+        status=200, answer=bytearray(answer),
     )  # fmt: skip
 
 
@@ -80,7 +82,9 @@ def test_sampling_takes_the_drawn_fraction_of_mirrorable_posts() -> None:
     async def run() -> None:
         low, _ = _shadow(lambda request: httpx2.Response(200), draw=0.29, fraction=0.3)
         high, _ = _shadow(lambda request: httpx2.Response(200), draw=0.3, fraction=0.3)
-        assert low.sampled("POST", "/v1/embeddings") is Kind.EMBEDDINGS
+        assert low.sampled("POST", "/v1/embeddings") == (Kind.EMBEDDINGS, low.target)
+        assert low.target is not None
+        assert low.target.fraction == 0.3
         assert low.sampled("GET", "/v1/embeddings") is None
         assert low.sampled("POST", "/v2/health/ready") is None
         assert high.sampled("POST", "/v1/embeddings") is None
