@@ -39,6 +39,20 @@ from fleetserve_operator.spec.delivery import (
     WebhookSpec,
     WebhookType,
 )
+from fleetserve_operator.spec.evidence import (
+    AnalysisResult,
+    CheckEvidence,
+    CheckOutcome,
+    CheckResult,
+    Evidence,
+    InconclusiveReason,
+    PowerEvidence,
+    RateEvidence,
+    ShadowCounts,
+    ShadowEvidence,
+    TrackCounts,
+    Verdict,
+)
 from fleetserve_operator.spec.images import (
     DEFAULT_CPU_IMAGE,
     DEFAULT_IMAGE,
@@ -72,29 +86,17 @@ from fleetserve_operator.spec.serving import (
 )
 from fleetserve_operator.spec.status import (
     Acknowledgement,
-    AnalysisResult,
     BakeStatus,
-    CheckEvidence,
-    CheckOutcome,
-    CheckResult,
     Condition,
     ConditionType,
-    Evidence,
-    InconclusiveReason,
     InferenceServiceStatus,
-    PowerEvidence,
-    RateEvidence,
     RolloutPhase,
     RolloutStatus,
-    ShadowCounts,
-    ShadowEvidence,
     ShadowStatus,
     StepGateStatus,
     StepWait,
-    TrackCounts,
     TracksStatus,
     TrackStatus,
-    Verdict,
     set_condition,
 )
 from fleetserve_operator.spec.tracks import (

@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel, to_snake
 from pydantic.config import JsonDict, JsonValue
 
 __all__ = [
+    "Timestamp",
     "GPU_RESOURCE",
     "MAX_QUANTITY",
     "AtLeast",
@@ -60,6 +61,8 @@ _DURATION_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _EXACT = Context(prec=200)
 
 Duration = Annotated[str, Field(pattern=_DURATION_RE, max_length=32)]
+Timestamp = Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
+"""An RFC 3339 time, as status records it."""
 """A Go-style duration: `30s`, `1m`, `1h30m`, `500ms`."""
 
 _DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
