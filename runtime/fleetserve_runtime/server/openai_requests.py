@@ -10,9 +10,16 @@ answered differently from what it asked, in two ways, both in `_refuse_unsupport
   `include_stop_str_in_output`, ...) would change the answer: a server that ignored them
   would answer 200 with text computed differently. (vLLM's `repetition_penalty`, `min_p`,
   `min_tokens` and `stop_token_ids` are implemented: `SamplingFields`.)
-- Fields of OpenAI's API this server does not implement (tools, JSON mode, `best_of`,
-  `suffix`, `store`, a `service_tier` or `modalities` that asks for something) are refused
-  when set to anything but their no-op value (`_NO_OP`).
+- Fields of OpenAI's API this server does not implement (`best_of`, `suffix`, `store`,
+  the deprecated `functions` and `function_call`, a `service_tier` or `modalities` that asks
+  for something) are refused when set to anything but their no-op value (`_NO_OP`).
+
+Structured output is implemented: chat's `response_format` (`json_object`, or
+`json_schema` with `strict` true or false, `openai_structured`) holds the answer to a JSON
+value the schema validates, as a token mask in the sampler; a schema over the size bound or
+one the grammar compiler cannot enforce is refused naming `response_format`, and
+`min_tokens` cannot be combined with it (where the grammar ends only end-of-sequence may
+follow).
 
 Log-probabilities are implemented (`generate.logprobs`): chat's `logprobs` and
 `top_logprobs` (0..20; `top_logprobs` only with `logprobs: true`, as OpenAI requires), and
@@ -55,6 +62,7 @@ from fleetserve_runtime.server.generation_schemas import (
     TokenId,
     sampling_params,
 )
+from fleetserve_runtime.server.openai_structured import ResponseFormat
 
 __all__ = [
     "MAX_CHOICES",
@@ -154,7 +162,8 @@ class ChatCompletionRequest(_OpenAIRequest):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    """JSON mode or a JSON schema, enforced as a token mask (`openai_structured`)."""
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
@@ -187,7 +196,6 @@ _NO_OP: dict[str, tuple[object, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "store": (None, False),
     "service_tier": (None, "auto", "default"),
     "modalities": (None, ["text"]),
@@ -296,6 +304,8 @@ def chat_generation(
     field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = body.max_completion_tokens or body.max_tokens
     sampling = sampling_params(body, max_tokens=max_tokens, limits=limits, max_tokens_field=field)
+    if body.response_format is not None:
+        sampling = replace(sampling, grammar=body.response_format.grammar())
     return GenerationRequest(
         sampling=_with_logprobs(
             sampling, (body.top_logprobs or 0) if body.logprobs else None, echo=False
