@@ -43,8 +43,8 @@ Accepted without being implemented, because they cannot change the answer: `user
 to the model: the chat templates here have no place for it). `messages` are bounded
 (`MAX_MESSAGES`). vLLM's `cache_salt` is implemented: it isolates the request's
 prefix-cache blocks. `n` (up to `MAX_CHOICES`, and `n` times `max_tokens` within
-`generation.max_output_tokens`) is too; `best_of` is refused. A greedy request with `n` > 1 is served, as vLLM serves it: its
-choices are the same text.
+`generation.max_output_tokens`) is too; `best_of` is refused. A greedy request with `n` > 1
+is served, as vLLM serves it: its choices are the same text.
 `chat_generation` and `completion_generation` are the pure translation of a validated body
 to the engine's `GenerationRequest`. `unknown_keys` and `refuse_unknown` are the unknown-key
 check alone, which `embeddings` shares.
