@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+import torch
 
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.generate.contracts import (
@@ -28,7 +29,8 @@ from fleetserve_runtime.generate.contracts import (
     TokenEvent,
 )
 from fleetserve_runtime.generate.engine import GenerationEngine
-from fleetserve_runtime.generate.grammar import MAX_GRAMMAR_CHARS, GrammarCompiler
+from fleetserve_runtime.generate.grammar import MAX_GRAMMAR_CHARS, GrammarCompiler, mask_logits
+from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.models.synthetic_lm import SyntheticCodec
 from tests.runtime.generate.engine_fakes import (
     AsciiCodec,
@@ -190,3 +192,32 @@ def test_a_word_vocabulary_is_read_from_its_decoded_tokens() -> None:
     state.advance(words["river"])
     with pytest.raises(RuntimeError, match="breaks the output grammar"):
         state.advance(words["light"])
+
+
+def test_smollm2_vocabulary_masks_random_logits_into_the_schema(
+    smollm2_checkpoint: Checkpoint,
+) -> None:
+    """SmolLM2's byte-level BPE vocabulary (the `tokenizers` path) holds random logits to JSON.
+
+    A batch of rows drawn greedily from noise under the mask decodes, every row, to JSON the
+    schema validates.
+    """
+    codec = smollm2_checkpoint.codec
+    vocab = smollm2_checkpoint.config.vocab_size
+    grammar = OutputGrammar(GrammarKind.JSON_SCHEMA, json.dumps(NAMED))
+    states = GrammarCompiler(codec, vocab).states(grammar, 4)
+    generator = torch.Generator().manual_seed(0)
+    tokens: list[list[int]] = [[] for _ in states]
+    for _ in range(64):
+        live = [n for n, state in enumerate(states) if not state.ended]
+        if not live:
+            break
+        logits = torch.randn(len(live), vocab, generator=generator)
+        picked = mask_logits(logits, range(len(live)), [states[n] for n in live]).argmax(-1)
+        for n, token in zip(live, picked.tolist(), strict=True):
+            states[n].advance(token)
+            tokens[n].append(token)
+    assert all(state.ended for state in states)
+    for ids in tokens:
+        text = codec.decode([t for t in ids if t not in codec.eos_token_ids])
+        jsonschema.validate(json.loads(text), NAMED)
