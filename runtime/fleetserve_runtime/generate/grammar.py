@@ -35,6 +35,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import llguidance
+import numpy as np
 import torch
 
 from fleetserve_runtime.core.errors import InvalidInput
@@ -206,12 +207,14 @@ def mask_logits(
     `rows` are the rows of `logits` that have a grammar, `states` their states in order.
     """
     vocab = logits.shape[-1]
-    words = (vocab + 31) // 32
-    bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
+    bitmask = torch.zeros(len(rows), (vocab + 31) // 32, dtype=torch.int32)
     for n, state in enumerate(states):
         state.fill_mask(bitmask[n])
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = ((bitmask[:, :, None] >> bits) & 1).reshape(len(rows), words * 32)[:, :vocab]
+    # Token i is bit i % 32 of word i // 32: on a little-endian host, bit i % 8 of byte
+    # i // 8. numpy unpacks the bits in tens of microseconds where shifting them out in
+    # torch takes a millisecond for a batch over a 50k vocabulary.
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")
+    forbidden = torch.from_numpy(bits[:, :vocab] == 0).to(logits.device)
     index = torch.tensor(list(rows), device=logits.device)
-    masked = logits[index].float().masked_fill(allowed.to(logits.device) == 0, float("-inf"))
+    masked = logits[index].float().masked_fill_(forbidden, float("-inf"))
     return logits.float().index_put((index,), masked)
