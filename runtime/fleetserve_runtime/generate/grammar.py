@@ -134,15 +134,24 @@ class GrammarCompiler:
                 text = llguidance.LLMatcher.grammar_from_lark(grammar.text)
         except ValueError as error:
             raise _refusal(grammar, str(error)) from error
-        matcher = llguidance.LLMatcher(self._ll_tokenizer(), text, log_level=0, limits=_LIMITS)
+        matcher = llguidance.LLMatcher(
+            self._ll_tokenizer(grammar), text, log_level=0, limits=_LIMITS
+        )
         if matcher.is_error():
             raise _refusal(grammar, matcher.get_error())
         return matcher
 
-    def _ll_tokenizer(self) -> llguidance.LLTokenizer:
+    def _ll_tokenizer(self, grammar: OutputGrammar) -> llguidance.LLTokenizer:
+        """The vocabulary's description; `InvalidInput` naming the field where it cannot be."""
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = _ll_tokenizer(self._codec, self._vocab_size)
+                try:
+                    self._tokenizer = _ll_tokenizer(self._codec, self._vocab_size)
+                except (ValueError, RuntimeError) as error:
+                    # A vocabulary llguidance cannot read (a model's, not the request's
+                    # fault): no grammar can be enforced on this model.
+                    msg = f"{grammar.field}: structured output is unavailable for this model"
+                    raise InvalidInput(msg, param=grammar.field) from error
             return self._tokenizer
 
 
