@@ -21,6 +21,8 @@ __all__ = [
     "FinishReason",
     "GenerationEvent",
     "GenerationRequest",
+    "GrammarKind",
+    "OutputGrammar",
     "SamplingParams",
     "TokenEvent",
     "TokenLogprob",
@@ -32,6 +34,29 @@ __all__ = [
 def is_greedy(temperature: float) -> bool:
     """Whether decoding at `temperature` is greedy (always the most likely token)."""
     return temperature <= 0.0
+
+
+class GrammarKind(StrEnum):
+    """How `OutputGrammar.text` states the language of the output."""
+
+    JSON_SCHEMA = "json_schema"
+    """A JSON schema, as JSON text: the output is one JSON value it validates."""
+    LARK = "lark"
+    """A Lark grammar over the output text (llguidance's dialect)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputGrammar:
+    """A language the output must belong to, enforced as a token mask while sampling.
+
+    Every sampled token keeps the text a prefix of a sentence of the language, and the
+    sequence ends where the language does (`generate.grammar`).
+    """
+
+    kind: GrammarKind
+    text: str
+    field: str = "response_format"
+    """The request field it came from, which a refusal of it names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +102,8 @@ class SamplingParams:
     """vLLM's: end-of-sequence and `stop_token_ids` cannot be sampled before this many."""
     stop_token_ids: tuple[int, ...] = ()
     """vLLM's: token ids that end the output like end-of-sequence (not shown in the text)."""
+    grammar: OutputGrammar | None = None
+    """The output is held to this language (structured output); None leaves it free."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +135,8 @@ class FinishReason(StrEnum):
     """An end-of-sequence token or a stop string."""
     LENGTH = "length"
     """`max_tokens`, or the model's context, was reached."""
+    TOOL_CALLS = "tool_calls"
+    """The answer is a call of the request's tools (set by the edge that parsed it)."""
 
 
 @dataclass(frozen=True, slots=True)

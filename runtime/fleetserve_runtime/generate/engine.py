@@ -3,7 +3,8 @@
 This is the event loop's side; the worker's is the engine core (`engine_core`). `submit`
 tokenises the prompt (`prompts`; a long one on a helper thread: near the context's bound in
 characters it takes the tokenizer most of a second, which would stall every stream's
-events), checks it against the context and the KV pool, refuses with `QueueFull` when the
+events), compiles its output grammar, if any (`grammar`, on a helper thread too), checks it against
+the context and the KV pool, refuses with `QueueFull` when the
 waiting queue is at its bound (`core.queueing`) and hands the new request to the core,
 with its tenant (`core.tenants.CURRENT_TENANT`: fair share, and a cache salt of its own);
 nothing else of a request runs on the event loop. Each request's events come back through
@@ -30,6 +31,7 @@ from fleetserve_runtime.core.tenants import CURRENT_TENANT
 from fleetserve_runtime.generate.blocks import salt_root
 from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine_core import EngineCore, EngineStats
+from fleetserve_runtime.generate.grammar import GrammarCompiler, GrammarState
 from fleetserve_runtime.generate.limits import EngineLimits
 from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.generate.metrics import GenerationMetrics
@@ -78,6 +80,7 @@ class GenerationEngine:
             context_length=context_length,
             kv_capacity=limits.num_blocks * limits.block_size,
         )
+        self._grammars = GrammarCompiler(codec, lm.vocab_size)
         self._queue = QueueBound(limits.max_queue_size, limits.retry_after_s)
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -160,6 +163,7 @@ class GenerationEngine:
                 msg = f"{name} must lie in 0..{MAX_TOP_LOGPROBS}, got {top}"
                 raise InvalidInput(msg)
         self._check_token_ids(params)
+        grammars = await self._grammar_states(params, max(request.n, 1))
         if prompt_chars(request) <= INLINE_PROMPT_CHARS:
             prompt = self._prompts.tokenise(request)
         else:
@@ -203,7 +207,9 @@ class GenerationEngine:
             )
             # vLLM's: a seeded request's choice i draws from seed + i, so they differ.
             seed = None if params.seed is None else params.seed + index
-            sampling = RowSampling.of(replace(params, seed=seed), self._codec.eos_token_ids)
+            sampling = RowSampling.of(
+                replace(params, seed=seed), self._codec.eos_token_ids, grammars[index]
+            )
             decoder = self._codec.decoder()
             stops = StopMatcher(params.stop)
             works.append(
@@ -259,6 +265,25 @@ class GenerationEngine:
             if wrong:
                 msg = f"{field}: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
                 raise InvalidInput(msg, param=field)
+
+    async def _grammar_states(
+        self, params: SamplingParams, count: int
+    ) -> list[GrammarState | None]:
+        """Each choice's own state of the output grammar (None each without one).
+
+        Compiled on a helper thread: a large schema takes the compiler most of a second.
+        """
+        grammar = params.grammar
+        if grammar is None:
+            return [None] * count
+        if params.min_tokens:
+            # Where the grammar ends the text, only end-of-sequence may follow: holding it
+            # back would leave no token to sample.
+            msg = f"min_tokens cannot be combined with {grammar.field}"
+            raise InvalidInput(msg, param="min_tokens")
+        states = await asyncio.to_thread(self._grammars.states, grammar, count)
+        self._check_running()
+        return list(states)
 
     def _check_running(self) -> None:
         if not self.is_running:

@@ -3,7 +3,8 @@
 Runs on the engine's worker thread, after each step: the token is decoded to text
 (incrementally, so a character split over tokens is held back), the stop strings cut it,
 and the request finishes at an end-of-sequence token (unless ignored) or one of its
-`stop_token_ids` (neither shown in the text), a stop string,
+`stop_token_ids` (neither shown in the text), a stop string, the end of its output grammar
+(which each token advances: `generate.grammar`),
 `max_tokens` or the model's context, with a `FinishEvent` carrying its usage. Latency
 metrics (time to first token, between tokens) are observed here, where each token lands.
 A token's log-probability entry (when asked) travels with the text delta of its token; the
@@ -74,6 +75,7 @@ class OutputProcessor:
         text = ""
         if logprob is not None:
             request.pending_logprobs.append(logprob)
+        grammar_ended = _advance_grammar(request, token)
         if (
             token in self._codec.eos_token_ids and not request.params.ignore_eos
         ) or token in request.params.stop_token_ids:
@@ -81,7 +83,7 @@ class OutputProcessor:
         else:
             request.pending_ids.append(token)
             text = request.stops.push(request.decoder.push(token))
-            if request.stops.stopped:
+            if request.stops.stopped or grammar_ended:
                 reason = FinishReason.STOP
             elif (
                 request.generated >= request.max_tokens
@@ -118,6 +120,15 @@ class OutputProcessor:
             first_token=self._codec.decode(ids[:1]),
         )
         return [TokenEvent("", prompt=prompt)]
+
+
+def _advance_grammar(request: EngineRequest, token: int) -> bool:
+    """Move the request's output grammar (if any) past `token`; whether the grammar ended."""
+    grammar = request.sampling.grammar
+    if grammar is None:
+        return False
+    grammar.advance(token)
+    return grammar.ended
 
 
 def _tagged(request: EngineRequest, events: list[GenerationEvent]) -> list[GenerationEvent]:

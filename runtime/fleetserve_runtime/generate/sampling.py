@@ -5,7 +5,9 @@ their logits adjusted (`adjust_logits`, batched over those rows alone, in vLLM's
 with its semantics): `logit_bias`, `min_tokens` (end-of-sequence and stop token ids masked
 until that many tokens), the repetition, frequency and presence penalties, then `min_p`.
 Rows that set none skip all of it: a batch without controls takes the same path as before
-them. Greedy rows (temperature 0) take the argmax.
+them. Rows held to a grammar (structured output, `generate.grammar`) then have every token
+it forbids masked to -inf, after the controls, so no control can bring one back. Greedy
+rows (temperature 0) take the argmax.
 The others are scaled by their temperature, cut to their top-k and top-p (nucleus) sets and
 drawn by inverse transform sampling with one uniform number from the request's own
 `torch.Generator`: a request draws exactly one number per token from a generator nobody else
@@ -23,6 +25,7 @@ from typing import Protocol
 import torch
 
 from fleetserve_runtime.generate.contracts import SamplingParams, is_greedy
+from fleetserve_runtime.generate.grammar import GrammarState, mask_logits
 
 __all__ = ["RowSampling", "TokenHistory", "adjust_logits", "sample"]
 
@@ -58,10 +61,20 @@ class RowSampling:
     held_back: tuple[int, ...] = ()
     """Token ids masked while fewer than `min_tokens` were generated: end-of-sequence
     (unless ignored) and the stop token ids."""
+    grammar: GrammarState | None = None
+    """The sequence's place in its output grammar; None: the output is free."""
 
     @classmethod
-    def of(cls, params: SamplingParams, eos_token_ids: Collection[int] = ()) -> RowSampling:
-        """The sampling of a request; an unseeded one gets a random seed of its own."""
+    def of(
+        cls,
+        params: SamplingParams,
+        eos_token_ids: Collection[int] = (),
+        grammar: GrammarState | None = None,
+    ) -> RowSampling:
+        """The sampling of a request; an unseeded one gets a random seed of its own.
+
+        `grammar` is the sequence's own state of `params.grammar`, compiled by the caller.
+        """
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         generator = torch.Generator()
         generator.manual_seed(seed)
@@ -78,6 +91,7 @@ class RowSampling:
             min_p=params.min_p,
             min_tokens=params.min_tokens,
             held_back=tuple(dict.fromkeys((*eos, *params.stop_token_ids))),
+            grammar=grammar,
         )
 
     @property
@@ -128,6 +142,10 @@ def sample(
         )
         index = torch.tensor(adjusted, device=logits.device)
         logits = logits.float().index_put((index,), new_rows)
+    constrained = [n for n, row in enumerate(rows) if row.grammar is not None]
+    if constrained:
+        states = [row.grammar for row in rows if row.grammar is not None]
+        logits = mask_logits(logits, constrained, states)
     tokens = torch.argmax(logits, dim=-1)
     plain = [n for n, row in enumerate(rows) if not row.greedy and not row.cuts]
     cut = [n for n, row in enumerate(rows) if not row.greedy and row.cuts]

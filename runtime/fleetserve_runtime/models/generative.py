@@ -205,7 +205,7 @@ def synthetic_generative_handler(
     """The synthetic generative model (`models.synthetic_lm`); it has no weights to cast."""
 
     def build(device: torch.device, _dtype: torch.dtype) -> LoadedLM:
-        codec = SyntheticCodec(params.vocab)
+        codec = SyntheticCodec(params.vocab, ascii=params.output == "ascii")
         return LoadedLM(SyntheticLM(params, codec, device), codec, params.context_length)
 
     return GenerativeHandler(

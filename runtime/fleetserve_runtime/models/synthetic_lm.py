@@ -9,7 +9,9 @@ How it behaves, so tests can predict it:
 
 - Text is words. `encode` maps every whitespace-separated word of a prompt to one *prompt
   token* (by hash); the model answers in *output tokens*, the `vocab` words of `WORDS`
-  (numbered beyond the list's length). `decode` joins words with single spaces.
+  (numbered beyond the list's length). `decode` joins words with single spaces. With
+  `output=ascii` (and `vocab=95`) the output tokens are the printable ASCII characters
+  instead, decoded without spaces: text a grammar can hold to JSON (structured output).
 - Its "KV cache" is real: the pool holds, for every cached position, a rolling hash of the
   sequence up to it and the length of the run of output tokens ending there. The next token is
   a function of that hash (and `seed`), so the output depends only on the sequence's tokens,
@@ -27,15 +29,17 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetserve_runtime.models.causal_lm import ChatMessage, KVLayout, StepInput
 
 __all__ = [
     "BOS_ID",
     "EOS_ID",
+    "PRINTABLE_ASCII",
     "PROMPT_BUCKETS",
     "WORDS",
     "SyntheticCodec",
@@ -64,6 +68,9 @@ WORDS = (
 """The output vocabulary; `vocab` beyond its length numbers the words (`river2`)."""
 
 _MASK = (1 << 64) - 1
+_FIRST_PRINTABLE = 0x20
+PRINTABLE_ASCII = 95
+"""Output tokens with `output=ascii`: the characters from space to `~`."""
 
 
 def _mix(value: int) -> int:
@@ -98,6 +105,15 @@ class SyntheticGenerativeParams(BaseModel):
     """Number of distinct output words."""
     context_length: int = Field(4096, ge=2, le=1_000_000)
     """Longest sequence (prompt plus output) the model accepts, in tokens."""
+    output: Literal["words", "ascii"] = "words"
+    """What output tokens spell: words, or one printable ASCII character each."""
+
+    @model_validator(mode="after")
+    def _ascii_vocabulary(self) -> SyntheticGenerativeParams:
+        if self.output == "ascii" and self.vocab != PRINTABLE_ASCII:
+            msg = f"output=ascii needs vocab={PRINTABLE_ASCII} (the printable characters)"
+            raise ValueError(msg)
+        return self
 
 
 class SyntheticStepError(RuntimeError):
@@ -115,7 +131,7 @@ class _Decoder:
         word = self._codec.word(token_id)
         if not word:
             return ""
-        text = f" {word}" if self._started else word
+        text = f" {word}" if self._started and not self._codec.ascii else word
         self._started = True
         return text
 
@@ -126,8 +142,10 @@ class _Decoder:
 class SyntheticCodec:
     """The synthetic model's tokenizer (words) and chat template (`role: content` lines)."""
 
-    def __init__(self, vocab: int) -> None:
+    def __init__(self, vocab: int, *, ascii: bool = False) -> None:
         self._vocab = vocab
+        self.ascii = ascii
+        """Output tokens are characters, decoded without spaces (`output=ascii`)."""
 
     @property
     def vocab_size(self) -> int:
@@ -154,6 +172,8 @@ class SyntheticCodec:
             return ""
         if self.is_output(token_id):
             index = token_id - FIRST_OUTPUT_ID
+            if self.ascii:
+                return chr(_FIRST_PRINTABLE + index)
             base = WORDS[index % len(WORDS)]
             return base if index < len(WORDS) else f"{base}{index // len(WORDS)}"
         if FIRST_OUTPUT_ID + self._vocab <= token_id < self.vocab_size:
@@ -177,8 +197,8 @@ class SyntheticCodec:
         return self.encode(text, add_special=False)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        """Words joined by single spaces; special tokens skipped."""
-        return " ".join(word for word in map(self.word, token_ids) if word)
+        """Words joined by single spaces (characters by nothing); special tokens skipped."""
+        return ("" if self.ascii else " ").join(word for word in map(self.word, token_ids) if word)
 
     def decoder(self) -> _Decoder:
         """A fresh streaming decoder."""

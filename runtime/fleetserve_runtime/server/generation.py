@@ -98,6 +98,7 @@ from fleetserve_runtime.server.openai_responses import (
     completion_logprobs,
     openai_error,
 )
+from fleetserve_runtime.server.openai_tools import Toolbox, ToolCallBody
 from fleetserve_runtime.server.schemas import parse_json, validate_body
 from fleetserve_runtime.server.sse import DONE, Format, GenerationResponse, StreamLimits
 from fleetserve_runtime.serving.admission import Scheduling
@@ -285,17 +286,23 @@ class _OpenAIFormat(ABC, Generic[_Delta]):
 
 
 @dataclass(frozen=True, slots=True)
-class ChatFormat(_OpenAIFormat[dict[str, str]]):
+class ChatFormat(_OpenAIFormat[dict[str, object]]):
     """`chat.completion` answers and `chat.completion.chunk` streams."""
 
     prompt_param = "messages"
     id_prefix = "chatcmpl"
     logprobs: bool = False
     """The request asked for log-probabilities: every text chunk carries its tokens'."""
+    tools: Toolbox | None = None
+    """The request's tools: answers that are calls become `tool_calls` (`openai_tools`)."""
+    _held: dict[int, str] = field(default_factory=dict)
+    """Streamed text of each choice that may still be a call, held back until it ends."""
+    _plain: set[int] = field(default_factory=set)
+    """Choices whose answer is known to be text: their deltas go out as they come."""
 
     def _chunk(
         self,
-        delta: dict[str, str] | None,
+        delta: dict[str, object] | None,
         reason: FinishReason | None = None,
         usage: Usage | None = None,
         index: int = 0,
@@ -313,7 +320,7 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
             index=index,
         )
 
-    def _no_text(self) -> dict[str, str]:
+    def _no_text(self) -> dict[str, object]:
         return {}
 
     def opening(self) -> list[object]:
@@ -324,7 +331,20 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
         ]
 
     def delta(self, event: TokenEvent) -> object | None:
-        """A content delta of choice `event.index`, with its tokens' log-probabilities if asked."""
+        """A content delta of choice `event.index`, with its tokens' log-probabilities if asked.
+
+        With tools, an answer is held back from its start while it may be a call (blank,
+        or opening a JSON value), and goes out whole at its end (`closing`).
+        """
+        tools, index = self.tools, event.index
+        if tools is not None and tools.active and index not in self._plain:
+            held = self._held.get(index, "") + event.text
+            if not held.strip() or tools.may_call(held):
+                self._held[index] = held
+                return None
+            self._plain.add(index)
+            self._held.pop(index, None)
+            return self._chunk({"content": held}, index=index)
         if not self.logprobs:
             return self._chunk({"content": event.text}, index=event.index) if event.text else None
         if not (event.text or event.logprobs):
@@ -332,18 +352,41 @@ class ChatFormat(_OpenAIFormat[dict[str, str]]):
         logprobs = chat_logprobs(event.logprobs)
         return self._chunk({"content": event.text}, index=event.index, logprobs=logprobs)
 
+    def closing(self, finish: FinishEvent) -> list[object]:
+        """A held answer first (its calls, or its text), then the finish as every format's."""
+        held = self._held.pop(finish.index, None)
+        if held is None:
+            return _OpenAIFormat.closing(self, finish)
+        calls = self._calls(held)
+        if calls is None:
+            lead = self._chunk({"content": held}, index=finish.index)
+            return [lead, *_OpenAIFormat.closing(self, finish)]
+        deltas = [{"index": n, **call} for n, call in enumerate(calls)]
+        lead = self._chunk({"tool_calls": deltas}, index=finish.index)
+        called = replace(finish, reason=FinishReason.TOOL_CALLS)
+        return [lead, *_OpenAIFormat.closing(self, called)]
+
+    def _calls(self, text: str) -> list[ToolCallBody] | None:
+        return self.tools.calls(text) if self.tools is not None else None
+
     def whole(
         self, choices: Sequence[Sequence[TokenEvent]], finishes: Sequence[FinishEvent]
     ) -> ChatCompletion:
-        """The non-streamed answer, choice by choice, with usage (and logprobs when asked)."""
+        """The non-streamed answer, choice by choice, with usage (and logprobs when asked).
+
+        A choice whose text is calls of the request's tools answers them as `tool_calls`.
+        """
+        answers = []
+        for events, finish in zip(choices, finishes, strict=True):
+            text = "".join(event.text for event in events)
+            calls = self._calls(text)
+            reason = FinishReason.TOOL_CALLS if calls else finish.reason
+            answers.append((text, reason, self._logprobs(events), calls))
         return chat_completion(
             id_=self.id_,
             created=self.created,
             model=self.model,
-            choices=[
-                ("".join(event.text for event in events), finish.reason, self._logprobs(events))
-                for events, finish in zip(choices, finishes, strict=True)
-            ],
+            choices=answers,
             usage=_final(finishes).usage,
         )
 
@@ -636,6 +679,7 @@ class _Routes:
             fmt = replace(
                 ChatFormat.answering(body.model, body.stream_options, generation.n),
                 logprobs=bool(body.logprobs),
+                tools=body.toolbox(),
             )
             return generation, fmt, body.stream
 

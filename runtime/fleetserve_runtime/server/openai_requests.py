@@ -10,9 +10,16 @@ answered differently from what it asked, in two ways, both in `_refuse_unsupport
   `include_stop_str_in_output`, ...) would change the answer: a server that ignored them
   would answer 200 with text computed differently. (vLLM's `repetition_penalty`, `min_p`,
   `min_tokens` and `stop_token_ids` are implemented: `SamplingFields`.)
-- Fields of OpenAI's API this server does not implement (tools, JSON mode, `best_of`,
-  `suffix`, `store`, a `service_tier` or `modalities` that asks for something) are refused
-  when set to anything but their no-op value (`_NO_OP`).
+- Fields of OpenAI's API this server does not implement (`best_of`, `suffix`, `store`,
+  the deprecated `functions` and `function_call`, a `service_tier` or `modalities` that asks
+  for something) are refused when set to anything but their no-op value (`_NO_OP`).
+
+Structured output is implemented: chat's `response_format` (`json_object`, or
+`json_schema` with `strict` true or false, `openai_structured`) holds the answer to a JSON
+value the schema validates, as a token mask in the sampler; a schema over the size bound or
+one the grammar compiler cannot enforce is refused naming `response_format`, and
+`min_tokens` cannot be combined with it (where the grammar ends only end-of-sequence may
+follow).
 
 Log-probabilities are implemented (`generate.logprobs`): chat's `logprobs` and
 `top_logprobs` (0..20; `top_logprobs` only with `logprobs: true`, as OpenAI requires), and
@@ -21,15 +28,23 @@ completions' `logprobs` (0..5) and `echo` (the prompt, and its log-probabilities
 lm-evaluation-harness scores with). With `n` > 1 each choice carries its own, and each
 echoes the prompt (as vLLM does).
 
+Tool calling is implemented (`openai_tools`): function `tools` (another type is refused
+naming `tools.<i>.type`), `tool_choice` (`auto`, `none`, `required`, a named function: the
+last two held to the call's JSON schema by the output grammar), `parallel_tool_calls`
+(false: an answer is one call at most), assistant `tool_calls` and `tool` messages (with
+`tool_call_id`) in the history. The tools are written into the system prompt and calls into
+the messages as JSON text, in one documented format, since the chat templates here render
+role and text only. `logprobs` with active tools, and `response_format` with a required or
+named `tool_choice`, are refused naming them.
+
 Accepted without being implemented, because they cannot change the answer: `user` and
 `safety_identifier` (an end-user id for the provider's abuse monitoring), chat's `metadata`
-(tags for stored completions, which are not kept here) and `parallel_tool_calls` (about
-tool calls, which are refused), and a message's `name` (not shown to the model: the chat
-templates here have no place for it). `messages` are bounded (`MAX_MESSAGES`). vLLM's
-`cache_salt` is implemented: it isolates the request's prefix-cache blocks. `n` (up to
-`MAX_CHOICES`, and `n` times `max_tokens` within `generation.max_output_tokens`) is too;
-`best_of` is refused. A greedy request with `n` > 1 is served, as vLLM serves it: its
-choices are the same text.
+(tags for stored completions, which are not kept here), and a message's `name` (not shown
+to the model: the chat templates here have no place for it). `messages` are bounded
+(`MAX_MESSAGES`). vLLM's `cache_salt` is implemented: it isolates the request's
+prefix-cache blocks. `n` (up to `MAX_CHOICES`, and `n` times `max_tokens` within
+`generation.max_output_tokens`) is too; `best_of` is refused. A greedy request with `n` > 1
+is served, as vLLM serves it: its choices are the same text.
 `chat_generation` and `completion_generation` are the pure translation of a validated body
 to the engine's `GenerationRequest`. `unknown_keys` and `refuse_unknown` are the unknown-key
 check alone, which `embeddings` shares.
@@ -41,11 +56,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetserve_runtime.core.config import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
-from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
+from fleetserve_runtime.generate.contracts import GenerationRequest, OutputGrammar, SamplingParams
 from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS
 from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.server.generation_schemas import (
@@ -54,6 +69,15 @@ from fleetserve_runtime.server.generation_schemas import (
     SamplingFields,
     TokenId,
     sampling_params,
+)
+from fleetserve_runtime.server.openai_structured import ResponseFormat
+from fleetserve_runtime.server.openai_tools import (
+    MAX_TOOLS,
+    Tool,
+    Toolbox,
+    ToolCallIn,
+    ToolChoice,
+    calls_text,
 )
 
 __all__ = [
@@ -64,6 +88,7 @@ __all__ = [
     "CompletionRequest",
     "StreamOptions",
     "chat_generation",
+    "prompt_messages",
     "completion_generation",
     "refuse_unknown",
     "unknown_keys",
@@ -116,11 +141,34 @@ class ChatMessageIn(BaseModel):
 
     model_config = _EXTRA
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
-    """A string, or text parts (`[{"type": "text", "text": ...}]`), joined by newlines."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+    """A string, or text parts (`[{"type": "text", "text": ...}]`), joined by newlines; null
+    only in an assistant message with `tool_calls`."""
     name: str | None = None
     """Accepted, unused: the chat templates here have no place for a participant's name."""
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=MAX_TOOLS)
+    """An assistant's calls, shown to the model as it writes them (`openai_tools`)."""
+    tool_call_id: str | None = Field(None, min_length=1, max_length=256)
+    """A `tool` message's call; required there, refused elsewhere."""
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessageIn:
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            msg = "tool_call_id is required in a tool message, and only there"
+            raise ValueError(msg)
+        if self.tool_calls is not None and self.role != "assistant":
+            msg = "tool_calls are only allowed in an assistant message"
+            raise ValueError(msg)
+        if self.content is None and not self.tool_calls:
+            msg = "content is required (null only in an assistant message with tool_calls)"
+            raise ValueError(msg)
+        return self
+
+    def text(self) -> str:
+        """What the model is shown: the content, then the calls as it writes them."""
+        calls = calls_text(self.tool_calls) if self.tool_calls else ""
+        return "\n".join(part for part in (self.content, calls) if part)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -150,11 +198,14 @@ class ChatCompletionRequest(_OpenAIRequest):
     """Each output token's log-probability (`choices[].logprobs.content`)."""
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     """How many most likely alternatives each entry lists; needs `logprobs: true`."""
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    """Functions the model may call (`openai_tools`)."""
+    tool_choice: ToolChoice | None = None
+    """`auto` (the default), `none`, `required`, or the function to call."""
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    """JSON mode or a JSON schema, enforced as a token mask (`openai_structured`)."""
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
@@ -163,7 +214,13 @@ class ChatCompletionRequest(_OpenAIRequest):
     safety_identifier: str | None = None
     """Accepted, unused: `user`'s successor, for abuse monitoring."""
     parallel_tool_calls: bool | None = None
-    """Accepted, unused: about tool calls, and `tools` are refused."""
+    """Whether an answer may make several calls (a JSON array of them); true by default."""
+
+    def toolbox(self) -> Toolbox:
+        """The request's tools and how its answers are read."""
+        return Toolbox(
+            self.tools or (), self.tool_choice, parallel=self.parallel_tool_calls is not False
+        )
 
 
 class CompletionRequest(_OpenAIRequest):
@@ -183,11 +240,8 @@ class CompletionRequest(_OpenAIRequest):
 _NO_OP: dict[str, tuple[object, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "store": (None, False),
     "service_tier": (None, "auto", "default"),
     "modalities": (None, ["text"]),
@@ -286,10 +340,8 @@ def chat_generation(
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         msg = "set max_completion_tokens or max_tokens, not both"
         raise InvalidInput(msg, param="max_completion_tokens")
-    messages = tuple(
-        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
-        for m in body.messages
-    )
+    toolbox = body.toolbox()
+    messages = toolbox.with_tools(prompt_messages(body.messages))
     if body.top_logprobs and not body.logprobs:
         msg = "top_logprobs needs logprobs set to true"
         raise InvalidInput(msg, param="top_logprobs")
@@ -298,7 +350,9 @@ def chat_generation(
     sampling = sampling_params(body, max_tokens=max_tokens, limits=limits, max_tokens_field=field)
     return GenerationRequest(
         sampling=_with_logprobs(
-            sampling, (body.top_logprobs or 0) if body.logprobs else None, echo=False
+            replace(sampling, grammar=_chat_grammar(body, toolbox)),
+            (body.top_logprobs or 0) if body.logprobs else None,
+            echo=False,
         ),
         messages=messages,
         n=_choices(body, max_tokens, limits),
@@ -307,6 +361,32 @@ def chat_generation(
         request_id=controls.request_id,
         cache_salt=body.cache_salt,
     )
+
+
+def prompt_messages(messages: Sequence[ChatMessageIn]) -> list[ChatMessage]:
+    """What the chat template renders: `developer` as `system`, calls written as text."""
+    return [
+        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+        for m in messages
+    ]
+
+
+def _chat_grammar(body: ChatCompletionRequest, toolbox: Toolbox) -> OutputGrammar | None:
+    """The output grammar: `response_format`'s, or a required call's; `InvalidInput`."""
+    problem = toolbox.check()
+    if problem is not None:
+        raise InvalidInput(problem, param="tool_choice")
+    if toolbox.active and body.logprobs:
+        # A streamed answer that may be a call is held back until it ends: its tokens'
+        # entries would have no text to travel with.
+        msg = "logprobs cannot be combined with tools (unless tool_choice is 'none')"
+        raise InvalidInput(msg, param="logprobs")
+    formatted = body.response_format.grammar() if body.response_format is not None else None
+    called = toolbox.grammar()
+    if formatted is not None and called is not None:
+        msg = "response_format cannot be combined with a required or named tool_choice"
+        raise InvalidInput(msg, param="response_format")
+    return formatted or called
 
 
 def _single_prompt(

@@ -10,10 +10,11 @@ its UTF-8 `bytes` and `top_logprobs`) and completions' `CompletionLogprobs` (par
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from fleetserve_runtime.generate.contracts import FinishReason, TokenLogprob, Usage
 from fleetserve_runtime.server.generation_schemas import UsageBody, usage_body
+from fleetserve_runtime.server.openai_tools import ToolCallBody
 
 __all__ = [
     "ChatChunk",
@@ -36,10 +37,11 @@ __all__ = [
 
 
 class AssistantMessage(TypedDict):
-    """The answer of a chat completion."""
+    """The answer of a chat completion: text, or (content null) calls of the tools."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: NotRequired[list[ToolCallBody]]
 
 
 class TopLogprob(TypedDict):
@@ -100,7 +102,7 @@ class ChatChunkChoice(TypedDict):
     """The choice of a stream chunk: the text added since the last chunk."""
 
     index: int
-    delta: dict[str, str]
+    delta: dict[str, object]
     logprobs: ChatLogprobs | None
     finish_reason: str | None
 
@@ -218,13 +220,18 @@ def chat_completion(
     id_: str,
     created: int,
     model: str,
-    choices: Sequence[tuple[str, FinishReason, ChatLogprobs | None]],
+    choices: Sequence[tuple[str, FinishReason, ChatLogprobs | None, list[ToolCallBody] | None]],
     usage: Usage,
 ) -> ChatCompletion:
-    """The body of a non-streamed chat completion: a choice per (text, reason, logprobs)."""
+    """The body of a non-streamed chat completion.
+
+    A choice per (text, reason, logprobs, tool calls); a choice with calls has null content.
+    """
     listed: list[ChatChoice] = []
-    for index, (text, reason, logprobs) in enumerate(choices):
+    for index, (text, reason, logprobs, calls) in enumerate(choices):
         message: AssistantMessage = {"role": "assistant", "content": text}
+        if calls:
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
         listed.append(
             {
                 "index": index,
@@ -266,7 +273,7 @@ def chat_chunk(
     id_: str,
     created: int,
     model: str,
-    delta: dict[str, str] | None,
+    delta: dict[str, object] | None,
     reason: FinishReason | None = None,
     usage: Usage | None = None,
     null_usage: bool = False,

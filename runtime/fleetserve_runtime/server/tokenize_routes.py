@@ -29,7 +29,6 @@ from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import check_depth
 from fleetserve_runtime.generate.contracts import GenerationRequest, SamplingParams
 from fleetserve_runtime.generate.engine import GenerationEngine
-from fleetserve_runtime.models.causal_lm import ChatMessage
 from fleetserve_runtime.server.generation import openai_failure
 from fleetserve_runtime.server.generation_schemas import TokenId
 from fleetserve_runtime.server.http_errors import json_response
@@ -37,6 +36,7 @@ from fleetserve_runtime.server.inference_routes import Routes
 from fleetserve_runtime.server.openai_requests import (
     MAX_MESSAGES,
     ChatMessageIn,
+    prompt_messages,
     refuse_unknown,
     unknown_keys,
 )
@@ -123,10 +123,7 @@ def _tokenize_request(data: object) -> GenerationRequest:
             msg = "add_generation_prompt=false is not supported: the chat template ends with "
             msg += "the assistant's turn"
             raise InvalidInput(msg, param="add_generation_prompt")
-        messages = tuple(
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.content)
-            for m in chat.messages
-        )
+        messages = tuple(prompt_messages(chat.messages))
         return GenerationRequest(sampling=_NO_SAMPLING, messages=messages)
     text = validate_body(data, TokenizeCompletionRequest)
     _refuse_unknown(text)

@@ -200,13 +200,19 @@ INVALID = [
     pytest.param({"stop_token_ids": [99999]}, "stop_token_ids", id="stop-token-past-vocab"),
     pytest.param({"stop_token_ids": [1] * 65}, "stop_token_ids", id="65-stop-token-ids"),
     pytest.param({"stop_token_ids": [-1]}, "stop_token_ids.0", id="stop-token-negative"),
-    pytest.param({"tools": [{"type": "function"}]}, "tools", id="tools"),
+    pytest.param({"tools": [{"type": "function"}]}, "tools.0.function", id="tools"),
+    pytest.param(
+        {"tools": [{"type": "web_search", "function": {"name": "f"}}]},
+        "tools.0.type",
+        id="tool-type",
+    ),
     pytest.param({"store": True}, "store", id="store"),
     pytest.param({"service_tier": "flex"}, "service_tier", id="service-tier"),
     pytest.param({"modalities": ["text", "audio"]}, "modalities", id="audio-out"),
     pytest.param({"stream_options": {"include_usage": True}}, "stream_options", id="no-stream"),
     pytest.param({"messages": []}, "messages", id="no-messages"),
-    pytest.param({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role", id="role"),
+    pytest.param({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", id="role"),
+    pytest.param({"messages": [{"role": "tool", "content": "x"}]}, "messages.0", id="tool-no-id"),
     pytest.param(
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         "messages.0.content",
@@ -296,12 +302,14 @@ async def test_a_message_key_is_refused_naming_its_path() -> None:
     """`messages[i].<key>` in the message, dotted in `param` as every field path is."""
     messages = [
         {"role": "system", "content": "be brief"},
-        {"role": "assistant", "content": "ok", "tool_calls": []},
+        {"role": "assistant", "content": "ok", "reasoning_content": "hm"},
     ]
     async with serve(LLM) as (client, _):
         response = await client.post(CHAT, json=chat(messages=messages))
     assert_refused(
-        response, "messages.1.tool_calls", "unsupported parameter: 'messages[1].tool_calls'"
+        response,
+        "messages.1.reasoning_content",
+        "unsupported parameter: 'messages[1].reasoning_content'",
     )
 
 
