@@ -236,9 +236,15 @@ class KubeApi:
         """Optional kinds last answered 404, with when to list them again (`_ABSENT_RECHECK_S`)."""
 
     @classmethod
-    def from_environment(cls, *, timeout_s: float = 30.0) -> KubeApi:
-        """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG)."""
+    def from_environment(cls, *, timeout_s: float = 30.0, connections: int = 10) -> KubeApi:
+        """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG).
+
+        `connections`: the connections kept open to the API server, one for every thread
+        that may wait on it at once (each watch holds one for as long as it runs). Past
+        that, every request opens a new connection, TLS handshake included, and drops it.
+        """
         configuration = kubernetes.client.Configuration()
+        configuration.connection_pool_maxsize = connections
         try:
             kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped
                 client_configuration=configuration
