@@ -45,9 +45,9 @@ class CachedKube:
             return self._api.list_pods(namespace, owner)
         return copy.deepcopy(self._cache.owned(namespace, owner, (_POD,)))
 
-    def create(self, manifest: Manifest) -> Manifest:
+    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Create through the API; the created object is cached."""
-        created = self._api.create(manifest)
+        created = self._api.create(manifest, planned=planned)
         self._cache.store(manifest["kind"], copy.deepcopy(created))
         return created
 
@@ -70,9 +70,9 @@ class CachedKube:
         """The API's."""
         return self._api.get_child(manifest)
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
         """The API's."""
-        self._api.validate(manifest, current=current)
+        return self._api.validate(manifest, current=current)
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
         """The API's."""
