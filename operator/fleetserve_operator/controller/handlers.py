@@ -8,18 +8,18 @@ or pod the operator manages, so a deleted or edited child is restored and status
 readiness and failures (a crash loop changes no Deployment). Child events do not go through
 kopf, which would keep a worker and an event queue per watched object: `child_watch` reduces
 each to its InferenceService's key in a deduplicating `WorkQueue`, and `QueueWorkers` threads
-reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger but the
-rollout timer, each in its lane (`workqueue.Lane`): kopf's create, update and resume
-handlers queue their service in the change lane and wait for its reconcile (so kopf's
-retries work as before), and the resync lane queues each service in turn; a change is
-therefore never behind the echoes of a rollout or a round of resyncs. The watches and
-workers start and stop with kopf (its startup and cleanup activities), so only the leader
-runs them. A DELETED watch event of an InferenceService only calls `Sync.forget`, to drop
-the service's gauges, and takes the service off the resync lane (Kubernetes deletes the
-children by their owner references).
-Handlers are synchronous (kopf runs them in worker threads; the `kubernetes` client
-blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`, and
-nowhere else.
+reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger, each
+in its lane (`workqueue.Lane`): kopf's create, update and resume handlers queue their
+service in the change lane and wait for its reconcile (so kopf's retries work as before),
+the rollout timer in the event lane, and the resync lane queues each service in turn; a
+change is therefore never behind the echoes or ticks of a rollout or a round of resyncs.
+The watches and workers start and stop with kopf (its startup and cleanup activities), so
+only the leader runs them. A DELETED watch event of an InferenceService only calls
+`Sync.forget`, to drop the service's gauges, and takes the service off the resync lane
+(Kubernetes deletes the children by their owner references).
+Handlers that reconcile await the queue on kopf's event loop, or run in a thread where
+there is no queue (the `kubernetes` client blocks). Domain errors are turned into kopf's
+retry policy here, in `_kopf_error`, and nowhere else.
 """
 
 from __future__ import annotations
@@ -349,14 +349,23 @@ class Handlers:
         if error is not None:
             raise _kopf_error(error, delay_s=self._delay_s)
 
-    def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
+    async def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
         """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone.
 
+        Through the work queue's event lane when there is one, awaited on kopf's event
+        loop: 50 services in a rollout tick 10 times a second at the default interval, and
+        a user's change goes ahead of them (kopf times the next tick from this one's end).
         A spec error is already in status and waits for a new spec, so only temporary
         errors are raised (and retried).
         """
         try:
-            self._sync.run(dict(body), trigger="rollout")
+            if self._workers is None:
+                await asyncio.to_thread(self._sync.run, dict(body), trigger="rollout")
+            else:
+                meta = body["metadata"]
+                key = (meta["namespace"], meta["name"])
+                submitted = self._workers.submit_change(key, trigger="rollout", lane=Lane.EVENT)
+                await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 

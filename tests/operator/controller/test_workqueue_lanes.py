@@ -266,3 +266,34 @@ def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
     finally:
         workers.stop()
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+
+
+def test_rollout_ticks_wait_in_the_event_lane_behind_a_users_change() -> None:
+    """50 services in a rollout tick ten times a second: a change goes ahead of every tick."""
+    names = [f"s{i}" for i in range(20)]
+    kube, workers = _workers("changed", *names)
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+
+    def body(name: str) -> kopf.Body:
+        found = kube.get_inference_service("ns", name)
+        assert found is not None
+        return kopf.Body(found)
+
+    async def ticks_then_a_change() -> None:
+        calls = [handlers.rollout_tick(body=body(name)) for name in names]
+        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        while len(workers.queue) < len(tasks):
+            await asyncio.sleep(0.001)
+        assert workers.queue.depth(Lane.EVENT) == len(names)
+        workers.start()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(ticks_then_a_change())
+    finally:
+        workers.stop()
+    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+    assert len({name for _, _, name in kube.writes}) > len(names), "every tick reconciled"
