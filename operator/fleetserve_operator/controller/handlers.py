@@ -213,6 +213,22 @@ class QueueWorkers:
             self._release(key, waiter)
         return waiter.result
 
+    def resume(self, key: Key) -> None:
+        """Queue `key` in the event lane for kopf's resume, without waiting for its reconcile.
+
+        kopf handles one object's events one at a time: a resume handler awaiting its
+        reconcile, behind a new leader's replay of the whole fleet, would hold back the
+        user's change to that very object until the replay reached it. A failure is logged
+        (the resync lane heals it), as for a child event.
+        """
+        submitted = self.submit_change(key, trigger="resume", lane=Lane.EVENT)
+        submitted.add_done_callback(lambda done: self._log_unwaited(key, done))
+
+    def _log_unwaited(self, key: Key, done: Future[SpecError | None]) -> None:
+        error = done.exception()
+        if isinstance(error, Exception) and not self.queue.stopping:
+            _log_failure(key, "resume", error)
+
     def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
         """`submit_change`, then wait for its reconcile; returns its spec error or raises."""
         return self.submit_change(key, trigger=trigger).result()
@@ -299,7 +315,7 @@ handler the running reconcile already answered: an update."""
 def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
     """Log a reconcile no one waits for: the resync lane heals what it could not."""
     what = "resync of" if trigger == "resync" else "re-converging"
-    event = "visit" if trigger == "resync" else "child event"
+    event = {"resync": "visit", "resume": "resume"}.get(trigger, "child event")
     if isinstance(exc, FleetserveError):
         logger.warning("%s %s/%s after a %s failed: %s", what, *key, event, exc)
     else:
@@ -329,20 +345,23 @@ class Handlers:
         Through the work queue's change lane when there is one: ahead of every queued echo
         and resync, and never at the same time as another reconcile of the service. A
         resume is no change: a new leader resumes every service at once, and a user's change
-        must not wait behind all of them, so resumes go in the lane of the child events. The
-        handler awaits it on kopf's event loop, holding none of kopf's worker threads: those
-        also run every InferenceService's event handler and timer, and a change handler
-        blocked in one of them would delay the changes behind it.
+        must not wait behind all of them, so resumes go in the lane of the child events, and
+        are not waited for (`QueueWorkers.resume`). A change is awaited on kopf's event
+        loop, holding none of kopf's worker threads: those also run every InferenceService's
+        event handler, and a change handler blocked in one of them would delay the changes
+        behind it.
         """
         meta = body["metadata"]
         trigger = str(reason)
+        key = (meta["namespace"], meta["name"])
         try:
             if self._workers is None:
                 error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
+            elif reason == kopf.Reason.RESUME:
+                self._workers.resume(key)
+                return
             else:
-                key = (meta["namespace"], meta["name"])
-                lane = Lane.EVENT if reason == kopf.Reason.RESUME else Lane.CHANGE
-                submitted = self._workers.submit_change(key, trigger=trigger, lane=lane)
+                submitted = self._workers.submit_change(key, trigger=trigger)
                 error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
