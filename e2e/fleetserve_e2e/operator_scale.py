@@ -17,7 +17,9 @@ measures:
   pace; the latency is from the PATCH until a watch on Deployments sees that service's
   Deployment at a new generation;
 - the operator's peak RSS (``VmHWM`` of ``/proc/<pid>/status``) and CPU seconds
-  (``/proc/<pid>/stat``).
+  (``/proc/<pid>/stat``), in all and until every service is Ready;
+- a leader hand-over: a standby starts, the leader stops (releasing its Lease), and a few
+  services are changed at once and during the new leader's replay of the fleet.
 
 The result is written as JSON (`ScaleResult`); ``bench/operator_bench.py`` prints it.
 """
@@ -256,8 +258,17 @@ class ScaleResult:
     rss_idle_mb: float
     cpu_s: float
     cpu_idle_s: float
+    cpu_ready_s: float
+    """The operator's CPU seconds from its start until every service was Ready."""
     reconciles_by_trigger: dict[str, float]
     """The operator's own count (``fleetserve_operator_reconciles``) over the whole run."""
+    handover_changes: int
+    handover_changes_seen: int
+    handover_first_change_s: float
+    """Change → patch of a change made as soon as the old leader exited (releasing the
+    Lease): the standby's take-over, its start and its first reconcile together."""
+    handover_change_p99_s: float
+    """Change → patch of the changes made while the new leader replays the whole fleet."""
 
 
 class DeploymentWatch:
@@ -345,6 +356,8 @@ class ScaleConfig:
     services: int = 1000
     changes: int = 50
     change_interval_s: float = 0.2
+    handover_changes: int = 10
+    """Changes made as the leader hands over to a standby (0: no hand-over)."""
     settle_s: float = 15.0
     idle_window_s: float = 120.0
     ready_timeout_s: float = 1800.0
@@ -420,6 +433,7 @@ def _measure(
             interval_s=2.0,
         )
         ready_s = time.monotonic() - started
+        cpu_ready = sampler.cpu_s()
         print(f"all {len(names)} services Ready after {ready_s:.1f}s", flush=True)
         settled_s = wait_quiet(
             tail, username, quiet_s=config.settle_s, timeout_s=config.ready_timeout_s
@@ -433,13 +447,15 @@ def _measure(
         cpu_idle = sampler.cpu_s() - cpu_before
         idle = count_requests(tail.read(), username=username, start=window_start, end=window_end)
         print(f"idle: {idle}", flush=True)
-        latencies = _change_latencies(cluster, names, config)
+        latencies = _change_latencies(cluster, names, config.changes, config.change_interval_s)
         cpu_s = sampler.cpu_s()
         peak = sampler.status_mb("VmHWM")
         reconciles: dict[str, float] = {}
         for labels, value in operator.counters("fleetserve_operator_reconciles").items():
             trigger = dict(labels)["trigger"]
             reconciles[trigger] = reconciles.get(trigger, 0.0) + value
+        sampler.stop()
+        handover = _handover(cluster, identity, operator, names, config, work_dir)
     finally:
         sampler.stop()
         operator.stop()
@@ -467,14 +483,74 @@ def _measure(
         rss_idle_mb=round(idle_rss, 1),
         cpu_s=round(cpu_s, 2),
         cpu_idle_s=round(cpu_idle, 2),
+        cpu_ready_s=round(cpu_ready, 2),
         reconciles_by_trigger=dict(reconciles),
+        handover_changes=min(config.handover_changes, config.services),
+        handover_changes_seen=len(handover.latencies),
+        handover_first_change_s=round(handover.first_change_s, 3),
+        handover_change_p99_s=round(percentile(list(handover.latencies.values()), 0.99), 3),
     )
 
 
+@dataclass(frozen=True)
+class Handover:
+    """What a leader hand-over measured (seconds)."""
+
+    first_change_s: float
+    """The latency of the first change, made as soon as the old leader has exited."""
+    latencies: dict[str, float]
+
+
+def _handover(
+    cluster: LocalCluster,
+    identity: OperatorIdentity,
+    leader: OperatorProcess,
+    names: list[str],
+    config: ScaleConfig,
+    work_dir: Path,
+) -> Handover:
+    """Start a standby, stop the leader, and time changes made while the standby takes over.
+
+    The first change is made as the leader exits: it waits for the standby to take the
+    Lease, start, and serve it ahead of its replay of the fleet (every service resumed,
+    every child listed). The rest follow at `change_interval_s`, during that replay.
+    """
+    if config.handover_changes == 0 or len(names) < 2:
+        return Handover(first_change_s=float("nan"), latencies={})
+    standby = OperatorProcess.start(
+        kubeconfig=identity.kubeconfig,
+        namespace=NAMESPACE,
+        log_path=work_dir / "logs" / "operator-standby.log",
+        marker=cluster.marker,
+        settings=config.operator_settings,
+        command=config.operator_command,
+    )
+    try:
+        leader.stop()
+        latencies = _change_latencies(
+            cluster,
+            names[1:],  # not the services the steady-state changes patched first
+            config.handover_changes,
+            config.change_interval_s,
+            batch_size=16,
+        )
+    finally:
+        standby.stop()
+    return Handover(first_change_s=latencies.get(names[1], float("nan")), latencies=latencies)
+
+
 def _change_latencies(
-    cluster: LocalCluster, names: list[str], config: ScaleConfig
+    cluster: LocalCluster,
+    names: list[str],
+    changes: int,
+    interval_s: float,
+    *,
+    batch_size: int = 8,
 ) -> dict[str, float]:
-    """Patch `config.changes` services evenly spread over `names`; latency per service."""
+    """Patch `changes` services evenly spread over `names`; the latency of each, by name.
+
+    Each gets `maxBatchSize` `batch_size`, one every `interval_s`.
+    """
     kube = cluster.client
     listed = kube.get(child_path("Deployment", NAMESPACE))
     generations: dict[str, dict[str, int]] = {}
@@ -486,16 +562,16 @@ def _change_latencies(
         KubeClient(cluster.server, cluster.pki), listed["metadata"]["resourceVersion"]
     )
     watch.start()
-    count = min(config.changes, len(names))
+    count = min(changes, len(names))
     step = len(names) / count
     chosen = [names[int(i * step)] for i in range(count)]
     try:
         for name in chosen:
             since = time.monotonic()
             watch.expect(name, generations.get(name, {}), since)
-            patch = {"spec": {"batching": {"maxBatchSize": 8}}}
+            patch = {"spec": {"batching": {"maxBatchSize": batch_size}}}
             kube.merge_patch(fsvc_path(NAMESPACE, name), patch)
-            time.sleep(max(0.0, config.change_interval_s - (time.monotonic() - since)))
+            time.sleep(max(0.0, interval_s - (time.monotonic() - since)))
         deadline = time.monotonic() + 60.0
         while len(watch.latencies) < count and time.monotonic() < deadline:
             time.sleep(0.2)

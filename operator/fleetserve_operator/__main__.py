@@ -2,11 +2,13 @@
 
 Loads `OperatorConfig` from `FLEETSERVE_*` (a bad value stops start-up, naming the variable),
 serves the operator's metrics, waits for the leader Lease (`leader`; a standby answers
-`/healthz` meanwhile), registers the handlers, the child watches and their work queue's
-workers (started and stopped with kopf) in an explicit kopf registry and runs kopf's
-operator with the configured namespaces and liveness endpoint. The leader renews the Lease
-from a thread and exits at once (status 1) if it loses it; on a clean stop (SIGTERM) it
-releases the Lease after kopf has stopped, so a standby takes over without waiting.
+`/healthz` meanwhile), registers the handlers, the child watches (which keep what they see
+in a `ChildCache` that reconciles read) and their work queue's workers (started and stopped
+with kopf) in an explicit kopf registry and runs kopf's operator with the configured
+namespaces and liveness endpoint. Events are posted by a thread of their own (`EventPoster`).
+The leader renews the Lease from a thread and exits at once (status 1) if it loses it; on a
+clean stop (SIGTERM) it releases the Lease after kopf has stopped, so a standby takes over
+without waiting.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from fleetserve_operator.controller import handlers
-from fleetserve_operator.controller.child_watch import ChildWatches
+from fleetserve_operator.controller.cache import ChildCache
+from fleetserve_operator.controller.cached_kube import CachedKube
+from fleetserve_operator.controller.child_watch import CHILD_KINDS, ChildWatches
+from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import Cluster, KubeApi
 from fleetserve_operator.controller.leader import (
     KubeLeases,
@@ -39,6 +44,8 @@ from fleetserve_operator.controller.sync import Sync
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
+_EVENTS_WAITING = 10_000
+"""Events queued for posting before new ones are dropped: ten per service of a large fleet."""
 
 
 def _exit_on_lost(reason: str) -> None:
@@ -76,13 +83,24 @@ def _run(config: OperatorConfig) -> None:
         start_http_server(
             config.metrics_port, addr=config.listen_address, registry=metrics.registry
         )
-    kube = KubeApi.from_environment(timeout_s=config.request_timeout_s)
+    kube = KubeApi.from_environment(
+        timeout_s=config.request_timeout_s, connections=_connections(config)
+    )
     elector = _lead(config, metrics, kube) if config.leader_election else None
     try:
         _operate(config, metrics, kube)
     finally:
         if elector is not None:
             elector.release()
+
+
+def _connections(config: OperatorConfig) -> int:
+    """Threads that may wait on the API server at once: every watch and every worker.
+
+    Plus the resync lane, the Event poster and the Lease's renewals.
+    """
+    watches = len(CHILD_KINDS) * max(1, len(config.namespaces))
+    return watches + config.queue_workers + config.workers + 3
 
 
 def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster) -> Sync:
@@ -100,7 +118,23 @@ def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster)
 
 
 def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> None:
-    sync = _reconciler(config, metrics, kube)
+    cache = ChildCache()
+    events = EventPoster(kube.post_event, capacity=_EVENTS_WAITING)
+    try:
+        _serve(config, metrics, kube, CachedKube(kube, cache, events), cache)
+    finally:
+        events.close(timeout_s=config.request_timeout_s)
+
+
+def _serve(
+    config: OperatorConfig,
+    metrics: OperatorMetrics,
+    kube: KubeApi,
+    cached: CachedKube,
+    cache: ChildCache,
+) -> None:
+    """Run kopf with the handlers, the work queue and the child watches filling `cache`."""
+    sync = _reconciler(config, metrics, cached)
     workers = handlers.QueueWorkers(sync, metrics, workers=config.queue_workers)
     watches = ChildWatches(
         kube.api_client,
@@ -108,6 +142,7 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) ->
         on_owner=workers.add,
         watch_timeout_s=config.watch_timeout_s,
         request_timeout_s=config.request_timeout_s,
+        cache=cache,
     )
     registry = kopf.OperatorRegistry()
     handlers.register(

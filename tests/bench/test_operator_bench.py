@@ -13,13 +13,20 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bench.operator_bench import ScaleResult, harness_argv, headline, read_result, verdicts
+from bench.operator_bench import (
+    ScaleResult,
+    harness_argv,
+    headline,
+    read_result,
+    target_line,
+    verdicts,
+)
 
 FIGURES = {
     "services": 1000,
     "pods": 2000,
     "create_s": 31.5,
-    "ready_s": 240.25,
+    "ready_s": 100.25,
     "settle_s": 30.0,
     "idle_window_s": 120.0,
     "idle_writes": 0,
@@ -37,14 +44,19 @@ FIGURES = {
     "rss_idle_mb": 280.0,
     "cpu_s": 100.0,
     "cpu_idle_s": 1.0,
+    "cpu_ready_s": 30.0,
     "reconciles_by_trigger": {"create": 1000.0, "child": 9000.0, "resync": 2000.0},
+    "handover_changes": 10,
+    "handover_changes_seen": 10,
+    "handover_first_change_s": 3.0,
+    "handover_change_p99_s": 1.5,
 }
 
 
 def test_headline_is_the_documented_last_line() -> None:
     result = ScaleResult(**FIGURES)
     assert headline(result) == (
-        "services=1000 ready_s=240.2 idle_writes_per_min=0 change_to_patch_p99_s=0.800 rss_mb=310"
+        "services=1000 ready_s=100.2 idle_writes_per_min=0 change_to_patch_p99_s=0.800 rss_mb=310"
     )
 
 
@@ -52,11 +64,31 @@ def test_a_change_never_seen_misses_the_latency_target() -> None:
     seen_all = ScaleResult(**FIGURES)
     missing = ScaleResult(**{**FIGURES, "changes_seen": 49})
     assert verdicts(seen_all) == {
+        "ready_s": True,
+        "cpu_ms_per_service": True,
         "idle_writes_per_min": True,
         "change_to_patch_p99_s": True,
+        "handover_change_p99_s": True,
+        "handover_first_change_s": True,
         "rss_peak_mb": True,
     }
     assert verdicts(missing)["change_to_patch_p99_s"] is False
+    handover_missing = ScaleResult(**{**FIGURES, "handover_changes_seen": 9})
+    assert verdicts(handover_missing)["handover_change_p99_s"] is False
+
+
+def test_cpu_per_service_counts_until_all_ready_and_an_unmeasured_figure_misses() -> None:
+    costly = ScaleResult(**{**FIGURES, "cpu_ready_s": 41.0})  # 41 ms for each of 1000
+    assert verdicts(costly)["cpu_ms_per_service"] is False
+    unmeasured = ScaleResult(**{**FIGURES, "handover_first_change_s": float("nan")})
+    assert verdicts(unmeasured)["handover_first_change_s"] is False
+
+
+def test_the_line_before_the_headline_names_every_target() -> None:
+    line = target_line(ScaleResult(**{**FIGURES, "rss_peak_mb": 401.0}))
+    assert line.startswith("targets: ready_s=100(<=120:ok) cpu_ms_per_service=30(<=40:ok)")
+    assert "rss_peak_mb=401(<=400:NO)" in line
+    assert "handover_first_change_s=3(<=5:ok)" in line
 
 
 def test_one_idle_write_misses_the_idle_target() -> None:
@@ -75,6 +107,7 @@ def test_the_harness_gets_every_flag(tmp_path: Path) -> None:
         services=5,
         changes=3,
         change_interval_s=0.1,
+        handover_changes=2,
         settle_s=1.0,
         idle_window_s=10.0,
         operator_setting=["FLEETSERVE_WORKERS=4"],
@@ -84,6 +117,7 @@ def test_the_harness_gets_every_flag(tmp_path: Path) -> None:
     assert argv[1:3] == ["-m", "fleetserve_e2e.operator_scale"]
     assert "--services=5" in argv
     assert "--changes=3" in argv
+    assert "--handover-changes=2" in argv
     assert "--idle-window-s=10.0" in argv
     assert "--operator-setting=FLEETSERVE_WORKERS=4" in argv
     assert f"--json={tmp_path / 'out.json'}" in argv

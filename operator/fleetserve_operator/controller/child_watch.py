@@ -2,9 +2,12 @@
 
 Every event of a child (Deployment, Service, ConfigMap, HTTPRoute, GRPCRoute, ScaledObject,
 PodDisruptionBudget) or of a pod of one only says which InferenceService to re-converge, so
-the event is reduced to its owner's key (`owner_key`) and added to the `WorkQueue`; nothing
-of the object is kept. kopf would instead start a worker and an event queue per watched
-object: thousands of each at 1000 services, and every event kept until its worker ran.
+the event is reduced to its owner's key (`owner_key`) and added to the `WorkQueue`; the
+object itself is kept in a `ChildCache`, where reconciles read their children and pods.
+kopf would instead start a worker and an event queue per watched object: thousands of each
+at 1000 services, and every event kept until its worker ran. The event of a state the cache
+already holds (the echo of the operator's own write, stored as the API server answered it)
+queues nothing: the reconcile that wrote it has seen it.
 
 A watch is label-selected to the operator's own children (`managed-by`), resumes from the
 last resourceVersion it saw (bookmarks included) when the server ends it, and re-lists when
@@ -30,6 +33,7 @@ import kubernetes
 import urllib3
 
 from fleetserve_operator import naming
+from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.records import Manifest
 
 __all__ = ["CHILD_KINDS", "ChildKind", "ChildWatches", "owner_key"]
@@ -121,6 +125,7 @@ class _KindWatch:
     ) -> None:
         self._watches = watches
         self._kind = kind
+        self._namespace = namespace
         self._path = kind.path(namespace)
         self._response: urllib3.BaseHTTPResponse | None = None
         self.thread = threading.Thread(
@@ -135,6 +140,7 @@ class _KindWatch:
 
     def _run(self) -> None:
         watches = self._watches
+        cache = watches.cache
         version: str | None = None
         while not watches.stopping.is_set():
             try:
@@ -143,11 +149,14 @@ class _KindWatch:
                 version = self._watch(version)
             except _Gone:
                 version = None
+                cache.unsync(self._kind.kind, self._namespace)
             except _Absent:
                 version = None
+                cache.mark_absent(self._kind.kind, self._namespace)
                 if watches.stopping.wait(watches.absent_retry_s):
                     return
             except _Failed as exc:
+                cache.unsync(self._kind.kind, self._namespace)
                 if watches.stopping.is_set():
                     return
                 logger.warning("watch of %s failed, retried: %s", self._path, exc)
@@ -186,8 +195,11 @@ class _KindWatch:
             listed: Manifest = json.loads(response.read())
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise _Failed(f"list {self._path}: {exc}") from exc
-        for item in listed.get("items") or []:
-            self._watches.notify(self._kind.kind, item)
+        items = listed.get("items") or []
+        kind = self._kind
+        self._watches.cache.replace(kind.kind, kind.api_version, self._namespace, items)
+        for item in items:
+            self._watches.notify(kind.kind, item)
         return str(listed["metadata"]["resourceVersion"])
 
     def _watch(self, version: str) -> str:
@@ -211,8 +223,13 @@ class _KindWatch:
                         raise _Gone(self._path)
                     raise _Failed(f"watch {self._path}: {obj.get('message')}")
                 version = obj.get("metadata", {}).get("resourceVersion") or version
-                if event.get("type") != "BOOKMARK":
-                    self._watches.notify(self._kind.kind, obj)
+                if event.get("type") == "BOOKMARK":
+                    continue
+                if event.get("type") == "DELETED":
+                    self._watches.cache.discard(self._kind.kind, obj)
+                elif not self._watches.cache.store(self._kind.kind, obj):
+                    continue  # the echo of the operator's own write: nothing new to see
+                self._watches.notify(self._kind.kind, obj)
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise _Failed(f"watch {self._path}: {exc}") from exc
         finally:
@@ -225,7 +242,7 @@ class ChildWatches:
     """The watch threads of every child kind in the operator's namespaces.
 
     `on_owner` is called (from the watch threads) with the key of the InferenceService an
-    event is about.
+    event is about, after the object is kept in `cache` (a new one unless given).
     """
 
     def __init__(
@@ -239,8 +256,10 @@ class ChildWatches:
         retry_s: float = 5.0,
         absent_retry_s: float = 60.0,
         kinds: Sequence[ChildKind] = CHILD_KINDS,
+        cache: ChildCache | None = None,
     ) -> None:
         self.client = client
+        self.cache = cache or ChildCache()
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
         self.retry_s = retry_s

@@ -8,18 +8,18 @@ or pod the operator manages, so a deleted or edited child is restored and status
 readiness and failures (a crash loop changes no Deployment). Child events do not go through
 kopf, which would keep a worker and an event queue per watched object: `child_watch` reduces
 each to its InferenceService's key in a deduplicating `WorkQueue`, and `QueueWorkers` threads
-reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger but the
-rollout timer, each in its lane (`workqueue.Lane`): kopf's create, update and resume
-handlers queue their service in the change lane and wait for its reconcile (so kopf's
-retries work as before), and the resync lane queues each service in turn; a change is
-therefore never behind the echoes of a rollout or a round of resyncs. The watches and
-workers start and stop with kopf (its startup and cleanup activities), so only the leader
-runs them. A DELETED watch event of an InferenceService only calls `Sync.forget`, to drop
-the service's gauges, and takes the service off the resync lane (Kubernetes deletes the
-children by their owner references).
-Handlers are synchronous (kopf runs them in worker threads; the `kubernetes` client
-blocks). Domain errors are turned into kopf's retry policy here, in `_kopf_error`, and
-nowhere else.
+reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger, each
+in its lane (`workqueue.Lane`): kopf's create, update and resume handlers queue their
+service in the change lane and wait for its reconcile (so kopf's retries work as before),
+the rollout timer in the event lane, and the resync lane queues each service in turn; a
+change is therefore never behind the echoes or ticks of a rollout or a round of resyncs.
+The watches and workers start and stop with kopf (its startup and cleanup activities), so
+only the leader runs them. A DELETED watch event of an InferenceService only calls
+`Sync.forget`, to drop the service's gauges, and takes the service off the resync lane
+(Kubernetes deletes the children by their owner references).
+Handlers that reconcile await the queue on kopf's event loop, or run in a thread where
+there is no queue (the `kubernetes` client blocks). Domain errors are turned into kopf's
+retry policy here, in `_kopf_error`, and nowhere else.
 """
 
 from __future__ import annotations
@@ -213,6 +213,22 @@ class QueueWorkers:
             self._release(key, waiter)
         return waiter.result
 
+    def resume(self, key: Key) -> None:
+        """Queue `key` in the event lane for kopf's resume, without waiting for its reconcile.
+
+        kopf handles one object's events one at a time: a resume handler awaiting its
+        reconcile, behind a new leader's replay of the whole fleet, would hold back the
+        user's change to that very object until the replay reached it. A failure is logged
+        (the resync lane heals it), as for a child event.
+        """
+        submitted = self.submit_change(key, trigger="resume", lane=Lane.EVENT)
+        submitted.add_done_callback(lambda done: self._log_unwaited(key, done))
+
+    def _log_unwaited(self, key: Key, done: Future[SpecError | None]) -> None:
+        error = done.exception()
+        if isinstance(error, Exception) and not self.queue.stopping:
+            _log_failure(key, "resume", error)
+
     def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
         """`submit_change`, then wait for its reconcile; returns its spec error or raises."""
         return self.submit_change(key, trigger=trigger).result()
@@ -299,7 +315,7 @@ handler the running reconcile already answered: an update."""
 def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
     """Log a reconcile no one waits for: the resync lane heals what it could not."""
     what = "resync of" if trigger == "resync" else "re-converging"
-    event = "visit" if trigger == "resync" else "child event"
+    event = {"resync": "visit", "resume": "resume"}.get(trigger, "child event")
     if isinstance(exc, FleetserveError):
         logger.warning("%s %s/%s after a %s failed: %s", what, *key, event, exc)
     else:
@@ -329,34 +345,46 @@ class Handlers:
         Through the work queue's change lane when there is one: ahead of every queued echo
         and resync, and never at the same time as another reconcile of the service. A
         resume is no change: a new leader resumes every service at once, and a user's change
-        must not wait behind all of them, so resumes go in the lane of the child events. The
-        handler awaits it on kopf's event loop, holding none of kopf's worker threads: those
-        also run every InferenceService's event handler and timer, and a change handler
-        blocked in one of them would delay the changes behind it.
+        must not wait behind all of them, so resumes go in the lane of the child events, and
+        are not waited for (`QueueWorkers.resume`). A change is awaited on kopf's event
+        loop, holding none of kopf's worker threads: those also run every InferenceService's
+        event handler, and a change handler blocked in one of them would delay the changes
+        behind it.
         """
         meta = body["metadata"]
         trigger = str(reason)
+        key = (meta["namespace"], meta["name"])
         try:
             if self._workers is None:
                 error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
+            elif reason == kopf.Reason.RESUME:
+                self._workers.resume(key)
+                return
             else:
-                key = (meta["namespace"], meta["name"])
-                lane = Lane.EVENT if reason == kopf.Reason.RESUME else Lane.CHANGE
-                submitted = self._workers.submit_change(key, trigger=trigger, lane=lane)
+                submitted = self._workers.submit_change(key, trigger=trigger)
                 error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
         if error is not None:
             raise _kopf_error(error, delay_s=self._delay_s)
 
-    def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
+    async def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
         """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone.
 
+        Through the work queue's event lane when there is one, awaited on kopf's event
+        loop: 50 services in a rollout tick 10 times a second at the default interval, and
+        a user's change goes ahead of them (kopf times the next tick from this one's end).
         A spec error is already in status and waits for a new spec, so only temporary
         errors are raised (and retried).
         """
         try:
-            self._sync.run(dict(body), trigger="rollout")
+            if self._workers is None:
+                await asyncio.to_thread(self._sync.run, dict(body), trigger="rollout")
+            else:
+                meta = body["metadata"]
+                key = (meta["namespace"], meta["name"])
+                submitted = self._workers.submit_change(key, trigger="rollout", lane=Lane.EVENT)
+                await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 

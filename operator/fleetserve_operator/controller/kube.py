@@ -122,16 +122,20 @@ class Cluster(Protocol):
         """The object `manifest` names (kind, namespace, name), whoever owns it; or None."""
         ...
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
         """Dry-run the write that `create` (`current` None) or `apply` would make.
+
+        Returns the object as that write would store it, for `create`'s `planned`.
 
         Raises:
             ChildRefused: the API server refused it (naming the child and its message).
         """
         ...
 
-    def create(self, manifest: Manifest) -> Manifest:
+    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Create a child that does not exist; returns it as stored.
+
+        `planned`: what `validate` answered for this very manifest, when it was checked.
 
         Raises:
             ChildConflict: an object of that name exists (it is left untouched).
@@ -239,9 +243,15 @@ class KubeApi:
         """Optional kinds last answered 404, with when to list them again (`_ABSENT_RECHECK_S`)."""
 
     @classmethod
-    def from_environment(cls, *, timeout_s: float = 30.0) -> KubeApi:
-        """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG)."""
+    def from_environment(cls, *, timeout_s: float = 30.0, connections: int = 10) -> KubeApi:
+        """In-cluster service account credentials, else the local kubeconfig ($KUBECONFIG).
+
+        `connections`: the connections kept open to the API server, one for every thread
+        that may wait on it at once (each watch holds one for as long as it runs). Past
+        that, every request opens a new connection, TLS handshake included, and drops it.
+        """
         configuration = kubernetes.client.Configuration()
+        configuration.connection_pool_maxsize = connections
         try:
             kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped
                 client_configuration=configuration
@@ -306,12 +316,17 @@ class KubeApi:
                 return None
             raise ClusterUnavailable(f"get {manifest['kind']} {meta['name']}: {exc}") from exc
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
         """Dry-run (`dryRun=All`) the apply: the API server validates and runs admission."""
-        self._apply(manifest, None if current is None else current["metadata"]["uid"], _DRY_RUN)
+        uid = None if current is None else current["metadata"]["uid"]
+        return self._apply(manifest, uid, _DRY_RUN)
 
-    def create(self, manifest: Manifest) -> Manifest:
-        """POST `manifest` (create-only), then take ownership of its fields as an applier."""
+    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
+        """POST `manifest` (create-only), then take ownership of its fields as an applier.
+
+        `planned`, the dry-run apply `validate` made of `manifest`, names the fields the
+        operator is to own; without it, a dry-run apply onto the created object does.
+        """
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
         try:
@@ -323,7 +338,7 @@ class KubeApi:
             if exc.status == 409:
                 raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"]) from exc
             raise self._write_error(manifest, exc) from exc
-        return self._take_ownership(manifest, created)
+        return self._take_ownership(manifest, created, planned=planned)
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
         """Server-side apply as field manager `fleetserve-operator` (forced) onto `current`."""
@@ -331,7 +346,9 @@ class KubeApi:
             current = self._take_ownership(manifest, current)  # created, never applied
         return self._apply(manifest, current["metadata"]["uid"], [])
 
-    def _take_ownership(self, manifest: Manifest, current: Manifest) -> Manifest:
+    def _take_ownership(
+        self, manifest: Manifest, current: Manifest, *, planned: Manifest | None = None
+    ) -> Manifest:
         """Make the operator the `Apply` owner of exactly `manifest`'s fields in `current`.
 
         A POST makes its field manager an `Update` owner of every field it set, defaults
@@ -339,9 +356,12 @@ class KubeApi:
         (an object without managedFields gets one as well, `before-first-apply`). So the
         operator's entries are replaced by the one a dry-run apply computes, as server-side
         apply would have recorded it; the uid test keeps the patch off a replaced object.
+        An applier owns exactly the fields it applies, whether the apply creates the object
+        or lands on it: `planned`, a dry-run made before the POST, names the same fields.
         """
         meta = current["metadata"]
-        planned = self._apply(manifest, meta["uid"], _DRY_RUN)
+        if planned is None:
+            planned = self._apply(manifest, meta["uid"], _DRY_RUN)
         applied = [e for e in _entries(planned) if _is_operator(e, "Apply")]
         others = [e for e in _entries(current) if e.get("manager") != naming.MANAGER]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])

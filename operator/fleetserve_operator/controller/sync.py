@@ -112,6 +112,8 @@ class _Write:
 
     manifest: Manifest
     current: Manifest | None
+    planned: Manifest | None = None
+    """The dry-run's answer for it, once checked (a create takes its fields from it)."""
 
 
 @dataclass(slots=True)
@@ -518,9 +520,10 @@ class Sync:
                     raise ChildConflict(kind, owner.namespace, name)
             if seen is None or render.needs_write(child, seen):
                 writes.append(_Write(child, seen))
-        for write in writes:
-            self._kube.validate(write.manifest, current=write.current)
-        return writes
+        return [
+            replace(write, planned=self._kube.validate(write.manifest, current=write.current))
+            for write in writes
+        ]
 
     def _converge(
         self, ref: ObjectRef, writes: list[_Write], stale: list[Manifest], observed: list[Manifest]
@@ -535,7 +538,7 @@ class Sync:
         for step in sorted(steps, key=_phase):
             if isinstance(step, _Write):
                 if step.current is None:
-                    result.append(self._kube.create(step.manifest))
+                    result.append(self._kube.create(step.manifest, planned=step.planned))
                     self._write(ref, step.manifest, "Created")
                 else:
                     result.append(self._kube.apply(step.manifest, current=step.current))

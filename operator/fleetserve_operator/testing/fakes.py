@@ -111,13 +111,14 @@ class FakeKube:
         found = self.objects.get(_key(manifest))
         return copy.deepcopy(found) if found else None
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
-        """Refuse what `refusals` lists."""
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
+        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if (kind, name) in self.refusals:
             raise ChildRefused("spec", kind, name, self.refusals[(kind, name)])
+        return copy.deepcopy(manifest)
 
-    def create(self, manifest: Manifest) -> Manifest:
+    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Store a new object; refused like `validate`, and when its name is taken."""
         self.validate(manifest, current=None)
         if _key(manifest) in self.objects:

@@ -17,6 +17,7 @@ import kubernetes
 import pytest
 
 from fleetserve_operator import naming
+from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.child_watch import CHILD_KINDS, ChildWatches, owner_key
 from fleetserve_operator.controller.handlers import QueueWorkers, register
 from fleetserve_operator.controller.metrics import OperatorMetrics
@@ -34,7 +35,8 @@ def _child(name: str, owner: str | None, *, kind: str = naming.KIND, rv: str = "
     ] if owner else []  # fmt: skip
     return {
         "metadata": {
-            "name": name, "namespace": "ns", "resourceVersion": rv, "labels": OURS,
+            "name": name, "namespace": "ns", "resourceVersion": rv,
+            "labels": {**OURS, naming.INSTANCE_LABEL: owner} if owner else OURS,
             "ownerReferences": refs,
         }
     }  # fmt: skip
@@ -126,11 +128,12 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
         if key == ("ns", "c"):
             seen_c.set()
 
+    cache = ChildCache()
     with serve_http(_ApiServer) as url:
         client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
         watches = ChildWatches(
             client, namespaces=["ns"], on_owner=on_owner, kinds=kinds, retry_s=0.1,
-            absent_retry_s=3600.0,
+            absent_retry_s=3600.0, cache=cache,
         )  # fmt: skip
         watches.start()
         try:
@@ -152,6 +155,12 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     assert keys == [("ns", "a"), ("ns", "b"), ("ns", "c")]
     assert len(_paths(_ApiServer, "/httproutes")) == 1
     assert _paths(_ApiServer, "/httproutes")[0].get("watch") is None
+    # The cache holds the last listing (what the first one and its events saw is gone), and
+    # the absent kind counts as listed: nothing of it exists.
+    assert cache.synced("ns", ("Deployment", "HTTPRoute"))
+    owned = {o: cache.owned("ns", o, ("Deployment",)) for o in "abc"}
+    assert [len(owned[o]) for o in "abc"] == [0, 0, 1]
+    assert owned["c"][0]["kind"] == "Deployment"
 
 
 def test_kopf_watches_only_inference_services_and_runs_the_queue_with_itself() -> None:

@@ -155,3 +155,47 @@ def test_a_long_event_message_is_posted_bounded(api_server: FakeApiServer) -> No
     assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
     assert event["message"].startswith("yyy")
     assert len(event["message"]) <= MESSAGE_LIMIT
+
+
+@pytest.fixture
+def echo_server() -> Iterator[FakeApiServer]:
+    """Stores nothing: a POST answers the object with a uid, a PATCH answers its body."""
+    fake = FakeApiServer(status=200, message="")
+
+    class Handler(QuietHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            fake.requests.append((self.command, self.path, body))
+            if self.command == "POST":
+                meta = {**body["metadata"], "uid": "u1", "managedFields": []}
+                body = {**body, "metadata": meta}
+            elif isinstance(body, list):  # the JSON patch of managedFields
+                body = {"metadata": {"uid": "u1", "managedFields": body[1]["value"]}}
+            else:  # an apply (dry-run or not): the operator owns what it applied
+                entry = {"manager": "fleetserve-operator", "operation": "Apply"}
+                body = {**body, "metadata": {**body["metadata"], "managedFields": [entry]}}
+            self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+        do_POST = do_PATCH = _answer  # http.server's naming
+
+    with serve_http(Handler) as url:
+        fake.url = url
+        yield fake
+
+
+def _dry_runs(server: FakeApiServer) -> int:
+    return sum("dryRun=All" in path for _, path, _ in server.requests)
+
+
+def test_a_checked_create_takes_its_fields_from_the_check_without_a_second_dry_run(
+    echo_server: FakeApiServer,
+) -> None:
+    kube = _kube(echo_server)
+    planned = kube.validate(_deployment(), current=None)
+    assert _dry_runs(echo_server) == 1
+    created = kube.create(_deployment(), planned=planned)
+    assert _dry_runs(echo_server) == 1, "POST and the managedFields patch, no dry-run"
+    assert [e["operation"] for e in created["metadata"]["managedFields"]] == ["Apply"]
+    kube.create(_deployment())  # unchecked: the dry-run is made after the POST
+    assert _dry_runs(echo_server) == 2

@@ -266,3 +266,66 @@ def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
     finally:
         workers.stop()
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+
+
+def test_rollout_ticks_wait_in_the_event_lane_behind_a_users_change() -> None:
+    """50 services in a rollout tick ten times a second: a change goes ahead of every tick."""
+    names = [f"s{i}" for i in range(20)]
+    kube, workers = _workers("changed", *names)
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+
+    def body(name: str) -> kopf.Body:
+        found = kube.get_inference_service("ns", name)
+        assert found is not None
+        return kopf.Body(found)
+
+    async def ticks_then_a_change() -> None:
+        calls = [handlers.rollout_tick(body=body(name)) for name in names]
+        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        while len(workers.queue) < len(tasks):
+            await asyncio.sleep(0.001)
+        assert workers.queue.depth(Lane.EVENT) == len(names)
+        workers.start()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(ticks_then_a_change())
+    finally:
+        workers.stop()
+    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+    assert len({name for _, _, name in kube.writes}) > len(names), "every tick reconciled"
+
+
+def test_a_resume_returns_at_once_so_kopf_delivers_the_change_to_that_object() -> None:
+    """A resume waiting behind a new leader's replay would hold back the change to its object.
+
+    kopf runs one object's handlers one at a time, so the change waits for the resume.
+    """
+    kube, workers = _workers("changed", "other")
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+    found = kube.get_inference_service("ns", "changed")
+    assert found is not None
+    workers.add(("ns", "other"))  # the replay, queued ahead; no worker runs yet
+
+    async def resume_then_change() -> None:
+        resumed = handlers.service_changed(body=kopf.Body(found), reason="resume")
+        await asyncio.wait_for(resumed, timeout=2.0)
+        assert workers.queue.depth(Lane.EVENT) == 2
+        changed = asyncio.ensure_future(
+            handlers.service_changed(body=kopf.Body(found), reason="update")
+        )
+        while workers.queue.depth(Lane.CHANGE) == 0:
+            await asyncio.sleep(0.001)
+        workers.start()
+        await changed
+
+    try:
+        asyncio.run(resume_then_change())
+    finally:
+        workers.stop()
+    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]

@@ -1,0 +1,175 @@
+"""What the child watches saw: the operator's children and their pods, by owner, in memory.
+
+The child watches (`child_watch`) list and watch every kind the operator creates, and the
+pods of its Deployments, to learn which InferenceService to re-converge. Keeping what they
+saw lets a reconcile read its children and pods here instead of listing them from the API
+server: at 1000 services each reconcile made four list requests, the bulk of the
+operator's reads, for objects the watches had already delivered (controller-runtime's
+informer cache, in short).
+
+A kind is `synced` once its first list is stored; until then (and while its watch is
+re-listing after a failure) readers go to the API server. The watch thread stores an object
+before it queues its owner, so a reconcile started by an event sees at least that event.
+The operator's own writes are stored as the API server answered them (`store`), so the next
+reconcile does not read the object as it was before the write; an event older than what is
+stored (by `resourceVersion`) is ignored. A kind whose CRD is absent is synced and empty.
+
+To keep the fleet's objects small, the managed-fields bookkeeping of other managers is
+dropped unless the operator still owns fields as an `Update` manager (a child created but
+not yet applied): only then does `kube` need the other managers' entries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleetserve_operator import naming
+from fleetserve_operator.records import Manifest
+
+__all__ = ["ChildCache"]
+
+_ObjectKey = tuple[str, str]
+"""(namespace, name) of an object of one kind."""
+_OwnerKey = tuple[str, str]
+"""(namespace, InferenceService name)."""
+
+
+def _owner(obj: Manifest) -> _OwnerKey | None:
+    """The InferenceService an object is labelled for (what `kube`'s list selector matches)."""
+    meta = obj["metadata"]
+    labels = meta.get("labels") or {}
+    owner = labels.get(naming.INSTANCE_LABEL)
+    if labels.get(naming.MANAGED_BY_LABEL) != naming.MANAGER or not owner:
+        return None
+    return (meta.get("namespace", ""), owner)
+
+
+def _version(obj: Manifest) -> int | None:
+    """The object's resourceVersion as a number, or None when it is not one."""
+    version = obj["metadata"].get("resourceVersion")
+    return int(version) if isinstance(version, str) and version.isdigit() else None
+
+
+def _slim(obj: Manifest) -> Manifest:
+    """`obj` without the managed-fields entries no reader needs (see the module's docstring)."""
+    meta = obj["metadata"]
+    entries: list[Mapping[str, Any]] = meta.get("managedFields") or []
+    ours = [entry for entry in entries if entry.get("manager") == naming.MANAGER]
+    if any(entry.get("operation") == "Update" for entry in ours) or len(ours) == len(entries):
+        return obj
+    return {**obj, "metadata": {**meta, "managedFields": ours}}
+
+
+class ChildCache:
+    """The objects of each watched kind, indexed by the InferenceService they belong to."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, dict[_ObjectKey, Manifest]] = {}
+        """kind → (namespace, name) → object, for every kind listed at least once."""
+        self._owned: dict[_OwnerKey, dict[tuple[str, str], None]] = {}
+        """(namespace, owner) → (kind, name) of its objects."""
+        self._synced: set[tuple[str, str | None]] = set()
+        """(kind, namespace listed; None for every namespace)."""
+        self._guard = threading.Lock()
+
+    def synced(self, namespace: str, kinds: Iterable[str]) -> bool:
+        """Whether every kind of `kinds` holds a complete listing of `namespace`."""
+        with self._guard:
+            return all(
+                (kind, namespace) in self._synced or (kind, None) in self._synced for kind in kinds
+            )
+
+    def replace(
+        self, kind: str, api_version: str, namespace: str | None, items: Iterable[Manifest]
+    ) -> None:
+        """A new listing of `kind` in `namespace` (None: every namespace), synced from now on.
+
+        Items of a list carry no kind: it is added here.
+        """
+        with self._guard:
+            self._clear(kind, namespace)
+            for item in items:
+                self._put(kind, {"apiVersion": api_version, "kind": kind, **item})
+            self._synced.add((kind, namespace))
+
+    def unsync(self, kind: str, namespace: str | None) -> None:
+        """The watch of `kind` failed: readers go to the API server until it is listed again."""
+        with self._guard:
+            self._synced.discard((kind, namespace))
+
+    def mark_absent(self, kind: str, namespace: str | None) -> None:
+        """`kind` is not served (its CRD is missing): synced, with nothing in it."""
+        self.replace(kind, "", namespace, ())
+
+    def store(self, kind: str, obj: Manifest) -> bool:
+        """An object of `kind` as a watch event or a write returned it, unless newer is stored.
+
+        Returns whether it is news: False for a state already stored, or one older than
+        stored (the echo of the operator's own write, which `store` saw first).
+        """
+        with self._guard:
+            stored = self._objects.get(kind, {}).get(_key(obj))
+            if stored is not None and not _is_newer(obj, stored):
+                return False
+            if kind in self._objects:
+                self._put(kind, obj if "kind" in obj else {"kind": kind, **obj})
+            return True
+
+    def discard(self, kind: str, obj: Manifest) -> None:
+        """The object was deleted (the same object: a new one of that name has another uid)."""
+        with self._guard:
+            stored = self._objects.get(kind, {}).get(_key(obj))
+            uid = obj["metadata"].get("uid")
+            if stored is not None and (uid is None or stored["metadata"].get("uid") == uid):
+                self._remove(kind, _key(obj))
+
+    def owned(self, namespace: str, owner: str, kinds: Iterable[str]) -> list[Manifest]:
+        """The objects of `kinds` labelled for InferenceService `owner` (shared: do not edit)."""
+        wanted = set(kinds)
+        with self._guard:
+            names = self._owned.get((namespace, owner), {})
+            return [
+                self._objects[kind][(namespace, name)] for kind, name in names if kind in wanted
+            ]
+
+    def _clear(self, kind: str, namespace: str | None) -> None:
+        objects = self._objects.setdefault(kind, {})
+        for key in [key for key in objects if namespace is None or key[0] == namespace]:
+            self._remove(kind, key)
+
+    def _put(self, kind: str, obj: Manifest) -> None:
+        key = _key(obj)
+        if key in self._objects[kind]:
+            self._remove(kind, key)
+        self._objects[kind][key] = _slim(obj)
+        owner = _owner(obj)
+        if owner is not None:
+            self._owned.setdefault(owner, {})[(kind, key[1])] = None
+
+    def _remove(self, kind: str, key: _ObjectKey) -> None:
+        obj = self._objects[kind].pop(key)
+        owner = _owner(obj)
+        if owner is None:
+            return
+        names = self._owned.get(owner, {})
+        names.pop((kind, key[1]), None)
+        if not names:
+            self._owned.pop(owner, None)
+
+
+def _key(obj: Manifest) -> _ObjectKey:
+    meta = obj["metadata"]
+    return (meta.get("namespace", ""), meta["name"])
+
+
+def _is_newer(obj: Manifest, stored: Manifest) -> bool:
+    """Whether `obj` was written after `stored` (else the cache is already past it).
+
+    Compared by resourceVersion, which the API server documents as opaque; it is etcd's
+    revision, one counter for every object, so a late event of a deleted object's
+    predecessor is older than the object that replaced it too.
+    """
+    new, old = _version(obj), _version(stored)
+    return new is None or old is None or new > old

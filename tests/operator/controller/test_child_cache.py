@@ -1,0 +1,95 @@
+"""The child cache: what the watches saw, by owner, never moved back by a late event."""
+
+from __future__ import annotations
+
+from fleetserve_operator import naming
+from fleetserve_operator.controller.cache import ChildCache
+from fleetserve_operator.records import Manifest
+
+
+def _obj(name: str, owner: str, *, rv: str, uid: str = "u1", ns: str = "ns") -> Manifest:
+    labels = {naming.MANAGED_BY_LABEL: naming.MANAGER, naming.INSTANCE_LABEL: owner}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name, "namespace": ns, "uid": uid, "resourceVersion": rv, "labels": labels,
+            "managedFields": [
+                {"manager": naming.MANAGER, "operation": "Apply"},
+                {"manager": "kube-controller-manager", "operation": "Update"},
+            ],
+        },
+    }  # fmt: skip
+
+
+def _names(cache: ChildCache, owner: str, ns: str = "ns") -> list[str]:
+    return sorted(o["metadata"]["name"] for o in cache.owned(ns, owner, ("Deployment",)))
+
+
+def test_a_kind_is_read_only_once_listed_and_lists_add_the_kind() -> None:
+    cache = ChildCache()
+    assert not cache.synced("ns", ("Deployment",))
+    item = _obj("a-stable", "a", rv="5")
+    del item["kind"], item["apiVersion"]
+    cache.replace("Deployment", "apps/v1", "ns", [item])
+    assert cache.synced("ns", ("Deployment",))
+    assert not cache.synced("ns", ("Deployment", "Service"))
+    (found,) = cache.owned("ns", "a", ("Deployment",))
+    assert (found["kind"], found["apiVersion"]) == ("Deployment", "apps/v1")
+
+
+def test_objects_are_found_by_owner_and_a_relist_drops_what_is_gone() -> None:
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="1")])
+    assert cache.store("Deployment", _obj("a-canary", "a", rv="2", uid="u2"))
+    assert cache.store("Deployment", _obj("b-stable", "b", rv="3", uid="u3"))
+    assert _names(cache, "a") == ["a-canary", "a-stable"]
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("b-stable", "b", rv="4", uid="u3")])
+    assert _names(cache, "a") == []
+    assert _names(cache, "b") == ["b-stable"]
+
+
+def test_an_event_at_or_before_the_stored_version_is_no_news_and_changes_nothing() -> None:
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [])
+    assert cache.store("Deployment", _obj("a-stable", "a", rv="7"))  # the operator's write
+    assert not cache.store("Deployment", _obj("a-stable", "a", rv="7"))  # its echo
+    assert not cache.store("Deployment", _obj("a-stable", "a", rv="6"))  # a late event
+    (found,) = cache.owned("ns", "a", ("Deployment",))
+    assert found["metadata"]["resourceVersion"] == "7"
+    assert cache.store("Deployment", _obj("a-stable", "a", rv="8"))
+
+
+def test_a_delete_removes_only_the_object_it_names() -> None:
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="1", uid="old")])
+    cache.store("Deployment", _obj("a-stable", "a", rv="9", uid="new"))  # replaced since
+    cache.discard("Deployment", _obj("a-stable", "a", rv="2", uid="old"))
+    assert _names(cache, "a") == ["a-stable"]
+    cache.discard("Deployment", _obj("a-stable", "a", rv="10", uid="new"))
+    assert _names(cache, "a") == []
+
+
+def test_namespaces_are_listed_apart_and_an_absent_kind_is_synced_and_empty() -> None:
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="1")])
+    cache.replace("Deployment", "apps/v1", "other", [_obj("a-stable", "a", rv="2", ns="other")])
+    cache.replace("Deployment", "apps/v1", "ns", [])
+    assert _names(cache, "a", "other") == ["a-stable"]
+    assert not cache.synced("third", ("Deployment",))
+    cache.mark_absent("HTTPRoute", None)
+    assert cache.synced("third", ("HTTPRoute",))
+    cache.unsync("Deployment", "ns")
+    assert not cache.synced("ns", ("Deployment",))
+
+
+def test_other_managers_entries_are_dropped_unless_the_operator_still_updates() -> None:
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="1")])
+    (found,) = cache.owned("ns", "a", ("Deployment",))
+    assert [e["manager"] for e in found["metadata"]["managedFields"]] == [naming.MANAGER]
+    created = _obj("b-stable", "b", rv="2", uid="u2")
+    created["metadata"]["managedFields"][0]["operation"] = "Update"  # POSTed, not applied yet
+    cache.store("Deployment", created)
+    (kept,) = cache.owned("ns", "b", ("Deployment",))
+    assert len(kept["metadata"]["managedFields"]) == 2
