@@ -41,7 +41,7 @@ from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.json_limits import check_depth
 from fleetserve_runtime.encoder.engine import InferenceCall
 from fleetserve_runtime.models.base import ModelMetadata
-from fleetserve_runtime.server.generation import openai_failure
+from fleetserve_runtime.server.generation_formats import openai_failure
 from fleetserve_runtime.server.generation_schemas import TokenId
 from fleetserve_runtime.server.http_errors import json_response
 from fleetserve_runtime.server.inference_routes import Routes

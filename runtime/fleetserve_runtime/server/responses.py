@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleetserve_runtime.core.errors import FleetserveError
-from fleetserve_runtime.server.generation import openai_failure, speaks_openai
+from fleetserve_runtime.server.generation import speaks_openai
+from fleetserve_runtime.server.generation_formats import openai_failure
 from fleetserve_runtime.server.http_errors import (
     error_body,
     failure_of,
