@@ -12,11 +12,18 @@ the API server by a name in its certificate that resolves to the host's loopback
 container (slirp4netns), where the API server listens on 127.0.0.1 only; so it reconciles with
 the chart's RBAC and nothing more. Prometheus is reached the same way, by a name. MiniLM and
 SmolLM2 answer from the image a cluster would run.
+
+MiniLM then rolls out twice, every track a container: a new version of the same model, promoted
+step by step, and a bad one (a synthetic model under MiniLM's name that fails 30% of its
+requests), rolled back. Prometheus scrapes the containers at their ports published on
+127.0.0.1 (the fake kubelet's file_sd), the load driver plays the gateway by the HTTPRoute's
+weights, and the operator's container judges each step from Prometheus.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +33,7 @@ import numpy as np
 import pytest
 from fleetserve_operator.naming import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, TRACK_LABEL
 
-from fleetserve_demo.manifest import chat_service, demo_service
+from fleetserve_demo.manifest import bad_version, chat_service, demo_service, good_version
 from fleetserve_e2e import LocalCluster, LocalPrometheus
 from fleetserve_e2e.chat import stream_chat
 from fleetserve_e2e.helm import helm
@@ -35,11 +42,13 @@ from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
 from fleetserve_e2e.images.podman import podman
 from fleetserve_e2e.images.registry import PullOptions, push, remote_reference
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.loadgen import LoadDriver, track_weights
 from fleetserve_e2e.oci_registry import OciRegistry
-from fleetserve_e2e.operator_process import condition, fsvc_path
+from fleetserve_e2e.operator_process import child_path, condition, fsvc_path
 from fleetserve_e2e.pki import APISERVER_NAME
 from fleetserve_e2e.pod_containers import POD_UID_LABEL
 from fleetserve_e2e.pod_map import PodAddress
+from fleetserve_e2e.rollout_testing import failed_requests
 from fleetserve_e2e.testing import list_pods
 from fleetserve_e2e.waiting import wait_until
 
@@ -51,6 +60,16 @@ OPERATOR_SELECTOR = "app.kubernetes.io/name=fleetserve-operator"
 PROMETHEUS_NAME = "prometheus"
 """How the operator's container names Prometheus (on the host's loopback)."""
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+MINILM = "minilm"
+ROLLOUT_STEPS = [50, 100]
+"""Two canary steps: one judged at half the traffic, then the promotion."""
+ROLLOUT_INTERVAL_S = 5
+ROLLOUT_TICK_S = "1"
+"""The operator's rollout timer, well inside a step (its default, 5 s, would double a step)."""
+ROLLOUT_TIMEOUT_S = 240.0
+"""A canary MiniLM container starts (imports torch, loads the weights) before its first step."""
+LOAD_RPS = 8.0
+"""MiniLM's load: a canary at 50% sees ~20 requests a step, one-thread tracks keep up."""
 
 # helm install, two services whose pods import torch in containers, a streamed chat.
 pytestmark = pytest.mark.timeout(900)
@@ -61,8 +80,11 @@ class Fleet:
     """The installed release: its cluster, the registry references and the two services."""
 
     cluster: LocalCluster
+    prometheus: LocalPrometheus
     operator_ref: str
     runtime_ref: str
+    minilm: JsonObject
+    """The MiniLM service as created, the base of its rollouts' patches."""
 
     @property
     def kube(self) -> KubeClient:
@@ -111,14 +133,17 @@ def fleet(
             "--set", f"runtime.cpuImage.repository={_repository(runtime_ref)}",
             "--set-string", f"runtime.cpuImage.tag={runtime_ref.rsplit(':', 1)[1]}",
             "--set-json", f'operator.allowedPrometheusUrls=["{prometheus_url}"]',
+            "--set-json",
+            f'operator.extraEnv=[{{"name":"FLEETSERVE_ROLLOUT_TICK_S","value":"{ROLLOUT_TICK_S}"}}]',
         )  # fmt: skip
         assert installed.returncode == 0, installed.stderr
-        minilm = demo_service(prometheus_url=prometheus_url, interval_s=5)
+        minilm = demo_service(prometheus_url=prometheus_url, interval_s=ROLLOUT_INTERVAL_S)
+        minilm["spec"]["rollout"]["steps"] = ROLLOUT_STEPS
         chat = chat_service(prometheus_url=prometheus_url)
         chat["spec"]["fallback"]["enabled"] = False
         for service in (minilm, chat):
             cluster.client.create(fsvc_path(NAMESPACE), service)
-        fleet = Fleet(cluster, operator_ref, runtime_ref)
+        fleet = Fleet(cluster, prometheus, operator_ref, runtime_ref, minilm)
         for service in (minilm, chat):
             name = service["metadata"]["name"]
 
@@ -207,3 +232,98 @@ def test_smollm2_streams_a_chat_from_its_container(fleet: Fleet) -> None:
     )
     assert "Paris" in answer.text
     assert len(deltas) > 1
+
+
+def _status(fleet: Fleet) -> JsonObject:
+    status: JsonObject = fleet.kube.get(fsvc_path(NAMESPACE, MINILM)).get("status", {})
+    return status
+
+
+def _route_weights(fleet: Fleet) -> dict[str, int]:
+    """The weighted tracks of MiniLM's HTTPRoute (a track at weight 0 left out)."""
+    route = fleet.kube.get(child_path("HTTPRoute", NAMESPACE, MINILM))
+    return {track: w for track, w in track_weights(route, MINILM).items() if w}
+
+
+def _scraped_tracks(fleet: Fleet) -> set[str]:
+    """The tracks of MiniLM whose containers Prometheus scrapes and finds up."""
+    return {
+        target["labels"]["track"]
+        for target in fleet.prometheus.active_targets()
+        if target["health"] == "up"
+        and target["labels"].get("namespace") == NAMESPACE
+        and target["labels"].get("app_instance") == MINILM
+        and "track" in target["labels"]
+    }
+
+
+def _roll_out(fleet: Fleet, patch: JsonObject, ended: str) -> tuple[JsonObject, LoadDriver]:
+    """Roll MiniLM out under load until the rollout ends; the status and the load's record.
+
+    `ended` is the phase the test expects; the wait stops at a rollout that ended otherwise
+    too. On the way, Prometheus must scrape the canary's container beside the stable one's:
+    the operator judges the steps on nothing else.
+    """
+    version = patch["spec"]["model"]["version"]
+    scraped: set[str] = set()
+
+    def over() -> JsonObject | None:
+        scraped.update(_scraped_tracks(fleet))
+        status = _status(fleet)
+        promoted = status.get("phase") == "Succeeded" and status.get("stableVersion") == version
+        return status if promoted or status.get("phase") in ("RolledBack", "Failed") else None
+
+    with LoadDriver(
+        fleet.cluster, NAMESPACE, MINILM, MINILM, rate_rps=LOAD_RPS, duration_s=ROLLOUT_TIMEOUT_S
+    ) as load:
+        patched_at = time.monotonic()
+        fleet.kube.merge_patch(fsvc_path(NAMESPACE, MINILM), patch)
+        status = wait_until(over, timeout_s=ROLLOUT_TIMEOUT_S, what=f"MiniLM {ended}")
+        print(
+            f"MiniLM v{version}: {status['phase']} {time.monotonic() - patched_at:.1f}s after "
+            f"the patch; canary weights seen {[s.weights.get('canary') for s in load.routes]}; "
+            f"{status.get('rollout', {}).get('message', '')}"
+        )
+        assert status["phase"] == ended, status.get("rollout")
+        # Status leads the route (write-ahead): let the driver see the route's last change too.
+        wait_until(
+            lambda: not load.weights.get("canary"),
+            timeout_s=30.0,
+            what="the load driver to see the canary withdrawn",
+        )
+    assert {"stable", "canary"} <= scraped, scraped
+    return status, load
+
+
+def test_a_new_minilm_version_is_promoted_through_a_canary_container(fleet: Fleet) -> None:
+    """The same model as version 2: its canary container passes each step and is promoted."""
+    version = str(int(fleet.minilm["spec"]["model"]["version"]) + 1)
+    status, load = _roll_out(fleet, good_version(fleet.minilm, version), "Succeeded")
+    assert status["stableVersion"] == version
+    assert condition(status, "Promoted")["status"] == "True"
+    canary_weights = [sample.weights.get("canary") for sample in load.routes]
+    assert [w for w in canary_weights if w] == ROLLOUT_STEPS, load.routes
+    assert _route_weights(fleet) == {"stable": 100}
+    passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
+    assert len(passed) >= len(ROLLOUT_STEPS), status["rollout"]["analyses"]
+    assert load.by_track("canary"), "no request reached the canary"
+    failures = failed_requests(load)
+    assert not failures, failures
+
+
+def test_an_erroring_minilm_version_is_rolled_back_from_its_canary_container(
+    fleet: Fleet,
+) -> None:
+    """A version failing 30% of requests: rolled back at its first step, stable unchanged."""
+    stable_version = _status(fleet)["stableVersion"]
+    version = str(int(stable_version) + 1)
+    status, load = _roll_out(fleet, bad_version(fleet.minilm, version), "RolledBack")
+    assert status["stableVersion"] == stable_version
+    assert status.get("canaryWeight", 0) == 0
+    assert "error-rate" in status["rollout"]["message"], status["rollout"]
+    assert _route_weights(fleet) == {"stable": 100}
+    assert [r for r in load.by_track("canary") if r.is_server_error], "the canary failed nothing"
+    assert all(r.status == 200 for r in load.by_track("stable")), "stable answered errors"
+    wait_until(
+        lambda: not fleet.pods(MINILM, "canary"), timeout_s=60.0, what="the canary pod to go"
+    )
