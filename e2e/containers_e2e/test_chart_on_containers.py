@@ -12,11 +12,19 @@ the API server by a name in its certificate that resolves to the host's loopback
 container (slirp4netns), where the API server listens on 127.0.0.1 only; so it reconciles with
 the chart's RBAC and nothing more. Prometheus is reached the same way, by a name. MiniLM and
 SmolLM2 answer from the image a cluster would run.
+
+A third service, of the synthetic model (a MiniLM container takes minutes to start on two busy
+cores, and a promotion starts two), then rolls out twice, every track a container: a new
+version promoted step by step, and one failing half its requests, rolled back. Prometheus
+scrapes the containers at their ports published on 127.0.0.1 (the fake kubelet's file_sd), the
+load driver plays the gateway by the HTTPRoute's weights, and the operator's container judges
+each step from Prometheus.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +43,14 @@ from fleetserve_e2e.images.catalog import OPERATOR, RUNTIME_GPU
 from fleetserve_e2e.images.podman import podman
 from fleetserve_e2e.images.registry import PullOptions, push, remote_reference
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.loadgen import NO_ANSWER, LoadDriver, Record, track_weights
 from fleetserve_e2e.oci_registry import OciRegistry
-from fleetserve_e2e.operator_process import condition, fsvc_path
+from fleetserve_e2e.operator_process import child_path, condition, fsvc_path
+from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.pki import APISERVER_NAME
 from fleetserve_e2e.pod_containers import POD_UID_LABEL
 from fleetserve_e2e.pod_map import PodAddress
+from fleetserve_e2e.rollout_testing import THRESHOLD_ONLY, failed_requests, synthetic_model
 from fleetserve_e2e.testing import list_pods
 from fleetserve_e2e.waiting import wait_until
 
@@ -51,8 +62,27 @@ OPERATOR_SELECTOR = "app.kubernetes.io/name=fleetserve-operator"
 PROMETHEUS_NAME = "prometheus"
 """How the operator's container names Prometheus (on the host's loopback)."""
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+CANARIED = "demo"
+"""The synthetic service that rolls out (`rollout_testing.synthetic_model`'s name)."""
+ROLLOUT_STEPS = [50, 100]
+"""Two canary steps: one judged at half the traffic, then the promotion."""
+ROLLOUT_INTERVAL_S = 5
+ROLLOUT_TICK_S = "1"
+"""The operator's rollout timer, well inside a step (its default, 5 s, would double a step)."""
+ROLLOUT_TIMEOUT_S = 180.0
+"""A canary container starts (the runtime imports torch) before its first step."""
+LOAD_RPS = 8.0
+"""A canary at 50% sees ~20 requests a step."""
+BAD_ERROR_RATE = 0.5
+VIEW_LAG_S = 2.0
+"""How long after the route first weights a track the driver may still find no pod of it.
 
-# helm install, two services whose pods import torch in containers, a streamed chat.
+The fake kubelet reports a container Ready to the API (the operator then weights it) a sync
+pass before it rewrites the pod map the driver routes by, and a pass of the container backend
+(a podman call per pod) takes about a second on two busy cores."""
+
+# helm install, three services whose pods import torch in containers, a streamed chat, two
+# rollouts.
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -61,6 +91,7 @@ class Fleet:
     """The installed release: its cluster, the registry references and the two services."""
 
     cluster: LocalCluster
+    prometheus: LocalPrometheus
     operator_ref: str
     runtime_ref: str
 
@@ -111,15 +142,18 @@ def fleet(
             "--set", f"runtime.cpuImage.repository={_repository(runtime_ref)}",
             "--set-string", f"runtime.cpuImage.tag={runtime_ref.rsplit(':', 1)[1]}",
             "--set-json", f'operator.allowedPrometheusUrls=["{prometheus_url}"]',
+            "--set-json",
+            f'operator.extraEnv=[{{"name":"FLEETSERVE_ROLLOUT_TICK_S","value":"{ROLLOUT_TICK_S}"}}]',
         )  # fmt: skip
         assert installed.returncode == 0, installed.stderr
         minilm = demo_service(prometheus_url=prometheus_url, interval_s=5)
         chat = chat_service(prometheus_url=prometheus_url)
         chat["spec"]["fallback"]["enabled"] = False
-        for service in (minilm, chat):
+        services = (minilm, chat, _canaried_service(prometheus_url))
+        for service in services:
             cluster.client.create(fsvc_path(NAMESPACE), service)
-        fleet = Fleet(cluster, operator_ref, runtime_ref)
-        for service in (minilm, chat):
+        fleet = Fleet(cluster, prometheus, operator_ref, runtime_ref)
+        for service in services:
             name = service["metadata"]["name"]
 
             def ready(name: str = name) -> bool:
@@ -128,6 +162,23 @@ def fleet(
 
             wait_until(ready, timeout_s=READY_TIMEOUT_S, what=f"{name} Ready", interval_s=1.0)
         yield fleet
+
+
+def _canaried_service(prometheus_url: str) -> JsonObject:
+    """The synthetic service, version 1: steps of `ROLLOUT_STEPS`, judged on 5 s of metrics."""
+    analysis = {"mode": "threshold", "prometheusUrl": prometheus_url, "window": "5s",
+                "minRequests": 5, "failureThreshold": 1, **THRESHOLD_ONLY}  # fmt: skip
+    return synthetic_service(
+        CANARIED,
+        model=synthetic_model("1"),
+        traffic={"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]},
+        rollout={
+            "steps": ROLLOUT_STEPS,
+            "interval": f"{ROLLOUT_INTERVAL_S}s",
+            "progressDeadline": "3m",
+            "analysis": analysis,
+        },
+    )
 
 
 def _pod_container(uid: str) -> JsonObject:
@@ -207,3 +258,107 @@ def test_smollm2_streams_a_chat_from_its_container(fleet: Fleet) -> None:
     )
     assert "Paris" in answer.text
     assert len(deltas) > 1
+
+
+def _status(fleet: Fleet) -> JsonObject:
+    status: JsonObject = fleet.kube.get(fsvc_path(NAMESPACE, CANARIED)).get("status", {})
+    return status
+
+
+def _route_weights(fleet: Fleet) -> dict[str, int]:
+    """The weighted tracks of the service's HTTPRoute (a track at weight 0 left out)."""
+    route = fleet.kube.get(child_path("HTTPRoute", NAMESPACE, CANARIED))
+    return {track: w for track, w in track_weights(route, CANARIED).items() if w}
+
+
+def _scraped_tracks(fleet: Fleet) -> set[str]:
+    """The tracks of the service whose containers Prometheus scrapes and finds up."""
+    return {
+        target["labels"]["track"]
+        for target in fleet.prometheus.active_targets()
+        if target["health"] == "up"
+        and target["labels"].get("namespace") == NAMESPACE
+        and target["labels"].get("app_instance") == CANARIED
+        and "track" in target["labels"]
+    }
+
+
+def _roll_out(fleet: Fleet, model: dict[str, str], ended: str) -> tuple[JsonObject, LoadDriver]:
+    """Roll `model` out under load until the rollout ends; the status and the load's record.
+
+    `ended` is the phase the test expects; the wait stops at a rollout that ended otherwise
+    too. On the way, Prometheus must scrape the canary's container beside the stable one's:
+    the operator judges the steps on nothing else.
+    """
+    version = model["version"]
+    scraped: set[str] = set()
+
+    def over() -> JsonObject | None:
+        scraped.update(_scraped_tracks(fleet))
+        status = _status(fleet)
+        promoted = status.get("phase") == "Succeeded" and status.get("stableVersion") == version
+        return status if promoted or status.get("phase") in ("RolledBack", "Failed") else None
+
+    with LoadDriver(
+        fleet.cluster, NAMESPACE, CANARIED, CANARIED, rate_rps=LOAD_RPS,
+        duration_s=ROLLOUT_TIMEOUT_S,
+    ) as load:  # fmt: skip
+        patched_at = time.monotonic()
+        fleet.kube.merge_patch(fsvc_path(NAMESPACE, CANARIED), {"spec": {"model": model}})
+        status = wait_until(over, timeout_s=ROLLOUT_TIMEOUT_S, what=f"version {version} {ended}")
+        print(
+            f"{CANARIED} v{version}: {status['phase']} {time.monotonic() - patched_at:.1f}s after "
+            f"the patch; canary weights seen {[s.weights.get('canary') for s in load.routes]}; "
+            f"{status.get('rollout', {}).get('message', '')}"
+        )
+        assert status["phase"] == ended, status.get("rollout")
+        # Status leads the route (write-ahead): let the driver see the route's last change too.
+        wait_until(
+            lambda: not load.weights.get("canary"),
+            timeout_s=30.0,
+            what="the load driver to see the canary withdrawn",
+        )
+    assert {"stable", "canary"} <= scraped, scraped
+    return status, load
+
+
+def _in_view_lag(load: LoadDriver, record: Record) -> bool:
+    """Whether `record` found no pod within `VIEW_LAG_S` of its track's first weight."""
+    weighted = [s.time for s in load.routes if s.weights.get(record.track)]
+    return (
+        record.status == NO_ANSWER
+        and bool(weighted)
+        and 0.0 <= record.time - weighted[0] <= VIEW_LAG_S
+    )
+
+
+def test_a_new_version_is_promoted_through_a_canary_container(fleet: Fleet) -> None:
+    """Version 2, as good as 1: its canary container passes each step and is promoted."""
+    status, load = _roll_out(fleet, synthetic_model("2"), "Succeeded")
+    assert status["stableVersion"] == "2"
+    assert condition(status, "Promoted")["status"] == "True"
+    canary_weights = [sample.weights.get("canary") for sample in load.routes]
+    assert [w for w in canary_weights if w] == ROLLOUT_STEPS, load.routes
+    assert _route_weights(fleet) == {"stable": 100}
+    passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
+    assert len(passed) >= len(ROLLOUT_STEPS), status["rollout"]["analyses"]
+    assert load.by_track("canary"), "no request reached the canary"
+    failed = [r for r in load.records if r.status != 200 and not _in_view_lag(load, r)]
+    assert not failed, failed_requests(load)
+
+
+def test_an_erroring_version_is_rolled_back_from_its_canary_container(fleet: Fleet) -> None:
+    """A version failing half its requests: rolled back at its first step, stable unchanged."""
+    stable_version = _status(fleet)["stableVersion"]
+    version = str(int(stable_version) + 1)
+    model = synthetic_model(version, error_rate=BAD_ERROR_RATE)
+    status, load = _roll_out(fleet, model, "RolledBack")
+    assert status["stableVersion"] == stable_version
+    assert status.get("canaryWeight", 0) == 0
+    assert "error-rate" in status["rollout"]["message"], status["rollout"]
+    assert _route_weights(fleet) == {"stable": 100}
+    assert [r for r in load.by_track("canary") if r.is_server_error], "the canary failed nothing"
+    assert all(r.status == 200 for r in load.by_track("stable")), "stable answered errors"
+    wait_until(
+        lambda: not fleet.pods(CANARIED, "canary"), timeout_s=60.0, what="the canary pod to go"
+    )
