@@ -114,6 +114,10 @@ def _not_created(pod: JsonObject, reason: str, message: str) -> Observation:
     )
 
 
+def _pod_key(pod: JsonObject) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
 class Workload(Protocol):
     """What runs a pod: its local process, or its containers."""
 
@@ -342,23 +346,33 @@ class PodRunner:
             self._mounts.pop(uid, None)
         for uid in [uid for uid in self._reported if uid not in live_uids]:
             del self._reported[uid]
+        supervised: list[tuple[JsonObject, PodProcess]] = []
         for pod in pods:
             try:
-                self._sync_pod(pod)
+                running = self._sync_pod(pod)
             except Exception as error:  # one bad pod must not stall the others
-                self._record_error(
-                    f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", error
-                )
+                self._record_error(_pod_key(pod), error)
+            else:
+                if running is not None:
+                    supervised.append((pod, running))
         self._publish({pod["metadata"]["uid"]: pod for pod in pods})
         if self._config.pod_network:
             self._publish_endpoints(pods)
+        # Statuses go out only once the addresses are published: a pod the API calls Ready
+        # (and the operator weights) is already one the load driver can route to.
+        for pod, running in supervised:
+            try:
+                self._report(pod, running.seen, pod_ip=running.ip)
+            except Exception as error:
+                self._record_error(_pod_key(pod), error)
 
-    def _sync_pod(self, pod: JsonObject) -> None:
+    def _sync_pod(self, pod: JsonObject) -> PodProcess | None:
+        """Advance one pod; its running workload, whose status `sync_once` then reports."""
         if pod["metadata"].get("deletionTimestamp"):
             self._finish_deletion(pod)
-            return
+            return None
         if pod["status"].get("phase") in ("Succeeded", "Failed"):
-            return
+            return None
         container = fleetserve_container(pod)
         if container is None:
             # KWOK-style: nothing runs, so report Running and Ready once and never change it.
@@ -366,7 +380,7 @@ class PodRunner:
                 now = timestamp()
                 seen = Observation(started_at=now, ready_changed_at=now, running=True, ready=True)
                 self._report(pod, seen)
-            return
+            return None
         running = self._processes.get(pod["metadata"]["uid"])
         if running is None:
             if self._config.backend == "containers":
@@ -380,7 +394,7 @@ class PodRunner:
                 running = self._launch(pod, container)
         self._project(pod)
         self._supervise(running)
-        self._report(pod, running.seen, pod_ip=running.ip)
+        return running
 
     def _launch(self, pod: JsonObject, container: JsonObject) -> PodProcess:
         stem = self._pod_path(pod)
