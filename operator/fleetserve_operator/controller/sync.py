@@ -59,11 +59,11 @@ from fleetserve_operator import analysis, contract, naming, observe, render, rol
 from fleetserve_operator.analysis import (
     MetricSource,
     PrometheusSource,
-    agreement,
     read_memory_figures,
 )
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
+from fleetserve_operator.controller.looks import MetricLooks
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
@@ -79,17 +79,11 @@ from fleetserve_operator.observe import Observation
 from fleetserve_operator.records import EventNote, Manifest, Problem, TrackFetch, rfc3339
 from fleetserve_operator.render import Owner
 from fleetserve_operator.spec import (
-    AnalysisMode,
-    AnalysisResult,
-    Evidence,
     GpuTrackSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
-    RolloutPhase,
     RuntimeImages,
-    ShadowEvidence,
     TrafficProvider,
-    Verdict,
 )
 
 __all__ = ["Sync", "utc_now"]
@@ -185,10 +179,9 @@ class Sync:
     ) -> None:
         self._kube = kube
         self._metrics = metrics
-        self._default_prometheus_url = default_prometheus_url
         self._prometheus_allowlist = prometheus_allowlist
         self._webhook_allowlist = webhook_allowlist
-        self._metric_source = metric_source
+        self._looks = MetricLooks(metric_source, default_prometheus_url)
         self._images = images
         self._clock = clock
         self.webhooks = Webhooks(
@@ -316,7 +309,9 @@ class Sync:
         spec = self._checked_spec(run.owner, raw_spec, meta.get("generation", 0))
         deployments = _deployments_by_track(run.observed)
         pods = self._kube.list_pods(run.ref.namespace, run.ref.name) if deployments else []
-        seen_facts = self._facts(run.ref, spec, run.previous, deployments, pods, meta, run.now)
+        seen_facts = self._looks.facts(
+            run.ref, spec, run.previous, deployments, pods, meta, run.now
+        )
         step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         if rollout.asks_confirmation(spec, run.previous, step):
             answer = self.webhooks.confirm(run.ref, spec, run.previous, step.status)
@@ -328,7 +323,7 @@ class Sync:
             spec,
             step.status,
             observed_stable_replicas=stable.replicas if stable else 0,
-            prometheus_url=self._prometheus_url(spec),
+            prometheus_url=self._looks.prometheus_url(spec),
         )
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
@@ -344,100 +339,6 @@ class Sync:
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
         run.observed = self._converge(run.ref, writes, stale, run.observed)
-
-    def _facts(
-        self,
-        ref: ObjectRef,
-        spec: InferenceServiceSpec,
-        previous: InferenceServiceStatus,
-        deployments: Mapping[Track, Manifest],
-        pods: list[Manifest],
-        meta: Mapping[str, Any],
-        now: datetime,
-    ) -> rollout.Facts:
-        """What the rollout needs to know now (a due analysis queries Prometheus)."""
-        evidence, result = self._analysis(ref.namespace, spec, previous, now)
-        shadow_evidence, shadow_result = self._shadow_look(ref.namespace, spec, previous, now)
-        return rollout.Facts(
-            stable=observe.track_facts(deployments.get(Track.STABLE), pods),
-            canary=observe.track_facts(deployments.get(Track.CANARY), pods),
-            stable_error_ratio=self._stable_error_ratio(ref.namespace, spec, previous),
-            annotations=dict(meta.get("annotations") or {}),
-            analysis=result or shadow_result,
-            evidence=evidence,
-            shadow_evidence=shadow_evidence,
-        )
-
-    def _prometheus_url(self, spec: InferenceServiceSpec) -> str | None:
-        checks = spec.rollout.analysis
-        return checks.prometheus_url if checks else self._default_prometheus_url
-
-    def _stable_error_ratio(
-        self, namespace: str, spec: InferenceServiceSpec, previous: InferenceServiceStatus
-    ) -> float | None:
-        """Stable's 5xx ratio over `fallback.errorWindow`, when it can trigger a failover."""
-        fallback, url = spec.fallback, self._prometheus_url(spec)
-        if not fallback.enabled or fallback.max_error_rate is None or url is None:
-            return None
-        model = render.stable_pods(spec, previous).model
-        scope = analysis.TrackScope(namespace, model.name, model.version, Track.STABLE)
-        return analysis.read_stable_error_ratio(
-            self._metric_source(url), scope, fallback.error_window
-        )
-
-    def _analysis(
-        self,
-        namespace: str,
-        spec: InferenceServiceSpec,
-        previous: InferenceServiceStatus,
-        now: datetime,
-    ) -> tuple[Evidence | None, AnalysisResult | None]:
-        """The sequential tests' new evidence, and the canary's analysis when there is one.
-
-        Threshold mode queries only when an analysis is due; sequential mode at every look
-        while the canary holds a step (Prometheus changes once per scrape, and status is
-        written only when the evidence changed).
-        """
-        checks = spec.rollout.analysis
-        if checks is None or not rollout.is_watching(previous):
-            return None, None
-        due = rollout.is_analysis_due(spec, previous, now)
-        target = analysis.target_for(spec, previous, namespace=namespace)
-        source = self._metric_source(checks.prometheus_url)
-        if checks.mode is AnalysisMode.SEQUENTIAL:
-            return analysis.watch(source, checks, target, previous.rollout.evidence, due=due)
-        return None, analysis.evaluate(source, checks, target) if due else None
-
-    def _shadow_look(
-        self,
-        namespace: str,
-        spec: InferenceServiceSpec,
-        previous: InferenceServiceStatus,
-        now: datetime,
-    ) -> tuple[ShadowEvidence | None, AnalysisResult | None]:
-        """While shadowing: the stage's evidence at this look, and its verdict when due.
-
-        Read at every look, as sequential mode is, over the stable pods' shadow series
-        labelled with the canary's version; a Failed verdict acts at once. Without a
-        Prometheus to read, nothing: the stage then ends at `maxDuration`, never passing.
-        """
-        shadow, stage = spec.rollout.shadow, previous.rollout.shadow
-        url = self._prometheus_url(spec)
-        if shadow is None or stage is None or url is None:
-            return None, None
-        if previous.current_phase is not RolloutPhase.SHADOWING:
-            return None, None
-        model = render.stable_pods(spec, previous).model
-        scope = analysis.TrackScope(namespace, model.name, model.version, Track.STABLE)
-        evidence, result = agreement.watch(
-            self._metric_source(url),
-            agreement.ShadowPolicy.of(shadow),
-            scope,
-            previous.canary_version or spec.model.version,
-            stage.evidence,
-        )
-        due = rollout.is_shadow_due(spec, previous, now)
-        return evidence, result if due or result.verdict is Verdict.FAILED else None
 
     def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
         """Events, counters and command annotations; the rest was rendered from status."""
@@ -561,11 +462,11 @@ class Sync:
 
         `stable` is what they run: a generative model's figures depend on its engine knobs.
         """
-        url = self._prometheus_url(spec)
+        url = self._looks.prometheus_url(spec)
         if url is None or spec.memory.budget_bytes == 0:
             return None
         model = spec.model
-        source = self._metric_source(url)
+        source = self._looks.metric_source(url)
         try:
             figures = read_memory_figures(
                 source, namespace=namespace, model=model.name, version=model.version
