@@ -14,14 +14,18 @@ import pytest
 from aiohttp import web
 
 from bench.generate_bench import (
+    CONFIGS,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
     LengthProfile,
     generate_workload,
+    parse_args,
     peer_num_blocks,
     request_body,
+    server_argv,
     single_token_words,
 )
+from bench.llamacpp.build import binary_path, pinned_version
 from bench.stream_load import (
     StreamRecord,
     StreamRequest,
@@ -31,6 +35,7 @@ from bench.stream_load import (
     sse_data,
     summarise_streams,
 )
+from fleetserve_runtime.models.llama.checkpoint import smollm2_gguf_path
 
 WORDS = ("alpha", "bravo", "charlie", "delta")
 
@@ -82,6 +87,37 @@ def test_request_bodies_ask_each_server_for_exact_lengths() -> None:
     assert json.loads(peer["generation_config"]) == {"eos_token_id": -1, "do_sample": False}
     assert "ignore_eos" not in peer
     assert (peer["model"], peer["max_tokens"]) == ("/dir", item.max_tokens)
+
+
+def test_llamacpp_is_asked_for_greedy_exact_lengths_with_usage() -> None:
+    """llama-server reads the same keys as our runtime: greedy, ignore_eos, usage."""
+    item = generate_workload(1, seed=0, words=WORDS)[0]
+    body = json.loads(request_body(item, kind="llamacpp", model="m"))
+    assert (body["temperature"], body["ignore_eos"]) == (0.0, True)
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["stream"], body["max_tokens"], body["prompt"]) == (
+        True,
+        item.max_tokens,
+        item.prompt,
+    )
+
+
+def test_llamacpp_serves_our_gguf_on_one_thread_with_32_slots() -> None:
+    """Same file, same core budget, a shared context that holds every stream at its longest."""
+    (config,) = (c for c in CONFIGS if c.kind == "llamacpp")
+    args = parse_args(["--llama-server=/bin/llama-server"])
+    argv = server_argv(config, port=8123, args=args)
+    assert argv[0] == "/bin/llama-server"
+    flags = set(argv[1:])
+    assert f"--model={smollm2_gguf_path()}" in flags
+    assert {"--parallel=32", "--cont-batching", "--threads=1", "--threads-batch=1"} <= flags
+    assert {"--host=127.0.0.1", "--port=8123", f"--ctx-size={32 * 41 * 16}"} <= flags
+
+
+def test_llama_server_cache_is_named_by_pin_and_cpu() -> None:
+    """The cached binary's directory names the pinned sdist version; a new pin rebuilds."""
+    assert pinned_version() == "0.3.36"
+    assert binary_path().parent.name.startswith(f"llama-server-{pinned_version()}-")
 
 
 def test_peer_cache_holds_every_stream_at_its_longest() -> None:
