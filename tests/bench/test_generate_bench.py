@@ -17,10 +17,12 @@ from bench.generate_bench import (
     CONFIGS,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
+    ConfigResult,
     LengthProfile,
     generate_workload,
     parse_args,
     peer_num_blocks,
+    print_report,
     request_body,
     server_argv,
     single_token_words,
@@ -29,6 +31,7 @@ from bench.llamacpp.build import binary_path, pinned_version
 from bench.stream_load import (
     StreamRecord,
     StreamRequest,
+    StreamStats,
     parse_chunk,
     quantile,
     run_streaming_closed_loop,
@@ -118,6 +121,29 @@ def test_llama_server_cache_is_named_by_pin_and_cpu() -> None:
     """The cached binary's directory names the pinned sdist version; a new pin rebuilds."""
     assert pinned_version() == "0.3.36"
     assert binary_path().parent.name.startswith(f"llama-server-{pinned_version()}-")
+
+
+def _result(label: str, tokens_per_s: float) -> ConfigResult:
+    stats = StreamStats(
+        sent=1, finished=1, status_counts={200: 1}, errors={}, timed_out=False, elapsed_s=1.0,
+        generated_tokens=1, requested_tokens=1, short_streams=0, tokens_per_s=tokens_per_s,
+        ttft_p50_ms=1.0, ttft_p99_ms=1.0, itl_p50_ms=1.0, itl_p99_ms=1.0,
+    )  # fmt: skip
+    return ConfigResult(label, label, (), stats, 1.0)
+
+
+def test_report_ends_with_the_llamacpp_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    """The fp32 engine against llama.cpp is the last line; bf16 against it the one before."""
+    rates = {"a": 100.0, "b": 25.0, "c": 50.0, "d": 40.0, "e": 200.0, "f": 300.0}
+    print_report([_result(label, rate) for label, rate in rates.items()], context={})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-5:] == [
+        "generate_speedup_vs_batch1=4.00",
+        "generate_speedup_vs_static=2.00",
+        "generate_speedup_vs_peer=2.50",
+        "generate_bf16_speedup_vs_llamacpp=1.50",
+        "generate_speedup_vs_llamacpp=0.50",
+    ]
 
 
 def test_peer_cache_holds_every_stream_at_its_longest() -> None:
