@@ -207,7 +207,7 @@ CONFIGS = (
         "e",
         "llama.cpp llama-server, 32 slots",
         "llamacpp",
-        ("--parallel=32", "--cont-batching"),
+        ("--parallel", "32", "--cont-batching"),
     ),
     ServerConfig(
         "f",
@@ -260,20 +260,22 @@ def server_argv(config: ServerConfig, *, port: int, args: argparse.Namespace) ->
     block = args.block_size
     kv_tokens = peer_num_blocks(concurrency=args.concurrency, block_size=block) * block
     if config.kind == "llamacpp":
+        # llama.cpp's parser turns `_` into `-` in a `--flag=value` word, value included (a
+        # path): every value is its own word.
         return [
             str(args.llama_server),
-            f"--model={smollm2_gguf_path()}",
+            *("--model", str(smollm2_gguf_path())),
             *config.args,
             # The context is shared by the slots: each gets the longest prompt and output.
-            f"--ctx-size={kv_tokens}",
-            f"--batch-size={args.max_step_tokens}",
-            f"--ubatch-size={args.max_step_tokens}",
+            *("--ctx-size", str(kv_tokens)),
+            *("--batch-size", str(args.max_step_tokens)),
+            *("--ubatch-size", str(args.max_step_tokens)),
             # One core, as our server: generation and prompt processing on one thread each.
-            "--threads=1",
-            "--threads-batch=1",
+            *("--threads", "1"),
+            *("--threads-batch", "1"),
             "--no-webui",
-            "--host=127.0.0.1",
-            f"--port={port}",
+            *("--host", "127.0.0.1"),
+            *("--port", str(port)),
         ]
     return [
         *shlex.split(args.peer),
