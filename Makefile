@@ -14,6 +14,7 @@ BENCH_FETCH_FLAGS ?=
 
 .PHONY: help setup lint typecheck unit e2e test test-containers demo bench-runtime bench-scheduler bench-generate bench-tenants \
         bench-analysis bench-operator bench-fetch bench-peers bench-semantic-cache peers-venvs peers-lock lock clean \
+        llamacpp-tools \
         crds crds-check docs chart-sync prepare proto gpu-check e2e-operator e2e-chart e2e-rollout e2e-demo \
         e2e-storage demo-runtime demo-generate mutate
 
@@ -265,10 +266,17 @@ bench-analysis: setup
 	$(PY) -m bench.analysis_bench
 
 ## bench-generate: SmolLM2 with 32 streaming clients: continuous batching vs batch 1 vs static
-##                 batching vs `transformers serve` (GENERATE_BENCH_FLAGS=--quick: smoke test)
+##                 batching vs `transformers serve` vs llama.cpp's llama-server (built once
+##                 from a pinned sdist; GENERATE_BENCH_FLAGS=--quick: smoke test)
 GENERATE_BENCH_FLAGS ?=
-bench-generate: setup
+bench-generate: setup llamacpp-tools
 	$(PY) -m bench.generate_bench $(GENERATE_BENCH_FLAGS)
+
+## llamacpp-tools: Debian's cmake and C++ compiler (to build llama-server), if missing
+llamacpp-tools:
+	@command -v cmake >/dev/null && command -v c++ >/dev/null && command -v make >/dev/null \
+	  || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	       cmake g++ make; }
 
 ## bench-semantic-cache: SmolLM2 on a paraphrase workload, the semantic cache off vs on; hit
 ##                       ratios, false-hit rate against the model's own greedy answers; last

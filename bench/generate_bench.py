@@ -12,14 +12,18 @@ tokens:
 (c) the same server with static batching (a batch of up to 32 runs to completion before
     the next is admitted);
 (d) the peer: ``transformers serve`` with its continuous batching, on the same weights
-    (SmolLM2's GGUF, dequantised to fp32 and saved as a transformers checkpoint once).
+    (SmolLM2's GGUF, dequantised to fp32 and saved as a transformers checkpoint once);
+(e) the CPU peer: llama.cpp's ``llama-server`` (built once by ``bench.llamacpp.build``) on the
+    very GGUF file our runtime loads, one thread, 32 parallel slots, continuous batching;
+(f) (a) in bfloat16 (``generation.dtype``): not token-identical to the fp32 reference, as
+    llama.cpp's quantised weights are not, and the fair match for (e) on a CPU with bf16 units.
 
-Our runtime gets ``ignore_eos: true``; ``transformers serve`` gets the same effect from its
-``generation_config`` extension field with ``eos_token_id: -1``, and each configuration's
-``short`` column counts the streams that still stopped early. Figures per configuration:
-generated tokens per second of wall time, time to first token and inter-token latency
-(p50/p99, see ``bench.stream_load``). The last three lines are the continuous-batching
-speedups over (b), (c) and (d).
+Our runtime and llama.cpp get ``ignore_eos: true``; ``transformers serve`` gets the same effect
+from its ``generation_config`` extension field with ``eos_token_id: -1``, and each
+configuration's ``short`` column counts the streams that still stopped early. Figures per
+configuration: generated tokens per second of wall time, time to first token and inter-token
+latency (p50/p99, see ``bench.stream_load``). The last five lines are the speedups of (a) over
+(b), (c), (d), then of (f) and (a) over (e).
 
 Usage: ``.venv/bin/python -m bench.generate_bench [--quick] [--requests N] ...``
 """
@@ -49,6 +53,7 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from bench.llamacpp.build import ensure_llama_server, pinned_version
 from bench.pinning import pin_current_process
 from bench.server_proc import (
     free_port,
@@ -65,7 +70,7 @@ MODEL_NAME = "smollm2"
 #: Where the dequantised transformers checkpoint of SmolLM2 is kept between runs.
 DEFAULT_PEER_MODEL_DIR = Path.home() / ".cache" / "fleetserve" / "smollm2-135m-instruct-hf"
 
-ServerKind = Literal["fleetserve", "transformers"]
+ServerKind = Literal["fleetserve", "transformers", "llamacpp"]
 
 
 @dataclass(frozen=True)
@@ -144,9 +149,9 @@ def generate_workload(count: int, *, seed: int, words: Sequence[str]) -> tuple[W
 def request_body(item: WorkItem, *, kind: ServerKind, model: str) -> bytes:
     """Return the streaming ``/v1/completions`` body for ``item`` in a server's dialect.
 
-    Both ask for greedy decoding of exactly ``max_tokens`` tokens: our runtime through
-    ``ignore_eos`` (as vLLM spells it), ``transformers serve`` through its ``generation_config``
-    field, whose ``eos_token_id: -1`` matches no token.
+    All ask for greedy decoding of exactly ``max_tokens`` tokens: our runtime and llama.cpp
+    through ``ignore_eos`` (as vLLM spells it), ``transformers serve`` through its
+    ``generation_config`` field, whose ``eos_token_id: -1`` matches no token.
     """
     body: dict[str, object] = {
         "model": model,
@@ -154,7 +159,7 @@ def request_body(item: WorkItem, *, kind: ServerKind, model: str) -> bytes:
         "max_tokens": item.max_tokens,
         "stream": True,
     }
-    if kind == "fleetserve":
+    if kind in ("fleetserve", "llamacpp"):
         body |= {"temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}}
     else:
         body["generation_config"] = json.dumps({"eos_token_id": -1, "do_sample": False})
@@ -198,12 +203,29 @@ CONFIGS = (
         ("--generation-policy=static", "--generation-max-running-sequences=32"),
     ),
     ServerConfig("d", "transformers serve, continuous", "transformers", ("--continuous-batching",)),
+    ServerConfig(
+        "e",
+        "llama.cpp llama-server, 32 slots",
+        "llamacpp",
+        ("--parallel", "32", "--cont-batching"),
+    ),
+    ServerConfig(
+        "f",
+        "fleetserve continuous, 32 running, bf16",
+        "fleetserve",
+        (
+            "--generation-policy=continuous",
+            "--generation-max-running-sequences=32",
+            "--generation-dtype=bfloat16",
+        ),
+    ),
 )
 
 #: Readiness path of each server kind.
 READY_PATHS: Mapping[ServerKind, str] = {
     "fleetserve": "/v2/health/ready",
     "transformers": "/health",
+    "llamacpp": "/health",
 }
 
 
@@ -236,6 +258,25 @@ def server_argv(config: ServerConfig, *, port: int, args: argparse.Namespace) ->
             *config.args,
         ]
     block = args.block_size
+    kv_tokens = peer_num_blocks(concurrency=args.concurrency, block_size=block) * block
+    if config.kind == "llamacpp":
+        # llama.cpp's parser turns `_` into `-` in a `--flag=value` word, value included (a
+        # path): every value is its own word.
+        return [
+            str(args.llama_server),
+            *("--model", str(smollm2_gguf_path())),
+            *config.args,
+            # The context is shared by the slots: each gets the longest prompt and output.
+            *("--ctx-size", str(kv_tokens)),
+            *("--batch-size", str(args.max_step_tokens)),
+            *("--ubatch-size", str(args.max_step_tokens)),
+            # One core, as our server: generation and prompt processing on one thread each.
+            *("--threads", "1"),
+            *("--threads-batch", "1"),
+            "--no-webui",
+            *("--host", "127.0.0.1"),
+            *("--port", str(port)),
+        ]
     return [
         *shlex.split(args.peer),
         "serve",
@@ -423,13 +464,16 @@ def _table(results: Sequence[ConfigResult]) -> Table:
 
 
 def print_report(results: Sequence[ConfigResult], *, context: Mapping[str, object]) -> None:
-    """Print the table, the JSON of everything, and the three speedup lines last."""
+    """Print the table, the JSON of everything, and the five speedup lines last."""
     by_label = {r.label: r for r in results}
     Console(width=130).print(_table(results))
     document = {"context": dict(context), "results": [asdict(r) for r in results]}
     print(json.dumps(document, indent=2, default=str))
     for name, base in (("batch1", "b"), ("static", "c"), ("peer", "d")):
         print(f"generate_speedup_vs_{name}={speedup(by_label.get('a'), by_label.get(base)):.2f}")
+    print(f"generate_bf16_speedup_vs_llamacpp={speedup(by_label.get('f'), by_label.get('e')):.2f}")
+    # The headline: our token-exact fp32 engine against llama.cpp on the same file and core.
+    print(f"generate_speedup_vs_llamacpp={speedup(by_label.get('a'), by_label.get('e')):.2f}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -442,6 +486,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="builtin://smollm2-135m")
     parser.add_argument("--peer", default=str(bin_dir / "transformers"), help="peer command")
     parser.add_argument("--peer-model-dir", type=Path, default=DEFAULT_PEER_MODEL_DIR)
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="llama.cpp server binary (default: built and cached by bench.llamacpp.build)",
+    )
     parser.add_argument("--requests", type=int, default=None, help="measured requests")
     parser.add_argument("--warmup", type=int, default=None, help="unmeasured requests")
     parser.add_argument("--quick", action="store_true", help="8 requests: a smoke test")
@@ -449,7 +499,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (both)")
     parser.add_argument("--max-step-tokens", type=int, default=512, help="tokens per step")
-    parser.add_argument("--configs", default="abcd", help="labels to run, e.g. 'ad'")
+    parser.add_argument("--configs", default="abcdef", help="labels to run, e.g. 'ae'")
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="per measured run")
@@ -475,6 +525,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
+    if "e" in args.configs and args.llama_server is None:
+        args.llama_server = ensure_llama_server()
     model_dir = export_peer_checkpoint(args.peer_model_dir)
     words = load_words(model_dir)
     items = generate_workload(args.warmup + args.requests, seed=args.seed, words=words)
@@ -496,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "python": platform.python_version(),
         "torch": version("torch"),
         "transformers": version("transformers"),
+        # The sdist whose vendored llama.cpp the peer's server was built from.
+        "llama_cpp_python": pinned_version(),
         "cpus": os.cpu_count(),
         # A load average far above the two busy cores of this benchmark: not alone.
         "loadavg_1m_start": load_before,

@@ -14,23 +14,31 @@ import pytest
 from aiohttp import web
 
 from bench.generate_bench import (
+    CONFIGS,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
+    ConfigResult,
     LengthProfile,
     generate_workload,
+    parse_args,
     peer_num_blocks,
+    print_report,
     request_body,
+    server_argv,
     single_token_words,
 )
+from bench.llamacpp.build import binary_path, pinned_version
 from bench.stream_load import (
     StreamRecord,
     StreamRequest,
+    StreamStats,
     parse_chunk,
     quantile,
     run_streaming_closed_loop,
     sse_data,
     summarise_streams,
 )
+from fleetserve_runtime.models.llama.checkpoint import smollm2_gguf_path
 
 WORDS = ("alpha", "bravo", "charlie", "delta")
 
@@ -82,6 +90,71 @@ def test_request_bodies_ask_each_server_for_exact_lengths() -> None:
     assert json.loads(peer["generation_config"]) == {"eos_token_id": -1, "do_sample": False}
     assert "ignore_eos" not in peer
     assert (peer["model"], peer["max_tokens"]) == ("/dir", item.max_tokens)
+
+
+def test_llamacpp_is_asked_for_greedy_exact_lengths_with_usage() -> None:
+    """llama-server reads the same keys as our runtime: greedy, ignore_eos, usage."""
+    item = generate_workload(1, seed=0, words=WORDS)[0]
+    body = json.loads(request_body(item, kind="llamacpp", model="m"))
+    assert (body["temperature"], body["ignore_eos"]) == (0.0, True)
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["stream"], body["max_tokens"], body["prompt"]) == (
+        True,
+        item.max_tokens,
+        item.prompt,
+    )
+
+
+def test_llamacpp_serves_our_gguf_on_one_thread_with_32_slots() -> None:
+    """Same file, same core budget, a shared context that holds every stream at its longest."""
+    (config,) = (c for c in CONFIGS if c.kind == "llamacpp")
+    args = parse_args(["--llama-server=/bin/llama-server"])
+    argv = server_argv(config, port=8123, args=args)
+    assert argv[0] == "/bin/llama-server"
+    assert "--cont-batching" in argv
+    # Values are separate words: llama.cpp rewrites `_` in a `--flag=value` word.
+    assert not [word for word in argv if word.startswith("--") and "=" in word]
+    values = dict(zip(argv[1:], argv[2:], strict=False))
+    assert values["--model"] == str(smollm2_gguf_path())
+    assert (values["--parallel"], values["--threads"], values["--threads-batch"]) == (
+        "32",
+        "1",
+        "1",
+    )
+    assert (values["--host"], values["--port"], values["--ctx-size"]) == (
+        "127.0.0.1",
+        "8123",
+        str(32 * 41 * 16),
+    )
+
+
+def test_llama_server_cache_is_named_by_pin_and_cpu() -> None:
+    """The cached binary's directory names the pinned sdist version; a new pin rebuilds."""
+    assert pinned_version() == "0.3.36"
+    assert binary_path().parent.name.startswith(f"llama-server-{pinned_version()}-")
+
+
+def _result(label: str, tokens_per_s: float) -> ConfigResult:
+    stats = StreamStats(
+        sent=1, finished=1, status_counts={200: 1}, errors={}, timed_out=False, elapsed_s=1.0,
+        generated_tokens=1, requested_tokens=1, short_streams=0, tokens_per_s=tokens_per_s,
+        ttft_p50_ms=1.0, ttft_p99_ms=1.0, itl_p50_ms=1.0, itl_p99_ms=1.0,
+    )  # fmt: skip
+    return ConfigResult(label, label, (), stats, 1.0)
+
+
+def test_report_ends_with_the_llamacpp_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    """The fp32 engine against llama.cpp is the last line; bf16 against it the one before."""
+    rates = {"a": 100.0, "b": 25.0, "c": 50.0, "d": 40.0, "e": 200.0, "f": 300.0}
+    print_report([_result(label, rate) for label, rate in rates.items()], context={})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-5:] == [
+        "generate_speedup_vs_batch1=4.00",
+        "generate_speedup_vs_static=2.00",
+        "generate_speedup_vs_peer=2.50",
+        "generate_bf16_speedup_vs_llamacpp=1.50",
+        "generate_speedup_vs_llamacpp=0.50",
+    ]
 
 
 def test_peer_cache_holds_every_stream_at_its_longest() -> None:
