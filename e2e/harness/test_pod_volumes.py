@@ -69,6 +69,7 @@ def test_a_projection_follows_the_config_map(tmp_path: Path) -> None:
 
 def test_service_urls_resolve_to_a_ready_pod_or_stay() -> None:
     """Cluster names of Services with a ready pod become its address; others stay."""
+
     def endpoint(namespace: str, service: str) -> str | None:
         return "127.0.0.1:4242" if (namespace, service) == ("ns", "demo-canary") else None
 

@@ -13,10 +13,10 @@ Both take the same path: read the body (`request_body`'s limits), parse it and b
 nesting (`json_limits`; a token-id prompt longer than the context is refused here, before it
 is converted), validate it (`openai_requests`, `oip_generate_schemas`), admit it
 (`ServingFacade.generate`, which raises before any event when it cannot), then let
-`sse.GenerationResponse` answer with a `Format` of `generation_formats`. A prompt over the context is
-a 400 here (`GENERATION_STATUS_OF`); full queue 503 with `Retry-After`, deadline 504. Every
-answer counts in `fleetserve_requests_total` like an inference request, under its final
-status (see `sse`).
+`sse.GenerationResponse` answer with a `Format` of `generation_formats`. A prompt over the
+context is a 400 here (`GENERATION_STATUS_OF`); full queue 503 with `Retry-After`, deadline
+504. Every answer counts in `fleetserve_requests_total` like an inference request, under its
+final status (see `sse`).
 
 With `semantic_cache` on, chat and completions ask `openai_cache.SemanticAnswers` for their
 stream instead of the runtime (`_Routes.start`): a greedy request may be answered from an
