@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import kopf
 import pytest
@@ -238,10 +240,12 @@ def test_the_resync_lane_queues_its_visits_when_given_a_queue() -> None:
     assert workers.queue.depth(Lane.RESYNC) == 2
 
 
-@pytest.mark.timeout(60)
-def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
-    """Kopf resumes every service when a leader starts; an update goes ahead of them all."""
-    names = [f"s{i}" for i in range(20)]
+def _queued_ahead_of_a_change(
+    names: list[str],
+    call: Callable[[Handlers, kopf.Body], Coroutine[Any, Any, None]],
+    before_start: Callable[[QueueWorkers], None] = lambda workers: None,
+) -> FakeKube:
+    """`call` for each of `names`, then a user's change, all queued before the workers start."""
     kube, workers = _workers("changed", *names)
     sync = Sync(kube, metrics=OperatorMetrics())
     resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
@@ -252,49 +256,45 @@ def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
         assert found is not None
         return kopf.Body(found)
 
-    async def leader_starts() -> None:
-        calls = [handlers.service_changed(body=body(name), reason="resume") for name in names]
+    async def queue_then_run() -> None:
+        calls = [call(handlers, body(name)) for name in names]
         calls.append(handlers.service_changed(body=body("changed"), reason="update"))
-        tasks = [asyncio.ensure_future(call) for call in calls]
+        tasks = [asyncio.ensure_future(each) for each in calls]
         while len(workers.queue) < len(tasks):
             await asyncio.sleep(0.001)
+        before_start(workers)
         workers.start()
         await asyncio.gather(*tasks)
 
     try:
-        asyncio.run(leader_starts())
+        asyncio.run(queue_then_run())
     finally:
         workers.stop()
+    return kube
+
+
+@pytest.mark.timeout(60)
+def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
+    """Kopf resumes every service when a leader starts; an update goes ahead of them all."""
+    kube = _queued_ahead_of_a_change(
+        [f"s{i}" for i in range(20)],
+        lambda handlers, body: handlers.service_changed(body=body, reason="resume"),
+    )
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
 
 
 def test_rollout_ticks_wait_in_the_event_lane_behind_a_users_change() -> None:
-    """50 services in a rollout tick ten times a second: a change goes ahead of every tick."""
+    """20 services in a rollout tick: a change queued after every tick goes ahead of them."""
     names = [f"s{i}" for i in range(20)]
-    kube, workers = _workers("changed", *names)
-    sync = Sync(kube, metrics=OperatorMetrics())
-    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
-    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
 
-    def body(name: str) -> kopf.Body:
-        found = kube.get_inference_service("ns", name)
-        assert found is not None
-        return kopf.Body(found)
-
-    async def ticks_then_a_change() -> None:
-        calls = [handlers.rollout_tick(body=body(name)) for name in names]
-        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
-        tasks = [asyncio.ensure_future(call) for call in calls]
-        while len(workers.queue) < len(tasks):
-            await asyncio.sleep(0.001)
+    def all_ticks_in_the_event_lane(workers: QueueWorkers) -> None:
         assert workers.queue.depth(Lane.EVENT) == len(names)
-        workers.start()
-        await asyncio.gather(*tasks)
 
-    try:
-        asyncio.run(ticks_then_a_change())
-    finally:
-        workers.stop()
+    kube = _queued_ahead_of_a_change(
+        names,
+        lambda handlers, body: handlers.rollout_tick(body=body),
+        all_ticks_in_the_event_lane,
+    )
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
     assert len({name for _, _, name in kube.writes}) > len(names), "every tick reconciled"
 
