@@ -67,8 +67,8 @@ def test_a_disagreeing_version_is_rolled_back_at_the_shadow_stage(env: RolloutEn
         roll_out(env, synthetic_model("2", dim=16))
         shadowing = wait_phase(env, "Shadowing", 90.0)
         assert shadowing["canaryWeight"] == 0
-        target = _target(env)
-        assert target is not None
+        # The phase is written ahead of the children it asks for (the ConfigMap among them).
+        target = wait_until(lambda: _target(env), timeout_s=15.0, what="the shadow target")
         assert target["url"] == f"http://{NAME}-canary.{env.namespace}.svc:80", target
         assert target["version_label"] == "2"
         assert route_weights(env).get("canary", 0) == 0
