@@ -57,7 +57,12 @@ def test_deployment_becomes_ready_processes_and_scales_to_zero(
         timeout_s=15,
         what="pod processes to stop",
     )
-    assert _processes_of(local_cluster, namespace) == []
+    # The pod map is rewritten once per sync pass, after the pass has stopped the processes.
+    wait_until(
+        lambda: _processes_of(local_cluster, namespace) == [],
+        timeout_s=10,
+        what="the stopped pods to leave the pod map",
+    )
 
 
 def test_exited_process_is_restarted(
