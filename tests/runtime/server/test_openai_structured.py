@@ -49,32 +49,23 @@ def api() -> Iterator[openai.OpenAI]:
 
 def test_fifty_sampled_answers_validate_against_the_schema(api: openai.OpenAI) -> None:
     answers: list[str] = []
+    ask: dict[str, Any] = {
+        "model": "test",
+        "messages": MESSAGES,
+        "response_format": RESPONSE_FORMAT,
+        "n": CHOICES,
+        "temperature": 1.0,
+        "max_tokens": 64,
+    }
     for seed in range(3):
-        whole = api.chat.completions.create(
-            model="test",
-            messages=MESSAGES,
-            response_format=RESPONSE_FORMAT,
-            n=CHOICES,
-            temperature=1.0,
-            seed=seed,
-            max_tokens=64,
-        )
+        whole = api.chat.completions.create(**ask, seed=seed)
         for choice in whole.choices:
             assert choice.finish_reason == "stop"
             answers.append(choice.message.content or "")
     for seed in range(3, 5):
         texts = [""] * CHOICES
         reasons: list[str | None] = [None] * CHOICES
-        for chunk in api.chat.completions.create(
-            model="test",
-            messages=MESSAGES,
-            response_format=RESPONSE_FORMAT,
-            n=CHOICES,
-            temperature=1.0,
-            seed=seed,
-            max_tokens=64,
-            stream=True,
-        ):
+        for chunk in api.chat.completions.create(**ask, seed=seed, stream=True):
             for streamed in chunk.choices:
                 texts[streamed.index] += streamed.delta.content or ""
                 reasons[streamed.index] = streamed.finish_reason or reasons[streamed.index]
