@@ -210,7 +210,9 @@ async def test_raising_priority_or_deadline_on_the_encoder_routes_needs_the_toke
         refused = await client.post(INFER, json=body, headers=headers)
         granted = await client.post(INFER, json=body, headers={**headers, **bearer(PRIORITY_TOKEN)})
         lowered = await client.post(
-            INFER, json=v2(priority="low", timeout_ms=100), headers={"x-fleetserve-priority": "low"}
+            INFER,
+            json=v2(priority="low", timeout_ms=4000),
+            headers={"x-fleetserve-priority": "low"},
         )
     assert refused.status_code == 403, refused.text
     assert named in refused.json()["error"]
