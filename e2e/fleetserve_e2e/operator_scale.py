@@ -396,6 +396,20 @@ def run(config: ScaleConfig, work_dir: Path) -> ScaleResult:
         return _measure(cluster, config, audit_log, work_dir)
 
 
+def _start_operator(
+    cluster: LocalCluster, identity: OperatorIdentity, config: ScaleConfig, log_path: Path
+) -> OperatorProcess:
+    """An operator of the bench (the leader, or its standby): same identity and settings."""
+    return OperatorProcess.start(
+        kubeconfig=identity.kubeconfig,
+        namespace=NAMESPACE,
+        log_path=log_path,
+        marker=cluster.marker,
+        settings=config.operator_settings,
+        command=config.operator_command,
+    )
+
+
 def _measure(
     cluster: LocalCluster, config: ScaleConfig, audit_log: Path, work_dir: Path
 ) -> ScaleResult:
@@ -408,14 +422,7 @@ def _measure(
     username = f"system:serviceaccount:{identity.namespace}:{account}"
     kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     identity.grant_leader_lease(kube, NAMESPACE)
-    operator = OperatorProcess.start(
-        kubeconfig=identity.kubeconfig,
-        namespace=NAMESPACE,
-        log_path=work_dir / "logs" / "operator.log",
-        marker=cluster.marker,
-        settings=config.operator_settings,
-        command=config.operator_command,
-    )
+    operator = _start_operator(cluster, identity, config, work_dir / "logs" / "operator.log")
     sampler = ProcessSampler(operator.process.pid)
     sampler.start()
     tail = AuditTail(audit_log)
@@ -517,14 +524,7 @@ def _handover(
     """
     if config.handover_changes == 0 or len(names) < 2:
         return Handover(first_change_s=float("nan"), latencies={})
-    standby = OperatorProcess.start(
-        kubeconfig=identity.kubeconfig,
-        namespace=NAMESPACE,
-        log_path=work_dir / "logs" / "operator-standby.log",
-        marker=cluster.marker,
-        settings=config.operator_settings,
-        command=config.operator_command,
-    )
+    standby = _start_operator(cluster, identity, config, work_dir / "logs" / "operator-standby.log")
     try:
         leader.stop()
         latencies = _change_latencies(
