@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +57,7 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     install_crd,
 )
+from fleetserve_e2e.waiting import wait_until
 
 NAMESPACE = "bench"
 REPLICAS = 2
@@ -339,16 +340,6 @@ def _all_ready(client: KubeClient, expected: int, operator: OperatorProcess) -> 
     return ready == expected
 
 
-def _wait(
-    condition: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float = 1.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
-
-
 @dataclass(frozen=True)
 class ScaleConfig:
     """What to run: counts, paces and windows (seconds)."""
@@ -433,7 +424,7 @@ def _measure(
             kube.create(fsvc_path(NAMESPACE), bench_service(name))
         created = time.monotonic()
         print(f"created {len(names)} services in {created - started:.1f}s", flush=True)
-        _wait(
+        wait_until(
             lambda: _all_ready(kube, len(names), operator),
             timeout_s=config.ready_timeout_s,
             what="every service to be Ready",
