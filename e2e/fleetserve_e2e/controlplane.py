@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fleetserve_e2e.paths import binary
 from fleetserve_e2e.pki import FRONT_PROXY_CLIENT_NAME, ClusterPki
-from fleetserve_e2e.ports import free_ports
+from fleetserve_e2e.ports import PortSet
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -25,7 +25,7 @@ HPA_SYNC_PERIOD = "3s"
 
 
 @dataclass(frozen=True)
-class Ports:
+class Ports(PortSet):
     """Loopback ports of one cluster, chosen when it starts."""
 
     etcd_client: int
@@ -33,11 +33,6 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
-
-    @classmethod
-    def pick(cls) -> Ports:
-        """Pick five free ports."""
-        return cls(*free_ports(5))
 
 
 def etcd_argv(data_dir: Path, ports: Ports) -> list[str]:

@@ -39,7 +39,7 @@ from fleetserve_e2e.kubeapi import KubeApiError
 from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.paths import E2E_DIR, cache_dir
 from fleetserve_e2e.pki import write_mutual_tls_dir
-from fleetserve_e2e.ports import free_ports
+from fleetserve_e2e.ports import PortSet
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.toolchain import build_binary, module_dir
 from fleetserve_e2e.waiting import wait_until
@@ -130,7 +130,7 @@ def keda_crd_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class KedaPorts:
+class KedaPorts(PortSet):
     """Loopback ports of one KEDA installation, chosen when it starts."""
 
     operator_metrics: int
@@ -138,11 +138,6 @@ class KedaPorts:
     operator_grpc: int
     adapter_secure: int
     adapter_metrics: int
-
-    @classmethod
-    def pick(cls) -> KedaPorts:
-        """Pick five free ports."""
-        return cls(*free_ports(5))
 
 
 def keda_env(kubeconfig: Path) -> dict[str, str]:

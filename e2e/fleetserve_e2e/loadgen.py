@@ -15,12 +15,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import httpx
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.operator_process import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
 from fleetserve_e2e.pod_map import PodAddress
 
@@ -60,7 +60,7 @@ class RouteSample:
 
 
 @dataclass
-class LoadDriver:
+class LoadDriver(Component):
     """Sends `rate_rps` requests per second to the InferenceService `name`, for `duration_s`."""
 
     cluster: LocalCluster
@@ -78,17 +78,12 @@ class LoadDriver:
     _pods: list[PodAddress] = field(default_factory=list)
     _random: random.Random = field(default_factory=lambda: random.Random(5))
 
-    def __enter__(self) -> LoadDriver:
+    def _start(self) -> None:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """Stop sending and wait for the driver's thread (idempotent)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30.0)

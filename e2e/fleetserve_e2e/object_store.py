@@ -29,7 +29,7 @@ from minio import Minio
 
 from fleetserve_e2e.lifecycle import Component, WorkDir
 from fleetserve_e2e.pki import LocalCa, TlsFiles, issue_loopback_cert
-from fleetserve_e2e.ports import free_ports
+from fleetserve_e2e.ports import PortSet
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
 from fleetserve_e2e.storage_tools import ensure_seaweedfs
 from fleetserve_e2e.waiting import wait_until
@@ -149,7 +149,7 @@ def s3_identities(
 
 
 @dataclass(frozen=True)
-class _Ports:
+class _Ports(PortSet):
     """Every port one ``weed server`` listens on: HTTP and gRPC for each of its four parts."""
 
     master: int
@@ -160,10 +160,6 @@ class _Ports:
     filer_grpc: int
     s3: int
     s3_grpc: int
-
-    @classmethod
-    def pick(cls) -> _Ports:
-        return cls(*free_ports(8))
 
     def grpc_sockets(self) -> list[Path]:
         """The Unix sockets ``weed server`` adds for its own gRPC calls, at fixed /tmp paths."""

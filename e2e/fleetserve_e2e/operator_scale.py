@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +57,7 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     install_crd,
 )
+from fleetserve_e2e.waiting import wait_until
 
 NAMESPACE = "bench"
 REPLICAS = 2
@@ -339,16 +340,6 @@ def _all_ready(client: KubeClient, expected: int, operator: OperatorProcess) -> 
     return ready == expected
 
 
-def _wait(
-    condition: Callable[[], bool], *, timeout_s: float, what: str, interval_s: float = 1.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval_s)
-
-
 @dataclass(frozen=True)
 class ScaleConfig:
     """What to run: counts, paces and windows (seconds)."""
@@ -396,6 +387,20 @@ def run(config: ScaleConfig, work_dir: Path) -> ScaleResult:
         return _measure(cluster, config, audit_log, work_dir)
 
 
+def _start_operator(
+    cluster: LocalCluster, identity: OperatorIdentity, config: ScaleConfig, log_path: Path
+) -> OperatorProcess:
+    """An operator of the bench (the leader, or its standby): same identity and settings."""
+    return OperatorProcess.start(
+        kubeconfig=identity.kubeconfig,
+        namespace=NAMESPACE,
+        log_path=log_path,
+        marker=cluster.marker,
+        settings=config.operator_settings,
+        command=config.operator_command,
+    )
+
+
 def _measure(
     cluster: LocalCluster, config: ScaleConfig, audit_log: Path, work_dir: Path
 ) -> ScaleResult:
@@ -408,14 +413,7 @@ def _measure(
     username = f"system:serviceaccount:{identity.namespace}:{account}"
     kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     identity.grant_leader_lease(kube, NAMESPACE)
-    operator = OperatorProcess.start(
-        kubeconfig=identity.kubeconfig,
-        namespace=NAMESPACE,
-        log_path=work_dir / "logs" / "operator.log",
-        marker=cluster.marker,
-        settings=config.operator_settings,
-        command=config.operator_command,
-    )
+    operator = _start_operator(cluster, identity, config, work_dir / "logs" / "operator.log")
     sampler = ProcessSampler(operator.process.pid)
     sampler.start()
     tail = AuditTail(audit_log)
@@ -426,7 +424,7 @@ def _measure(
             kube.create(fsvc_path(NAMESPACE), bench_service(name))
         created = time.monotonic()
         print(f"created {len(names)} services in {created - started:.1f}s", flush=True)
-        _wait(
+        wait_until(
             lambda: _all_ready(kube, len(names), operator),
             timeout_s=config.ready_timeout_s,
             what="every service to be Ready",
@@ -517,14 +515,7 @@ def _handover(
     """
     if config.handover_changes == 0 or len(names) < 2:
         return Handover(first_change_s=float("nan"), latencies={})
-    standby = OperatorProcess.start(
-        kubeconfig=identity.kubeconfig,
-        namespace=NAMESPACE,
-        log_path=work_dir / "logs" / "operator-standby.log",
-        marker=cluster.marker,
-        settings=config.operator_settings,
-        command=config.operator_command,
-    )
+    standby = _start_operator(cluster, identity, config, work_dir / "logs" / "operator-standby.log")
     try:
         leader.stop()
         latencies = _change_latencies(

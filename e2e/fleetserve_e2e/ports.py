@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import random
 import socket
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Self
 
 
 def free_port() -> int:
@@ -34,6 +36,16 @@ def free_ports(count: int) -> tuple[int, ...]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSet:
+    """Base of a frozen dataclass whose fields are all ports, one listener each."""
+
+    @classmethod
+    def pick(cls) -> Self:
+        """One free port per field, all distinct (`free_ports`)."""
+        return cls(*free_ports(len(dataclasses.fields(cls))))
 
 
 def remembered_port(record: Path) -> int:

@@ -27,7 +27,7 @@ from fleetserve_operator.spec.model import (
 )
 from fleetserve_operator.testing import make_spec
 from fleetserve_runtime.cli import config_flags, parse_config
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.metrics import RuntimeMetrics, StateSnapshot
 from fleetserve_runtime.models.registry import resolve_handler
 

@@ -16,7 +16,6 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from fleetserve_e2e.images.podman import (
@@ -26,6 +25,7 @@ from fleetserve_e2e.images.podman import (
     executable,
     podman,
 )
+from fleetserve_e2e.lifecycle import Component
 
 LOOPBACK = "127.0.0.1"
 SLIRP_HOST_LOOPBACK = "10.0.2.2"
@@ -137,23 +137,18 @@ def run_once(spec: ContainerSpec, *, timeout_s: float = 300.0) -> subprocess.Com
     )
 
 
-class Container:
+class Container(Component):
     """A detached container, removed on exit."""
 
     def __init__(self, spec: ContainerSpec) -> None:
         self.spec = spec
         self.name = f"fleetserve-e2e-{secrets.token_hex(4)}"
 
-    def __enter__(self) -> Container:
+    def _start(self) -> None:
         podman(run_argv(self.spec, self.name, detach=True), timeout_s=300)
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """Remove the container (idempotent)."""
         subprocess.run(  # podman rm: best effort, the container may be gone already
             [executable(), "rm", "--force", "--time", "10", self.name],
             capture_output=True,

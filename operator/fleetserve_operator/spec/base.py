@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Context, Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel, to_snake
@@ -30,6 +30,7 @@ __all__ = [
     "Wire",
     "cel",
     "int_or_string",
+    "keyed_list",
     "parse_duration_s",
     "parse_quantity",
 ]
@@ -202,4 +203,16 @@ class Wire(BaseModel):
         frozen=True,
         protected_namespaces=(),
         use_attribute_docstrings=True,
+    )
+
+
+def keyed_list(key: str, *, max_length: int) -> Any:
+    """A list field, empty by default, whose items Kubernetes tells apart by `key`.
+
+    `x-kubernetes-list-type: map` lets a server-side apply merge the list item by item.
+    """
+    return Field(
+        default_factory=list,
+        max_length=max_length,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]},
     )

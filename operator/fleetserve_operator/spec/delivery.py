@@ -14,6 +14,7 @@ from fleetserve_operator.spec.base import (
     Duration,
     Wire,
     cel,
+    keyed_list,
     parse_duration_s,
 )
 
@@ -246,11 +247,7 @@ class AnalysisSpec(Wire):
     """Consecutive inconclusive analyses after which the rollout holds and says so."""
     history_limit: int = Field(10, ge=1, le=100)
     """Analysis results kept in status."""
-    checks: list[MetricCheck] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
+    checks: list[MetricCheck] = keyed_list("name", max_length=16)
     """Extra PromQL checks with bounds."""
 
     @model_validator(mode="after")
@@ -486,14 +483,7 @@ class RolloutSpec(Wire):
     stable track's full size (with `maxSurgeGPUs`, what that bound leaves it at 100%, at
     least one), so a flip back has all its capacity at once; fewer saves GPUs, and a flip
     back then waits for the standby to grow. An autoscaled stable track keeps its size."""
-    step_policies: list[StepPolicy] = Field(
-        default_factory=list,
-        max_length=20,
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["weight"],
-        },
-    )
+    step_policies: list[StepPolicy] = keyed_list("weight", max_length=20)
     """Holds and manual gates of single steps, by weight, e.g.
     `[{weight: 1, hold: 24h, gate: manual}]`; a step without one advances as soon as its
     analysis passes."""
@@ -502,11 +492,7 @@ class RolloutSpec(Wire):
     requests at weight 0, its answers compared with stable's and never returned; it goes on
     to the first step when its agreement is shown, and is rolled back when its disagreement
     or errors are, or after `maxDuration` without a verdict. Unset: no shadow stage."""
-    webhooks: list[WebhookSpec] = Field(
-        default_factory=list,
-        max_length=8,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
+    webhooks: list[WebhookSpec] = keyed_list("name", max_length=8)
     """Endpoints told of the rollout's events (`notify`), or asked before each step
     advances (`confirm`); payloads are signed with the Secret key `secretRef` names."""
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from fleetserve_operator.spec.base import Timestamp, Wire
+from fleetserve_operator.spec.base import Timestamp, Wire, keyed_list
 from fleetserve_operator.spec.evidence import (
     AnalysisResult,
     Evidence,
@@ -228,14 +228,7 @@ class RolloutStatus(Wire):
     """The last `analysis.historyLimit` analyses, newest last."""
     evidence: Evidence | None = None
     """Sequential mode: the tests' running evidence, updated at every look."""
-    acknowledged: list[Acknowledgement] = Field(
-        default_factory=list,
-        max_length=8,
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["annotation"],
-        },
-    )
+    acknowledged: list[Acknowledgement] = keyed_list("annotation", max_length=8)
     """Command annotations acted on, while they are still present."""
     message: str = Field("", max_length=4096)
     """Why the rollout is where it is (hold reason, failing values)."""
@@ -360,11 +353,7 @@ class InferenceServiceStatus(Wire):
     """The last error met while reconciling; cleared by a clean reconcile."""
     last_transition_time: Timestamp | None = None
     """When `phase` last changed."""
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    conditions: list[Condition] = keyed_list("type", max_length=16)
     """`Ready`, `Progressing`, `Degraded`, `FallbackActive`, `Promoted`, and for fetched
     models `ModelFetched`."""
 

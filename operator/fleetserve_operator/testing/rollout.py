@@ -31,6 +31,7 @@ from fleetserve_operator.spec import (
 from fleetserve_operator.testing.fakes import FakeClock, ScriptedMetricSource, make_spec
 
 __all__ = [
+    "event_reasons",
     "ANALYSIS",
     "HEALTHY",
     "OWNER",
@@ -293,3 +294,8 @@ def weights(world: World) -> list[int]:
 def events(world: World) -> list[tuple[str, str, str]]:
     """The Events posted so far, as (type, reason, message)."""
     return [(e.type, e.reason, e.message) for e in world.of(EventNote)]
+
+
+def event_reasons(world: World) -> list[str]:
+    """The reasons of the Events posted so far, in order."""
+    return [reason for _, reason, _ in events(world)]

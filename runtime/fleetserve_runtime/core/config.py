@@ -39,20 +39,7 @@ from fleetserve_runtime.core.config_sections import (
     readable,
 )
 
-__all__ = [
-    "BatchingConfig",
-    "CacheConfig",
-    "GenerationConfig",
-    "HealthConfig",
-    "HttpConfig",
-    "MemoryConfig",
-    "QueueConfig",
-    "RuntimeConfig",
-    "TenantsConfig",
-    "ShadowConfig",
-    "SemanticCacheConfig",
-    "load_config",
-]
+__all__ = ["RuntimeConfig", "load_config"]
 
 _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar("_yaml_path", default=None)
 

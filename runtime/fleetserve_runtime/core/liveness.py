@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from fleetserve_runtime.core.config import HealthConfig
+from fleetserve_runtime.core.config_sections import HealthConfig
 
 __all__ = [
     "Liveness",

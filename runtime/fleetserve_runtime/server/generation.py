@@ -38,7 +38,7 @@ from typing import Protocol
 
 from fastapi import FastAPI, Request, Response
 
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.errors import (
     FleetserveError,
     InputTooLong,

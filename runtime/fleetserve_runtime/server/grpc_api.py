@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -168,25 +169,16 @@ def _rpc(
     return frame
 
 
+@dataclass(frozen=True, slots=True)
 class _Service:
-    """The RPCs; method names are the protocol's."""
+    """The RPCs; method names are the protocol's. The tokens and tenancy are `serve_grpc`'s."""
 
-    def __init__(
-        self,
-        host: GrpcHost,
-        config: RuntimeConfig,
-        server_version: str,
-        *,
-        auth_token: TokenFile | None,
-        priority_token: TokenFile | None,
-        tenancy: Tenancy | None = None,
-    ) -> None:
-        self.host = host
-        self.config = config
-        self.server_version = server_version
-        self.token = auth_token
-        self.priority_token = priority_token
-        self.tenancy = tenancy
+    host: GrpcHost
+    config: RuntimeConfig
+    server_version: str
+    token: TokenFile | None
+    priority_token: TokenFile | None
+    tenancy: Tenancy | None
 
     @_rpc("/v2/health/live")
     async def ServerLive(
@@ -556,14 +548,7 @@ async def serve_grpc(
     """
     server = grpc.aio.server(options=server_options(config))
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        _Service(
-            host,
-            config,
-            server_version,
-            auth_token=auth_token,
-            priority_token=priority_token,
-            tenancy=tenancy,
-        ),
+        _Service(host, config, server_version, auth_token, priority_token, tenancy),
         server,
     )
     host_part = f"[{config.host}]" if ":" in config.host else config.host

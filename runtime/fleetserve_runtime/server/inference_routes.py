@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fleetserve_runtime.core.auth import TokenFile, bearer_token, is_privileged
-from fleetserve_runtime.core.config import GenerationConfig, RuntimeConfig
+from fleetserve_runtime.core.config import RuntimeConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.errors import FleetserveError, ModelNotFound, ModelNotReady
 from fleetserve_runtime.core.liveness import Liveness
 from fleetserve_runtime.core.tenants import CURRENT_TENANT

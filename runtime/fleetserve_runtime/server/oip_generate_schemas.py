@@ -11,7 +11,7 @@ from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.generate.contracts import GenerationRequest
 from fleetserve_runtime.server.generation_schemas import (
     MaxTokens,

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fleetserve_runtime.core.config import SemanticCacheConfig
+from fleetserve_runtime.core.config_sections import SemanticCacheConfig
 from fleetserve_runtime.core.metrics import SemanticCacheOutcome
 from fleetserve_runtime.core.semantic_cache import Query, SemanticCache
 from fleetserve_runtime.encoder.executor import resolve_device

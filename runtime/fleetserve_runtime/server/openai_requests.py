@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.generate.contracts import GenerationRequest, OutputGrammar, SamplingParams
 from fleetserve_runtime.generate.logprobs import MAX_TOP_LOGPROBS

@@ -56,7 +56,7 @@ import numpy as np
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetserve_runtime.core.agreement import Comparison, compare_texts, compare_vectors
-from fleetserve_runtime.core.config import ShadowConfig
+from fleetserve_runtime.core.config_sections import ShadowConfig
 from fleetserve_runtime.core.metrics import ShadowMetrics, ShadowSeries
 from fleetserve_runtime.core.shadow_target import ShadowTarget, read_target
 from fleetserve_runtime.generate.contracts import is_greedy

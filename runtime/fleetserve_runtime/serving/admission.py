@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleetserve_runtime.core.auth import bearer_token
-from fleetserve_runtime.core.config import TenantsConfig
+from fleetserve_runtime.core.config_sections import TenantsConfig
 from fleetserve_runtime.core.errors import Forbidden, InvalidInput, TenantOverQuota
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.core.tenants import (

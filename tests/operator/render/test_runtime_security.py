@@ -32,6 +32,18 @@ def _pod(children: dict[tuple[str, str], Any], name: str) -> Any:
     return children[("Deployment", name)]["spec"]["template"]
 
 
+def _secret_file(pod: Any, volume: str) -> tuple[Any, Any, list[str]]:
+    """The Secret behind the pod's volume `volume`, the container's mount of it, its args."""
+    (container,) = pod["spec"]["containers"]
+    secret = next(v for v in pod["spec"]["volumes"] if v["name"] == volume)["secret"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume)
+    return secret, mount, container["args"]
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
 @pytest.mark.parametrize("model", [None, CHAT], ids=["encoder", "generative"])
 def test_every_route_rule_strips_the_privileged_headers(model: dict[str, str] | None) -> None:
     """A client behind the gateway cannot claim X-Fleetserve-Priority or -Timeout-Ms."""
@@ -64,15 +76,11 @@ def test_the_tenants_table_is_a_read_only_secret_file_on_every_track(trusted: bo
     tenants = {"secretRef": {"name": "callers", "key": "table"}, "trustHeader": trusted}
     children = _children(runtime={"tenants": tenants}, fallback={"enabled": True})
     for name in TRACKS:
-        pod = _pod(children, name)
-        (container,) = pod["spec"]["containers"]
-        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tenants")
-        assert volume["secret"]["secretName"] == "callers"
-        assert volume["secret"]["items"] == [{"key": "table", "path": contract.TENANTS_KEY}]
-        mount = next(m for m in container["volumeMounts"] if m["name"] == "tenants")
+        secret, mount, args = _secret_file(_pod(children, name), "tenants")
+        assert secret["secretName"] == "callers"
+        assert secret["items"] == [{"key": "table", "path": contract.TENANTS_KEY}]
         assert mount == {"name": "tenants", "mountPath": contract.TENANTS_MOUNT, "readOnly": True}
-        args = container["args"]
-        assert args[args.index("--tenants-file") + 1] == contract.TENANTS_FILE
+        assert _flag(args, "--tenants-file") == contract.TENANTS_FILE
         assert ("--tenants-trust-header" in args) is trusted
 
 
@@ -90,14 +98,12 @@ def test_tls_mounts_the_secret_and_probes_over_https_on_every_track() -> None:
     for name in TRACKS:
         pod = _pod(children, name)
         (container,) = pod["spec"]["containers"]
-        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tls")
-        assert volume["secret"]["secretName"] == "demo-cert"
-        assert {i["key"] for i in volume["secret"]["items"]} == {"tls.crt", "tls.key"}
-        mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+        secret, mount, args = _secret_file(pod, "tls")
+        assert secret["secretName"] == "demo-cert"
+        assert {i["key"] for i in secret["items"]} == {"tls.crt", "tls.key"}
         assert mount == {"name": "tls", "mountPath": contract.TLS_MOUNT, "readOnly": True}
-        args = container["args"]
-        assert args[args.index("--tls-cert-file") + 1] == contract.TLS_CERT_FILE
-        assert args[args.index("--tls-key-file") + 1] == contract.TLS_KEY_FILE
+        assert _flag(args, "--tls-cert-file") == contract.TLS_CERT_FILE
+        assert _flag(args, "--tls-key-file") == contract.TLS_KEY_FILE
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
         assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
@@ -117,16 +123,12 @@ def test_priority_token_is_a_read_only_secret_file_on_every_track() -> None:
     ref = {"name": "tokens", "key": "priority"}
     children = _children(runtime={"priorityTokenSecretRef": ref}, fallback={"enabled": True})
     for name in TRACKS:
-        pod = _pod(children, name)
-        (container,) = pod["spec"]["containers"]
-        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "priority")
-        assert volume["secret"]["secretName"] == "tokens"
-        assert volume["secret"]["items"] == [{"key": "priority", "path": "token"}]
-        mount = next(m for m in container["volumeMounts"] if m["name"] == "priority")
+        secret, mount, args = _secret_file(_pod(children, name), "priority")
+        assert secret["secretName"] == "tokens"
+        assert secret["items"] == [{"key": "priority", "path": "token"}]
         assert mount["readOnly"] is True
         assert contract.PRIORITY_TOKEN_FILE.startswith(mount["mountPath"] + "/")
-        args = container["args"]
-        assert args[args.index("--priority-token-file") + 1] == contract.PRIORITY_TOKEN_FILE
+        assert _flag(args, "--priority-token-file") == contract.PRIORITY_TOKEN_FILE
 
 
 def test_generation_limits_render_as_flags_only_when_set() -> None:
@@ -136,8 +138,8 @@ def test_generation_limits_render_as_flags_only_when_set() -> None:
         "containers"
     ]
     args = container["args"]
-    assert args[args.index("--generation-default-max-tokens") + 1] == "64"
-    assert args[args.index("--generation-max-output-tokens") + 1] == "128"
+    assert _flag(args, "--generation-default-max-tokens") == "64"
+    assert _flag(args, "--generation-max-output-tokens") == "128"
     assert "--generation-allow-ignore-eos" in args
     (plain,) = _pod(_children(model=CHAT), "demo-stable")["spec"]["containers"]
     assert not {"--generation-default-max-tokens", "--generation-allow-ignore-eos"} & set(

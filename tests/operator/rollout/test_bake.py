@@ -26,7 +26,7 @@ from fleetserve_operator.testing import make_spec
 from fleetserve_operator.testing.rollout import (
     World,
     changed,
-    events,
+    event_reasons,
     make_rollout_spec,
     stable_world,
     start_v2,
@@ -52,10 +52,6 @@ def _paused(world: World) -> bool:
     return bake.paused
 
 
-def _reasons(world: World) -> list[str]:
-    return [reason for _, reason, _ in events(world)]
-
-
 def test_the_last_step_passing_starts_the_bake_with_stable_on_standby() -> None:
     """100% to the canary, stable still on v1 at its full size, the bake's window in status."""
     world = _baking()
@@ -69,7 +65,7 @@ def test_the_last_step_passing_starts_the_bake_with_stable_on_standby() -> None:
     assert bake is not None
     assert (bake.since, bake.until) == ("2026-01-01T00:05:00Z", "2026-01-01T00:10:00Z")
     assert (bake.standby_version, bake.paused) == ("1", False)
-    assert "Baking" in _reasons(world)
+    assert "Baking" in event_reasons(world)
     assert "version 1 on hot standby" in world.status.rollout.message
 
 
@@ -87,7 +83,7 @@ def test_a_passed_bake_runs_the_normal_promotion() -> None:
     assert (world.status.phase, world.status.stable_version) == ("Succeeded", "2")
     assert weights(world) == [0, 1, 5, 20, 50, 100, 0]
     assert world.canary is None
-    assert _reasons(world).count("BakeCompleted") == 1
+    assert event_reasons(world).count("BakeCompleted") == 1
     assert world.of(IncrementCounter) == [IncrementCounter(OperatorCounter.PROMOTIONS, "Promoted")]
     assert [a.verdict for a in world.status.rollout.analyses] == ["Passed"] * 10
 
@@ -109,7 +105,7 @@ def test_a_failed_analysis_during_the_bake_flips_back_at_once() -> None:
     assert world.of(IncrementCounter) == [
         IncrementCounter(OperatorCounter.ROLLBACKS, "AnalysisFailed")
     ]
-    assert _reasons(world)[:2] == ["AnalysisFailed", "RolledBack"]
+    assert event_reasons(world)[:2] == ["AnalysisFailed", "RolledBack"]
 
 
 def test_a_sequential_rejection_during_the_bake_names_the_test() -> None:
@@ -168,7 +164,7 @@ def test_promote_ends_the_bake_early() -> None:
     world = _baking()
     world.command(RolloutCommand.PROMOTE, "full")
     assert world.status.phase == "Promoting"
-    assert "BakeEndedByHand" in _reasons(world)
+    assert "BakeEndedByHand" in event_reasons(world)
     assert [t.version for t in world.rolled(Track.STABLE)] == ["2"]
 
 
@@ -225,7 +221,7 @@ def test_no_data_never_ends_the_bake() -> None:
     assert world.status.phase == "Baking"
     assert world.status.rollout.inconclusive_analyses == 8
     assert "never promoting without data" in world.status.rollout.message
-    assert "AnalysisInconclusive" in _reasons(world)
+    assert "AnalysisInconclusive" in event_reasons(world)
     world.prometheus_online = True
     world.tick(60)
     assert world.status.phase == "Promoting"

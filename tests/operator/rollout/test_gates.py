@@ -12,7 +12,7 @@ from fleetserve_operator.rollout import ClearAnnotation, Confirmation, Notify, n
 from fleetserve_operator.spec import InferenceServiceStatus, RolloutCommand, StepWait
 from fleetserve_operator.testing.rollout import (
     World,
-    events,
+    event_reasons,
     make_rollout_spec,
     stable_world,
     start_v2,
@@ -40,10 +40,6 @@ def awaiting_5() -> World:
     return world
 
 
-def reasons(world: World) -> list[str]:
-    return [reason for _, reason, _ in events(world)]
-
-
 def test_a_hold_keeps_the_step_however_often_its_analysis_passes() -> None:
     """1% held 5m with 60 s intervals: four passes wait, the first after the hold advances."""
     world = gated_world(HOLD_1)
@@ -62,7 +58,7 @@ def test_a_hold_keeps_the_step_however_often_its_analysis_passes() -> None:
     assert (gate.waiting, gate.waiting_since) == (StepWait.HOLD, "2026-01-01T00:01:00Z")
     assert "held until 2026-01-01T00:05:00Z (hold 5m)" in world.status.rollout.message
     assert len(world.status.rollout.analyses) == 4
-    assert reasons(world) == ["StepHeld"]
+    assert event_reasons(world) == ["StepHeld"]
     world.tick(60)
     assert world.status.canary_weight == 5
     assert world.status.rollout.step_gate is None
@@ -88,14 +84,14 @@ def test_a_manual_gate_waits_until_approved_then_advances_at_once() -> None:
     gate = world.status.rollout.step_gate
     assert gate is not None
     assert gate.waiting_since == "2026-01-01T00:02:00Z"
-    assert reasons(world) == ["StepAdvanced", "AwaitingApproval"]
+    assert event_reasons(world) == ["StepAdvanced", "AwaitingApproval"]
     assert "approve=5" in world.status.rollout.message
     world.command(RolloutCommand.APPROVE, "5")
     assert world.status.canary_weight == 20
     ack = world.status.rollout.acknowledged[-1]
     assert (ack.value, ack.result) == ("5", "Progressing -> Progressing")
     assert ClearAnnotation(RolloutCommand.APPROVE.annotation) in world.actions
-    assert reasons(world)[-3:] == ["StepApproved", "StepAdvanced", "CommandAcknowledged"]
+    assert event_reasons(world)[-3:] == ["StepApproved", "StepAdvanced", "CommandAcknowledged"]
 
 
 @pytest.mark.parametrize("value", ["1", "20", "yes"])
@@ -106,7 +102,7 @@ def test_an_approval_of_a_step_not_waiting_is_ignored(value: str) -> None:
     assert world.status.canary_weight == 5
     ack = world.status.rollout.acknowledged[-1]
     assert ack.result == f"ignored: the step awaiting approval is 5%, not {value!r}"
-    assert reasons(world)[-1] == "CommandIgnored"
+    assert event_reasons(world)[-1] == "CommandIgnored"
     gate = world.status.rollout.step_gate
     assert gate is not None
     assert (gate.waiting, gate.approved_at) == (StepWait.AWAITING_APPROVAL, None)

@@ -32,7 +32,7 @@ from fleetserve_operator.testing.rollout import (
     OWNER,
     World,
     changed,
-    events,
+    event_reasons,
     stable_world,
     start_v2,
     weights,
@@ -71,10 +71,6 @@ def _deployment(world: World, track: Track) -> Manifest:
     return found
 
 
-def _reasons(world: World) -> list[str]:
-    return [reason for _, reason, _ in events(world)]
-
-
 def test_a_ready_canary_is_shadowed_at_weight_0_before_the_first_step() -> None:
     world = _shadowing()
     assert world.status.canary_weight == 0
@@ -88,7 +84,7 @@ def test_a_ready_canary_is_shadowed_at_weight_0_before_the_first_step() -> None:
     stage = world.status.rollout.shadow
     assert stage is not None
     assert (stage.since, stage.until) == ("2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z")
-    assert "ShadowStarted" in _reasons(world)
+    assert "ShadowStarted" in event_reasons(world)
 
 
 def test_only_the_stable_pods_follow_the_target_and_never_restart_for_it() -> None:
@@ -126,7 +122,7 @@ def test_a_shown_agreement_takes_the_first_step_and_stops_the_copies() -> None:
     assert world.status.rollout.shadow is None
     assert _target(world) is None
     assert weights(world)[-1] == 1
-    assert "ShadowPassed" in _reasons(world)
+    assert "ShadowPassed" in event_reasons(world)
     assert world.status.rollout.analyses[-1].verdict == "Passed"
 
 
@@ -186,7 +182,7 @@ def test_promote_ends_the_stage_unjudged_at_the_first_step() -> None:
     world = _shadowing()
     world.command(RolloutCommand.PROMOTE, "next")
     assert (world.status.phase, world.status.canary_weight) == ("Progressing", 1)
-    assert "ShadowSkipped" in _reasons(world)
+    assert "ShadowSkipped" in event_reasons(world)
     assert _target(world) is None
 
 

@@ -17,6 +17,7 @@ from fleetserve_operator.testing.rollout import (
     HEALTHY,
     World,
     canary_world,
+    event_reasons,
     events,
     make_rollout_spec,
     weights,
@@ -223,7 +224,7 @@ def test_too_little_evidence_holds_at_once_uncounted_until_the_deadline() -> Non
     look(100)
     look(199)
     assert world.status.phase == "Holding"
-    assert [reason for _, reason, _ in events(world)] == ["HoldingForEvidence"]
+    assert event_reasons(world) == ["HoldingForEvidence"]
     look(1)
     assert (world.status.phase, world.status.canary_weight) == ("RolledBack", 0)
     assert world.status.rollout.message.startswith("ProgressDeadlineExceeded")

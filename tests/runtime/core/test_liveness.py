@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_runtime.cli import parse_config
-from fleetserve_runtime.core.config import HealthConfig
+from fleetserve_runtime.core.config_sections import HealthConfig
 from fleetserve_runtime.core.liveness import (
     RunningBatch,
     Worker,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.core.priority import Priority
 from fleetserve_runtime.generate.contracts import SamplingParams

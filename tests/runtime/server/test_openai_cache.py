@@ -16,7 +16,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from fleetserve_runtime.core.config import SemanticCacheConfig
+from fleetserve_runtime.core.config_sections import SemanticCacheConfig
 from fleetserve_runtime.generate.contracts import (
     FinishEvent,
     FinishReason,

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tests.runtime.server.test_openai_client import LLM, MESSAGES, client, metric, running
 
@@ -40,22 +41,30 @@ def server() -> Iterator[str]:
         yield url
 
 
+def chat_whole_and_streamed(
+    api: openai.OpenAI, **body: Any
+) -> tuple[ChatCompletion, list[ChatCompletionChunk]]:
+    """One chat request asked whole, then streamed with usage in the last chunk."""
+    whole = api.chat.completions.create(model="test", messages=MESSAGES, **body)
+    chunks = list(
+        api.chat.completions.create(
+            model="test",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            **body,
+        )
+    )
+    return whole, chunks
+
+
 def ask(url: str, **body: Any) -> tuple[list[str], str, int]:
     """Words, finish reason and completion tokens of one chat answer, whole and streamed alike.
 
     Both ways must give the same answer; the streamed one asks for usage in the last chunk.
     """
     with client(url) as api:
-        whole = api.chat.completions.create(model="test", messages=MESSAGES, **body)
-        chunks = list(
-            api.chat.completions.create(
-                model="test",
-                messages=MESSAGES,
-                stream=True,
-                stream_options={"include_usage": True},
-                **body,
-            )
-        )
+        whole, chunks = chat_whole_and_streamed(api, **body)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     text = whole.choices[0].message.content or ""
@@ -178,16 +187,7 @@ def test_n_chat_choices_whole_and_streamed(server: str) -> None:
     body["logit_bias"] = {IN: 30, WIND: 30}  # three equal tokens: the choices differ
     with client(server) as api:
         one = api.chat.completions.create(model="test", messages=MESSAGES, max_tokens=1)
-        whole = api.chat.completions.create(model="test", messages=MESSAGES, **body)
-        chunks = list(
-            api.chat.completions.create(
-                model="test",
-                messages=MESSAGES,
-                stream=True,
-                stream_options={"include_usage": True},
-                **body,
-            )
-        )
+        whole, chunks = chat_whole_and_streamed(api, **body)
     assert [choice.index for choice in whole.choices] == [0, 1, 2]
     texts = [choice.message.content for choice in whole.choices]
     assert len(set(texts)) > 1

@@ -17,7 +17,7 @@ import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 
-from fleetserve_runtime.core.config import GenerationConfig
+from fleetserve_runtime.core.config_sections import GenerationConfig
 from fleetserve_runtime.core.errors import InvalidInput
 from fleetserve_runtime.server.generation_schemas import RequestControls
 from fleetserve_runtime.server.openai_requests import ChatCompletionRequest, chat_generation

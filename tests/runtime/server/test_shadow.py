@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from fleetserve_runtime.core.config import ShadowConfig
+from fleetserve_runtime.core.config_sections import ShadowConfig
 from fleetserve_runtime.core.metrics import ShadowMetrics
 from fleetserve_runtime.core.shadow_target import ShadowTarget
 from fleetserve_runtime.server.shadow import Copy, Kind, Shadow, compare, kind_of
