@@ -183,7 +183,7 @@ def _llama_build(path: Path) -> Callable[[torch.device, GenerativeOptions], Load
         dtype = options.torch_dtype(device)
         lm = LlamaModel(checkpoint.config, checkpoint.weights, device=device, dtype=dtype)
         if options.int8_weights:
-            lm = int8_model(lm, checkpoint.codec, device)
+            lm, _report = int8_model(lm, checkpoint.codec, device)
         return LoadedLM(lm, checkpoint.codec, checkpoint.config.max_position_embeddings)
 
     return build
