@@ -2,10 +2,11 @@
 
 Loads SmolLM2 once and builds the three models the runtime builds for ``generation.dtype``
 ``float32``, ``bfloat16`` and ``int8`` (the int8 one through its load-time guard, whose
-figures are printed). Each round prefills the same seeded prompts (untimed) into a fresh pool
-and times greedy decode steps, at 32 sequences in one batch and at batch 1; the precisions
-take turns within every round, so a load spike on a shared machine hits all of them alike,
-and each figure is the median over rounds. The model's own step only: no server, scheduler
+figures are printed). Each model prefills the same 32 seeded prompts once (untimed); each
+round then times greedy decode steps from that state, at 32 sequences in one batch and at
+batch 1 (the first sequence), overwriting the same slots every round. The precisions take
+turns within every round, so a load spike on a shared machine hits all of them alike, and
+each figure is the median over rounds. The model's own step only: no server, scheduler
 or sampling (``make bench-generate`` measures those).
 
 The last lines are the speedups; the headline, last, is int8's over fp32's at 32 sequences.
@@ -21,6 +22,7 @@ import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -34,26 +36,41 @@ BATCHES = (1, 32)
 
 
 def prompts(count: int, *, vocab: int, seed: int) -> list[list[int]]:
-    """`count` seeded prompts of 32 to 256 random tokens."""
+    """`count` seeded prompts of 16 to 128 random tokens."""
     rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(rng.randint(32, 256))] for _ in range(count)]
+    return [[rng.randrange(vocab) for _ in range(rng.randint(16, 128))] for _ in range(count)]
 
 
-def decode_tokens_per_s(model: LlamaModel, batch: Sequence[Sequence[int]], steps: int) -> float:
-    """Prefill `batch` (untimed), then greedy-decode `steps` tokens each; tokens per second."""
-    blocks_each = -(-(max(map(len, batch)) + steps) // BLOCK_SIZE)
-    model.allocate_cache(blocks_each * len(batch), BLOCK_SIZE)
-    tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(batch))]
-    chunks = [SeqChunk(p, 0, t) for p, t in zip(batch, tables, strict=True)]
-    nexts = model.forward(StepInput(chunks)).argmax(-1).tolist()
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """Prompts whose keys and values sit in the model's pool, and each one's next token."""
+
+    prompts: list[list[int]]
+    tables: list[list[int]]
+    first_tokens: list[int]
+
+
+def prefill(model: LlamaModel, prompts: list[list[int]], steps: int) -> Prefilled:
+    """Allocate a pool with room for `steps` more tokens each and prefill `prompts` into it."""
+    blocks_each = -(-(max(map(len, prompts)) + steps) // BLOCK_SIZE)
+    model.allocate_cache(blocks_each * len(prompts), BLOCK_SIZE)
+    tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(prompts))]
+    chunks = [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
+    first_tokens = model.forward(StepInput(chunks)).argmax(-1).tolist()
+    return Prefilled(prompts, tables, first_tokens)
+
+
+def decode_tokens_per_s(model: LlamaModel, state: Prefilled, size: int, steps: int) -> float:
+    """Greedy-decode `steps` tokens for the first `size` prefilled prompts; tokens per second."""
+    rows = list(zip(state.prompts, state.tables, strict=True))[:size]
+    nexts = state.first_tokens[:size]
     started = time.perf_counter()
     for step in range(steps):
         chunks = [
-            SeqChunk([token], len(p) + step, t)
-            for p, t, token in zip(batch, tables, nexts, strict=True)
+            SeqChunk([token], len(p) + step, t) for (p, t), token in zip(rows, nexts, strict=True)
         ]
         nexts = model.forward(StepInput(chunks)).argmax(-1).tolist()
-    return len(batch) * steps / (time.perf_counter() - started)
+    return size * steps / (time.perf_counter() - started)
 
 
 def ratio_lines(medians: Mapping[tuple[str, int], float]) -> list[str]:
@@ -89,12 +106,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"largest logit error {report.max_logit_error:.2f}"
     )
     batch = prompts(max(BATCHES), vocab=checkpoint.config.vocab_size, seed=args.seed)
+    states = {name: prefill(model, batch, args.steps) for name, model in models.items()}
     samples: dict[tuple[str, int], list[float]] = {}
     load_before = os.getloadavg()[0]
     for _ in range(args.rounds):
         for size in BATCHES:
             for name, model in models.items():
-                rate = decode_tokens_per_s(model, batch[:size], args.steps)
+                rate = decode_tokens_per_s(model, states[name], size, args.steps)
                 samples.setdefault((name, size), []).append(rate)
     medians = {key: statistics.median(rates) for key, rates in samples.items()}
     print(
