@@ -16,14 +16,16 @@ tokens:
 (e) the CPU peer: llama.cpp's ``llama-server`` (built once by ``bench.llamacpp.build``) on the
     very GGUF file our runtime loads, one thread, 32 parallel slots, continuous batching;
 (f) (a) in bfloat16 (``generation.dtype``): not token-identical to the fp32 reference, as
-    llama.cpp's quantised weights are not, and the fair match for (e) on a CPU with bf16 units.
+    llama.cpp's quantised weights are not, and the fair match for (e) on a CPU with bf16 units;
+(g) (a) in int8 (``generation.dtype``: int8 projections over fp32 activations, guarded
+    against fp32 at load), for CPUs with VNNI.
 
 Our runtime and llama.cpp get ``ignore_eos: true``; ``transformers serve`` gets the same effect
 from its ``generation_config`` extension field with ``eos_token_id: -1``, and each
 configuration's ``short`` column counts the streams that still stopped early. Figures per
 configuration: generated tokens per second of wall time, time to first token and inter-token
-latency (p50/p99, see ``bench.stream_load``). The last five lines are the speedups of (a) over
-(b), (c), (d), then of (f) and (a) over (e).
+latency (p50/p99, see ``bench.stream_load``). The last six lines are the speedups of (a) over
+(b), (c), (d), then of (g), (f) and (a) over (e).
 
 Usage: ``.venv/bin/python -m bench.generate_bench [--quick] [--requests N] ...``
 """
@@ -217,6 +219,16 @@ CONFIGS = (
             "--generation-policy=continuous",
             "--generation-max-running-sequences=32",
             "--generation-dtype=bfloat16",
+        ),
+    ),
+    ServerConfig(
+        "g",
+        "fleetserve continuous, 32 running, int8",
+        "fleetserve",
+        (
+            "--generation-policy=continuous",
+            "--generation-max-running-sequences=32",
+            "--generation-dtype=int8",
         ),
     ),
 )
@@ -464,13 +476,14 @@ def _table(results: Sequence[ConfigResult]) -> Table:
 
 
 def print_report(results: Sequence[ConfigResult], *, context: Mapping[str, object]) -> None:
-    """Print the table, the JSON of everything, and the five speedup lines last."""
+    """Print the table, the JSON of everything, and the six speedup lines last."""
     by_label = {r.label: r for r in results}
     Console(width=130).print(_table(results))
     document = {"context": dict(context), "results": [asdict(r) for r in results]}
     print(json.dumps(document, indent=2, default=str))
     for name, base in (("batch1", "b"), ("static", "c"), ("peer", "d")):
         print(f"generate_speedup_vs_{name}={speedup(by_label.get('a'), by_label.get(base)):.2f}")
+    print(f"generate_int8_speedup_vs_llamacpp={speedup(by_label.get('g'), by_label.get('e')):.2f}")
     print(f"generate_bf16_speedup_vs_llamacpp={speedup(by_label.get('f'), by_label.get('e')):.2f}")
     # The headline: our token-exact fp32 engine against llama.cpp on the same file and core.
     print(f"generate_speedup_vs_llamacpp={speedup(by_label.get('a'), by_label.get('e')):.2f}")
@@ -499,7 +512,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (both)")
     parser.add_argument("--max-step-tokens", type=int, default=512, help="tokens per step")
-    parser.add_argument("--configs", default="abcdef", help="labels to run, e.g. 'ae'")
+    parser.add_argument("--configs", default="abcdefg", help="labels to run, e.g. 'ae'")
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="per measured run")

@@ -144,14 +144,15 @@ def _result(label: str, tokens_per_s: float) -> ConfigResult:
 
 
 def test_report_ends_with_the_llamacpp_ratios(capsys: pytest.CaptureFixture[str]) -> None:
-    """The fp32 engine against llama.cpp is the last line; bf16 against it the one before."""
-    rates = {"a": 100.0, "b": 25.0, "c": 50.0, "d": 40.0, "e": 200.0, "f": 300.0}
+    """The fp32 engine against llama.cpp is the last line; bf16 and int8 against it before."""
+    rates = {"a": 100.0, "b": 25.0, "c": 50.0, "d": 40.0, "e": 200.0, "f": 300.0, "g": 400.0}
     print_report([_result(label, rate) for label, rate in rates.items()], context={})
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-5:] == [
+    assert lines[-6:] == [
         "generate_speedup_vs_batch1=4.00",
         "generate_speedup_vs_static=2.00",
         "generate_speedup_vs_peer=2.50",
+        "generate_int8_speedup_vs_llamacpp=2.00",
         "generate_bf16_speedup_vs_llamacpp=1.50",
         "generate_speedup_vs_llamacpp=0.50",
     ]

@@ -177,10 +177,11 @@ class GenerationConfig(Section):
     policy: Literal["continuous", "static"] = "continuous"
     """`continuous` admits sequences at every step; `static` runs a batch to completion
     before admitting more (the baseline continuous batching is measured against)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "int8"] = "auto"
     """Weights and KV blocks: `auto` is bfloat16 on CUDA, float32 elsewhere; bfloat16 on a
     CPU with bf16 matrix units runs about twice as fast, at outputs no longer identical to
-    float32's."""
+    float32's; `int8` (CPU only) is int8 weights over float32 activations and KV, refused at
+    load when its logits stray too far from float32's."""
     default_timeout_ms: int = Field(120_000, ge=1)
     """Deadline of a generation that names none (queue, prompt and every output token), in
     milliseconds; a whole answer takes far longer than one encoder request."""

@@ -33,8 +33,9 @@ __all__ = [
     "synthetic_generative_handler",
 ]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""The weight and KV dtypes `generation.dtype` may name besides `auto`."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
+"""The activation and KV dtypes of what `generation.dtype` may name besides `auto` (int8 is
+int8 weights over fp32 activations)."""
 
 LLAMA_PLATFORM = "fleetserve-llama"
 SYNTHETIC_PLATFORM = "fleetserve-synthetic-generate"
@@ -60,19 +61,25 @@ class GenerativeOptions:
     dtype: str = "auto"
     """Weights and KV blocks: `auto` is bf16 on CUDA and fp32 elsewhere (`llama.default_dtype`);
     `bfloat16` on a CPU with bf16 matrix units is about twice as fast as fp32, at outputs that
-    are no longer token-for-token those of an fp32 reference."""
+    are no longer token-for-token those of an fp32 reference; `int8` (CPU only) is int8
+    projections over fp32 activations, guarded against fp32 at load (`llama.int8`)."""
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype to load with on `device`."""
+        """The activation and KV dtype to load with on `device`."""
         from fleetserve_runtime.models.llama.model import default_dtype
 
         return default_dtype(device) if self.dtype == "auto" else DTYPES[self.dtype]
+
+    @property
+    def int8_weights(self) -> bool:
+        """Whether the projections are to be int8."""
+        return self.dtype == "int8"
 
 
 class GenerativeHandler:
     """One generative model version: metadata at once, its LM and codec after `load`.
 
-    `build(device, dtype)` does the loading; `options` cap the context and pick the dtype.
+    `build(device, options)` does the loading; `options` cap the context and pick the dtype.
     """
 
     def __init__(
@@ -82,7 +89,7 @@ class GenerativeHandler:
         *,
         platform: str,
         source: str,
-        build: Callable[[torch.device, torch.dtype], LoadedLM],
+        build: Callable[[torch.device, GenerativeOptions], LoadedLM],
         options: GenerativeOptions,
     ) -> None:
         self.source = source
@@ -108,7 +115,7 @@ class GenerativeHandler:
 
     def load(self, device: torch.device) -> None:
         """Load the weights onto `device` and build the LM; called once, off the event loop."""
-        self._loaded = self._build(device, self._options.torch_dtype(device))
+        self._loaded = self._build(device, self._options)
 
     @property
     def lm(self) -> CausalLM:
@@ -166,13 +173,17 @@ def _storage_bytes(root: object) -> int:
     return sum(storages.values())
 
 
-def _llama_build(path: Path) -> Callable[[torch.device, torch.dtype], LoadedLM]:
-    def build(device: torch.device, dtype: torch.dtype) -> LoadedLM:
+def _llama_build(path: Path) -> Callable[[torch.device, GenerativeOptions], LoadedLM]:
+    def build(device: torch.device, options: GenerativeOptions) -> LoadedLM:
         from fleetserve_runtime.models.llama.checkpoint import load_checkpoint
+        from fleetserve_runtime.models.llama.int8 import int8_model
         from fleetserve_runtime.models.llama.model import LlamaModel
 
         checkpoint = load_checkpoint(path)
+        dtype = options.torch_dtype(device)
         lm = LlamaModel(checkpoint.config, checkpoint.weights, device=device, dtype=dtype)
+        if options.int8_weights:
+            lm, _report = int8_model(lm, checkpoint.codec, device)
         return LoadedLM(lm, checkpoint.codec, checkpoint.config.max_position_embeddings)
 
     return build
@@ -204,7 +215,7 @@ def synthetic_generative_handler(
 ) -> GenerativeHandler:
     """The synthetic generative model (`models.synthetic_lm`); it has no weights to cast."""
 
-    def build(device: torch.device, _dtype: torch.dtype) -> LoadedLM:
+    def build(device: torch.device, _options: GenerativeOptions) -> LoadedLM:
         codec = SyntheticCodec(params.vocab, ascii=params.output == "ascii")
         return LoadedLM(SyntheticLM(params, codec, device), codec, params.context_length)
 

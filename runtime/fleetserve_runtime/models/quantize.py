@@ -2,9 +2,9 @@
 
 Each `nn.Linear` of the transformer blocks (fused QKV, attention output, both feed-forward
 GEMMs) becomes an `Int8Linear`: weights int8 with one scale per output channel, activations
-quantised on the fly with one scale per token (row), the product accumulated in int32 by
-`torch._int_mm` (oneDNN's VNNI kernels on x86) and rescaled to fp32. Embeddings, LayerNorms,
-attention and pooling stay fp32.
+quantised on the fly with one scale per token (row), the product accumulated in int32 and
+rescaled to fp32 (`models.int8_matmul`, shared with the Llama's int8 weights). Embeddings,
+LayerNorms, attention and pooling stay fp32.
 
 Why not `torch.ao.quantization.quantize_dynamic` or ONNX Runtime's `quantize_dynamic`: both
 quantise activations with one scale per tensor, so the few outlier channels BERT models carry
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from fleetserve_runtime.models.bert import BertEncoder
+from fleetserve_runtime.models.int8_matmul import EPS, Int8Weight, int8_matmul, quantize_weight
 
 __all__ = [
     "CALIBRATION_TEXTS",
@@ -55,7 +56,6 @@ CALIBRATION_TEXTS = (
 """Texts whose fp32 activations set the smoothing factors; none is in the guard's set."""
 
 _LINEARS = ("qkv", "attention_out", "ffn_in", "ffn_out")
-_EPS = 1e-5
 
 
 class Int8Linear(nn.Module):
@@ -75,24 +75,18 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, smooth: torch.Tensor) -> None:
         super().__init__()
-        weight = linear.weight.detach() * smooth
-        scale = weight.abs().amax(dim=1).clamp(min=_EPS) / 127
-        self.register_buffer(
-            "weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous()
-        )
-        self.register_buffer("weight_scale", scale)
-        self.register_buffer("inverse_smooth", 1 / smooth)
-        bias = linear.bias.detach() if linear.bias is not None else torch.zeros(len(scale))
+        weight = quantize_weight(linear.weight.detach().t(), smooth)
+        self.register_buffer("weight_t", weight.values)
+        self.register_buffer("weight_scale", weight.scale)
+        self.register_buffer("inverse_smooth", weight.inverse_smooth)
+        bias = linear.bias.detach() if linear.bias is not None else torch.zeros(len(weight.scale))
         self.register_buffer("bias", bias.clone())
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Quantise `x` row by row, multiply in int8, rescale to fp32."""
-        rows = x.reshape(-1, x.shape[-1]) * self.inverse_smooth
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=_EPS) / 127
-        quantised = torch.round(rows / scale).to(torch.int8)
-        product = torch._int_mm(quantised, self.weight_t)
-        out = torch.addcmul(self.bias, product.to(torch.float32), scale * self.weight_scale)
+        weight = Int8Weight(self.weight_t, self.weight_scale, self.inverse_smooth)
+        out = int8_matmul(x.reshape(-1, x.shape[-1]), weight) + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -119,9 +113,9 @@ def activation_ranges(encoder: BertEncoder, run: Callable[[], object]) -> dict[s
 
 def smoothing(activation: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
     """SmoothQuant's per-input-channel factor `max|X|^alpha / max|W|^(1 - alpha)`."""
-    weight_range = weight.abs().amax(dim=0).float().clamp(min=_EPS)
-    factor = activation.clamp(min=_EPS) ** alpha / weight_range ** (1 - alpha)
-    return factor.clamp(min=_EPS)
+    weight_range = weight.abs().amax(dim=0).float().clamp(min=EPS)
+    factor = activation.clamp(min=EPS) ** alpha / weight_range ** (1 - alpha)
+    return factor.clamp(min=EPS)
 
 
 def quantize_encoder(

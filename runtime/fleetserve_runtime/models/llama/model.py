@@ -19,18 +19,24 @@ A chunk marked `all_logits` (a prompt whose log-probabilities were asked for) ge
 Weights come by their reference parameter names (see `config.Checkpoint`); Q/K/V and
 gate/up are concatenated here so each layer makes two GEMMs fewer per step. fp32 on CPU
 (bf16 is slow there), bf16 on CUDA; the KV pool takes the model's dtype. Logits are fp32.
+`with_int8_weights` derives a copy (CPU, fp32 activations) whose projections and vocabulary
+head are int8 per output channel and multiply through `models.int8_matmul`; a tied head's
+int8 rows double as the embedding table, dequantised row by row.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the name every torch codebase uses
 
 from fleetserve_runtime.models.causal_lm import KVLayout, StepInput
+from fleetserve_runtime.models.int8_matmul import Int8Weight, int8_matmul, quantize_weight
 from fleetserve_runtime.models.llama.config import LlamaConfig
 from fleetserve_runtime.models.llama.kv_cache import (
     DECODE_GROUP_OVERHEAD,
@@ -78,17 +84,21 @@ def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+Projection = torch.Tensor | Int8Weight
+"""A projection's weight, input-major: dense in the model's dtype, or int8 with its scales."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Projection
     """`[hidden, q_dim + 2 * kv_dim]`: Q, K and V projections side by side."""
-    o: torch.Tensor
+    o: Projection
     """`[q_dim, hidden]`, like every projection here stored transposed (input-major)."""
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: Projection
     """`[hidden, 2 * intermediate]`: gate and up projections side by side."""
-    down: torch.Tensor
+    down: Projection
 
 
 class LlamaModel:
@@ -132,10 +142,11 @@ class LlamaModel:
             return torch.cat([get(n) for n in names]).t().contiguous()
 
         embed = "model.embed_tokens.weight"
-        self._lm_head = cat(embed if config.tie_word_embeddings else "lm_head.weight")
+        self._lm_head: Projection = cat(embed if config.tie_word_embeddings else "lm_head.weight")
         # A tied head doubles as the embedding table (read by column), so it is held once.
         self._embed = None if config.tie_word_embeddings else get(embed)
         self._norm = get("model.norm.weight")
+        self._observer: Callable[[Projection, torch.Tensor], None] | None = None
         self._layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}"
@@ -161,6 +172,53 @@ class LlamaModel:
         self._cos = angles.cos().to(device=device, dtype=dtype)
         self._sin = angles.sin().to(device=device, dtype=dtype)
         self._cache: PagedKVCache | None = None
+
+    def with_int8_weights(
+        self, smooth: Callable[[torch.Tensor], torch.Tensor | None]
+    ) -> LlamaModel:
+        """A copy whose projections and head are int8, sharing the rest; it has no KV pool.
+
+        `smooth(weight)` is the SmoothQuant factor of a projection's input channels (None:
+        none). The head is never smoothed: its int8 rows must stay the embedding rows.
+
+        Raises:
+            ValueError: this model is not fp32 (int8 products take fp32 activations) or is
+                int8 already.
+        """
+        if self.dtype != torch.float32:
+            raise ValueError(f"int8 weights take fp32 activations, not {self.dtype}")
+
+        def quantize(weight: Projection) -> Int8Weight:
+            if isinstance(weight, Int8Weight):
+                raise ValueError("the model's weights are int8 already")
+            return quantize_weight(weight, smooth(weight))
+
+        derived = copy.copy(self)
+        derived._cache = None
+        derived._observer = None
+        derived._layers = [
+            dataclasses.replace(
+                layer,
+                qkv=quantize(layer.qkv),
+                o=quantize(layer.o),
+                gate_up=quantize(layer.gate_up),
+                down=quantize(layer.down),
+            )
+            for layer in self._layers
+        ]
+        head = self._lm_head
+        if isinstance(head, Int8Weight):
+            raise ValueError("the model's weights are int8 already")
+        derived._lm_head = quantize_weight(head)
+        return derived
+
+    def release_cache(self) -> None:
+        """Drop the KV pool (a probe's); `allocate_cache` makes the next one."""
+        self._cache = None
+
+    def observe(self, observer: Callable[[Projection, torch.Tensor], None] | None) -> None:
+        """Call `observer(weight, x)` with every projection's input rows (None: stop)."""
+        self._observer = observer
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -228,13 +286,16 @@ class LlamaModel:
             for index, layer in enumerate(self._layers):
                 x = self._layer(index, layer, x, plan, cos, sin)
             rows = x.index_select(0, plan.logit_rows)
-            logits = self._rms_norm(rows, self._norm) @ self._lm_head
+            logits = self._project(self._rms_norm(rows, self._norm), self._lm_head)
             return logits.float()
 
     def _embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if self._embed is None:
-            return self._lm_head.index_select(1, token_ids).t()
-        return F.embedding(token_ids, self._embed)
+        if self._embed is not None:
+            return F.embedding(token_ids, self._embed)
+        if isinstance(self._lm_head, Int8Weight):
+            columns = self._lm_head.values.index_select(1, token_ids).t().to(self.dtype)
+            return columns * self._lm_head.scale.index_select(0, token_ids)[:, None]
+        return self._lm_head.index_select(1, token_ids).t()
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # In fp32 the variance as the reference computes it; bf16 inputs are upcast first.
@@ -254,16 +315,24 @@ class LlamaModel:
         cfg = self.config
         tokens = x.shape[0]
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        qkv = self._rms_norm(x, layer.input_norm) @ layer.qkv
+        qkv = self._project(self._rms_norm(x, layer.input_norm), layer.qkv)
         q, k, v = torch.split(qkv, [q_dim, kv_dim, kv_dim], dim=-1)
         q = _rotate(q.view(tokens, cfg.num_heads, cfg.head_dim), cos, sin)
         k = _rotate(k.view(tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)
         self.cache.write(index, plan.slots, k, v)
         context = self._attend(index, plan, q, k, v)
-        x = x + context @ layer.o
-        gate, up = (self._rms_norm(x, layer.post_norm) @ layer.gate_up).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ layer.down
+        x = x + self._project(context, layer.o)
+        gate, up = self._project(self._rms_norm(x, layer.post_norm), layer.gate_up).chunk(2, -1)
+        return x + self._project(F.silu(gate) * up, layer.down)
+
+    def _project(self, x: torch.Tensor, weight: Projection) -> torch.Tensor:
+        """`x @ weight` for `[rows, in]` activations, dense or int8, shown to the observer."""
+        if self._observer is not None:
+            self._observer(weight, x)
+        if isinstance(weight, Int8Weight):
+            return int8_matmul(x, weight)
+        return x @ weight
 
     def _attend(
         self, index: int, plan: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
