@@ -158,10 +158,11 @@ class FakeKube:
         self.objects[_key(manifest)] = stored
         return copy.deepcopy(stored)
 
-    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
-        """Replace the InferenceService's status."""
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
+        """Replace the InferenceService's status; returns the service as stored."""
         self.objects[(naming.KIND, ref.namespace, ref.name)]["status"] = copy.deepcopy(status)
         self._wrote("status", naming.KIND, ref.name)
+        return self._service(ref)
 
     def delete(self, manifest: Manifest) -> None:
         """Remove a stored object."""
@@ -209,11 +210,16 @@ class FakeKube:
         """Stored pods labelled for `owner` (see `add_pod`)."""
         return [obj for obj in self._owned(namespace, owner) if obj["kind"] == "Pod"]
 
-    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
-        """Drop an annotation of the stored InferenceService."""
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
+        """Drop an annotation of the stored InferenceService; returns the service as stored."""
         body = self.objects[(naming.KIND, ref.namespace, ref.name)]
         body["metadata"].get("annotations", {}).pop(annotation, None)
         self._wrote("annotate", naming.KIND, ref.name)
+        return self._service(ref)
+
+    def _service(self, ref: ObjectRef) -> Manifest:
+        """A copy of the stored InferenceService, as a write answers it (no read counted)."""
+        return copy.deepcopy(self.objects[(naming.KIND, ref.namespace, ref.name)])
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Record the event."""

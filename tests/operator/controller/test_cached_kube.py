@@ -10,6 +10,7 @@ from fleetserve_operator.controller.cached_kube import CachedKube
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import ObjectRef
+from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.records import EventNote, Manifest
 from fleetserve_operator.testing import FakeKube
 
@@ -33,7 +34,7 @@ def _synced(cache: ChildCache) -> None:
 
 def test_reads_go_to_the_api_until_the_cache_is_listed_then_to_the_cache() -> None:
     api, cache = FakeKube(), ChildCache()
-    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10))
+    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10), ServiceCache())
     api.create(_deployment("demo-stable"))
     assert [c["metadata"]["name"] for c in kube.list_children("ns", "demo")] == ["demo-stable"]
     _synced(cache)
@@ -42,7 +43,7 @@ def test_reads_go_to_the_api_until_the_cache_is_listed_then_to_the_cache() -> No
 
 def test_a_write_is_read_back_from_the_cache_before_any_watch_event() -> None:
     api, cache = FakeKube(), ChildCache()
-    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10))
+    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10), ServiceCache())
     _synced(cache)
     created = kube.create(_deployment("demo-stable"))
     assert kube.list_children("ns", "demo") == [created]
