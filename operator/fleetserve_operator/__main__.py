@@ -141,7 +141,9 @@ def _serve(
     kopf's watch of the InferenceServices fills `services`.
     """
     sync = _reconciler(config, metrics, cached)
-    workers = handlers.QueueWorkers(sync, metrics, workers=config.queue_workers)
+    workers = handlers.QueueWorkers(
+        sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
+    )
     watches = ChildWatches(
         kube.api_client,
         namespaces=config.namespaces,

@@ -171,7 +171,8 @@ class _Waiter:
 class QueueWorkers:
     """Threads that take InferenceService keys from a `WorkQueue` and reconcile them.
 
-    A key added while it is already queued is merged, and counted as a coalesced reconcile
+    A child event's key waits `event_delay_s` before it may run (`WorkQueue.add_after`); one
+    added while it is already queued or waiting is merged, and counted as a coalesced reconcile
     (`fleetserve_operator_reconciles{trigger="child",result="coalesced"}`); the queue's
     depth is exported as `fleetserve_operator_work_queue_depth`. A failed reconcile is
     logged (a traceback only for an unexpected error): child events and resyncs are not
@@ -179,10 +180,13 @@ class QueueWorkers:
     exception: its caller, a kopf handler, gets the result and kopf retries.
     """
 
-    def __init__(self, sync: Sync, metrics: OperatorMetrics, *, workers: int) -> None:
+    def __init__(
+        self, sync: Sync, metrics: OperatorMetrics, *, workers: int, event_delay_s: float = 0.0
+    ) -> None:
         self._sync = sync
         self._metrics = metrics
         self._workers = workers
+        self._event_delay_s = event_delay_s
         self.queue: WorkQueue[Key] = WorkQueue()
         metrics.queue_depth.set_function(lambda: len(self.queue))
         self._threads: list[threading.Thread] = []
@@ -191,8 +195,11 @@ class QueueWorkers:
         self._guard = threading.Lock()
 
     def add(self, key: Key) -> None:
-        """Queue a reconcile of `key` (an InferenceService's namespace and name) for an event."""
-        if not self.queue.add(key, Lane.EVENT):
+        """Queue a reconcile of `key` (an InferenceService's namespace and name) for an event.
+
+        It waits `event_delay_s` first, so that the rest of a burst of events merges into it.
+        """
+        if not self.queue.add_after(key, Lane.EVENT, self._event_delay_s):
             self._metrics.reconciles.labels("child", "coalesced").inc()
 
     def resync(self, key: Key) -> None:
