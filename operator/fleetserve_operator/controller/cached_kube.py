@@ -12,14 +12,12 @@ once the service was seen there.
 
 from __future__ import annotations
 
-import copy
-
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
 from fleetserve_operator.controller.service_cache import ServiceCache
-from fleetserve_operator.records import EventNote, Manifest
+from fleetserve_operator.records import EventNote, Manifest, json_copy
 
 __all__ = ["CachedKube"]
 
@@ -42,24 +40,24 @@ class CachedKube:
         """`owner`'s children, from the cache once every child kind is listed there."""
         if not self._cache.synced(namespace, _CHILDREN):
             return self._api.list_children(namespace, owner)
-        return copy.deepcopy(self._cache.owned(namespace, owner, _CHILDREN))
+        return json_copy(self._cache.owned(namespace, owner, _CHILDREN))
 
     def list_pods(self, namespace: str, owner: str) -> list[Manifest]:
         """`owner`'s pods, from the cache once pods are listed there."""
         if not self._cache.synced(namespace, (_POD,)):
             return self._api.list_pods(namespace, owner)
-        return copy.deepcopy(self._cache.owned(namespace, owner, (_POD,)))
+        return json_copy(self._cache.owned(namespace, owner, (_POD,)))
 
     def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Create through the API; the created object is cached."""
         created = self._api.create(manifest, planned=planned)
-        self._cache.store(manifest["kind"], copy.deepcopy(created))
+        self._cache.store(manifest["kind"], json_copy(created))
         return created
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
         """Apply through the API; the applied object is cached."""
         applied = self._api.apply(manifest, current=current)
-        self._cache.store(manifest["kind"], copy.deepcopy(applied))
+        self._cache.store(manifest["kind"], json_copy(applied))
         return applied
 
     def delete(self, manifest: Manifest) -> None:

@@ -19,11 +19,10 @@ listing still under way) is not here, and readers go to the API server.
 
 from __future__ import annotations
 
-import copy
 import threading
 
 from fleetserve_operator.controller.cache import is_newer
-from fleetserve_operator.records import Manifest
+from fleetserve_operator.records import Manifest, json_copy
 
 __all__ = ["ServiceCache"]
 
@@ -56,7 +55,7 @@ class ServiceCache:
             if older is not None and not is_newer(obj, older):
                 return
             self._deleted.pop(key, None)
-            self._objects[key] = copy.deepcopy(obj)
+            self._objects[key] = json_copy(obj)
 
     def discard(self, obj: Manifest) -> None:
         """The InferenceService `obj` (its DELETED event) is gone."""
@@ -70,7 +69,7 @@ class ServiceCache:
         """A copy of the service's last known state; None when it was never seen or is gone."""
         with self._guard:
             found = self._objects.get((namespace, name))
-        return None if found is None else copy.deepcopy(found)
+        return None if found is None else json_copy(found)
 
     def knows(self, namespace: str, name: str) -> bool:
         """Whether the service was seen, alive or deleted (else only the API server can say)."""

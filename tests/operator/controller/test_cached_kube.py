@@ -11,7 +11,7 @@ from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import ObjectRef
 from fleetserve_operator.controller.service_cache import ServiceCache
-from fleetserve_operator.records import EventNote, Manifest
+from fleetserve_operator.records import EventNote, Manifest, json_copy
 from fleetserve_operator.testing import FakeKube
 
 REF = ObjectRef(namespace="ns", name="demo", uid="u")
@@ -84,3 +84,12 @@ def test_an_event_past_the_queues_capacity_is_dropped_not_waited_for() -> None:
     release.set()
     poster.close(timeout_s=5.0)
     assert 1 <= len(posted) < 5
+
+
+def test_a_json_copy_shares_nothing_a_reader_could_edit() -> None:
+    original = {"spec": {"ports": [{"port": 80}], "labels": {"a": "b"}}, "n": 1}
+    copied = json_copy(original)
+    assert copied == original
+    copied["spec"]["ports"][0]["port"] = 81
+    copied["spec"]["labels"]["a"] = "c"
+    assert original == {"spec": {"ports": [{"port": 80}], "labels": {"a": "b"}}, "n": 1}
