@@ -76,7 +76,14 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
-from fleetserve_operator.records import EventNote, Manifest, Problem, TrackFetch, rfc3339
+from fleetserve_operator.records import (
+    EventNote,
+    Manifest,
+    Problem,
+    TrackFetch,
+    json_copy,
+    rfc3339,
+)
 from fleetserve_operator.render import Owner
 from fleetserve_operator.spec import (
     GpuTrackSpec,
@@ -142,6 +149,38 @@ class _ParsedSpec:
     spec: InferenceServiceSpec
 
 
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """The children rendered from one set of inputs, for a reconcile that has the same ones.
+
+    `spec` is compared by identity: `Sync._checked_spec` hands out the same object for as
+    long as the raw spec is unchanged.
+    """
+
+    owner: Owner
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus
+    observed_stable_replicas: int
+    prometheus_url: str | None
+    children: list[Manifest]
+
+    def serves(
+        self,
+        owner: Owner,
+        spec: InferenceServiceSpec,
+        status: InferenceServiceStatus,
+        observed_stable_replicas: int,
+        prometheus_url: str | None,
+    ) -> bool:
+        """Whether these children are what `render.desired_children` would return for these."""
+        return self.spec is spec and (
+            self.owner,
+            self.observed_stable_replicas,
+            self.prometheus_url,
+            self.status,
+        ) == (owner, observed_stable_replicas, prometheus_url, status)
+
+
 def _spec_error(exc: ValidationError) -> InvalidSpec:
     """The first schema error, naming its field; the whole text is bounded by `InvalidSpec`.
 
@@ -195,6 +234,8 @@ class Sync:
         self._locks_guard = threading.Lock()
         self._specs: dict[tuple[str, str], _ParsedSpec] = {}
         """The last spec each service parsed: a resync or a child event finds it unchanged."""
+        self._rendered: dict[tuple[str, str], _Rendered] = {}
+        """The children each service rendered last: most reconciles render the same again."""
         self.reconcile_count = 0
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -224,8 +265,7 @@ class Sync:
                 body = self._kube.get_inference_service(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     # A service on its way out exports nothing, before its DELETED event.
-                    self._metrics.forget_service(namespace, name)
-                    self._specs.pop((namespace, name), None)
+                    self._drop(namespace, name)
                     result = "gone"
                     return None
                 error = self._converge_and_report(body)
@@ -244,8 +284,13 @@ class Sync:
         Waits for a reconcile of it that is under way, which would export them again.
         """
         with self._lock(namespace, name):
-            self._metrics.forget_service(namespace, name)
-            self._specs.pop((namespace, name), None)
+            self._drop(namespace, name)
+
+    def _drop(self, namespace: str, name: str) -> None:
+        """Forget what is kept of a service gone (its gauges, spec and children rendered)."""
+        self._metrics.forget_service(namespace, name)
+        self._specs.pop((namespace, name), None)
+        self._rendered.pop((namespace, name), None)
 
     def _converge_and_report(self, body: Mapping[str, Any]) -> SpecError | None:
         meta = body["metadata"]
@@ -318,13 +363,7 @@ class Sync:
             seen_facts = replace(seen_facts, confirmation=answer)
             step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
-        desired = render.desired_children(
-            run.owner,
-            spec,
-            step.status,
-            observed_stable_replicas=stable.replicas if stable else 0,
-            prometheus_url=self._looks.prometheus_url(spec),
-        )
+        desired = self._desired(run.owner, spec, step.status, stable.replicas if stable else 0)
         writes = self._checked_writes(run.owner, desired, run.observed)
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
@@ -339,6 +378,35 @@ class Sync:
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
         run.observed = self._converge(run.ref, writes, stale, run.observed)
+
+    def _desired(
+        self,
+        owner: Owner,
+        spec: InferenceServiceSpec,
+        status: InferenceServiceStatus,
+        observed_stable_replicas: int,
+    ) -> list[Manifest]:
+        """`render.desired_children`, rendered again only when one of its inputs changed.
+
+        A child event or a resync of a settled service renders exactly what the last
+        reconcile did, and rendering (with each child's applied-hash: its JSON and a
+        SHA-256) was the largest share of such a reconcile's CPU. The caller gets its own
+        copy.
+        """
+        key = (owner.namespace, owner.name)
+        url = self._looks.prometheus_url(spec)
+        last = self._rendered.get(key)
+        if last is None or not last.serves(owner, spec, status, observed_stable_replicas, url):
+            children = render.desired_children(
+                owner,
+                spec,
+                status,
+                observed_stable_replicas=observed_stable_replicas,
+                prometheus_url=url,
+            )
+            last = _Rendered(owner, spec, status, observed_stable_replicas, url, children)
+            self._rendered[key] = last
+        return json_copy(last.children)
 
     def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
         """Events, counters and command annotations; the rest was rendered from status."""
