@@ -41,7 +41,7 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.records import EventNote, Manifest, rfc3339
 
-__all__ = ["Cluster", "KubeApi", "ObjectRef"]
+__all__ = ["Cluster", "KubeApi", "ObjectRef", "held_by_others"]
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +230,16 @@ def _entries(obj: Manifest) -> list[Manifest]:
 def _is_operator(entry: Manifest, operation: str) -> bool:
     """Whether a managedFields entry is the operator's, made by `operation`."""
     return entry.get("manager") == naming.MANAGER and entry.get("operation") == operation
+
+
+def held_by_others(planned: Manifest) -> bool:
+    """Whether a create's dry-run (`Cluster.validate` without `current`) found the name taken.
+
+    An apply that creates an object makes the operator its only field manager; one that
+    lands on an existing object answers with that object's other managers too (its
+    creator's entry, or `before-first-apply` when it had none).
+    """
+    return any(entry.get("manager") != naming.MANAGER for entry in _entries(planned))
 
 
 class KubeApi:

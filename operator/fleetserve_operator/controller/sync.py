@@ -62,12 +62,13 @@ from fleetserve_operator.analysis import (
     read_memory_figures,
 )
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
-from fleetserve_operator.controller.kube import Cluster, ObjectRef
+from fleetserve_operator.controller.kube import Cluster, ObjectRef, held_by_others
 from fleetserve_operator.controller.looks import MetricLooks
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
     ChildConflict,
+    ClusterUnavailable,
     DependencyMissing,
     InvalidSpec,
     MetricsUnavailable,
@@ -130,6 +131,8 @@ class _Pass:
     """The status the rollout decided; reported at the end."""
     observed: list[Manifest]
     """The children this service controls, as last read or written."""
+    taken: set[tuple[str, str]]
+    """(kind, name) of objects labelled as this service's children that it does not control."""
     actions: tuple[rollout.Action, ...] = ()
     problem: Problem | None = None
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
@@ -303,11 +306,11 @@ class Sync:
         provider = body["spec"].get("traffic", {}).get("provider")
         routes_by_weight = provider == TrafficProvider.GATEWAY_API
         # Labels prove nothing: only children with this service's controller reference count.
-        observed = [
-            child
-            for child in self._kube.list_children(ref.namespace, ref.name)
-            if render.is_controlled_by(owner, child)
-        ]
+        listed = self._kube.list_children(ref.namespace, ref.name)
+        observed = [child for child in listed if render.is_controlled_by(owner, child)]
+        taken = {render.child_key(child) for child in listed} - {
+            render.child_key(child) for child in observed
+        }
 
         def observation(children: list[Manifest], found: Problem | None) -> Observation:
             return Observation(
@@ -321,7 +324,9 @@ class Sync:
                 stable_only=run.stable_only,
             )
 
-        run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
+        run = _Pass(
+            ref, owner, now, previous=previous, status=previous, observed=observed, taken=taken
+        )
         try:
             self._step(run, body["spec"], meta, observation)
         except SpecError as exc:
@@ -364,7 +369,7 @@ class Sync:
             step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
         desired = self._desired(run.owner, spec, step.status, stable.replicas if stable else 0)
-        writes = self._checked_writes(run.owner, desired, run.observed)
+        writes = self._checked_writes(run.owner, desired, run.observed, run.taken)
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
         run.stable_only = rollout.stable_only(spec, step.status)
@@ -377,7 +382,7 @@ class Sync:
             ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
-        run.observed = self._converge(run.ref, writes, stale, run.observed)
+        run.observed = self._converge(run.owner, run.ref, writes, stale, run.observed)
 
     def _desired(
         self,
@@ -465,13 +470,24 @@ class Sync:
         return spec
 
     def _checked_writes(
-        self, owner: Owner, desired: list[Manifest], observed: list[Manifest]
+        self,
+        owner: Owner,
+        desired: list[Manifest],
+        observed: list[Manifest],
+        taken: set[tuple[str, str]],
     ) -> list[_Write]:
         """The children to write, each checked before any is written.
 
-        A desired child not among `observed` is looked up by name first: an object there
-        that this service does not control is someone else's, and is never written. Every
-        write is then dry-run, in apply order, so the first refusal stops them all.
+        Every write is dry-run, in apply order, so the first refusal stops them all. A
+        desired child not among `observed` is to be created; an object of its name that
+        this service does not control is someone else's, and is never written. Such an
+        object is found without a read for every new child: labelled as this service's
+        (`taken`), or answered by the create's dry-run with fields of other managers,
+        which an object that does not exist yet cannot have (`kube.held_by_others`). Only
+        then is it read, to tell a child of this service that the listing missed from
+        another's. One that slips past both (no label, no manager but the operator's) is
+        refused by the create itself (it is create-only): `ChildConflict` then stops the
+        reconcile at that write.
 
         Raises:
             ChildConflict: a name is taken by an object this service does not control.
@@ -482,24 +498,47 @@ class Sync:
         writes: list[_Write] = []
         for child in desired:
             seen = current.get(render.child_key(child))
-            if seen is None:
-                seen = self._kube.get_child(child)
-                if seen is not None and not render.is_controlled_by(owner, seen):
-                    kind, name = render.child_key(child)
-                    raise ChildConflict(kind, owner.namespace, name)
+            if seen is None and render.child_key(child) in taken:
+                seen = self._found(owner, child)
             if seen is None or render.needs_write(child, seen):
                 writes.append(_Write(child, seen))
-        return [
-            replace(write, planned=self._kube.validate(write.manifest, current=write.current))
-            for write in writes
-        ]
+        checked: list[_Write] = []
+        for write in writes:
+            planned = self._kube.validate(write.manifest, current=write.current)
+            if write.current is None and held_by_others(planned):
+                found = self._found(owner, write.manifest)
+                if found is not None and not render.needs_write(write.manifest, found):
+                    continue
+                write = _Write(write.manifest, found)
+                planned = self._kube.validate(write.manifest, current=found)
+            checked.append(replace(write, planned=planned))
+        return checked
+
+    def _found(self, owner: Owner, child: Manifest) -> Manifest | None:
+        """The object named like `child`, if this service controls it; None when absent.
+
+        Raises:
+            ChildConflict: an object of that name exists and this service does not control it.
+        """
+        found = self._kube.get_child(child)
+        if found is not None and not render.is_controlled_by(owner, found):
+            kind, name = render.child_key(child)
+            raise ChildConflict(kind, owner.namespace, name)
+        return found
 
     def _converge(
-        self, ref: ObjectRef, writes: list[_Write], stale: list[Manifest], observed: list[Manifest]
+        self,
+        owner: Owner,
+        ref: ObjectRef,
+        writes: list[_Write],
+        stale: list[Manifest],
+        observed: list[Manifest],
     ) -> list[Manifest]:
         """Make the checked writes, delete the `stale` children; returns the children.
 
-        In `render.converge_phase` order: routes never name what is not there.
+        In `render.converge_phase` order: routes never name what is not there. A create
+        refused because the name is taken (by a child of this service that neither its
+        labels nor its field managers showed) is an apply onto that child instead.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
@@ -507,8 +546,7 @@ class Sync:
         for step in sorted(steps, key=_phase):
             if isinstance(step, _Write):
                 if step.current is None:
-                    result.append(self._kube.create(step.manifest, planned=step.planned))
-                    self._write(ref, step.manifest, "Created")
+                    result.append(self._created(owner, ref, step))
                 else:
                     result.append(self._kube.apply(step.manifest, current=step.current))
                     self._write(ref, step.manifest, "Updated")
@@ -517,6 +555,26 @@ class Sync:
                 self._write(ref, step, "Deleted")
                 result.remove(step)
         return result
+
+    def _created(self, owner: Owner, ref: ObjectRef, write: _Write) -> Manifest:
+        """Create `write`'s child; applied instead onto one of this service found in its place.
+
+        Raises:
+            ChildConflict: the name is taken by an object this service does not control.
+        """
+        try:
+            created = self._kube.create(write.manifest, planned=write.planned)
+        except ChildConflict:
+            found = self._found(owner, write.manifest)
+            if found is None:
+                kind, name = render.child_key(write.manifest)
+                msg = f"{kind} {name} was there to create, and gone again; retried"
+                raise ClusterUnavailable(msg) from None
+            applied = self._kube.apply(write.manifest, current=found)
+            self._write(ref, write.manifest, "Updated")
+            return applied
+        self._write(ref, write.manifest, "Created")
+        return created
 
     def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
         kind, name = render.child_key(child)

@@ -112,11 +112,24 @@ class FakeKube:
         return copy.deepcopy(found) if found else None
 
     def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
-        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it."""
+        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it.
+
+        Without `current`, onto an object of that name, the answer carries that object's
+        other field managers (`before-first-apply` when it has none), as the API server's.
+        """
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if (kind, name) in self.refusals:
             raise ChildRefused("spec", kind, name, self.refusals[(kind, name)])
-        return copy.deepcopy(manifest)
+        answer = copy.deepcopy(manifest)
+        existing = self.objects.get(_key(manifest))
+        if current is None and existing is not None:
+            entries = existing["metadata"].get("managedFields") or [
+                {"manager": "before-first-apply", "operation": "Update"}
+            ]
+            ours = {"manager": naming.MANAGER, "operation": "Apply"}
+            others = [e for e in entries if e.get("manager") != naming.MANAGER]
+            answer["metadata"]["managedFields"] = [*others, ours]
+        return answer
 
     def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Store a new object; refused like `validate`, and when its name is taken."""
