@@ -68,6 +68,7 @@ from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
     ChildConflict,
+    ChildRefused,
     ClusterUnavailable,
     DependencyMissing,
     InvalidSpec,
@@ -483,8 +484,9 @@ class Sync:
         this service does not control is someone else's, and is never written. Such an
         object is found without a read for every new child: labelled as this service's
         (`taken`), or answered by the create's dry-run with fields of other managers,
-        which an object that does not exist yet cannot have (`kube.held_by_others`). Only
-        then is it read, to tell a child of this service that the listing missed from
+        which an object that does not exist yet cannot have (`kube.held_by_others`), or
+        a refusal of that dry-run (what it merged onto that object was invalid). Only then
+        is it read, to tell a child of this service that the listing missed from
         another's. One that slips past both (no label, no manager but the operator's) is
         refused by the create itself (it is create-only): `ChildConflict` then stops the
         reconcile at that write.
@@ -504,7 +506,16 @@ class Sync:
                 writes.append(_Write(child, seen))
         checked: list[_Write] = []
         for write in writes:
-            planned = self._kube.validate(write.manifest, current=write.current)
+            try:
+                planned = self._kube.validate(write.manifest, current=write.current)
+            except ChildRefused:
+                # A create's dry-run merged onto an object of that name may be refused for
+                # what the merge made (two unnamed ports, say): whose is that object?
+                found = None if write.current is not None else self._found(owner, write.manifest)
+                if found is None:
+                    raise
+                write = _Write(write.manifest, found)
+                planned = self._kube.validate(write.manifest, current=found)
             if write.current is None and held_by_others(planned):
                 found = self._found(owner, write.manifest)
                 if found is not None and not render.needs_write(write.manifest, found):

@@ -215,3 +215,15 @@ def test_a_dry_run_onto_an_existing_object_names_its_other_managers() -> None:
     theirs = {"manager": "kubectl-create", "operation": "Update"}
     assert not held_by_others({"metadata": {"managedFields": [ours]}})
     assert held_by_others({"metadata": {"managedFields": [theirs, ours]}})
+
+
+def test_a_dry_run_refused_for_what_it_merged_onto_anothers_object_is_a_conflict() -> None:
+    """The create's dry-run lands on their Service and is refused: the name is taken."""
+    kube, sync = _setup()
+    before = _foreign(kube, "Service", "demo", {"app": "billing"})
+    kube.refusals[("Service", "demo")] = "spec.ports[0].name: Required value"
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "ChildConflict"
+    assert kube.objects[("Service", "ns", "demo")] == before
+    assert _writes(kube) == []
