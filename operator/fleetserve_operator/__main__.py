@@ -3,8 +3,9 @@
 Loads `OperatorConfig` from `FLEETSERVE_*` (a bad value stops start-up, naming the variable),
 serves the operator's metrics, waits for the leader Lease (`leader`; a standby answers
 `/healthz` meanwhile), registers the handlers, the child watches (which keep what they see
-in a `ChildCache` that reconciles read) and their work queue's workers (started and stopped
-with kopf) in an explicit kopf registry and runs kopf's operator with the configured
+in a `ChildCache` that reconciles read; kopf's own watch keeps the InferenceServices in a
+`ServiceCache`) and their work queue's workers (started and stopped with kopf) in an explicit
+kopf registry and runs kopf's operator with the configured
 namespaces and liveness endpoint. Events are posted by a thread of their own (`EventPoster`).
 The leader renews the Lease from a thread and exits at once (status 1) if it loses it; on a
 clean stop (SIGTERM) it releases the Lease after kopf has stopped, so a standby takes over
@@ -38,6 +39,7 @@ from fleetserve_operator.controller.leader import (
     candidate_identity,
 )
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.settings import OperatorConfig, apply_kopf_settings
 from fleetserve_operator.controller.sync import Sync
 
@@ -118,10 +120,10 @@ def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster)
 
 
 def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) -> None:
-    cache = ChildCache()
+    cache, services = ChildCache(), ServiceCache()
     events = EventPoster(kube.post_event, capacity=_EVENTS_WAITING)
     try:
-        _serve(config, metrics, kube, CachedKube(kube, cache, events), cache)
+        _serve(config, metrics, kube, CachedKube(kube, cache, events, services), cache, services)
     finally:
         events.close(timeout_s=config.request_timeout_s)
 
@@ -132,10 +134,16 @@ def _serve(
     kube: KubeApi,
     cached: CachedKube,
     cache: ChildCache,
+    services: ServiceCache,
 ) -> None:
-    """Run kopf with the handlers, the work queue and the child watches filling `cache`."""
+    """Run kopf with the handlers, the work queue and the child watches filling `cache`.
+
+    kopf's watch of the InferenceServices fills `services`.
+    """
     sync = _reconciler(config, metrics, cached)
-    workers = handlers.QueueWorkers(sync, metrics, workers=config.queue_workers)
+    workers = handlers.QueueWorkers(
+        sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
+    )
     watches = ChildWatches(
         kube.api_client,
         namespaces=config.namespaces,
@@ -152,6 +160,7 @@ def _serve(
         rollout_tick_s=config.rollout_tick_s,
         retry_delay_s=config.retry_delay_s,
         children=(workers, watches),
+        services=services,
     )
     settings = kopf.OperatorSettings()
     apply_kopf_settings(settings, config)

@@ -28,7 +28,7 @@ from typing import Any
 from fleetserve_operator import naming
 from fleetserve_operator.records import Manifest
 
-__all__ = ["ChildCache"]
+__all__ = ["ChildCache", "is_newer"]
 
 _ObjectKey = tuple[str, str]
 """(namespace, name) of an object of one kind."""
@@ -111,7 +111,7 @@ class ChildCache:
         """
         with self._guard:
             stored = self._objects.get(kind, {}).get(_key(obj))
-            if stored is not None and not _is_newer(obj, stored):
+            if stored is not None and not is_newer(obj, stored):
                 return False
             if kind in self._objects:
                 self._put(kind, obj if "kind" in obj else {"kind": kind, **obj})
@@ -164,7 +164,7 @@ def _key(obj: Manifest) -> _ObjectKey:
     return (meta.get("namespace", ""), meta["name"])
 
 
-def _is_newer(obj: Manifest, stored: Manifest) -> bool:
+def is_newer(obj: Manifest, stored: Manifest) -> bool:
     """Whether `obj` was written after `stored` (else the cache is already past it).
 
     Compared by resourceVersion, which the API server documents as opaque; it is etcd's

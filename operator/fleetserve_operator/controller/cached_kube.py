@@ -5,19 +5,19 @@ its children and their pods, from the `ChildCache` the child watches fill, once 
 a complete listing of the kinds read (else from the API server, as before). Every write of
 a child goes to the API server, and what it answers is stored in the cache, so the next
 reconcile reads the child as written even before the watch delivers it. Events are posted
-by an `EventPoster`. The InferenceService itself is still read from the API server: a
-reconcile must see the status the previous one wrote, and reports from it.
+by an `EventPoster`. The InferenceService itself is read from the `ServiceCache` that kopf's
+watch and the operator's own writes of it fill (its status, a command annotation cleared),
+once the service was seen there.
 """
 
 from __future__ import annotations
-
-import copy
 
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import Cluster, ObjectRef
-from fleetserve_operator.records import EventNote, Manifest
+from fleetserve_operator.controller.service_cache import ServiceCache
+from fleetserve_operator.records import EventNote, Manifest, json_copy
 
 __all__ = ["CachedKube"]
 
@@ -26,35 +26,38 @@ _CHILDREN = tuple(kind.kind for kind in CHILD_KINDS if kind.kind != _POD)
 
 
 class CachedKube:
-    """`api` with the children and pods read from `cache`, and Events posted by `events`."""
+    """`api` with reads from `cache` (children, pods) and `services`, Events by `events`."""
 
-    def __init__(self, api: Cluster, cache: ChildCache, events: EventPoster) -> None:
+    def __init__(
+        self, api: Cluster, cache: ChildCache, events: EventPoster, services: ServiceCache
+    ) -> None:
         self._api = api
         self._cache = cache
         self._events = events
+        self._services = services
 
     def list_children(self, namespace: str, owner: str) -> list[Manifest]:
         """`owner`'s children, from the cache once every child kind is listed there."""
         if not self._cache.synced(namespace, _CHILDREN):
             return self._api.list_children(namespace, owner)
-        return copy.deepcopy(self._cache.owned(namespace, owner, _CHILDREN))
+        return json_copy(self._cache.owned(namespace, owner, _CHILDREN))
 
     def list_pods(self, namespace: str, owner: str) -> list[Manifest]:
         """`owner`'s pods, from the cache once pods are listed there."""
         if not self._cache.synced(namespace, (_POD,)):
             return self._api.list_pods(namespace, owner)
-        return copy.deepcopy(self._cache.owned(namespace, owner, (_POD,)))
+        return json_copy(self._cache.owned(namespace, owner, (_POD,)))
 
     def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Create through the API; the created object is cached."""
         created = self._api.create(manifest, planned=planned)
-        self._cache.store(manifest["kind"], copy.deepcopy(created))
+        self._cache.store(manifest["kind"], json_copy(created))
         return created
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
         """Apply through the API; the applied object is cached."""
         applied = self._api.apply(manifest, current=current)
-        self._cache.store(manifest["kind"], copy.deepcopy(applied))
+        self._cache.store(manifest["kind"], json_copy(applied))
         return applied
 
     def delete(self, manifest: Manifest) -> None:
@@ -74,13 +77,20 @@ class CachedKube:
         """The API's."""
         return self._api.validate(manifest, current=current)
 
-    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
-        """The API's."""
-        self._api.apply_status(ref, status)
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
+        """Through the API; the service as written is cached."""
+        return self._stored(self._api.apply_status(ref, status))
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
-        """The API's (see the module's docstring)."""
-        return self._api.get_inference_service(namespace, name)
+        """From `services` once it saw the service (alive or gone), else the API's."""
+        if self._services.knows(namespace, name):
+            return self._services.get(namespace, name)
+        return self._stored(self._api.get_inference_service(namespace, name))
+
+    def _stored(self, service: Manifest | None) -> Manifest | None:
+        if service is not None:
+            self._services.store(service)
+        return service
 
     def pvc_exists(self, namespace: str, claim: str) -> bool:
         """The API's."""
@@ -90,6 +100,6 @@ class CachedKube:
         """The API's."""
         return self._api.read_secret(namespace, name, key)
 
-    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
-        """The API's."""
-        self._api.remove_annotation(ref, annotation)
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
+        """Through the API; the service as written is cached (the command is not seen twice)."""
+        return self._stored(self._api.remove_annotation(ref, annotation))

@@ -14,9 +14,11 @@ service in the change lane and wait for its reconcile (so kopf's retries work as
 the rollout timer in the event lane, and the resync lane queues each service in turn; a
 change is therefore never behind the echoes or ticks of a rollout or a round of resyncs.
 The watches and workers start and stop with kopf (its startup and cleanup activities), so
-only the leader runs them. A DELETED watch event of an InferenceService only calls
-`Sync.forget`, to drop the service's gauges, and takes the service off the resync lane
-(Kubernetes deletes the children by their owner references).
+only the leader runs them. Every watch event of an InferenceService is stored in the
+`ServiceCache` that reconciles read it from (kopf runs this event handler before the change
+handlers of the same event). A DELETED one also calls `Sync.forget`, to drop the service's
+gauges, and takes the service off the resync lane (Kubernetes deletes the children by their
+owner references).
 Handlers that reconcile await the queue on kopf's event loop, or run in a thread where
 there is no queue (the `kubernetes` client blocks). Domain errors are turned into kopf's
 retry policy here, in `_kopf_error`, and nowhere else.
@@ -37,6 +39,7 @@ import kopf
 from fleetserve_operator import naming
 from fleetserve_operator.controller.child_watch import ChildWatches
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane, WorkQueue
 from fleetserve_operator.errors import ClusterUnavailable, FleetserveError, InvalidSpec, SpecError
@@ -168,7 +171,8 @@ class _Waiter:
 class QueueWorkers:
     """Threads that take InferenceService keys from a `WorkQueue` and reconcile them.
 
-    A key added while it is already queued is merged, and counted as a coalesced reconcile
+    A child event's key waits `event_delay_s` before it may run (`WorkQueue.add_after`); one
+    added while it is already queued or waiting is merged, and counted as a coalesced reconcile
     (`fleetserve_operator_reconciles{trigger="child",result="coalesced"}`); the queue's
     depth is exported as `fleetserve_operator_work_queue_depth`. A failed reconcile is
     logged (a traceback only for an unexpected error): child events and resyncs are not
@@ -176,10 +180,13 @@ class QueueWorkers:
     exception: its caller, a kopf handler, gets the result and kopf retries.
     """
 
-    def __init__(self, sync: Sync, metrics: OperatorMetrics, *, workers: int) -> None:
+    def __init__(
+        self, sync: Sync, metrics: OperatorMetrics, *, workers: int, event_delay_s: float = 0.0
+    ) -> None:
         self._sync = sync
         self._metrics = metrics
         self._workers = workers
+        self._event_delay_s = event_delay_s
         self.queue: WorkQueue[Key] = WorkQueue()
         metrics.queue_depth.set_function(lambda: len(self.queue))
         self._threads: list[threading.Thread] = []
@@ -188,8 +195,11 @@ class QueueWorkers:
         self._guard = threading.Lock()
 
     def add(self, key: Key) -> None:
-        """Queue a reconcile of `key` (an InferenceService's namespace and name) for an event."""
-        if not self.queue.add(key, Lane.EVENT):
+        """Queue a reconcile of `key` (an InferenceService's namespace and name) for an event.
+
+        It waits `event_delay_s` first, so that the rest of a burst of events merges into it.
+        """
+        if not self.queue.add_after(key, Lane.EVENT, self._event_delay_s):
             self._metrics.reconciles.labels("child", "coalesced").inc()
 
     def resync(self, key: Key) -> None:
@@ -333,11 +343,13 @@ class Handlers:
         retry_delay_s: float,
         resyncer: Resyncer,
         workers: QueueWorkers | None = None,
+        services: ServiceCache | None = None,
     ) -> None:
         self._sync = sync
         self._delay_s = retry_delay_s
         self._resyncer = resyncer
         self._workers = workers
+        self._services = services
 
     async def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
         """Converge and report on create, update and resume of an InferenceService.
@@ -389,18 +401,22 @@ class Handlers:
             raise _kopf_error(exc, delay_s=self._delay_s) from exc
 
     async def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
-        """Keep the resync lane's list; on DELETED, forget the InferenceService's gauges.
+        """Keep the resync lane's list and the `ServiceCache`; on DELETED, forget the gauges.
 
         Its children go by owner references. `type` is kopf's name for the watch event
-        type; None on the initial listing. On kopf's event loop (it takes a lock held only
-        for a set update), so the event of every status write costs no worker thread;
-        `Sync.forget`, which may wait for a reconcile, runs in a thread.
+        type; None on the initial listing. On kopf's event loop (it takes locks held only
+        for a set or dict update), so the event of every status write costs no worker
+        thread; `Sync.forget`, which may wait for a reconcile, runs in a thread.
         """
         meta = body["metadata"]
         if type == "DELETED":
+            if self._services is not None:
+                self._services.discard(dict(body))
             self._resyncer.forget(meta["namespace"], meta["name"])
             await asyncio.to_thread(self._sync.forget, meta["namespace"], meta["name"])
         else:
+            if self._services is not None:
+                self._services.store(dict(body))
             self._resyncer.track(meta["namespace"], meta["name"])
 
     def probe(self, **_: Any) -> int:
@@ -416,11 +432,13 @@ def register(
     rollout_tick_s: float,
     retry_delay_s: float,
     children: tuple[QueueWorkers, ChildWatches] | None = None,
+    services: ServiceCache | None = None,
 ) -> None:
     """Register every handler of the operator in `registry`.
 
     `children`: the workers and the child watches feeding them, started and stopped with
-    kopf; None registers neither (a registry inspected by tests).
+    kopf; None registers neither (a registry inspected by tests). `services`: the cache
+    the InferenceServices' watch events are stored in, for the reconciles to read.
     """
     workers = None if children is None else children[0]
     resyncer = Resyncer(
@@ -428,7 +446,9 @@ def register(
         interval_s=resync_interval_s,
         enqueue=None if workers is None else workers.resync,
     )
-    handlers = Handlers(sync, retry_delay_s=retry_delay_s, resyncer=resyncer, workers=workers)
+    handlers = Handlers(
+        sync, retry_delay_s=retry_delay_s, resyncer=resyncer, workers=workers, services=services
+    )
     kopf.on.startup(id="resync-start", registry=registry)(resyncer.start)
     kopf.on.cleanup(id="resync-stop", registry=registry)(resyncer.stop)
     if children is not None:

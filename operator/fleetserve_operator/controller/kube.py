@@ -41,7 +41,7 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.records import EventNote, Manifest, rfc3339
 
-__all__ = ["Cluster", "KubeApi", "ObjectRef"]
+__all__ = ["Cluster", "KubeApi", "ObjectRef", "held_by_others"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,11 @@ class Cluster(Protocol):
         """Server-side apply a child onto `current` (the object as checked); returns it."""
         ...
 
-    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
-        """Server-side apply the InferenceService's status."""
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
+        """Server-side apply the InferenceService's status; returns the service as written.
+
+        None when the service is gone.
+        """
         ...
 
     def delete(self, manifest: Manifest) -> None:
@@ -174,8 +177,11 @@ class Cluster(Protocol):
         """The pods of `owner`'s tracks (for restarts and OOM kills)."""
         ...
 
-    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
-        """Remove an annotation of the InferenceService (a command that was acted on)."""
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
+        """Remove an annotation of the InferenceService (a command that was acted on).
+
+        Returns the service as written; None when it is gone.
+        """
         ...
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
@@ -224,6 +230,16 @@ def _entries(obj: Manifest) -> list[Manifest]:
 def _is_operator(entry: Manifest, operation: str) -> bool:
     """Whether a managedFields entry is the operator's, made by `operation`."""
     return entry.get("manager") == naming.MANAGER and entry.get("operation") == operation
+
+
+def held_by_others(planned: Manifest) -> bool:
+    """Whether a create's dry-run (`Cluster.validate` without `current`) found the name taken.
+
+    An apply that creates an object makes the operator its only field manager; one that
+    lands on an existing object answers with that object's other managers too (its
+    creator's entry, or `before-first-apply` when it had none).
+    """
+    return any(entry.get("manager") != naming.MANAGER for entry in _entries(planned))
 
 
 class KubeApi:
@@ -401,8 +417,11 @@ class KubeApi:
         self._absent_until.pop(manifest["kind"], None)
         return applied
 
-    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
-        """Server-side apply the InferenceService's status; fields left out are removed."""
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
+        """Server-side apply the InferenceService's status; fields left out are removed.
+
+        Returns the service as the API server answered; None when it is gone.
+        """
         body = {
             "apiVersion": naming.API_VERSION,
             "kind": naming.KIND,
@@ -412,12 +431,13 @@ class KubeApi:
         path = _path(naming.API_VERSION, naming.KIND, ref.namespace, ref.name) + "/status"
         query = [("fieldManager", naming.MANAGER), ("force", "true")]
         try:
-            self._call(
+            return self._call(
                 "PATCH", path, body=body, query=query, content_type="application/apply-patch+yaml"
             )
         except _ApiError as exc:
             if exc.status != 404:  # deleted meanwhile: nothing left to report on
                 raise ClusterUnavailable(f"status of {ref.name}: {exc}") from exc
+        return None
 
     def delete(self, manifest: Manifest) -> None:
         """Delete a child; one already gone is fine."""
@@ -485,15 +505,19 @@ class KubeApi:
         items: list[Manifest] = listed["items"]
         return items
 
-    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
-        """Merge-patch the annotation to null; an InferenceService already gone is fine."""
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
+        """Merge-patch the annotation to null; an InferenceService already gone is fine.
+
+        Returns the service as the API server answered; None when it is gone.
+        """
         path = _path(naming.API_VERSION, naming.KIND, ref.namespace, ref.name)
         body = {"metadata": {"annotations": {annotation: None}}}
         try:
-            self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+            return self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
         except _ApiError as exc:
             if exc.status != 404:
                 raise ClusterUnavailable(f"annotation {annotation} of {ref.name}: {exc}") from exc
+        return None
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Post an Event on the InferenceService; failing to is logged, never raised."""

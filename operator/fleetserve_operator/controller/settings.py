@@ -94,6 +94,10 @@ class OperatorConfig(BaseSettings):
     """Threads that reconcile the queued InferenceServices: changes, child and pod events,
     resyncs. Every reconcile but a rollout tick is theirs, and one mostly waits for the API
     server, so there are as many as kopf had threads for changes before."""
+    child_event_delay_s: float = Field(1.0, ge=0, le=30)
+    """How long a child or pod event waits before its reconcile may start, so that the rest
+    of a burst (a Deployment's status and its pods starting) merges into that reconcile. A
+    change, a resync and a rollout tick do not wait."""
     leader_election: bool = True
     """Reconcile only while holding the leader Lease, so that of several replicas one works
     and the others wait to take over; false for a single replica or a local run."""

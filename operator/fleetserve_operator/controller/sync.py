@@ -62,12 +62,14 @@ from fleetserve_operator.analysis import (
     read_memory_figures,
 )
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
-from fleetserve_operator.controller.kube import Cluster, ObjectRef
+from fleetserve_operator.controller.kube import Cluster, ObjectRef, held_by_others
 from fleetserve_operator.controller.looks import MetricLooks
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
     ChildConflict,
+    ChildRefused,
+    ClusterUnavailable,
     DependencyMissing,
     InvalidSpec,
     MetricsUnavailable,
@@ -76,7 +78,14 @@ from fleetserve_operator.errors import (
 )
 from fleetserve_operator.naming import TRACK_LABEL, Track
 from fleetserve_operator.observe import Observation
-from fleetserve_operator.records import EventNote, Manifest, Problem, TrackFetch, rfc3339
+from fleetserve_operator.records import (
+    EventNote,
+    Manifest,
+    Problem,
+    TrackFetch,
+    json_copy,
+    rfc3339,
+)
 from fleetserve_operator.render import Owner
 from fleetserve_operator.spec import (
     GpuTrackSpec,
@@ -123,6 +132,8 @@ class _Pass:
     """The status the rollout decided; reported at the end."""
     observed: list[Manifest]
     """The children this service controls, as last read or written."""
+    taken: set[tuple[str, str]]
+    """(kind, name) of objects labelled as this service's children that it does not control."""
     actions: tuple[rollout.Action, ...] = ()
     problem: Problem | None = None
     fetches: Mapping[Track, TrackFetch] = field(default_factory=dict)
@@ -140,6 +151,38 @@ class _ParsedSpec:
     generation: int
     raw: Mapping[str, Any]
     spec: InferenceServiceSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """The children rendered from one set of inputs, for a reconcile that has the same ones.
+
+    `spec` is compared by identity: `Sync._checked_spec` hands out the same object for as
+    long as the raw spec is unchanged.
+    """
+
+    owner: Owner
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus
+    observed_stable_replicas: int
+    prometheus_url: str | None
+    children: list[Manifest]
+
+    def serves(
+        self,
+        owner: Owner,
+        spec: InferenceServiceSpec,
+        status: InferenceServiceStatus,
+        observed_stable_replicas: int,
+        prometheus_url: str | None,
+    ) -> bool:
+        """Whether these children are what `render.desired_children` would return for these."""
+        return self.spec is spec and (
+            self.owner,
+            self.observed_stable_replicas,
+            self.prometheus_url,
+            self.status,
+        ) == (owner, observed_stable_replicas, prometheus_url, status)
 
 
 def _spec_error(exc: ValidationError) -> InvalidSpec:
@@ -195,6 +238,8 @@ class Sync:
         self._locks_guard = threading.Lock()
         self._specs: dict[tuple[str, str], _ParsedSpec] = {}
         """The last spec each service parsed: a resync or a child event finds it unchanged."""
+        self._rendered: dict[tuple[str, str], _Rendered] = {}
+        """The children each service rendered last: most reconciles render the same again."""
         self.reconcile_count = 0
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
@@ -224,8 +269,7 @@ class Sync:
                 body = self._kube.get_inference_service(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     # A service on its way out exports nothing, before its DELETED event.
-                    self._metrics.forget_service(namespace, name)
-                    self._specs.pop((namespace, name), None)
+                    self._drop(namespace, name)
                     result = "gone"
                     return None
                 error = self._converge_and_report(body)
@@ -244,8 +288,13 @@ class Sync:
         Waits for a reconcile of it that is under way, which would export them again.
         """
         with self._lock(namespace, name):
-            self._metrics.forget_service(namespace, name)
-            self._specs.pop((namespace, name), None)
+            self._drop(namespace, name)
+
+    def _drop(self, namespace: str, name: str) -> None:
+        """Forget what is kept of a service gone (its gauges, spec and children rendered)."""
+        self._metrics.forget_service(namespace, name)
+        self._specs.pop((namespace, name), None)
+        self._rendered.pop((namespace, name), None)
 
     def _converge_and_report(self, body: Mapping[str, Any]) -> SpecError | None:
         meta = body["metadata"]
@@ -258,11 +307,11 @@ class Sync:
         provider = body["spec"].get("traffic", {}).get("provider")
         routes_by_weight = provider == TrafficProvider.GATEWAY_API
         # Labels prove nothing: only children with this service's controller reference count.
-        observed = [
-            child
-            for child in self._kube.list_children(ref.namespace, ref.name)
-            if render.is_controlled_by(owner, child)
-        ]
+        listed = self._kube.list_children(ref.namespace, ref.name)
+        observed = [child for child in listed if render.is_controlled_by(owner, child)]
+        taken = {render.child_key(child) for child in listed} - {
+            render.child_key(child) for child in observed
+        }
 
         def observation(children: list[Manifest], found: Problem | None) -> Observation:
             return Observation(
@@ -276,7 +325,9 @@ class Sync:
                 stable_only=run.stable_only,
             )
 
-        run = _Pass(ref, owner, now, previous=previous, status=previous, observed=observed)
+        run = _Pass(
+            ref, owner, now, previous=previous, status=previous, observed=observed, taken=taken
+        )
         try:
             self._step(run, body["spec"], meta, observation)
         except SpecError as exc:
@@ -318,14 +369,8 @@ class Sync:
             seen_facts = replace(seen_facts, confirmation=answer)
             step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
-        desired = render.desired_children(
-            run.owner,
-            spec,
-            step.status,
-            observed_stable_replicas=stable.replicas if stable else 0,
-            prometheus_url=self._looks.prometheus_url(spec),
-        )
-        writes = self._checked_writes(run.owner, desired, run.observed)
+        desired = self._desired(run.owner, spec, step.status, stable.replicas if stable else 0)
+        writes = self._checked_writes(run.owner, desired, run.observed, run.taken)
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
         run.stable_only = rollout.stable_only(spec, step.status)
@@ -338,7 +383,36 @@ class Sync:
             ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
-        run.observed = self._converge(run.ref, writes, stale, run.observed)
+        run.observed = self._converge(run.owner, run.ref, writes, stale, run.observed)
+
+    def _desired(
+        self,
+        owner: Owner,
+        spec: InferenceServiceSpec,
+        status: InferenceServiceStatus,
+        observed_stable_replicas: int,
+    ) -> list[Manifest]:
+        """`render.desired_children`, rendered again only when one of its inputs changed.
+
+        A child event or a resync of a settled service renders exactly what the last
+        reconcile did, and rendering (with each child's applied-hash: its JSON and a
+        SHA-256) was the largest share of such a reconcile's CPU. The caller gets its own
+        copy.
+        """
+        key = (owner.namespace, owner.name)
+        url = self._looks.prometheus_url(spec)
+        last = self._rendered.get(key)
+        if last is None or not last.serves(owner, spec, status, observed_stable_replicas, url):
+            children = render.desired_children(
+                owner,
+                spec,
+                status,
+                observed_stable_replicas=observed_stable_replicas,
+                prometheus_url=url,
+            )
+            last = _Rendered(owner, spec, status, observed_stable_replicas, url, children)
+            self._rendered[key] = last
+        return json_copy(last.children)
 
     def _apply_effects(self, ref: ObjectRef, actions: tuple[rollout.Action, ...]) -> None:
         """Events, counters and command annotations; the rest was rendered from status."""
@@ -397,13 +471,25 @@ class Sync:
         return spec
 
     def _checked_writes(
-        self, owner: Owner, desired: list[Manifest], observed: list[Manifest]
+        self,
+        owner: Owner,
+        desired: list[Manifest],
+        observed: list[Manifest],
+        taken: set[tuple[str, str]],
     ) -> list[_Write]:
         """The children to write, each checked before any is written.
 
-        A desired child not among `observed` is looked up by name first: an object there
-        that this service does not control is someone else's, and is never written. Every
-        write is then dry-run, in apply order, so the first refusal stops them all.
+        Every write is dry-run, in apply order, so the first refusal stops them all. A
+        desired child not among `observed` is to be created; an object of its name that
+        this service does not control is someone else's, and is never written. Such an
+        object is found without a read for every new child: labelled as this service's
+        (`taken`), or answered by the create's dry-run with fields of other managers,
+        which an object that does not exist yet cannot have (`kube.held_by_others`), or
+        a refusal of that dry-run (what it merged onto that object was invalid). Only then
+        is it read, to tell a child of this service that the listing missed from
+        another's. One that slips past both (no label, no manager but the operator's) is
+        refused by the create itself (it is create-only): `ChildConflict` then stops the
+        reconcile at that write.
 
         Raises:
             ChildConflict: a name is taken by an object this service does not control.
@@ -414,24 +500,56 @@ class Sync:
         writes: list[_Write] = []
         for child in desired:
             seen = current.get(render.child_key(child))
-            if seen is None:
-                seen = self._kube.get_child(child)
-                if seen is not None and not render.is_controlled_by(owner, seen):
-                    kind, name = render.child_key(child)
-                    raise ChildConflict(kind, owner.namespace, name)
+            if seen is None and render.child_key(child) in taken:
+                seen = self._found(owner, child)
             if seen is None or render.needs_write(child, seen):
                 writes.append(_Write(child, seen))
-        return [
-            replace(write, planned=self._kube.validate(write.manifest, current=write.current))
-            for write in writes
-        ]
+        checked: list[_Write] = []
+        for write in writes:
+            try:
+                planned = self._kube.validate(write.manifest, current=write.current)
+            except ChildRefused:
+                # A create's dry-run merged onto an object of that name may be refused for
+                # what the merge made (two unnamed ports, say): whose is that object?
+                found = None if write.current is not None else self._found(owner, write.manifest)
+                if found is None:
+                    raise
+                write = _Write(write.manifest, found)
+                planned = self._kube.validate(write.manifest, current=found)
+            if write.current is None and held_by_others(planned):
+                found = self._found(owner, write.manifest)
+                if found is not None and not render.needs_write(write.manifest, found):
+                    continue
+                write = _Write(write.manifest, found)
+                planned = self._kube.validate(write.manifest, current=found)
+            checked.append(replace(write, planned=planned))
+        return checked
+
+    def _found(self, owner: Owner, child: Manifest) -> Manifest | None:
+        """The object named like `child`, if this service controls it; None when absent.
+
+        Raises:
+            ChildConflict: an object of that name exists and this service does not control it.
+        """
+        found = self._kube.get_child(child)
+        if found is not None and not render.is_controlled_by(owner, found):
+            kind, name = render.child_key(child)
+            raise ChildConflict(kind, owner.namespace, name)
+        return found
 
     def _converge(
-        self, ref: ObjectRef, writes: list[_Write], stale: list[Manifest], observed: list[Manifest]
+        self,
+        owner: Owner,
+        ref: ObjectRef,
+        writes: list[_Write],
+        stale: list[Manifest],
+        observed: list[Manifest],
     ) -> list[Manifest]:
         """Make the checked writes, delete the `stale` children; returns the children.
 
-        In `render.converge_phase` order: routes never name what is not there.
+        In `render.converge_phase` order: routes never name what is not there. A create
+        refused because the name is taken (by a child of this service that neither its
+        labels nor its field managers showed) is an apply onto that child instead.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
@@ -439,8 +557,7 @@ class Sync:
         for step in sorted(steps, key=_phase):
             if isinstance(step, _Write):
                 if step.current is None:
-                    result.append(self._kube.create(step.manifest, planned=step.planned))
-                    self._write(ref, step.manifest, "Created")
+                    result.append(self._created(owner, ref, step))
                 else:
                     result.append(self._kube.apply(step.manifest, current=step.current))
                     self._write(ref, step.manifest, "Updated")
@@ -449,6 +566,26 @@ class Sync:
                 self._write(ref, step, "Deleted")
                 result.remove(step)
         return result
+
+    def _created(self, owner: Owner, ref: ObjectRef, write: _Write) -> Manifest:
+        """Create `write`'s child; applied instead onto one of this service found in its place.
+
+        Raises:
+            ChildConflict: the name is taken by an object this service does not control.
+        """
+        try:
+            created = self._kube.create(write.manifest, planned=write.planned)
+        except ChildConflict:
+            found = self._found(owner, write.manifest)
+            if found is None:
+                kind, name = render.child_key(write.manifest)
+                msg = f"{kind} {name} was there to create, and gone again; retried"
+                raise ClusterUnavailable(msg) from None
+            applied = self._kube.apply(write.manifest, current=found)
+            self._write(ref, write.manifest, "Updated")
+            return applied
+        self._write(ref, write.manifest, "Created")
+        return created
 
     def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
         kind, name = render.child_key(child)

@@ -16,13 +16,21 @@ in a less urgent one it stays where it is. The resync lane is also rate-limited:
 `resync_in_flight` of its keys run at once, so however long it is, it never holds more
 than that many workers, and a change finds one free as soon as a single reconcile ends.
 
+A key may also be queued after a delay (`add_after`, controller-runtime's `AddAfter`): a
+service coming up sends a burst of child and pod events (its Deployment's status, each pod
+through Pending, Running and Ready), and each that found its key neither queued nor running
+started a reconcile of its own, 17 per service at 1000. Held back for a moment, the burst is
+merged into one. A key waiting out its delay is merged like a queued one, and an `add`
+without delay (a change) takes it out of waiting at once.
+
 Pure data structure: no kopf, no Kubernetes; threads block in `get`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
 from enum import IntEnum
 from typing import Generic, TypeVar
 
@@ -45,7 +53,9 @@ class Lane(IntEnum):
 class WorkQueue(Generic[K]):
     """Keys waiting for a worker, each at most once, by lane; `get` blocks until one is free."""
 
-    def __init__(self, *, resync_in_flight: int = 1) -> None:
+    def __init__(
+        self, *, resync_in_flight: int = 1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lanes: dict[Lane, dict[K, None]] = {lane: {} for lane in Lane}
         """Queued keys of each lane, in arrival order (a dict: ordered, O(1) removal)."""
         self._again: dict[K, Lane] = {}
@@ -53,6 +63,9 @@ class WorkQueue(Generic[K]):
         self._running: dict[K, Lane] = {}
         self._resync_in_flight = resync_in_flight
         self._resyncs_running = 0
+        self._delayed: dict[K, tuple[float, Lane]] = {}
+        """Keys `add_after` holds back: when each is due, and the lane it is due in."""
+        self._clock = clock
         self._stopping = False
         self._ready = threading.Condition()
 
@@ -69,18 +82,43 @@ class WorkQueue(Generic[K]):
         with self._ready:
             if self._stopping:
                 return False
-            if key in self._running:
-                waiting = self._again.get(key)
-                self._again[key] = lane if waiting is None else min(waiting, lane)
-                return waiting is None
-            queued = self._lane_of(key)
-            if queued is not None and queued <= lane:
+            held = self._delayed.pop(key, None)
+            if held is not None:
+                lane = min(lane, held[1])
+            return self._queue(key, lane) and held is None
+
+    def add_after(self, key: K, lane: Lane, delay_s: float) -> bool:
+        """Queue `key` in `lane` once `delay_s` has passed; False when merged.
+
+        Merged when it is already queued, running (it runs again after, as for `add`) or
+        waiting out a delay of its own, which is not extended: a steady stream of events
+        never holds a key back for more than one delay.
+        """
+        with self._ready:
+            if self._stopping:
                 return False
-            if queued is not None:
-                del self._lanes[queued][key]
-            self._lanes[lane][key] = None
+            if key in self._delayed:
+                return False
+            if delay_s <= 0 or key in self._running or self._lane_of(key) is not None:
+                return self._queue(key, lane)
+            self._delayed[key] = (self._clock() + delay_s, lane)
             self._ready.notify()
-            return queued is None
+            return True
+
+    def _queue(self, key: K, lane: Lane) -> bool:
+        """`add` under the lock, for a key not held back."""
+        if key in self._running:
+            waiting = self._again.get(key)
+            self._again[key] = lane if waiting is None else min(waiting, lane)
+            return waiting is None
+        queued = self._lane_of(key)
+        if queued is not None and queued <= lane:
+            return False
+        if queued is not None:
+            del self._lanes[queued][key]
+        self._lanes[lane][key] = None
+        self._ready.notify()
+        return queued is None
 
     def get(self, timeout_s: float | None = None) -> K | None:
         """The next key, now running until `done`; None once stopped or timed out."""
@@ -89,10 +127,17 @@ class WorkQueue(Generic[K]):
 
     def take(self, timeout_s: float | None = None) -> tuple[K, Lane] | None:
         """The next key and the lane it was served from (`get` with the lane)."""
+        deadline = None if timeout_s is None else self._clock() + timeout_s
         with self._ready:
-            self._ready.wait_for(
-                lambda: self._stopping or self._next_lane() is not None, timeout=timeout_s
-            )
+            self._release_due()
+            while not self._stopping and self._next_lane() is None:
+                now = self._clock()
+                if deadline is not None and now >= deadline:
+                    break
+                wakes = [due for due, _ in self._delayed.values()]
+                wake = min(wakes if deadline is None else [*wakes, deadline], default=None)
+                self._ready.wait(None if wake is None else wake - now)
+                self._release_due()
             lane = None if self._stopping else self._next_lane()
             if lane is None:
                 return None
@@ -103,6 +148,14 @@ class WorkQueue(Generic[K]):
             if lane is Lane.RESYNC:
                 self._resyncs_running += 1
             return key, lane
+
+    def _release_due(self) -> None:
+        """Queue the held-back keys whose delay has passed (the caller holds the lock)."""
+        now = self._clock()
+        for key, (due, lane) in list(self._delayed.items()):
+            if due <= now:
+                del self._delayed[key]
+                self._queue(key, lane)
 
     def _lane_of(self, key: K) -> Lane | None:
         """The lane `key` is queued in, if any (the caller holds the lock)."""
@@ -133,12 +186,13 @@ class WorkQueue(Generic[K]):
         """Wake every `get` with None; later adds are dropped."""
         with self._ready:
             self._stopping = True
+            self._delayed.clear()
             self._ready.notify_all()
 
     def __len__(self) -> int:
-        """Keys waiting to run (not those running)."""
+        """Keys waiting to run, held back or not (not those running)."""
         with self._ready:
-            return sum(map(len, self._lanes.values()))
+            return sum(map(len, self._lanes.values())) + len(self._delayed)
 
     def depth(self, lane: Lane) -> int:
         """Keys waiting in `lane`."""

@@ -112,11 +112,24 @@ class FakeKube:
         return copy.deepcopy(found) if found else None
 
     def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
-        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it."""
+        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it.
+
+        Without `current`, onto an object of that name, the answer carries that object's
+        other field managers (`before-first-apply` when it has none), as the API server's.
+        """
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if (kind, name) in self.refusals:
             raise ChildRefused("spec", kind, name, self.refusals[(kind, name)])
-        return copy.deepcopy(manifest)
+        answer = copy.deepcopy(manifest)
+        existing = self.objects.get(_key(manifest))
+        if current is None and existing is not None:
+            entries = existing["metadata"].get("managedFields") or [
+                {"manager": "before-first-apply", "operation": "Update"}
+            ]
+            ours = {"manager": naming.MANAGER, "operation": "Apply"}
+            others = [e for e in entries if e.get("manager") != naming.MANAGER]
+            answer["metadata"]["managedFields"] = [*others, ours]
+        return answer
 
     def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
         """Store a new object; refused like `validate`, and when its name is taken."""
@@ -158,10 +171,11 @@ class FakeKube:
         self.objects[_key(manifest)] = stored
         return copy.deepcopy(stored)
 
-    def apply_status(self, ref: ObjectRef, status: Manifest) -> None:
-        """Replace the InferenceService's status."""
+    def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
+        """Replace the InferenceService's status; returns the service as stored."""
         self.objects[(naming.KIND, ref.namespace, ref.name)]["status"] = copy.deepcopy(status)
         self._wrote("status", naming.KIND, ref.name)
+        return self._service(ref)
 
     def delete(self, manifest: Manifest) -> None:
         """Remove a stored object."""
@@ -209,11 +223,16 @@ class FakeKube:
         """Stored pods labelled for `owner` (see `add_pod`)."""
         return [obj for obj in self._owned(namespace, owner) if obj["kind"] == "Pod"]
 
-    def remove_annotation(self, ref: ObjectRef, annotation: str) -> None:
-        """Drop an annotation of the stored InferenceService."""
+    def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
+        """Drop an annotation of the stored InferenceService; returns the service as stored."""
         body = self.objects[(naming.KIND, ref.namespace, ref.name)]
         body["metadata"].get("annotations", {}).pop(annotation, None)
         self._wrote("annotate", naming.KIND, ref.name)
+        return self._service(ref)
+
+    def _service(self, ref: ObjectRef) -> Manifest:
+        """A copy of the stored InferenceService, as a write answers it (no read counted)."""
+        return copy.deepcopy(self.objects[(naming.KIND, ref.namespace, ref.name)])
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Record the event."""

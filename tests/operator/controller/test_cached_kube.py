@@ -10,7 +10,8 @@ from fleetserve_operator.controller.cached_kube import CachedKube
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import ObjectRef
-from fleetserve_operator.records import EventNote, Manifest
+from fleetserve_operator.controller.service_cache import ServiceCache
+from fleetserve_operator.records import EventNote, Manifest, json_copy
 from fleetserve_operator.testing import FakeKube
 
 REF = ObjectRef(namespace="ns", name="demo", uid="u")
@@ -33,7 +34,7 @@ def _synced(cache: ChildCache) -> None:
 
 def test_reads_go_to_the_api_until_the_cache_is_listed_then_to_the_cache() -> None:
     api, cache = FakeKube(), ChildCache()
-    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10))
+    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10), ServiceCache())
     api.create(_deployment("demo-stable"))
     assert [c["metadata"]["name"] for c in kube.list_children("ns", "demo")] == ["demo-stable"]
     _synced(cache)
@@ -42,7 +43,7 @@ def test_reads_go_to_the_api_until_the_cache_is_listed_then_to_the_cache() -> No
 
 def test_a_write_is_read_back_from_the_cache_before_any_watch_event() -> None:
     api, cache = FakeKube(), ChildCache()
-    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10))
+    kube = CachedKube(api, cache, EventPoster(api.post_event, capacity=10), ServiceCache())
     _synced(cache)
     created = kube.create(_deployment("demo-stable"))
     assert kube.list_children("ns", "demo") == [created]
@@ -83,3 +84,12 @@ def test_an_event_past_the_queues_capacity_is_dropped_not_waited_for() -> None:
     release.set()
     poster.close(timeout_s=5.0)
     assert 1 <= len(posted) < 5
+
+
+def test_a_json_copy_shares_nothing_a_reader_could_edit() -> None:
+    original = {"spec": {"ports": [{"port": 80}], "labels": {"a": "b"}}, "n": 1}
+    copied = json_copy(original)
+    assert copied == original
+    copied["spec"]["ports"][0]["port"] = 81
+    copied["spec"]["labels"]["a"] = "c"
+    assert original == {"spec": {"ports": [{"port": 80}], "labels": {"a": "b"}}, "n": 1}

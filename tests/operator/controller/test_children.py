@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from fleetserve_operator import naming
+from fleetserve_operator.controller.kube import held_by_others
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
@@ -181,3 +182,48 @@ def test_a_route_behind_status_is_moved_forward_not_back() -> None:
     restarted.run_by_name("ns", "demo", trigger="resume")
     assert kube.status_of("ns", "demo").canary_weight == 50
     assert _canary_weight(kube) == 50
+
+
+class _CountingKube(FakeKube):
+    """`FakeKube` that counts reads of single children by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def get_child(self, manifest: Manifest) -> Manifest | None:
+        """Counted."""
+        self.reads += 1
+        return super().get_child(manifest)
+
+
+def test_creating_a_service_reads_none_of_its_children_by_name() -> None:
+    """The create's dry-run shows whether a name is taken: no GET before every create."""
+    kube = _CountingKube()
+    kube.add_service(make_service({"model": MODEL}))
+    assert Sync(kube, metrics=OperatorMetrics()).run_by_name("ns", "demo", trigger="create") is None
+    assert {kind for action, kind, _ in kube.writes if action == "create"} == {
+        "Deployment",
+        "Service",
+    }
+    assert kube.reads == 0
+
+
+def test_a_dry_run_onto_an_existing_object_names_its_other_managers() -> None:
+    """What `held_by_others` reads: an apply that creates has the operator as its only manager."""
+    ours = {"manager": naming.MANAGER, "operation": "Apply"}
+    theirs = {"manager": "kubectl-create", "operation": "Update"}
+    assert not held_by_others({"metadata": {"managedFields": [ours]}})
+    assert held_by_others({"metadata": {"managedFields": [theirs, ours]}})
+
+
+def test_a_dry_run_refused_for_what_it_merged_onto_anothers_object_is_a_conflict() -> None:
+    """The create's dry-run lands on their Service and is refused: the name is taken."""
+    kube, sync = _setup()
+    before = _foreign(kube, "Service", "demo", {"app": "billing"})
+    kube.refusals[("Service", "demo")] = "spec.ports[0].name: Required value"
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "ChildConflict"
+    assert kube.objects[("Service", "ns", "demo")] == before
+    assert _writes(kube) == []

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fleetserve_operator import render
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
@@ -16,7 +17,7 @@ from fleetserve_operator.observe import (
     memory_problem,
     transitions,
 )
-from fleetserve_operator.records import MemoryFigures
+from fleetserve_operator.records import Manifest, MemoryFigures
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
@@ -117,6 +118,43 @@ def test_a_changed_spec_is_parsed_again_even_at_the_same_generation(
     sync.run_by_name("ns", "demo", trigger="resync")
     assert len(parses) == 1
     assert kube.writes[before:], "the new spec was acted on"
+
+
+def _renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the renders of a service's children (`render.desired_children` calls)."""
+    calls: list[int] = []
+    desired = render.desired_children
+
+    def counted(*args: Any, **kwargs: Any) -> list[Manifest]:
+        calls.append(1)
+        return desired(*args, **kwargs)
+
+    monkeypatch.setattr(render, "desired_children", counted)
+    return calls
+
+
+def test_a_settled_service_renders_its_children_again_only_when_an_input_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Child events and resyncs of a settled service reuse the children last rendered.
+
+    The reconcile after a status write renders once more: it renders from the status as
+    reported, which the one before had not written yet.
+    """
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    sync.run_by_name("ns", "demo", trigger="child")
+    renders = _renders(monkeypatch)
+    for trigger in ("child", "resync", "child"):
+        sync.run_by_name("ns", "demo", trigger=trigger)
+    assert renders == []
+    kube.objects[("InferenceService", "ns", "demo")]["spec"]["batching"] = {"maxBatchSize": 8}
+    before = len(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="update")
+    assert renders == [1]
+    assert ("create", "Deployment", "demo-canary") in kube.writes[before:], "rolled out"
 
 
 def test_deleted_child_is_restored() -> None:

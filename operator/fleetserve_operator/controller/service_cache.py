@@ -1,0 +1,77 @@
+"""The InferenceServices as kopf's watch and the operator's own writes last showed them.
+
+Every reconcile starts by reading its InferenceService. A GET for it was, once the children
+came from the watches' cache, the one read left on every reconcile (a child event's, a
+resync's), four per service created at 200 services. kopf already watches the
+InferenceServices and hands every event to the operator's event handler before any change
+handler of that event (`handlers.Handlers.service_event`), which `store`s the body here;
+a reconcile queued for that change therefore reads at least that state.
+
+A reconcile must report from the status the previous one wrote, or it would write that
+status, and post its Events, a second time. So the operator's own writes of an
+InferenceService (its status, a command annotation cleared) are stored as the API server
+answered them, before kopf's watch delivers them; an event older than what is stored (by
+`resourceVersion`, as in `cache.ChildCache`) changes nothing. A deleted service leaves a
+tombstone at the deletion's version, so a write answered just before the deletion and
+stored just after it cannot bring the object back. A service not seen yet (kopf's first
+listing still under way) is not here, and readers go to the API server.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from fleetserve_operator.controller.cache import is_newer
+from fleetserve_operator.records import Manifest, json_copy
+
+__all__ = ["ServiceCache"]
+
+_Key = tuple[str, str]
+"""(namespace, name)."""
+
+
+def _key(obj: Manifest) -> _Key:
+    meta = obj["metadata"]
+    return (meta.get("namespace", ""), meta["name"])
+
+
+class ServiceCache:
+    """The last known state of each InferenceService, newest by `resourceVersion`."""
+
+    def __init__(self) -> None:
+        self._objects: dict[_Key, Manifest] = {}
+        self._deleted: dict[_Key, Manifest] = {}
+        """The deletion seen of each service gone, until one of that name appears again."""
+        self._guard = threading.Lock()
+
+    def store(self, obj: Manifest) -> None:
+        """A state of an InferenceService (a watch event, an answer to a write), kept if newer.
+
+        `obj` is copied: a caller may go on editing its own.
+        """
+        key = _key(obj)
+        with self._guard:
+            older = self._objects.get(key) or self._deleted.get(key)
+            if older is not None and not is_newer(obj, older):
+                return
+            self._deleted.pop(key, None)
+            self._objects[key] = json_copy(obj)
+
+    def discard(self, obj: Manifest) -> None:
+        """The InferenceService `obj` (its DELETED event) is gone."""
+        key = _key(obj)
+        with self._guard:
+            self._objects.pop(key, None)
+            version = obj["metadata"].get("resourceVersion")
+            self._deleted[key] = {"metadata": {"resourceVersion": version}}
+
+    def get(self, namespace: str, name: str) -> Manifest | None:
+        """A copy of the service's last known state; None when it was never seen or is gone."""
+        with self._guard:
+            found = self._objects.get((namespace, name))
+        return None if found is None else json_copy(found)
+
+    def knows(self, namespace: str, name: str) -> bool:
+        """Whether the service was seen, alive or deleted (else only the API server can say)."""
+        with self._guard:
+            return (namespace, name) in self._objects or (namespace, name) in self._deleted
