@@ -158,6 +158,13 @@ def test_healthy_version_is_promoted_step_by_step(
     assert route_weights(env) == {"stable": 100}
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
     assert len(passed) >= len(STEPS)
+    # Counted as the transition's side effect, after the status write that promoted: a scrape
+    # right after that write can come first, so wait for it, then check there was only one.
+    wait_until(
+        lambda: operator.total("fleetserve_operator_promotions") >= 1,
+        timeout_s=30.0,
+        what="the promotion counted",
+    )
     assert operator.total("fleetserve_operator_promotions") == 1
     assert condition(status, "Promoted")["status"] == "True"
     stepped = {w for w in gauged if w}

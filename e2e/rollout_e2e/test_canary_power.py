@@ -101,6 +101,13 @@ def test_a_version_as_good_as_stable_is_held_for_evidence_then_promoted(env: Rol
         )
     assert status["phase"] == "Succeeded", status["rollout"]["message"]
     assert [w for w in (s.weights.get("canary") for s in load.routes) if w] == STEPS
+    # Counted as the transition's side effect, after the status write that promoted: a scrape
+    # right after that write can come first, so wait for it, then check there was only one.
+    wait_until(
+        lambda: operator.total("fleetserve_operator_promotions") >= 1,
+        timeout_s=30.0,
+        what="the promotion counted",
+    )
     assert operator.total("fleetserve_operator_promotions") == 1
     gates = {
         check["name"]: check["power"]
