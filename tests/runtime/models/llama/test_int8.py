@@ -9,7 +9,7 @@ before anything is computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,13 +32,7 @@ from fleetserve_runtime.models.registry import resolve_handler
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One thread per test process: the machine's cores are shared with other test runs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_int8_product_is_the_float_product_within_quantisation_error() -> None:

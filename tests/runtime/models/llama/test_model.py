@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -46,13 +46,7 @@ LLAMA3_SCALING: Mapping[str, float | str] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One thread per test process: the machine's cores are shared with other test runs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_model(config: LlamaConfig) -> transformers.LlamaForCausalLM:
