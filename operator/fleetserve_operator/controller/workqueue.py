@@ -28,6 +28,8 @@ Pure data structure: no kopf, no Kubernetes; threads block in `get`.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -65,6 +67,11 @@ class WorkQueue(Generic[K]):
         self._resyncs_running = 0
         self._delayed: dict[K, tuple[float, Lane]] = {}
         """Keys `add_after` holds back: when each is due, and the lane it is due in."""
+        self._due: list[tuple[float, int, K]] = []
+        """A heap of (due, arrival, key) over `_delayed`, so a worker finds the next due key
+        without a pass over every held one. An entry whose key left `_delayed` early (an
+        `add` took it) is stale and dropped when it reaches the top."""
+        self._arrivals = itertools.count()
         self._clock = clock
         self._stopping = False
         self._ready = threading.Condition()
@@ -101,7 +108,9 @@ class WorkQueue(Generic[K]):
                 return False
             if delay_s <= 0 or key in self._running or self._lane_of(key) is not None:
                 return self._queue(key, lane)
-            self._delayed[key] = (self._clock() + delay_s, lane)
+            due = self._clock() + delay_s
+            self._delayed[key] = (due, lane)
+            heapq.heappush(self._due, (due, next(self._arrivals), key))
             self._ready.notify()
             return True
 
@@ -134,8 +143,9 @@ class WorkQueue(Generic[K]):
                 now = self._clock()
                 if deadline is not None and now >= deadline:
                     break
-                wakes = [due for due, _ in self._delayed.values()]
-                wake = min(wakes if deadline is None else [*wakes, deadline], default=None)
+                wake = self._next_due()
+                if deadline is not None:
+                    wake = deadline if wake is None else min(wake, deadline)
                 self._ready.wait(None if wake is None else wake - now)
                 self._release_due()
             lane = None if self._stopping else self._next_lane()
@@ -152,10 +162,22 @@ class WorkQueue(Generic[K]):
     def _release_due(self) -> None:
         """Queue the held-back keys whose delay has passed (the caller holds the lock)."""
         now = self._clock()
-        for key, (due, lane) in list(self._delayed.items()):
-            if due <= now:
+        while self._due and self._due[0][0] <= now:
+            due, _, key = heapq.heappop(self._due)
+            held = self._delayed.get(key)
+            if held is not None and held[0] == due:
                 del self._delayed[key]
-                self._queue(key, lane)
+                self._queue(key, held[1])
+
+    def _next_due(self) -> float | None:
+        """When the next held-back key is due (the caller holds the lock); None: none is."""
+        while self._due:
+            due, _, key = self._due[0]
+            held = self._delayed.get(key)
+            if held is not None and held[0] == due:
+                return due
+            heapq.heappop(self._due)
+        return None
 
     def _lane_of(self, key: K) -> Lane | None:
         """The lane `key` is queued in, if any (the caller holds the lock)."""
@@ -187,6 +209,7 @@ class WorkQueue(Generic[K]):
         with self._ready:
             self._stopping = True
             self._delayed.clear()
+            self._due.clear()
             self._ready.notify_all()
 
     def __len__(self) -> int:

@@ -40,6 +40,22 @@ def test_a_change_is_not_held_back_by_a_waiting_event() -> None:
     assert time.monotonic() - started < 1.0
 
 
+def test_a_key_taken_out_of_its_delay_early_waits_out_its_next_delay_in_full() -> None:
+    """A change ends a key's delay; the delay of its next event counts from that event."""
+    now = [0.0]
+    queue: WorkQueue[tuple[str, str]] = WorkQueue(clock=lambda: now[0])
+    queue.add_after(KEY, Lane.EVENT, 1.0)
+    queue.add(KEY, Lane.CHANGE)
+    assert queue.take(timeout_s=0) == (KEY, Lane.CHANGE)
+    queue.done(KEY)
+    now[0] = 0.5
+    queue.add_after(KEY, Lane.EVENT, 1.0)
+    now[0] = 1.0
+    assert queue.take(timeout_s=0) is None, "the first delay's end does not release it"
+    now[0] = 1.5
+    assert queue.take(timeout_s=0) == (KEY, Lane.EVENT)
+
+
 @pytest.mark.timeout(30)
 def test_a_steady_stream_of_events_does_not_hold_a_key_back_past_one_delay() -> None:
     queue: WorkQueue[tuple[str, str]] = WorkQueue()
