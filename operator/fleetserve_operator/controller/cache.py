@@ -28,9 +28,9 @@ from typing import Any
 from fleetserve_operator import naming
 from fleetserve_operator.records import Manifest
 
-__all__ = ["ChildCache", "is_newer"]
+__all__ = ["ChildCache", "ObjectKey", "is_newer", "object_key"]
 
-_ObjectKey = tuple[str, str]
+ObjectKey = tuple[str, str]
 """(namespace, name) of an object of one kind."""
 _OwnerKey = tuple[str, str]
 """(namespace, InferenceService name)."""
@@ -66,7 +66,7 @@ class ChildCache:
     """The objects of each watched kind, indexed by the InferenceService they belong to."""
 
     def __init__(self) -> None:
-        self._objects: dict[str, dict[_ObjectKey, Manifest]] = {}
+        self._objects: dict[str, dict[ObjectKey, Manifest]] = {}
         """kind → (namespace, name) → object, for every kind listed at least once."""
         self._owned: dict[_OwnerKey, dict[tuple[str, str], None]] = {}
         """(namespace, owner) → (kind, name) of its objects."""
@@ -110,7 +110,7 @@ class ChildCache:
         stored (the echo of the operator's own write, which `store` saw first).
         """
         with self._guard:
-            stored = self._objects.get(kind, {}).get(_key(obj))
+            stored = self._objects.get(kind, {}).get(object_key(obj))
             if stored is not None and not is_newer(obj, stored):
                 return False
             if kind in self._objects:
@@ -120,10 +120,10 @@ class ChildCache:
     def discard(self, kind: str, obj: Manifest) -> None:
         """The object was deleted (the same object: a new one of that name has another uid)."""
         with self._guard:
-            stored = self._objects.get(kind, {}).get(_key(obj))
+            stored = self._objects.get(kind, {}).get(object_key(obj))
             uid = obj["metadata"].get("uid")
             if stored is not None and (uid is None or stored["metadata"].get("uid") == uid):
-                self._remove(kind, _key(obj))
+                self._remove(kind, object_key(obj))
 
     def owned(self, namespace: str, owner: str, kinds: Iterable[str]) -> list[Manifest]:
         """The objects of `kinds` labelled for InferenceService `owner` (shared: do not edit)."""
@@ -140,7 +140,7 @@ class ChildCache:
             self._remove(kind, key)
 
     def _put(self, kind: str, obj: Manifest) -> None:
-        key = _key(obj)
+        key = object_key(obj)
         if key in self._objects[kind]:
             self._remove(kind, key)
         self._objects[kind][key] = _slim(obj)
@@ -148,7 +148,7 @@ class ChildCache:
         if owner is not None:
             self._owned.setdefault(owner, {})[(kind, key[1])] = None
 
-    def _remove(self, kind: str, key: _ObjectKey) -> None:
+    def _remove(self, kind: str, key: ObjectKey) -> None:
         obj = self._objects[kind].pop(key)
         owner = _owner(obj)
         if owner is None:
@@ -159,7 +159,8 @@ class ChildCache:
             self._owned.pop(owner, None)
 
 
-def _key(obj: Manifest) -> _ObjectKey:
+def object_key(obj: Manifest) -> ObjectKey:
+    """(namespace, name) of `obj`, the key both caches keep objects under."""
     meta = obj["metadata"]
     return (meta.get("namespace", ""), meta["name"])
 

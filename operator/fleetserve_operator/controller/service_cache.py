@@ -21,26 +21,18 @@ from __future__ import annotations
 
 import threading
 
-from fleetserve_operator.controller.cache import is_newer
+from fleetserve_operator.controller.cache import ObjectKey, is_newer, object_key
 from fleetserve_operator.records import Manifest, json_copy
 
 __all__ = ["ServiceCache"]
-
-_Key = tuple[str, str]
-"""(namespace, name)."""
-
-
-def _key(obj: Manifest) -> _Key:
-    meta = obj["metadata"]
-    return (meta.get("namespace", ""), meta["name"])
 
 
 class ServiceCache:
     """The last known state of each InferenceService, newest by `resourceVersion`."""
 
     def __init__(self) -> None:
-        self._objects: dict[_Key, Manifest] = {}
-        self._deleted: dict[_Key, Manifest] = {}
+        self._objects: dict[ObjectKey, Manifest] = {}
+        self._deleted: dict[ObjectKey, Manifest] = {}
         """The deletion seen of each service gone, until one of that name appears again."""
         self._guard = threading.Lock()
 
@@ -49,7 +41,7 @@ class ServiceCache:
 
         `obj` is copied: a caller may go on editing its own.
         """
-        key = _key(obj)
+        key = object_key(obj)
         with self._guard:
             older = self._objects.get(key) or self._deleted.get(key)
             if older is not None and not is_newer(obj, older):
@@ -59,7 +51,7 @@ class ServiceCache:
 
     def discard(self, obj: Manifest) -> None:
         """The InferenceService `obj` (its DELETED event) is gone."""
-        key = _key(obj)
+        key = object_key(obj)
         with self._guard:
             self._objects.pop(key, None)
             version = obj["metadata"].get("resourceVersion")
