@@ -188,10 +188,14 @@ class LlamaModel:
         if self.dtype != torch.float32:
             raise ValueError(f"int8 weights take fp32 activations, not {self.dtype}")
 
-        def quantize(weight: Projection) -> Int8Weight:
+        def dense(weight: Projection) -> torch.Tensor:
             if isinstance(weight, Int8Weight):
                 raise ValueError("the model's weights are int8 already")
-            return quantize_weight(weight, smooth(weight))
+            return weight
+
+        def quantize(weight: Projection) -> Int8Weight:
+            values = dense(weight)
+            return quantize_weight(values, smooth(values))
 
         derived = copy.copy(self)
         derived._cache = None
@@ -206,10 +210,7 @@ class LlamaModel:
             )
             for layer in self._layers
         ]
-        head = self._lm_head
-        if isinstance(head, Int8Weight):
-            raise ValueError("the model's weights are int8 already")
-        derived._lm_head = quantize_weight(head)
+        derived._lm_head = quantize_weight(dense(self._lm_head))
         return derived
 
     def release_cache(self) -> None:
