@@ -131,16 +131,35 @@ def wait_condition(
     )
 
 
-def warning_events(kube: KubeClient, namespace: str, name: str) -> list[JsonObject]:
-    """The Warning Events posted on InferenceService `name`."""
+def service_events(kube: KubeClient, namespace: str, name: str) -> list[JsonObject]:
+    """The Events posted on InferenceService `name`, oldest first as the API server lists them."""
     items: list[JsonObject] = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
     return [
         event
         for event in items
-        if event["involvedObject"].get("kind") == KIND
-        and event["involvedObject"]["name"] == name
-        and event["type"] == "Warning"
+        if event["involvedObject"].get("kind") == KIND and event["involvedObject"]["name"] == name
     ]
+
+
+def warning_events(kube: KubeClient, namespace: str, name: str) -> list[JsonObject]:
+    """The Warning Events posted on InferenceService `name`."""
+    return [e for e in service_events(kube, namespace, name) if e["type"] == "Warning"]
+
+
+def wait_for_events(
+    kube: KubeClient, namespace: str, name: str, *reasons: str, timeout_s: float = 15.0
+) -> list[str]:
+    """Wait until Events with every one of `reasons` are posted; return all the reasons.
+
+    The operator posts Events from a thread of its own, after the status write that a test
+    usually waits for, so an Event is awaited, never read once.
+    """
+
+    def posted() -> list[str] | None:
+        found = [e["reason"] for e in service_events(kube, namespace, name)]
+        return found if set(reasons) <= set(found) else None
+
+    return wait_until(posted, timeout_s=timeout_s, what=f"Events {', '.join(reasons)} on {name}")
 
 
 def route_forwards(route: JsonObject, path: str) -> bool:

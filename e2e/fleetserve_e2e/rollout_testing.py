@@ -18,7 +18,7 @@ from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
 from fleetserve_e2e.loadgen import LoadDriver, track_weights
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
-from fleetserve_e2e.operator_testing import synthetic_service
+from fleetserve_e2e.operator_testing import service_events, synthetic_service, wait_for_events
 from fleetserve_e2e.prometheus import LocalPrometheus
 from fleetserve_e2e.waiting import wait_until
 
@@ -153,9 +153,13 @@ def roll_out(env: RolloutEnv, model: dict[str, str]) -> None:
 
 
 def event_reasons(env: RolloutEnv) -> list[str]:
-    """The reasons of the Events posted on the InferenceService."""
-    items = env.kube.get(f"/api/v1/namespaces/{env.namespace}/events")["items"]
-    return [e["reason"] for e in items if e["involvedObject"]["name"] == NAME]
+    """The reasons of the Events posted on the InferenceService so far."""
+    return [e["reason"] for e in service_events(env.kube, env.namespace, NAME)]
+
+
+def wait_event_reasons(env: RolloutEnv, *reasons: str) -> list[str]:
+    """Wait until Events with every one of `reasons` are posted; return all the reasons."""
+    return wait_for_events(env.kube, env.namespace, NAME, *reasons)
 
 
 def route_weights(env: RolloutEnv) -> dict[str, int]:

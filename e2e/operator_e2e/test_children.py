@@ -21,6 +21,7 @@ from fleetserve_e2e.operator_testing import (
     synthetic_service,
     wait_condition,
     wait_converged,
+    wait_for_events,
     warning_events,
 )
 from fleetserve_e2e.testing import wait_for_deletion
@@ -52,8 +53,8 @@ def test_an_existing_service_is_never_taken_over(
     ready = wait_condition(kube, namespace, NAME, "Ready", status="False", reason="ChildConflict")
     assert f"Service {namespace}/{NAME} already exists" in ready["message"]
     assert wait_condition(kube, namespace, NAME, "Degraded")["reason"] == "ChildConflict"
+    wait_for_events(kube, namespace, NAME, "ChildConflict")
     events = [e for e in warning_events(kube, namespace, NAME) if e["reason"] == "ChildConflict"]
-    assert events, "no ChildConflict Event"
     assert f"Service {namespace}/{NAME}" in events[0]["message"]
     after = kube.get(child_path("Service", namespace, NAME))
     assert after["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]

@@ -15,7 +15,7 @@ from typing import Any
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
-from fleetserve_e2e.operator_testing import synthetic_service
+from fleetserve_e2e.operator_testing import synthetic_service, wait_for_events
 from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
 from fleetserve_e2e.waiting import wait_until
 
@@ -43,11 +43,6 @@ def _gate(kube: KubeClient, namespace: str) -> dict[str, Any] | None:
     return gate if awaiting else None
 
 
-def _event_reasons(kube: KubeClient, namespace: str) -> set[str]:
-    items = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
-    return {e["reason"] for e in items if e["involvedObject"]["name"] == NAME}
-
-
 def test_a_manual_gate_survives_an_operator_restart(
     kube: KubeClient, namespace: str, start_operator: Callable[..., OperatorProcess]
 ) -> None:
@@ -64,7 +59,7 @@ def test_a_manual_gate_survives_an_operator_restart(
     before = wait_until(
         lambda: _gate(kube, namespace), timeout_s=60.0, what="the 50% step to await approval"
     )
-    assert "AwaitingApproval" in _event_reasons(kube, namespace)
+    wait_for_events(kube, namespace, NAME, "AwaitingApproval")
     first.stop()
 
     start_operator(ROLLOUT_SETTINGS)
@@ -83,12 +78,7 @@ def test_a_manual_gate_survives_an_operator_restart(
         timeout_s=60.0,
         what="version 2 to be promoted",
     )
-    # The Events are posted after the status write that promoted.
-    wait_until(
-        lambda: {"StepApproved", "Promoted"} <= _event_reasons(kube, namespace),
-        timeout_s=10.0,
-        what="the StepApproved and Promoted Events",
-    )
+    wait_for_events(kube, namespace, NAME, "StepApproved", "Promoted")
     annotations = kube.get(fsvc_path(namespace, NAME))["metadata"].get("annotations", {})
     assert APPROVE not in annotations
 

@@ -25,12 +25,12 @@ from fleetserve_e2e.rollout_testing import (
     INTERVAL_S,
     NAME,
     RolloutEnv,
-    event_reasons,
     roll_out,
     rollout_service,
     route_weights,
     stable_status,
     synthetic_model,
+    wait_event_reasons,
     wait_phase,
 )
 from fleetserve_e2e.waiting import wait_until
@@ -91,8 +91,7 @@ def test_a_regression_during_the_bake_flips_back_to_the_standby(env: RolloutEnv)
     assert "during the bake" in message, message
     assert "error-rate" in message, message
     assert "bake" not in status["rollout"]
-    reasons = event_reasons(env)
-    assert {"Baking", "AnalysisRejected", "RolledBack"} <= set(reasons), reasons
+    reasons = wait_event_reasons(env, "Baking", "AnalysisRejected", "RolledBack")
     assert "Promoting" not in reasons, reasons
     assert operator.total("fleetserve_operator_rollbacks") == 1
     assert operator.total("fleetserve_operator_promotions") == 0

@@ -39,12 +39,12 @@ from fleetserve_e2e.rollout_testing import (
     STEPS,
     RolloutEnv,
     deploy,
-    event_reasons,
     failed_requests,
     roll_out,
     route_weights,
     stable_status,
     synthetic_model,
+    wait_event_reasons,
     wait_phase,
 )
 from fleetserve_e2e.waiting import wait_until
@@ -121,7 +121,7 @@ def _rolled_back(env: RolloutEnv, operator: OperatorProcess, load: LoadDriver) -
     )
     _wait_gauge(operator, PHASE, env.namespace, 1.0, phase="RolledBack")
     assert _gauge(operator, CANARY_WEIGHT, env.namespace) == 0
-    assert "RolledBack" in event_reasons(env)
+    wait_event_reasons(env, "RolledBack")
     assert all(r.status == 200 for r in load.by_track("stable")), "stable answered errors"
     return status
 
@@ -230,7 +230,7 @@ def test_sequential_mode_rolls_an_erroring_version_back_within_one_interval(
     message = status["rollout"]["message"]
     assert "error-rate" in message, message
     assert "e-value" in message, message
-    assert "AnalysisRejected" in event_reasons(env)
+    wait_event_reasons(env, "AnalysisRejected")
     rejected = [c for c in status["rollout"]["evidence"]["checks"] if c.get("rejected")]
     assert rejected, status["rollout"]["evidence"]
     assert all(c["name"].startswith("error-rate") for c in rejected), rejected
@@ -349,7 +349,7 @@ def test_generative_version_slower_per_token_is_rolled_back_on_itl(env: RolloutE
         status = _rolled_back(env, operator, load)
     message = status["rollout"]["message"]
     assert "itl-vs-stable e-value" in message, message
-    assert "AnalysisRejected" in event_reasons(env)
+    wait_event_reasons(env, "AnalysisRejected")
     checks = {c["name"]: c for c in status["rollout"]["evidence"]["checks"]}
     assert checks["itl-vs-stable"]["rejected"] is True
     assert checks["itl-vs-stable"]["eValue"] >= checks["itl-vs-stable"]["threshold"]

@@ -32,6 +32,7 @@ from fleetserve_e2e.rollout_testing import (
     route_weights,
     service_status,
     synthetic_model,
+    wait_event_reasons,
     wait_phase,
 )
 from fleetserve_e2e.waiting import wait_until
@@ -73,7 +74,7 @@ def test_stable_outage_fails_over_to_cpu_and_back(env: RolloutEnv) -> None:
     assert {"stable": 0, "fallback": 100} in [sample.weights for sample in load.routes]
     served = [r for r in load.by_track("fallback") if r.status == 200]
     assert served, "the fallback served nothing"
-    assert {"FallbackActivated", "FallbackDeactivated"} <= set(event_reasons(env))
+    wait_event_reasons(env, "FallbackActivated", "FallbackDeactivated")
 
 
 def test_restarted_operator_resumes_the_same_step(env: RolloutEnv) -> None:

@@ -24,13 +24,13 @@ from fleetserve_e2e.rollout_testing import (
     NAME,
     STEPS,
     RolloutEnv,
-    event_reasons,
     failed_requests,
     roll_out,
     rollout_service,
     route_weights,
     stable_status,
     synthetic_model,
+    wait_event_reasons,
     wait_phase,
 )
 from fleetserve_e2e.waiting import wait_until
@@ -77,7 +77,7 @@ def test_a_disagreeing_version_is_rolled_back_at_the_shadow_stage(env: RolloutEn
     print(f"\nrolled back: {message}")
     assert message.startswith("ShadowFailed: version 2 withdrawn at 0%"), message
     assert "agreement 0 (0 of" in message, message
-    assert "ShadowStarted" in event_reasons(env)
+    wait_event_reasons(env, "ShadowStarted")
     assert _target(env) is None
     assert "shadow" not in status["rollout"]
     # Counted after the status write that rolled back.
@@ -102,7 +102,7 @@ def test_an_agreeing_version_passes_the_shadow_stage_to_the_first_step(env: Roll
             return status if status.get("canaryWeight") == STEPS[0] else None
 
         status = wait_until(first_step, timeout_s=120.0, what="the first step")
-    assert "ShadowPassed" in event_reasons(env)
+    wait_event_reasons(env, "ShadowPassed")
     assert "shadow" not in status["rollout"]
     assert _target(env) is None
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]

@@ -135,8 +135,14 @@ class _KindWatch:
     def interrupt(self) -> None:
         """Shut the open watch's socket, so its thread sees the stop at once."""
         response = self._response
-        if response is not None:
+        if response is None:
+            return
+        try:
             response.shutdown()
+        except OSError:
+            # The watch thread closed this response between the read above and the shutdown
+            # (EBADF): its socket is already gone, which is all a stop asks of it.
+            logger.debug("watch %s was already closed when stopped", self._path)
 
     def _run(self) -> None:
         watches = self._watches

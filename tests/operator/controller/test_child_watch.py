@@ -7,18 +7,25 @@ kind whose CRD is absent), through the real `kubernetes` client.
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
-from typing import ClassVar
+from typing import ClassVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 import kopf
 import kubernetes
 import pytest
+import urllib3
 
 from fleetserve_operator import naming
 from fleetserve_operator.controller.cache import ChildCache
-from fleetserve_operator.controller.child_watch import CHILD_KINDS, ChildWatches, owner_key
+from fleetserve_operator.controller.child_watch import (
+    CHILD_KINDS,
+    ChildWatches,
+    _KindWatch,
+    owner_key,
+)
 from fleetserve_operator.controller.handlers import QueueWorkers, register
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
@@ -178,3 +185,18 @@ def test_kopf_watches_only_inference_services_and_runs_the_queue_with_itself() -
     startup = [str(h.id) for h in registry._activities.get_all_handlers()
                if h.activity == "startup"]  # fmt: skip
     assert startup.index("queue-start") < startup.index("watch-start")
+
+
+class _ClosedResponse:
+    """A watch response its thread closed just before the stop reached it."""
+
+    def shutdown(self) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+
+def test_stopping_a_watch_whose_response_was_just_closed_is_quiet() -> None:
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
+    watches = ChildWatches(client, namespaces=["ns"], on_owner=lambda key: None)
+    watch = _KindWatch(watches, CHILD_KINDS[0], "ns")
+    watch._response = cast(urllib3.BaseHTTPResponse, _ClosedResponse())
+    watch.interrupt()
