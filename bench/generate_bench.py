@@ -457,7 +457,7 @@ def _table(results: Sequence[ConfigResult]) -> Table:
     """Return the side-by-side table of the configurations."""
     table = Table(title="generation, 32 streaming clients, server on one core")
     columns = ("config", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "ok/sent")
-    for column in (*columns, "short", "srv cpu"):
+    for column in (*columns, "short", "resent", "srv cpu"):
         table.add_column(column, justify="left" if column == "config" else "right")
     for r in results:
         s = r.stats
@@ -470,6 +470,7 @@ def _table(results: Sequence[ConfigResult]) -> Table:
             f"{s.itl_p99_ms:.1f} ms",
             f"{s.finished}/{s.sent}",
             str(s.short_streams),
+            str(s.resent),
             f"{r.server_cpu_util:.2f}",
         )
     return table

@@ -10,6 +10,12 @@ the Server-Sent Events line by line and stamp every chunk that carries text. Fro
 - generated tokens: the ``usage.completion_tokens`` of the stream's last chunk when the server
   sends one, else the number of chunks with text (one token per chunk).
 
+Connections are kept alive and reused. A server may close a connection that the client has
+just taken from its pool (llama.cpp's ``llama-server`` closes every connection at the end of a
+stream while its headers promise keep-alive); a request that finds its connection closed before
+any of its bytes were written is sent again, on another connection, and counted as resent: the
+server never saw it. Every other failure ends the request and is counted as failed.
+
 The parsing and the statistics are pure functions, tested without a server.
 """
 
@@ -32,6 +38,9 @@ TRANSPORT_ERROR = 0
 
 #: The SSE end-of-stream sentinel of the OpenAI protocol.
 DONE = "[DONE]"
+
+#: How often one request may be sent again after its connection closed before it was written.
+MAX_RESENDS = 3
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class StreamRecord:
         status: HTTP status; ``TRANSPORT_ERROR`` without a response.
         error: An in-stream error, or why the stream broke off.
         finished: The stream ended normally (``[DONE]`` or end of body, no error).
+        resent: Times the request was sent again because its connection closed before any of
+            its bytes were written (``closed_before_sent``).
     """
 
     requested_tokens: int
@@ -113,6 +124,7 @@ class StreamRecord:
     status: int = TRANSPORT_ERROR
     error: str | None = None
     finished: bool = False
+    resent: int = 0
 
     @property
     def generated_tokens(self) -> int:
@@ -155,6 +167,7 @@ class StreamStats:
         requested_tokens: Sum of ``max_tokens`` over the finished streams.
         short_streams: Finished streams that generated fewer tokens than requested (natural EOS
             on a server that cannot ignore it).
+        resent: Sends repeated because a connection closed before the request was written.
         tokens_per_s: ``generated_tokens / elapsed_s``.
         ttft_p50_ms: Median time to first token, in milliseconds.
         ttft_p99_ms: 99th-percentile time to first token.
@@ -171,6 +184,7 @@ class StreamStats:
     generated_tokens: int
     requested_tokens: int
     short_streams: int
+    resent: int
     tokens_per_s: float
     ttft_p50_ms: float
     ttft_p99_ms: float
@@ -201,6 +215,7 @@ def summarise_streams(
         generated_tokens=generated,
         requested_tokens=sum(r.requested_tokens for r in done),
         short_streams=sum(1 for r in done if r.generated_tokens < r.requested_tokens),
+        resent=sum(r.resent for r in records),
         tokens_per_s=generated / elapsed_s if elapsed_s > 0 else 0.0,
         ttft_p50_ms=1000.0 * quantile(ttfts, 0.50),
         ttft_p99_ms=1000.0 * quantile(ttfts, 0.99),
@@ -240,24 +255,57 @@ def _consume_line(line: bytes, record: StreamRecord) -> bool:
     return False
 
 
-async def _stream_one(
+def closed_before_sent(exc: BaseException) -> bool:
+    """Return True when ``exc`` says that none of the request reached the connection.
+
+    aiohttp writes a request's headers together with its body in one write, and refuses that
+    write with ``ClientConnectionResetError`` when the connection is already closing (the
+    server's close arrived after the connection left the pool); it reports the refusal as
+    ``ClientOSError`` "Can not write request body", caused by that error. Such a request is
+    safe to send again: the server never received a byte of it. A failure after the write
+    (the server dropped the connection while holding the request) is not. The same cause can
+    also come from waiting for a full write buffer to drain, after bytes went out, but only
+    for bodies over aiohttp's 64 KiB buffer limit; this benchmark's are a few kilobytes.
+    """
+    return isinstance(exc, aiohttp.ClientOSError) and isinstance(
+        exc.__cause__, aiohttp.ClientConnectionResetError
+    )
+
+
+async def _exchange(
     session: aiohttp.ClientSession, url: str, request: StreamRequest, record: StreamRecord
 ) -> None:
-    """Send one streaming request and fill ``record`` as its events arrive."""
+    """Send one streaming request once and fill ``record`` as its events arrive."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    try:
-        async with session.post(url, data=request.body, headers=headers) as response:
-            record.status = response.status
-            if response.status != 200:
-                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
-                return
-            async for line in response.content:
-                if _consume_line(line, record):
-                    break
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        record.error = f"{type(exc).__name__}: {exc}"
+    async with session.post(url, data=request.body, headers=headers) as response:
+        record.status = response.status
+        if response.status != 200:
+            record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+            return
+        async for line in response.content:
+            if _consume_line(line, record):
+                break
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, request: StreamRequest, record: StreamRecord
+) -> None:
+    """Stream one request into ``record``, resending it while it was never written.
+
+    A request is sent again, at most ``MAX_RESENDS`` times, only when ``closed_before_sent``
+    holds; ``record.sent_at`` stays the first send, so the resend counts in its TTFT.
+    """
+    while True:
+        try:
+            await _exchange(session, url, request, record)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            if closed_before_sent(exc) and record.resent < MAX_RESENDS:
+                record.resent += 1
+                continue
+            record.error = f"{type(exc).__name__}: {exc}"
+            return
+        record.finished = record.error is None
         return
-    record.finished = record.error is None
 
 
 @dataclass
@@ -280,7 +328,7 @@ async def _worker(
         cursor.next_index += 1
         record = StreamRecord(requested_tokens=request.max_tokens, sent_at=time.perf_counter())
         records.append(record)
-        await _stream_one(session, url, request, record)
+        await stream_one(session, url, request, record)
 
 
 async def run_streaming_closed_loop(

@@ -137,7 +137,8 @@ def test_llama_server_cache_is_named_by_pin_and_cpu() -> None:
 def _result(label: str, tokens_per_s: float) -> ConfigResult:
     stats = StreamStats(
         sent=1, finished=1, status_counts={200: 1}, errors={}, timed_out=False, elapsed_s=1.0,
-        generated_tokens=1, requested_tokens=1, short_streams=0, tokens_per_s=tokens_per_s,
+        generated_tokens=1, requested_tokens=1, short_streams=0, resent=0,
+        tokens_per_s=tokens_per_s,
         ttft_p50_ms=1.0, ttft_p99_ms=1.0, itl_p50_ms=1.0, itl_p99_ms=1.0,
     )  # fmt: skip
     return ConfigResult(label, label, (), stats, 1.0)
@@ -225,13 +226,14 @@ def test_summarise_streams_pools_gaps_and_counts_cut_streams() -> None:
     full = StreamRecord(4, 0.0, [1.0, 1.1, 1.2, 1.3], completion_tokens=4, status=200)
     full.finished = True
     short = StreamRecord(8, 0.0, [2.0, 2.3], completion_tokens=2, status=200, finished=True)
+    short.resent = 2
     cut = StreamRecord(16, 0.0, [3.0, 3.5, 4.0], status=200)
     failed = StreamRecord(4, 0.0, status=503, error="HTTP 503: queue full")
     stats = summarise_streams([full, short, cut, failed], elapsed_s=4.5, timed_out=True)
     assert (stats.sent, stats.finished, stats.timed_out) == (4, 2, True)
     assert stats.generated_tokens == 4 + 2 + 3
     assert stats.tokens_per_s == pytest.approx(9 / 4.5)
-    assert (stats.requested_tokens, stats.short_streams) == (12, 1)
+    assert (stats.requested_tokens, stats.short_streams, stats.resent) == (12, 1, 2)
     assert stats.status_counts == {200: 3, 503: 1}
     assert stats.errors == {"HTTP 503: queue full": 1}
     assert stats.ttft_p50_ms == pytest.approx(2000.0)
