@@ -206,6 +206,17 @@ class Wire(BaseModel):
     )
 
 
+class StatusWire(Wire):
+    """Base of every model of `.status`: as `Wire`, but fields it does not know are dropped.
+
+    The operator reads back a status that another operator version may have written (an
+    upgrade, a rollback of the operator itself); a field it does not know must not make that
+    status unreadable.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+
 def keyed_list(key: str, *, max_length: int) -> Any:
     """A list field, empty by default, whose items Kubernetes tells apart by `key`.
 
