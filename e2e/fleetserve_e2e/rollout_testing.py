@@ -162,6 +162,17 @@ def wait_event_reasons(env: RolloutEnv, *reasons: str) -> list[str]:
     return wait_for_events(env.kube, env.namespace, NAME, *reasons)
 
 
+def assert_promoted_once(operator: OperatorProcess) -> None:
+    """The operator counted exactly one promotion.
+
+    It counts as the transition's side effect, after the status write that promoted: a scrape
+    right after that write can come first, so this waits for the count, then checks it is one.
+    """
+    counter = "fleetserve_operator_promotions"
+    wait_until(lambda: operator.total(counter) >= 1, timeout_s=30.0, what="the promotion counted")
+    assert operator.total(counter) == 1
+
+
 def route_weights(env: RolloutEnv) -> dict[str, int]:
     """The HTTPRoute's weight per track."""
     return track_weights(env.kube.get(child_path("HTTPRoute", env.namespace, NAME)), NAME)
