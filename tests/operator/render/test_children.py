@@ -11,8 +11,6 @@ from fleetserve_operator import naming
 from fleetserve_operator.render import (
     APPLIED_HASH_ANNOTATION,
     INFERENCE_PATHS,
-    Owner,
-    child_key,
     desired_children,
     is_controlled_by,
     is_drifted,
@@ -22,14 +20,13 @@ from fleetserve_operator.render import (
 )
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import OWNER, children_by_key
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw", "sectionName": "http"}]}
 
 
 def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    spec = make_spec(**sections)
-    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    return children_by_key(make_spec(**sections))
 
 
 def _container(children: dict[tuple[str, str], Any], name: str = "demo-stable") -> Any:
@@ -241,7 +238,7 @@ def test_fallback_active_moves_traffic_and_replicas() -> None:
         "lastTransitionTime": "2025-01-01T00:00:00Z"}]})  # fmt: skip
     spec = make_spec(fallback={"enabled": True, "replicas": {"min": 1, "max": 3}}, traffic=GATEWAY)
     assert traffic_weights(spec, status) == {naming.Track.STABLE: 0, naming.Track.FALLBACK: 100}
-    children = {child_key(c): c for c in desired_children(OWNER, spec, status)}
+    children = children_by_key(spec, status)
     assert children[("Deployment", "demo-fallback")]["spec"]["replicas"] == 3
     assert children[("Service", "demo")]["spec"]["selector"][naming.POOL_LABEL] == "cpu"
 
@@ -350,7 +347,7 @@ def test_stable_keeps_its_spec_but_takes_replica_bounds_from_the_current_one() -
     status = InferenceServiceStatus.model_validate(
         {"phase": "Succeeded", "rollout": {"stableSpec": old.gpu_track.model_dump(by_alias=True)}}
     )
-    children = {child_key(c): c for c in desired_children(OWNER, new, status)}
+    children = children_by_key(new, status)
     stable = children[("Deployment", "demo-stable")]
     assert stable["spec"]["replicas"] == 3
     version = stable["metadata"]["labels"][naming.MODEL_VERSION_LABEL]
@@ -411,9 +408,7 @@ def test_an_autoscaled_canary_is_sized_from_the_observed_stable() -> None:
     """With an autoscaler the stable count is left alone and the canary follows what runs."""
     spec = make_spec(runtime={"replicas": {"min": 2, "max": 10}})
     status = InferenceServiceStatus(phase="Progressing", canary_weight=50)
-    children = {
-        child_key(c): c for c in desired_children(OWNER, spec, status, observed_stable_replicas=6)
-    }
+    children = children_by_key(spec, status, observed_stable_replicas=6)
     assert "replicas" not in children[("Deployment", "demo-stable")]["spec"]
     assert children[("Deployment", "demo-canary")]["spec"]["replicas"] == 3
 

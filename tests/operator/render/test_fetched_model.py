@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 
 from fleetserve_operator import contract
-from fleetserve_operator.render import Owner, child_key, desired_children
-from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import children_by_key
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 DIGEST = "sha256:" + "a" * 64
 S3 = {
     "name": "enc",
@@ -36,7 +34,7 @@ TRACKS = ("demo-stable", "demo-fallback")
 
 def _pods(model: dict[str, Any]) -> list[Any]:
     spec = make_spec(model=model, fallback={"enabled": True})
-    children = {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    children = children_by_key(spec)
     return [children[("Deployment", name)]["spec"]["template"]["spec"] for name in TRACKS]
 
 

@@ -13,19 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_operator import contract
-from fleetserve_operator.render import Owner, child_key, desired_children
-from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import children_by_key
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}], "hostnames": ["a.example"]}
 CHAT = {"name": "chat", "version": "1", "uri": "builtin://synthetic-generate"}
 TRACKS = ("demo-stable", "demo-fallback")
 
 
 def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    spec = make_spec(**sections)
-    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    return children_by_key(make_spec(**sections))
 
 
 def _pod(children: dict[tuple[str, str], Any], name: str) -> Any:
