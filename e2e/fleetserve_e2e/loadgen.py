@@ -40,6 +40,12 @@ def track_weights(route: JsonObject, name: str) -> dict[str, int]:
     return {ref["name"].removeprefix(f"{name}-"): ref["weight"] for ref in refs}
 
 
+def canary_weight(route: JsonObject, name: str) -> int:
+    """The canary's weight in an InferenceService's HTTPRoute, over all its rules; 0: none."""
+    refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
+    return next((ref["weight"] for ref in refs if ref["name"] == f"{name}-canary"), 0)
+
+
 @dataclass(frozen=True)
 class Record:
     """One request: when it was sent (monotonic seconds), to which track, and its status."""

@@ -17,7 +17,7 @@ from typing import Any
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
 from fleetserve_e2e.loadgen import LoadDriver, track_weights
-from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path, fsvc_status
 from fleetserve_e2e.operator_testing import service_events, synthetic_service, wait_for_events
 from fleetserve_e2e.prometheus import LocalPrometheus
 from fleetserve_e2e.waiting import wait_until
@@ -111,8 +111,7 @@ def rollout_service(
 
 def service_status(env: RolloutEnv, name: str = NAME) -> JsonObject:
     """The InferenceService's status (empty before the operator first writes it)."""
-    status: JsonObject = env.kube.get(fsvc_path(env.namespace, name)).get("status", {})
-    return status
+    return fsvc_status(env.kube, env.namespace, name)
 
 
 def stable_status(env: RolloutEnv, version: str, name: str = NAME) -> JsonObject | None:
