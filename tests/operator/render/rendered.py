@@ -1,4 +1,4 @@
-"""The render tests' owner, and the children it renders for a spec, by (kind, name)."""
+"""The render tests' owner, the children it renders for a spec by (kind, name), and flags."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ def children_by_key(
     """What `desired_children` renders for `spec` under `OWNER` (a fresh status when None)."""
     rendered = desired_children(OWNER, spec, status or InferenceServiceStatus(), **options)
     return {child_key(child): child for child in rendered}
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    """The value after `flag` in a container's `args`."""
+    return args[args.index(flag) + 1]

@@ -20,7 +20,7 @@ from fleetserve_operator.render import (
 )
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
-from tests.operator.render.rendered import OWNER, children_by_key
+from tests.operator.render.rendered import OWNER, children_by_key, flag_value
 
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw", "sectionName": "http"}]}
 
@@ -31,11 +31,6 @@ def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
 
 def _container(children: dict[tuple[str, str], Any], name: str = "demo-stable") -> Any:
     return children[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
-
-
-def _flag(container: dict[str, Any], flag: str) -> str:
-    args: list[str] = container["args"]
-    return args[args.index(flag) + 1]
 
 
 def _get(obj: Any, path: str) -> Any:
@@ -86,7 +81,7 @@ def _get(obj: Any, path: str) -> Any:
 )  # fmt: skip
 def test_stable_args_render_the_spec(sections: dict[str, Any], flag: str, value: str) -> None:
     """Each batching/memory/model field becomes the runtime flag of the same meaning."""
-    assert _flag(_container(_children(**sections)), flag) == value
+    assert flag_value(_container(_children(**sections))["args"], flag) == value
 
 
 @pytest.mark.parametrize(
@@ -180,10 +175,10 @@ def test_fallback_runs_on_cpu_with_its_overrides() -> None:
         "batching": {"maxBatchSize": 4},
     })  # fmt: skip
     container = _container(children, "demo-fallback")
-    assert _flag(container, "--device") == "cpu"
-    assert _flag(container, "--track") == "fallback"
-    assert _flag(container, "--max-batch-size") == "4"
-    assert _flag(container, "--threads") == "2"
+    assert flag_value(container["args"], "--device") == "cpu"
+    assert flag_value(container["args"], "--track") == "fallback"
+    assert flag_value(container["args"], "--max-batch-size") == "4"
+    assert flag_value(container["args"], "--threads") == "2"
     assert container["resources"] == {"requests": {"cpu": "4"}}
     deployment = children[("Deployment", "demo-fallback")]
     assert deployment["spec"]["replicas"] == 1
