@@ -46,6 +46,7 @@ from fleetserve_e2e.operator_process import (
     OperatorProcess,
     condition,
     fsvc_path,
+    fsvc_status,
     install_crd,
 )
 from fleetserve_e2e.paths import REPO_DIR, binary
@@ -467,8 +468,7 @@ class Story:
 
 
 def _status(kube: KubeClient, name: str = NAME) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(NAMESPACE, name)).get("status", {})
-    return status
+    return fsvc_status(kube, NAMESPACE, name)
 
 
 def _ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
