@@ -306,12 +306,7 @@ def _roll_out(fleet: Fleet, model: dict[str, str], ended: str) -> tuple[JsonObje
             f"{status.get('rollout', {}).get('message', '')}"
         )
         assert status["phase"] == ended, status.get("rollout")
-        # Status leads the route (write-ahead): let the driver see the route's last change too.
-        wait_until(
-            lambda: not load.weights.get("canary"),
-            timeout_s=30.0,
-            what="the load driver to see the canary withdrawn",
-        )
+        load.wait_canary_gone()
     assert {"stable", "canary"} <= scraped, scraped
     return status, load
 
@@ -321,8 +316,7 @@ def test_a_new_version_is_promoted_through_a_canary_container(fleet: Fleet) -> N
     status, load = _roll_out(fleet, synthetic_model("2"), "Succeeded")
     assert status["stableVersion"] == "2"
     assert condition(status, "Promoted")["status"] == "True"
-    canary_weights = [sample.weights.get("canary") for sample in load.routes]
-    assert [w for w in canary_weights if w] == ROLLOUT_STEPS, load.routes
+    assert load.canary_steps() == ROLLOUT_STEPS, load.routes
     assert _route_weights(fleet) == {"stable": 100}
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
     assert len(passed) >= len(ROLLOUT_STEPS), status["rollout"]["analyses"]

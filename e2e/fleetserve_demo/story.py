@@ -46,6 +46,7 @@ from fleetserve_e2e.operator_process import (
     OperatorProcess,
     condition,
     fsvc_path,
+    fsvc_status,
     install_crd,
 )
 from fleetserve_e2e.paths import REPO_DIR, binary
@@ -467,8 +468,7 @@ class Story:
 
 
 def _status(kube: KubeClient, name: str = NAME) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(NAMESPACE, name)).get("status", {})
-    return status
+    return fsvc_status(kube, NAMESPACE, name)
 
 
 def _ready(kube: KubeClient, name: str) -> dict[str, Any] | None:
@@ -504,13 +504,10 @@ def _time_to_rollback(load: LoadDriver, since: float) -> float:
         raise StoryError("rolled back, but the load driver saw no failed canary request")
     first_bad = min(bad)
 
-    def withdrawn() -> float | None:
-        return next(
-            (s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")),
-            None,
-        )
-
     # The driver reads the route every 0.2 s: it sees the weight drop within moments.
-    return round(
-        wait_until(withdrawn, timeout_s=10.0, what="the route without the canary") - first_bad, 2
+    withdrawn = wait_until(
+        lambda: load.canary_gone_after(first_bad),
+        timeout_s=10.0,
+        what="the route without the canary",
     )
+    return round(withdrawn - first_bad, 2)

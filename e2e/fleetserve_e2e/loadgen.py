@@ -23,18 +23,27 @@ from fleetserve_e2e.kubeapi import JsonObject
 from fleetserve_e2e.lifecycle import Component
 from fleetserve_e2e.operator_process import INSTANCE_LABEL, TRACK_LABEL, child_path, get_or_none
 from fleetserve_e2e.pod_map import PodAddress
+from fleetserve_e2e.waiting import wait_until
 
 NO_ANSWER = 0
 """Status recorded when no ready pod of the track exists or the connection failed."""
 
 START_WAIT_S = 30.0
 """How long the driver waits, before its first request, to see the fleet it is to load."""
+ROUTE_CHANGE_S = 30.0
+"""How long a route change the operator has written may take to reach the driver's samples."""
 
 
 def track_weights(route: JsonObject, name: str) -> dict[str, int]:
     """An InferenceService's HTTPRoute weights by track (its backends are `<name>-<track>`)."""
     refs = route["spec"]["rules"][0]["backendRefs"]
     return {ref["name"].removeprefix(f"{name}-"): ref["weight"] for ref in refs}
+
+
+def canary_weight(route: JsonObject, name: str) -> int:
+    """The canary's weight in an InferenceService's HTTPRoute, over all its rules; 0: none."""
+    refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
+    return next((ref["weight"] for ref in refs if ref["name"] == f"{name}-canary"), 0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,28 @@ class LoadDriver(Component):
     def weights(self) -> dict[str, int]:
         """The weights the driver routes by now (empty before the route exists)."""
         return self.routes[-1].weights if self.routes else {}
+
+    def wait_canary_gone(self) -> None:
+        """Wait until the route the driver follows gives the canary no weight.
+
+        The operator writes status before the route (write-ahead): a test that saw the status
+        change waits here before it reads `routes`, or its samples may end before the route's.
+        """
+        wait_until(
+            lambda: not self.weights.get("canary"),
+            timeout_s=ROUTE_CHANGE_S,
+            what="the load driver to see no canary weight in the route",
+        )
+
+    def canary_steps(self) -> list[int]:
+        """The canary weights the driver routed by, in order, its zero weights left out."""
+        return [w for w in (s.weights.get("canary") for s in self.routes) if w]
+
+    def canary_gone_after(self, since: float) -> float | None:
+        """When the driver first saw the canary without weight after `since`; None: not yet."""
+        return next(
+            (s.time for s in self.routes if s.time > since and not s.weights.get("canary")), None
+        )
 
     def by_track(self, track: str) -> list[Record]:
         """The records of requests routed to `track`."""

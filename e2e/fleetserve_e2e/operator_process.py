@@ -60,6 +60,12 @@ def fsvc_path(namespace: str, name: str = "") -> str:
     return namespaced(PLURAL, namespace, name, group_version=GROUP_VERSION)
 
 
+def fsvc_status(kube: KubeClient, namespace: str, name: str) -> JsonObject:
+    """An InferenceService's status (empty before the operator first writes it)."""
+    status: JsonObject = kube.get(fsvc_path(namespace, name)).get("status", {})
+    return status
+
+
 def child_path(kind: str, namespace: str, name: str = "") -> str:
     """REST path of a child kind in `namespace` (or of one object)."""
     group_version, plural = CHILD_APIS[kind]

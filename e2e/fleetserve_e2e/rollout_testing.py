@@ -17,7 +17,7 @@ from typing import Any
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient
 from fleetserve_e2e.loadgen import LoadDriver, track_weights
-from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path, fsvc_status
 from fleetserve_e2e.operator_testing import service_events, synthetic_service, wait_for_events
 from fleetserve_e2e.prometheus import LocalPrometheus
 from fleetserve_e2e.waiting import wait_until
@@ -111,8 +111,7 @@ def rollout_service(
 
 def service_status(env: RolloutEnv, name: str = NAME) -> JsonObject:
     """The InferenceService's status (empty before the operator first writes it)."""
-    status: JsonObject = env.kube.get(fsvc_path(env.namespace, name)).get("status", {})
-    return status
+    return fsvc_status(env.kube, env.namespace, name)
 
 
 def stable_status(env: RolloutEnv, version: str, name: str = NAME) -> JsonObject | None:
@@ -160,6 +159,17 @@ def event_reasons(env: RolloutEnv) -> list[str]:
 def wait_event_reasons(env: RolloutEnv, *reasons: str) -> list[str]:
     """Wait until Events with every one of `reasons` are posted; return all the reasons."""
     return wait_for_events(env.kube, env.namespace, NAME, *reasons)
+
+
+def assert_promoted_once(operator: OperatorProcess) -> None:
+    """The operator counted exactly one promotion.
+
+    It counts as the transition's side effect, after the status write that promoted: a scrape
+    right after that write can come first, so this waits for the count, then checks it is one.
+    """
+    counter = "fleetserve_operator_promotions"
+    wait_until(lambda: operator.total(counter) >= 1, timeout_s=30.0, what="the promotion counted")
+    assert operator.total(counter) == 1
 
 
 def route_weights(env: RolloutEnv) -> dict[str, int]:

@@ -29,7 +29,7 @@ from fleetserve_e2e import KubeClient
 from fleetserve_e2e.gateway import LocalTraefik, create_gateway, is_programmed
 from fleetserve_e2e.listeners import listening_addresses
 from fleetserve_e2e.loadgen import track_weights
-from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path, fsvc_status
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
 from fleetserve_e2e.waiting import wait_until
@@ -72,11 +72,6 @@ def _service() -> dict[str, Any]:
         },
         rollout={"steps": STEPS, "interval": "1h", "progressDeadline": "2h"},
     )
-
-
-def _status(kube: KubeClient, namespace: str) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(namespace, NAME)).get("status", {})
-    return status
 
 
 def _route_weights(kube: KubeClient, namespace: str, kind: str) -> dict[str, int]:
@@ -220,7 +215,7 @@ def test_traefik_splits_http_and_grpc_by_the_routes_weights(
     kube.create(fsvc_path(namespace), _service())
 
     def stable_serves() -> bool:
-        status = _status(kube, namespace)
+        status = fsvc_status(kube, namespace, NAME)
         return status.get("stableVersion") == "1" and status.get("phase") == "Succeeded"
 
     wait_until(stable_serves, timeout_s=120.0, what="version 1 to serve")

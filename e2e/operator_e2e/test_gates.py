@@ -14,7 +14,7 @@ from typing import Any
 
 from fleetserve_e2e import KubeClient
 from fleetserve_e2e.cluster import LocalCluster
-from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path
+from fleetserve_e2e.operator_process import OperatorProcess, fsvc_path, fsvc_status
 from fleetserve_e2e.operator_testing import synthetic_service, wait_for_events
 from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
 from fleetserve_e2e.waiting import wait_until
@@ -30,14 +30,9 @@ ROLLOUT = {
 }
 
 
-def _status(kube: KubeClient, namespace: str) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(namespace, NAME)).get("status", {})
-    return status
-
-
 def _gate(kube: KubeClient, namespace: str) -> dict[str, Any] | None:
     """The step gate while the 50% step awaits approval, else None."""
-    status = _status(kube, namespace)
+    status = fsvc_status(kube, namespace, NAME)
     gate: dict[str, Any] = status.get("rollout", {}).get("stepGate", {})
     awaiting = gate.get("waiting") == "AwaitingApproval" and status.get("canaryWeight") == 50
     return gate if awaiting else None
@@ -50,7 +45,7 @@ def test_a_manual_gate_survives_an_operator_restart(
     first = start_operator(ROLLOUT_SETTINGS)
     kube.create(fsvc_path(namespace), synthetic_service(NAME, rollout=ROLLOUT))
     wait_until(
-        lambda: _status(kube, namespace).get("phase") == "Succeeded",
+        lambda: fsvc_status(kube, namespace, NAME).get("phase") == "Succeeded",
         timeout_s=60.0,
         what="version 1 to serve",
     )
@@ -65,7 +60,7 @@ def test_a_manual_gate_survives_an_operator_restart(
     start_operator(ROLLOUT_SETTINGS)
     time.sleep(5.0)  # more than two intervals: each passes, and the step keeps waiting
     after = _gate(kube, namespace)
-    assert after is not None, _status(kube, namespace)
+    assert after is not None, fsvc_status(kube, namespace, NAME)
     assert (after["startedAt"], after["waitingSince"]) == (
         before["startedAt"],
         before["waitingSince"],
@@ -74,7 +69,7 @@ def test_a_manual_gate_survives_an_operator_restart(
     patch = {"metadata": {"annotations": {APPROVE: "50"}}}
     kube.merge_patch(fsvc_path(namespace, NAME), patch)
     wait_until(
-        lambda: _status(kube, namespace).get("stableVersion") == "2",
+        lambda: fsvc_status(kube, namespace, NAME).get("stableVersion") == "2",
         timeout_s=60.0,
         what="version 2 to be promoted",
     )

@@ -73,8 +73,7 @@ def test_a_regression_during_the_bake_flips_back_to_the_standby(env: RolloutEnv)
         assert standby["spec"]["replicas"] == 1
         assert standby["spec"]["template"]["metadata"]["labels"][MODEL_VERSION_LABEL] == "1"
         status = wait_phase(env, "RolledBack", 90.0)
-        wait_until(lambda: not load.weights.get("canary"), timeout_s=30.0,
-                   what="the load driver to see the canary withdrawn")  # fmt: skip
+        load.wait_canary_gone()
         wait_until(
             lambda: (
                 get_or_none(env.kube, child_path("Deployment", env.namespace, f"{NAME}-canary"))
@@ -103,9 +102,8 @@ def test_a_regression_during_the_bake_flips_back_to_the_standby(env: RolloutEnv)
     assert not [r for r in load.records if r.status == NO_ANSWER]
     first_bad = min(r.time for r in bad)
     assert first_bad > baking_seen - INTERVAL_S, "the canary failed before its bake"
-    withdrawn = next(
-        s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
-    )
+    withdrawn = load.canary_gone_after(first_bad)
+    assert withdrawn is not None, load.routes
     after = [r for r in load.by_track("stable") if r.time > withdrawn]
     assert after, "no request reached the standby after the flip"
     assert all(r.status == 200 for r in load.by_track("stable"))

@@ -38,6 +38,7 @@ from fleetserve_e2e.rollout_testing import (
     ROLLOUT_S,
     STEPS,
     RolloutEnv,
+    assert_promoted_once,
     deploy,
     failed_requests,
     roll_out,
@@ -106,13 +107,7 @@ def _rolled_back(env: RolloutEnv, operator: OperatorProcess, load: LoadDriver) -
         what="the canary Deployment to go",
     )
     assert route_weights(env) == {"stable": 100}
-    # Status is written before the route (write-ahead), and the driver polls the route: wait
-    # until it has seen the canary withdrawn, or its samples may end before that change.
-    wait_until(
-        lambda: not load.weights.get("canary"),
-        timeout_s=30.0,
-        what="the load driver to see the canary withdrawn",
-    )
+    load.wait_canary_gone()
     # Counted as the transition's side effect, just after the status write.
     wait_until(
         lambda: operator.total("fleetserve_operator_rollbacks") == 1,
@@ -147,25 +142,12 @@ def test_healthy_version_is_promoted_step_by_step(
     with LoadDriver(env.cluster, env.namespace, NAME, NAME) as load:
         roll_out(env, synthetic_model("2"))
         status = wait_until(promoted, timeout_s=ROLLOUT_S, what="version 2 to become stable")
-        # Status leads the route (write-ahead): let the driver see the promoted route too.
-        wait_until(
-            lambda: not load.weights.get("canary"),
-            timeout_s=30.0,
-            what="the load driver to see the promoted route",
-        )
-    canary_weights = [sample.weights.get("canary") for sample in load.routes]
-    assert [w for w in canary_weights if w] == STEPS, load.routes
+        load.wait_canary_gone()
+    assert load.canary_steps() == STEPS, load.routes
     assert route_weights(env) == {"stable": 100}
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
     assert len(passed) >= len(STEPS)
-    # Counted as the transition's side effect, after the status write that promoted: a scrape
-    # right after that write can come first, so wait for it, then check there was only one.
-    wait_until(
-        lambda: operator.total("fleetserve_operator_promotions") >= 1,
-        timeout_s=30.0,
-        what="the promotion counted",
-    )
-    assert operator.total("fleetserve_operator_promotions") == 1
+    assert_promoted_once(operator)
     assert condition(status, "Promoted")["status"] == "True"
     stepped = {w for w in gauged if w}
     assert stepped, f"the canary weight gauge showed no step: {gauged}"
@@ -207,9 +189,8 @@ def test_erroring_version_is_rolled_back_at_once(env: RolloutEnv) -> None:
     assert bad, "the canary answered no error"
     assert {r.track for r in bad} == {"canary"}
     first_bad = min(r.time for r in bad)
-    withdrawn = next(
-        s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
-    )
+    withdrawn = load.canary_gone_after(first_bad)
+    assert withdrawn is not None, load.routes
     print(f"\nthreshold mode: time_to_rollback_s={withdrawn - first_bad:.2f}")
 
 
@@ -238,9 +219,8 @@ def test_sequential_mode_rolls_an_erroring_version_back_within_one_interval(
     bad = [r for r in load.records if r.is_server_error]
     assert {r.track for r in bad} == {"canary"}
     first_bad = min(r.time for r in bad)
-    withdrawn = next(
-        s.time for s in load.routes if s.time > first_bad and not s.weights.get("canary")
-    )
+    withdrawn = load.canary_gone_after(first_bad)
+    assert withdrawn is not None, load.routes
     elapsed = withdrawn - first_bad
     # On lines of their own: `make e2e-rollout` greps the last time_to_rollback_s.
     print(f"\ntime_to_rollback_s={elapsed:.2f}\nintervals={elapsed / SEQUENTIAL_INTERVAL_S:.2f}")
@@ -318,9 +298,8 @@ def test_good_generative_version_is_promoted_on_its_token_latencies(env: Rollout
         status = wait_until(
             lambda: stable_status(env, "2"), timeout_s=ROLLOUT_S, what="version 2 to become stable"
         )
-        wait_until(lambda: not load.weights.get("canary"), timeout_s=30.0,
-                   what="the load driver to see the promoted route")  # fmt: skip
-    assert [w for w in (s.weights.get("canary") for s in load.routes) if w] == STEPS
+        load.wait_canary_gone()
+    assert load.canary_steps() == STEPS
     assert all(r.status == 200 for r in load.records), "a stream failed"
     passed = [a for a in status["rollout"]["analyses"] if a["verdict"] == "Passed"]
     assert len(passed) >= len(STEPS)
@@ -356,7 +335,8 @@ def test_generative_version_slower_per_token_is_rolled_back_on_itl(env: RolloutE
     assert load.by_track("canary"), "no stream reached the canary"
     assert all(r.status == 200 for r in load.records), "a stream failed"
     first = min(r.time for r in load.by_track("canary"))
-    withdrawn = next(s.time for s in load.routes if s.time > first and not s.weights.get("canary"))
+    withdrawn = load.canary_gone_after(first)
+    assert withdrawn is not None, load.routes
     print(
         f"\n{message}\nitl_rollback_after_s={withdrawn - first:.2f} (from the first canary stream)"
     )

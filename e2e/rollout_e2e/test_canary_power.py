@@ -20,6 +20,7 @@ from fleetserve_e2e.rollout_testing import (
     NAME,
     STEPS,
     RolloutEnv,
+    assert_promoted_once,
     deploy,
     event_reasons,
     roll_out,
@@ -70,11 +71,7 @@ def test_a_version_failing_three_times_as_often_is_rolled_back_never_promoted(
                     duration_s=DECISION_S) as load:  # fmt: skip
         roll_out(env, synthetic_model("2", error_rate=3 * STABLE_ERRORS, seed=1))
         status = _decided(env)
-        wait_until(
-            lambda: not load.weights.get("canary"),
-            timeout_s=30.0,
-            what="the load driver to see the canary withdrawn",
-        )
+        load.wait_canary_gone()
     message = status["rollout"]["message"]
     print(f"\n{message}\n{_canary_errors(load)}")
     assert status["phase"] == "RolledBack", message
@@ -94,21 +91,10 @@ def test_a_version_as_good_as_stable_is_held_for_evidence_then_promoted(env: Rol
                     duration_s=DECISION_S) as load:  # fmt: skip
         roll_out(env, synthetic_model("2", error_rate=STABLE_ERRORS, seed=1))
         status = _decided(env)
-        wait_until(
-            lambda: not load.weights.get("canary"),
-            timeout_s=30.0,
-            what="the load driver to see the promoted route",
-        )
+        load.wait_canary_gone()
     assert status["phase"] == "Succeeded", status["rollout"]["message"]
-    assert [w for w in (s.weights.get("canary") for s in load.routes) if w] == STEPS
-    # Counted as the transition's side effect, after the status write that promoted: a scrape
-    # right after that write can come first, so wait for it, then check there was only one.
-    wait_until(
-        lambda: operator.total("fleetserve_operator_promotions") >= 1,
-        timeout_s=30.0,
-        what="the promotion counted",
-    )
-    assert operator.total("fleetserve_operator_promotions") == 1
+    assert load.canary_steps() == STEPS
+    assert_promoted_once(operator)
     gates = {
         check["name"]: check["power"]
         for check in status["rollout"]["evidence"]["checks"]

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from fleetserve_e2e import KubeClient, LocalCluster
-from fleetserve_e2e.kubeapi import JsonObject
-from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
+from fleetserve_e2e.loadgen import canary_weight
+from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path, fsvc_status
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.paths import REPO_DIR
 from fleetserve_e2e.ports import free_port
@@ -38,16 +38,6 @@ CRASHING = [
     "run",
 ]
 TICK = {"FLEETSERVE_ROLLOUT_TICK_S": "0.5"}
-
-
-def _canary_weight(route: JsonObject) -> int:
-    refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
-    return next((ref["weight"] for ref in refs if ref["name"] == f"{NAME}-canary"), 0)
-
-
-def _status(kube: KubeClient, namespace: str) -> dict[str, Any]:
-    status: dict[str, Any] = kube.get(fsvc_path(namespace, NAME)).get("status", {})
-    return status
 
 
 def test_traffic_never_moves_back_after_a_crash_between_the_writes(
@@ -71,7 +61,7 @@ def test_traffic_never_moves_back_after_a_crash_between_the_writes(
         rollout = {"steps": [20, STEP, 100], "interval": "2s", "progressDeadline": "2m"}
         traffic = {"provider": "gateway-api", "parentRefs": [{"name": "gateway"}]}
         kube.create(fsvc_path(namespace), synthetic_service(NAME, traffic=traffic, rollout=rollout))
-        wait_until(lambda: _status(kube, namespace).get("phase") == "Succeeded",
+        wait_until(lambda: fsvc_status(kube, namespace, NAME).get("phase") == "Succeeded",
                    timeout_s=90.0, what="version 1 to serve")  # fmt: skip
         model = {"name": NAME, "version": "2", "uri": "builtin://synthetic?latency_ms=1"}
         kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"model": model}})
@@ -81,19 +71,22 @@ def test_traffic_never_moves_back_after_a_crash_between_the_writes(
         first.stop()
     assert_operator_log_clean(first.log(), "the crashing operator's log")
 
-    at_crash = _status(kube, namespace)
+    at_crash = fsvc_status(kube, namespace, NAME)
     prometheus = f"http://127.0.0.1:{free_port()}"  # nothing listens: Prometheus is down
     analysis = {"prometheusUrl": prometheus, "window": "2s", "inconclusiveThreshold": 1}
     kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"rollout": {"analysis": analysis}}})
     route = kube.get(child_path("HTTPRoute", namespace, NAME))
     with watch_history(
-        local_cluster, child_path("HTTPRoute", namespace), route, _canary_weight
+        local_cluster,
+        child_path("HTTPRoute", namespace),
+        route,
+        lambda manifest: canary_weight(manifest, NAME),
     ) as weights:
         assert max(weights[0], at_crash["canaryWeight"]) == STEP, "not killed at the step"
         start_operator({**TICK, "FLEETSERVE_PROMETHEUS_URL": prometheus})
 
         def judged_without_data() -> dict[str, Any] | None:
-            status = _status(kube, namespace)
+            status = fsvc_status(kube, namespace, NAME)
             analyses = status.get("rollout", {}).get("analyses", [])
             held = analyses and analyses[-1].get("reason") == "PrometheusDown"
             return status if held and weights[-1] == status["canaryWeight"] else None
@@ -101,7 +94,7 @@ def test_traffic_never_moves_back_after_a_crash_between_the_writes(
         try:
             status = wait_until(judged_without_data, timeout_s=60.0, what="a step held")
         except TimeoutError:
-            pytest.fail(f"route weights {weights}, status {_status(kube, namespace)}")
+            pytest.fail(f"route weights {weights}, status {fsvc_status(kube, namespace, NAME)}")
     assert status["canaryWeight"] >= at_crash["canaryWeight"]
     assert weights == sorted(weights), f"the canary's weight went back: {weights}"
     assert weights[-1] == status["canaryWeight"] == STEP

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetserve_e2e import KubeClient, LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject
+from fleetserve_e2e.loadgen import canary_weight
 from fleetserve_e2e.operator_process import OperatorProcess, child_path, fsvc_path
 from fleetserve_e2e.operator_testing import synthetic_service
 from fleetserve_e2e.rollout_testing import ROLLOUT_SETTINGS
@@ -90,11 +91,6 @@ def pair(
     return Pair(kube, namespace, local_cluster, leader, standby)
 
 
-def _canary_weight(route: JsonObject) -> int:
-    refs = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
-    return next((ref["weight"] for ref in refs if ref["name"] == f"{NAME}-canary"), 0)
-
-
 def _step(service: JsonObject) -> tuple[int, int]:
     """(status.rollout.stepIndex, status.canaryWeight); -1 before the first step."""
     status = service.get("status", {})
@@ -128,7 +124,10 @@ def test_killing_the_leader_mid_rollout_hands_over_and_the_rollout_continues(pai
     with (
         watch_history(pair.cluster, fsvc_path(namespace), service, _step) as steps,
         watch_history(
-            pair.cluster, child_path("HTTPRoute", namespace), route, _canary_weight
+            pair.cluster,
+            child_path("HTTPRoute", namespace),
+            route,
+            lambda manifest: canary_weight(manifest, NAME),
         ) as weights,
     ):
         assert _writes(standby) == 0, "the standby wrote before it led"

@@ -19,7 +19,7 @@ import yaml
 
 from fleetserve_operator import naming
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus
-from fleetserve_operator.spec.base import cel
+from fleetserve_operator.spec.base import VALIDATIONS, cel
 
 __all__ = ["DEFAULT_PATH", "build_crd", "main", "render_crd", "structural"]
 
@@ -85,7 +85,7 @@ def _map_keys(node: Schema, path: str) -> Schema:
         head = _cel_string(f"{path} key '")
         tail = _cel_string(f"' must {' and '.join(wanted)}")
         rule["messageExpression"] = f"{head} + self.filter(k, !({condition}))[0] + {tail}"
-        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), rule]
+        node[VALIDATIONS] = [*node.get(VALIDATIONS, []), rule]
     return node
 
 
@@ -128,7 +128,7 @@ def _normalise(node: Schema) -> Schema:
         default = node["default"]
         if default is None or default == [] or (default == {} and node.get("type") != "object"):
             del node["default"]
-        elif isinstance(default, dict) and "x-kubernetes-validations" not in node:
+        elif isinstance(default, dict) and VALIDATIONS not in node:
             # The API server validates a default against the node's CEL rules without filling
             # in the nested defaults first, so only objects without rules shrink to `{}`.
             node["default"] = {}
@@ -178,7 +178,7 @@ def build_crd() -> Schema:
             "spec": _schema(InferenceServiceSpec, "spec"),
             "status": _schema(InferenceServiceStatus, "status"),
         },
-        "x-kubernetes-validations": [
+        VALIDATIONS: [
             cel(
                 f"size(self.metadata.name) <= {naming.MAX_NAME_LENGTH} && "
                 "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetserve_runtime.testing.process import free_port
 from tests.images.dockerfile_stages import (
     DOCKERFILES,
     HASH_CHECKED,
@@ -165,12 +165,6 @@ def test_operator_image_has_no_torch_and_the_runtime_a_healthcheck() -> None:
     assert "runtime/" not in " ".join(instructions(ROOT / "Dockerfile.operator", "COPY"))
     (healthcheck,) = instructions(ROOT / "Dockerfile.runtime", "HEALTHCHECK", final_stage=True)
     assert "/v2/health/ready" in healthcheck
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def image_command(path: Path) -> list[str]:

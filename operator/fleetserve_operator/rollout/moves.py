@@ -348,6 +348,17 @@ def recorded(t: Tick, **changes: Any) -> Tick:
     return replace(t, status=t.status.model_copy(update=update))
 
 
+def counted_inconclusive(t: Tick) -> tuple[Tick, int, str]:
+    """`t` with its due analysis recorded as one more inconclusive in a row.
+
+    Also the count in a row, and why there was no verdict: the reason, the analysis's message.
+    """
+    result = due_analysis(t)
+    count = t.status.rollout.inconclusive_analyses + 1
+    reason = result.reason.value if result.reason else "Inconclusive"
+    return recorded(t, inconclusive_analyses=count), count, f"{reason}: {result.message}"
+
+
 def passed(t: Tick) -> Step:
     """A passed analysis: record it and advance (out of Holding too)."""
     return advance(recorded(t))
@@ -417,11 +428,9 @@ def inconclusive(t: Tick) -> Step:
     result, analysis = due_analysis(t), t.spec.rollout.analysis
     if result.reason is InconclusiveReason.INSUFFICIENT_EVIDENCE:
         return hold_for_evidence(t, result)
-    count = t.status.rollout.inconclusive_analyses + 1
     threshold = analysis.inconclusive_threshold if analysis else 1
-    t = recorded(t, inconclusive_analyses=count)
-    reason = result.reason.value if result.reason else "Inconclusive"
-    detail = f"{reason}: {result.message} ({count}/{threshold} inconclusive analyses)"
+    t, count, why = counted_inconclusive(t)
+    detail = f"{why} ({count}/{threshold} inconclusive analyses)"
     phase = P.HOLDING if count >= threshold else t.phase
     if phase is P.HOLDING:
         detail = f"holding at {t.status.canary_weight}%, never promoting without data: {detail}"
@@ -496,12 +505,9 @@ def bake_failed(t: Tick) -> Step:
 
 def bake_inconclusive(t: Tick) -> Step:
     """No verdict during the bake: counted and reported; the bake cannot end on it."""
-    result = due_analysis(t)
-    count = t.status.rollout.inconclusive_analyses + 1
-    t = recorded(t, inconclusive_analyses=count)
-    reason = result.reason.value if result.reason else "Inconclusive"
+    t, count, why = counted_inconclusive(t)
     detail = (
-        f"baking at 100%, never promoting without data: {reason}: {result.message} "
+        f"baking at 100%, never promoting without data: {why} "
         f"({count} inconclusive analyses in a row)"
     )
     status = t.status.model_copy(update=with_rollout(t.status, message=detail))

@@ -19,6 +19,7 @@ from fleetserve_operator.rollout.moves import (
     Step,
     Tick,
     at_step,
+    counted_inconclusive,
     due_analysis,
     elapsed_s,
     first_step,
@@ -95,19 +96,16 @@ def shadow_failed(t: Tick) -> Step:
 
 def shadow_inconclusive(t: Tick) -> Step:
     """No verdict yet: keep shadowing, until `maxDuration` rolls the canary back."""
-    result = due_analysis(t)
-    count = t.status.rollout.inconclusive_analyses + 1
-    t = recorded(t, inconclusive_analyses=count)
-    reason = result.reason.value if result.reason else "Inconclusive"
+    t, _, why = counted_inconclusive(t)
     shadow, stage = t.spec.rollout.shadow, t.status.rollout.shadow
     if shadow is not None and stage is not None and elapsed_s(stage.until, t.now) >= 0:
         detail = (
             f"no verdict within the shadow stage's maxDuration {shadow.max_duration}, never "
-            f"passing without evidence: {reason}: {result.message}"
+            f"passing without evidence: {why}"
         )
         return roll_back(t, "ShadowInconclusive", detail)
     until = stage.until if stage is not None else "maxDuration"
-    detail = f"shadowing at weight 0 until {until}: {reason}: {result.message}"
+    detail = f"shadowing at weight 0 until {until}: {why}"
     return Step(t.status.model_copy(update=with_rollout(t.status, message=detail)))
 
 

@@ -11,7 +11,7 @@ reconciler's.
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, model_validator
+from pydantic import model_validator
 
 from fleetserve_operator.spec.base import (
     GPU_RESOURCE,
@@ -19,6 +19,7 @@ from fleetserve_operator.spec.base import (
     DnsSubdomain,
     Wire,
     cel,
+    cel_rules,
     parse_duration_s,
     parse_quantity,
 )
@@ -219,55 +220,51 @@ def _kv_usage_needs_generation(field: str) -> str:
 class InferenceServiceSpec(Wire):
     """The desired state of one served model (`spec` of an InferenceService)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    f"!has(self.generation) || {GENERATIVE_CEL}",
-                    "generation applies to generative models only: set model.task to "
-                    "generate, or remove generation",
-                    ".generation",
-                ),
-                cel(
-                    f"!has(self.fallback) || !has(self.fallback.generation) || {GENERATIVE_CEL}",
-                    "fallback.generation applies to generative models only: set model.task "
-                    "to generate, or remove fallback.generation",
-                    ".fallback.generation",
-                ),
-                cel(
-                    f"!{GENERATIVE_CEL} || !has(self.traffic) || "
-                    f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
-                    "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
-                    _HOSTNAMES_NEEDED,
-                    ".traffic.hostnames",
-                ),
-                KV_FIT_RULE,
-                *BACKEND_RULES,
-                *GRPC_RULES,
-                cel(
-                    "!self.runtime.grpc.enabled || "
-                    f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
-                    "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
-                    _GRPC_HOSTNAMES_NEEDED,
-                    ".traffic.hostnames",
-                ),
-                *(
-                    cel(
-                        f"!has(self{path}.scaling) || "
-                        f"self{path}.scaling.metric != '{ScalingMetric.KV_CACHE_USAGE}' || "
-                        f"{GENERATIVE_CEL}",
-                        _kv_usage_needs_generation(f"{prefix}scaling.metric"),
-                        f"{path}.scaling.metric",
-                    )
-                    for path, prefix in (("", ""), (".fallback", "fallback."))
-                ),
-                cel(
-                    "!has(self.scaling) || self.runtime.replicas.min == self.runtime.replicas.max",
-                    _REPLICAS_AND_SCALING,
-                    ".scaling",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        cel(
+            f"!has(self.generation) || {GENERATIVE_CEL}",
+            "generation applies to generative models only: set model.task to "
+            "generate, or remove generation",
+            ".generation",
+        ),
+        cel(
+            f"!has(self.fallback) || !has(self.fallback.generation) || {GENERATIVE_CEL}",
+            "fallback.generation applies to generative models only: set model.task "
+            "to generate, or remove fallback.generation",
+            ".fallback.generation",
+        ),
+        cel(
+            f"!{GENERATIVE_CEL} || !has(self.traffic) || "
+            f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
+            "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
+            _HOSTNAMES_NEEDED,
+            ".traffic.hostnames",
+        ),
+        KV_FIT_RULE,
+        *BACKEND_RULES,
+        *GRPC_RULES,
+        cel(
+            "!self.runtime.grpc.enabled || "
+            f"self.traffic.provider != '{TrafficProvider.GATEWAY_API}' || "
+            "(has(self.traffic.hostnames) && size(self.traffic.hostnames) > 0)",
+            _GRPC_HOSTNAMES_NEEDED,
+            ".traffic.hostnames",
+        ),
+        *(
+            cel(
+                f"!has(self{path}.scaling) || "
+                f"self{path}.scaling.metric != '{ScalingMetric.KV_CACHE_USAGE}' || "
+                f"{GENERATIVE_CEL}",
+                _kv_usage_needs_generation(f"{prefix}scaling.metric"),
+                f"{path}.scaling.metric",
+            )
+            for path, prefix in (("", ""), (".fallback", "fallback."))
+        ),
+        cel(
+            "!has(self.scaling) || self.runtime.replicas.min == self.runtime.replicas.max",
+            _REPLICAS_AND_SCALING,
+            ".scaling",
+        ),
     )
 
     model: ModelSpec

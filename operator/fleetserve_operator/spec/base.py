@@ -84,12 +84,21 @@ QualifiedName = Annotated[str, Field(pattern=_QUALIFIED_NAME_RE, max_length=317)
 """A label key or resource name: `[prefix/]name`, e.g. `nvidia.com/gpu`."""
 
 
+VALIDATIONS = "x-kubernetes-validations"
+"""The schema key under which the API server finds an object's CEL rules."""
+
+
 def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
-    """One `x-kubernetes-validations` entry; `field_path` points the error at a field."""
+    """One `VALIDATIONS` entry; `field_path` points the error at a field."""
     entry: JsonDict = {"rule": rule, "message": message}
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry
+
+
+def cel_rules(*rules: JsonDict) -> ConfigDict:
+    """A model's config that puts `rules` (from `cel`) in its schema, so the CRD carries them."""
+    return ConfigDict(json_schema_extra={VALIDATIONS: list(rules)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +116,7 @@ class AtLeast:
     why: str = ""
 
     def cel(self) -> JsonDict:
-        """The rule's `x-kubernetes-validations` entry, pointed at `high`."""
+        """The rule's `VALIDATIONS` entry, pointed at `high`."""
         message = f"{self.section}.{self.high} must be >= {self.section}.{self.low}"
         return cel(f"self.{self.high} >= self.{self.low}", message + self._why, f".{self.high}")
 
@@ -204,6 +213,17 @@ class Wire(BaseModel):
         protected_namespaces=(),
         use_attribute_docstrings=True,
     )
+
+
+class StatusWire(Wire):
+    """Base of every model of `.status`: as `Wire`, but fields it does not know are dropped.
+
+    The operator reads back a status that another operator version may have written (an
+    upgrade, a rollback of the operator itself); a field it does not know must not make that
+    status unreadable.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
 
 def keyed_list(key: str, *, max_length: int) -> Any:

@@ -9,11 +9,13 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_snake
 
 from fleetserve_operator.spec.base import (
+    VALIDATIONS,
     DnsLabel,
     DnsSubdomain,
     Duration,
     Wire,
     cel,
+    cel_rules,
     keyed_list,
     parse_duration_s,
 )
@@ -81,16 +83,12 @@ class RolloutCommand(StrEnum):
 class MetricCheck(Wire):
     """An extra PromQL check; the query's value must lie within [min, max]."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("has(self.min) || has(self.max)", "a metric check needs min or max"),
-                cel(
-                    "!has(self.min) || !has(self.max) || self.min <= self.max",
-                    "a metric check's min must be <= max",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        cel("has(self.min) || has(self.max)", "a metric check needs min or max"),
+        cel(
+            "!has(self.min) || !has(self.max) || self.min <= self.max",
+            "a metric check's min must be <= max",
+        ),
     )
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63)
@@ -160,7 +158,7 @@ def _mode_rules(schema: dict[str, Any]) -> None:
         for mode, fields in _MODE_FIELDS.items()
         for field in fields
     ]
-    schema["x-kubernetes-validations"] = rules
+    schema[VALIDATIONS] = rules
 
 
 class AnalysisSpec(Wire):
@@ -276,11 +274,7 @@ _POLICY_WEIGHTS = "rollout.stepPolicies[].weight must be one of rollout.steps"
 class StepPolicy(Wire):
     """What one step waits for besides its analysis (`rollout.stepPolicies[]`)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("has(self.hold) || has(self.gate)", _POLICY_NEEDS)]
-        }
-    )
+    model_config = cel_rules(cel("has(self.hold) || has(self.gate)", _POLICY_NEEDS))
 
     weight: int = Field(ge=1, le=100)
     """The step it applies to: one of `rollout.steps`."""
@@ -378,23 +372,19 @@ _EVENTS_NEEDED = "a notify webhook needs events, a confirm webhook takes none"
 class WebhookSpec(Wire):
     """An HTTP(S) endpoint the operator POSTs signed JSON to (`rollout.webhooks[]`)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    f"self.type == '{WebhookType.CONFIRM}'"
-                    " ? (!has(self.events) || size(self.events) == 0)"
-                    " : (has(self.events) && size(self.events) > 0)",
-                    _EVENTS_NEEDED,
-                    ".events",
-                ),
-                cel(
-                    f"duration(self.timeout) <= duration('{MAX_WEBHOOK_TIMEOUT}')",
-                    f"a webhook's timeout must be at most {MAX_WEBHOOK_TIMEOUT}",
-                    ".timeout",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        cel(
+            f"self.type == '{WebhookType.CONFIRM}'"
+            " ? (!has(self.events) || size(self.events) == 0)"
+            " : (has(self.events) && size(self.events) > 0)",
+            _EVENTS_NEEDED,
+            ".events",
+        ),
+        cel(
+            f"duration(self.timeout) <= duration('{MAX_WEBHOOK_TIMEOUT}')",
+            f"a webhook's timeout must be at most {MAX_WEBHOOK_TIMEOUT}",
+            ".timeout",
+        ),
     )
 
     name: DnsLabel
@@ -428,22 +418,17 @@ class WebhookSpec(Wire):
 class RolloutSpec(Wire):
     """How a new version is rolled out: weight steps, each held for `interval` and analysed."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.stepPolicies) || self.stepPolicies.all(p, p.weight in self.steps)",
-                    _POLICY_WEIGHTS,
-                    ".stepPolicies",
-                ),
-                cel(
-                    "!has(self.shadow) || duration(self.shadow.maxDuration) >= "
-                    "duration(self.interval)",
-                    _SHADOW_LONGER,
-                    ".shadow.maxDuration",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        cel(
+            "!has(self.stepPolicies) || self.stepPolicies.all(p, p.weight in self.steps)",
+            _POLICY_WEIGHTS,
+            ".stepPolicies",
+        ),
+        cel(
+            "!has(self.shadow) || duration(self.shadow.maxDuration) >= duration(self.interval)",
+            _SHADOW_LONGER,
+            ".shadow.maxDuration",
+        ),
     )
 
     steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
@@ -451,7 +436,7 @@ class RolloutSpec(Wire):
         min_length=1,
         max_length=20,
         json_schema_extra={
-            "x-kubernetes-validations": [
+            VALIDATIONS: [
                 cel(
                     "self.all(i, x, i == 0 || self[i - 1] < x)",
                     "rollout.steps must be strictly increasing",
@@ -555,17 +540,12 @@ class TrafficProvider(StrEnum):
 class TrafficSpec(Wire):
     """How traffic is split between tracks."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    f"self.provider != '{TrafficProvider.GATEWAY_API}'"
-                    " || size(self.parentRefs) > 0",
-                    _PARENTS_NEEDED,
-                    ".parentRefs",
-                )
-            ]
-        }
+    model_config = cel_rules(
+        cel(
+            f"self.provider != '{TrafficProvider.GATEWAY_API}' || size(self.parentRefs) > 0",
+            _PARENTS_NEEDED,
+            ".parentRefs",
+        )
     )
 
     provider: TrafficProvider = TrafficProvider.REPLICAS

@@ -10,9 +10,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from fleetserve_operator.spec.base import Timestamp, Wire
+from fleetserve_operator.spec.base import StatusWire, Timestamp
 
 __all__ = [
     "AnalysisResult",
@@ -73,10 +73,8 @@ class InconclusiveReason(StrEnum):
     inconclusive analysis), at most `progressDeadline` after its interval."""
 
 
-class CheckResult(Wire):
+class CheckResult(StatusWire):
     """One check of one analysis: the value, the bounds it was held to, the outcome."""
-
-    model_config = ConfigDict(extra="ignore")
 
     name: str = Field(max_length=64)
     """Built-in check name or `spec.rollout.analysis.checks[].name`."""
@@ -97,10 +95,8 @@ class CheckResult(Wire):
     in this rollout."""
 
 
-class AnalysisResult(Wire):
+class AnalysisResult(StatusWire):
     """One analysis of the canary: verdict, reason and every check (kept in status)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     verdict: Verdict
     """Passed, Failed or Inconclusive."""
@@ -120,10 +116,8 @@ class AnalysisResult(Wire):
     """Canary weight while it was measured."""
 
 
-class TrackCounts(Wire):
+class TrackCounts(StatusWire):
     """One track's cumulative counters as last read, from which increments are taken."""
-
-    model_config = ConfigDict(extra="ignore")
 
     requests: float = Field(0, ge=0)
     """Requests answered (`fleetserve_requests_total`, all codes)."""
@@ -144,10 +138,8 @@ class TrackCounts(Wire):
     like `latencyBuckets` (each count is a gap between two tokens)."""
 
 
-class PowerEvidence(Wire):
+class PowerEvidence(StatusWire):
     """The running state of a test's power gate (see `fleetserve_operator.analysis.power`)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     e_value: float = Field(1.0, ge=0)
     """Evidence against "the canary is `minDetectableRatio` times worse"; 1 before any data."""
@@ -167,10 +159,8 @@ class PowerEvidence(Wire):
     """One running sum per component of the gate's mixture."""
 
 
-class CheckEvidence(Wire):
+class CheckEvidence(StatusWire):
     """The running state of one sequential test (see `fleetserve_operator.analysis.count_tests`)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     name: str = Field(max_length=64)
     """The test: `error-rate-vs-stable`, and `latency-vs-stable` (or, for generative
@@ -192,10 +182,8 @@ class CheckEvidence(Wire):
     worse, which a step needs before more than half of the traffic or promotion."""
 
 
-class Evidence(Wire):
+class Evidence(StatusWire):
     """What the sequential tests have seen of the rollout so far; a restart resumes it."""
-
-    model_config = ConfigDict(extra="ignore")
 
     canary: TrackCounts | None = None
     """The canary's counters as last taken into the tests."""
@@ -222,10 +210,8 @@ class Evidence(Wire):
         return [c for c in self.checks if c.power is not None and not c.power.cleared]
 
 
-class ShadowCounts(Wire):
+class ShadowCounts(StatusWire):
     """The four cumulative sums of the shadow metrics over the stable pods at one look."""
-
-    model_config = ConfigDict(extra="ignore")
 
     mirrored: float = Field(0, ge=0)
     errors: float = Field(0, ge=0)
@@ -233,10 +219,8 @@ class ShadowCounts(Wire):
     agreed: float = Field(0, ge=0)
 
 
-class RateEvidence(Wire):
+class RateEvidence(StatusWire):
     """One bad event's tests: trials and events seen, both states, whether the gate cleared."""
-
-    model_config = ConfigDict(extra="ignore")
 
     trials: float = 0.0
     events: float = 0.0
@@ -250,10 +234,8 @@ class RateEvidence(Wire):
         return self.events / self.trials if self.trials > 0 else None
 
 
-class ShadowEvidence(Wire):
+class ShadowEvidence(StatusWire):
     """Everything a shadow stage has learnt (`analysis.agreement`); a restart resumes it."""
-
-    model_config = ConfigDict(extra="ignore")
 
     last: ShadowCounts | None = None
     """The sums at the last look that read them; increments are taken from here."""

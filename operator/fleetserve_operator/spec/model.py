@@ -8,15 +8,10 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
-from fleetserve_operator.spec.base import (
-    GPU_RESOURCE,
-    Quantity,
-    Wire,
-    cel,
-)
+from fleetserve_operator.spec.base import GPU_RESOURCE, Quantity, Wire, cel, cel_rules
 from fleetserve_operator.spec.model_source import (
     FETCHED_SCHEMES,
     MODEL_URI_PATTERN,
@@ -140,7 +135,7 @@ class SourceRule:
     holds: Callable[[ModelSpec], bool]
 
     def cel(self) -> JsonDict:
-        """The rule's `x-kubernetes-validations` entry."""
+        """The rule's `VALIDATIONS` entry."""
         return cel(self.rule, self.message, self.field_path)
 
 
@@ -280,30 +275,26 @@ SOURCE_RULES: tuple[SourceRule, ...] = (
 class ModelSpec(Wire):
     """What to serve: the model's name, version and where its weights or handler come from."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.uri) != has(self.handler)",
-                    "exactly one of model.uri and model.handler must be set",
+    model_config = cel_rules(
+        cel(
+            "has(self.uri) != has(self.handler)",
+            "exactly one of model.uri and model.handler must be set",
+        ),
+        *(
+            cel(
+                f"!has(self.task) || !has(self.uri) || "
+                f"!self.uri.matches('{_builtin_pattern(task)}') || self.task == '{task}'",
+                f"model.task must be {task} for "
+                + " and ".join(
+                    f"builtin://{name}"
+                    for name, kind in sorted(BUILTIN_TASKS.items())
+                    if kind == task
                 ),
-                *(
-                    cel(
-                        f"!has(self.task) || !has(self.uri) || "
-                        f"!self.uri.matches('{_builtin_pattern(task)}') || self.task == '{task}'",
-                        f"model.task must be {task} for "
-                        + " and ".join(
-                            f"builtin://{name}"
-                            for name, kind in sorted(BUILTIN_TASKS.items())
-                            if kind == task
-                        ),
-                        ".task",
-                    )
-                    for task in ("embed", "generate")
-                ),
-                *(rule.cel() for rule in SOURCE_RULES),
-            ]
-        }
+                ".task",
+            )
+            for task in ("embed", "generate")
+        ),
+        *(rule.cel() for rule in SOURCE_RULES),
     )
 
     name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$", max_length=63)

@@ -11,9 +11,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from fleetserve_operator.spec.base import AtLeast, Wire, cel, int_or_string
+from fleetserve_operator.spec.base import AtLeast, Wire, cel, cel_rules, int_or_string
 
 __all__ = [
     "MAX_SCALED_REPLICAS",
@@ -63,17 +63,13 @@ class ScalingSpec(Wire):
     `replicas`). Reads the Prometheus the operator uses for analysis.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _REPLICAS.cel(),
-                cel(
-                    "self.metric != 'kvCacheUsage' || self.target <= 1.0",
-                    "scaling.target is a fraction of the KV cache (0-1] for metric kvCacheUsage",
-                    ".target",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        _REPLICAS.cel(),
+        cel(
+            "self.metric != 'kvCacheUsage' || self.target <= 1.0",
+            "scaling.target is a fraction of the KV cache (0-1] for metric kvCacheUsage",
+            ".target",
+        ),
     )
 
     min_replicas: int = Field(1, ge=1, le=MAX_SCALED_REPLICAS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fleetserve_operator.spec.base import (
     GPU_RESOURCE,
@@ -15,6 +15,7 @@ from fleetserve_operator.spec.base import (
     Quantity,
     Wire,
     cel,
+    cel_rules,
     parse_quantity,
 )
 from fleetserve_operator.spec.images import Image
@@ -52,10 +53,8 @@ class Replicas(Wire):
     See docs/reference/inferenceservice.md.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self.min <= self.max", "replicas.min must be <= max")]
-        }
+    model_config = cel_rules(
+        cel("self.min <= self.max", "replicas.min must be <= max"),
     )
 
     min: int = Field(1, ge=0, le=1000)
@@ -257,8 +256,8 @@ _BATCHING_TIMEOUTS = AtLeast("batching", "maxTimeoutMs", "defaultTimeoutMs")
 class BatchingSpec(Wire):
     """Dynamic batching and admission limits, passed to the runtime as flags."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_BATCHING_TIMEOUTS.cel()]}
+    model_config = cel_rules(
+        _BATCHING_TIMEOUTS.cel(),
     )
 
     max_batch_size: int = Field(32, ge=1, le=4096)
@@ -361,19 +360,15 @@ class GenerationSpec(Wire):
     See docs/reference/generation.md for what each one trades; the defaults are the runtime's.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _STEP_TOKENS.cel(),
-                _GENERATION_TIMEOUTS.cel(),
-                cel(
-                    "self.maxContext == 0 || self.maxContext >= self.blockSize",
-                    "generation.maxContext must be 0 (the model's) or >= generation.blockSize",
-                    ".maxContext",
-                ),
-                _OUTPUT_TOKENS.cel(),
-            ]
-        }
+    model_config = cel_rules(
+        _STEP_TOKENS.cel(),
+        _GENERATION_TIMEOUTS.cel(),
+        cel(
+            "self.maxContext == 0 || self.maxContext >= self.blockSize",
+            "generation.maxContext must be 0 (the model's) or >= generation.blockSize",
+            ".maxContext",
+        ),
+        _OUTPUT_TOKENS.cel(),
     )
 
     kv_cache_fraction: float = Field(1.0, gt=0, le=1)

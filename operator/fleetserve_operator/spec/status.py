@@ -9,9 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from fleetserve_operator.spec.base import Timestamp, Wire, keyed_list
+from fleetserve_operator.spec.base import StatusWire, Timestamp, keyed_list
 from fleetserve_operator.spec.evidence import (
     AnalysisResult,
     Evidence,
@@ -101,10 +101,8 @@ _ROLLOUT_ACTIVE = _ANALYSING | {
 }
 
 
-class Acknowledgement(Wire):
+class Acknowledgement(StatusWire):
     """A rollout command annotation the operator has acted on (or ignored, saying why)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     annotation: str = Field(max_length=253)
     """The annotation key, e.g. `serving.fleetserve.io/promote`."""
@@ -116,10 +114,8 @@ class Acknowledgement(Wire):
     """What it did, e.g. `promoted to step 3 (50%)` or `ignored in phase Succeeded`."""
 
 
-class BakeStatus(Wire):
+class BakeStatus(StatusWire):
     """The bake after the last step (`rollout.bake`), while the phase is `Baking`."""
-
-    model_config = ConfigDict(extra="ignore")
 
     since: Timestamp
     """When the canary began to carry all traffic for the bake."""
@@ -131,10 +127,8 @@ class BakeStatus(Wire):
     """Paused by annotation: it goes on baking, and does not end until resumed."""
 
 
-class ShadowStatus(Wire):
+class ShadowStatus(StatusWire):
     """The shadow stage before the first step (`rollout.shadow`), while `Shadowing`."""
-
-    model_config = ConfigDict(extra="ignore")
 
     since: Timestamp
     """When the stable pods were told to copy to the canary."""
@@ -174,14 +168,12 @@ class StepWait(StrEnum):
     """Its manual gate: the `approve` annotation naming its weight."""
 
 
-class StepGateStatus(Wire):
+class StepGateStatus(StatusWire):
     """The hold and gate of the current step, kept while the step has a `stepPolicies` entry.
 
     Bound to the rollout's spec hash and the step, so neither a re-applied spec nor a
     restarted operator restarts the hold or forgets an approval.
     """
-
-    model_config = ConfigDict(extra="ignore")
 
     spec_hash: str | None = Field(None, max_length=64)
     """The spec under rollout when the step began."""
@@ -202,10 +194,8 @@ class StepGateStatus(Wire):
     """When the `approve` annotation opened its manual gate."""
 
 
-class RolloutStatus(Wire):
+class RolloutStatus(StatusWire):
     """The rollout's bookkeeping: what stable runs, what is under rollout, counts, history."""
-
-    model_config = ConfigDict(extra="ignore")
 
     stable_hash: str | None = Field(None, max_length=64)
     """Hash of the GPU-track spec the stable track runs (`GpuTrackSpec.digest`)."""
@@ -262,10 +252,8 @@ class ConditionType(StrEnum):
     The message gives each track's fetched/current pods and the digests they serve."""
 
 
-class Condition(Wire):
+class Condition(StatusWire):
     """A condition in the standard `metav1.Condition` shape."""
-
-    model_config = ConfigDict(extra="ignore")
 
     type: str = Field(
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
@@ -289,10 +277,8 @@ class Condition(Wire):
         return self.status == "True"
 
 
-class TrackStatus(Wire):
+class TrackStatus(StatusWire):
     """What one track's Deployment runs, and its replica counts."""
-
-    model_config = ConfigDict(extra="ignore")
 
     version: str | None = Field(None, max_length=63)
     """Model version of the track's pod template."""
@@ -312,10 +298,8 @@ class TrackStatus(Wire):
     """Replicas running the current pod template."""
 
 
-class TracksStatus(Wire):
+class TracksStatus(StatusWire):
     """Per-track replica counts; a track without a Deployment is absent."""
-
-    model_config = ConfigDict(extra="ignore")
 
     stable: TrackStatus | None = None
     """The GPU track serving the stable version."""
@@ -325,10 +309,8 @@ class TracksStatus(Wire):
     """The CPU fallback track."""
 
 
-class InferenceServiceStatus(Wire):
+class InferenceServiceStatus(StatusWire):
     """The observed state of an InferenceService (`status`)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     observed_generation: int | None = Field(None, ge=0)
     """The `.metadata.generation` this status describes."""

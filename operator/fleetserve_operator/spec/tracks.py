@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from fleetserve_operator.spec.base import (
     GPU_RESOURCE,
@@ -20,6 +20,7 @@ from fleetserve_operator.spec.base import (
     QualifiedName,
     Wire,
     cel,
+    cel_rules,
 )
 from fleetserve_operator.spec.images import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, Image
 from fleetserve_operator.spec.model import (
@@ -76,30 +77,25 @@ _NO_FALLBACK_CAPACITY = (
 class FallbackSpec(Wire):
     """A CPU Deployment kept warm, to take traffic when the GPU track cannot."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    f"!({gpu_requested_cel('self')})",
-                    f"fallback.resources must not request {GPU_RESOURCE}: "
-                    "the fallback track runs on CPU",
-                    ".resources",
-                ),
-                cel(
-                    "!has(self.scaling) || self.replicas.min == self.replicas.max",
-                    "fallback.replicas and fallback.scaling both size the fallback track: "
-                    "remove fallback.scaling, or give fallback.replicas min = max",
-                    ".scaling",
-                ),
-                # The rule fails only at max 0 (max >= 0), so the plain message names the
-                # value; a messageExpression here is priced past the API server's CEL budget.
-                cel(
-                    "!self.enabled || has(self.scaling) || self.replicas.max >= 1",
-                    _NO_FALLBACK_CAPACITY,
-                    ".replicas.max",
-                ),
-            ]
-        }
+    model_config = cel_rules(
+        cel(
+            f"!({gpu_requested_cel('self')})",
+            f"fallback.resources must not request {GPU_RESOURCE}: the fallback track runs on CPU",
+            ".resources",
+        ),
+        cel(
+            "!has(self.scaling) || self.replicas.min == self.replicas.max",
+            "fallback.replicas and fallback.scaling both size the fallback track: "
+            "remove fallback.scaling, or give fallback.replicas min = max",
+            ".scaling",
+        ),
+        # The rule fails only at max 0 (max >= 0), so the plain message names the
+        # value; a messageExpression here is priced past the API server's CEL budget.
+        cel(
+            "!self.enabled || has(self.scaling) || self.replicas.max >= 1",
+            _NO_FALLBACK_CAPACITY,
+            ".replicas.max",
+        ),
     )
 
     enabled: bool = False

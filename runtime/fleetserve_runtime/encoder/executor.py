@@ -181,6 +181,19 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, OutOfMemory | torch.cuda.OutOfMemoryError)
 
 
+def _refused_alone(exc: Exception, payloads: list[PreparedInput]) -> OutOfMemory | None:
+    """A lone request's refusal when its run ran out of memory (`exc`); None for several.
+
+    Several requests are split in halves and run again; an error other than running out of
+    memory is raised again.
+    """
+    if not _is_oom(exc):
+        raise exc
+    if len(payloads) == 1:
+        return OutOfMemory(f"request does not fit in memory: {exc}")
+    return None
+
+
 class Executor:
     """Two worker threads (prepare, compute) with a pipeline depth of two batches."""
 
@@ -394,10 +407,9 @@ class Executor:
                 raise RuntimeError(msg)
             return results, 0
         except Exception as exc:
-            if not _is_oom(exc):
-                raise
-            if len(payloads) == 1:
-                return [OutOfMemory(f"request does not fit in memory: {exc}")], 0
+            refused = _refused_alone(exc, payloads)
+            if refused is not None:
+                return [refused], 0
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return self._split(job, payloads)
@@ -428,10 +440,9 @@ class Executor:
             try:
                 prepared, ready = self._collate(job.model.handler, payloads, layout, lease)
             except Exception as exc:
-                if not _is_oom(exc):
-                    raise
-                if len(payloads) == 1:
-                    return [OutOfMemory(f"request does not fit in memory: {exc}")], 0
+                refused = _refused_alone(exc, payloads)
+                if refused is not None:
+                    return [refused], 0
                 return self._split(job, payloads)
             if ready is not None:
                 torch.cuda.current_stream(self.device).wait_event(ready)

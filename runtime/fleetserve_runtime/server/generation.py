@@ -63,6 +63,7 @@ from fleetserve_runtime.server.http_errors import (
     json_response,
     request_id,
 )
+from fleetserve_runtime.server.model_host import ModelHost
 from fleetserve_runtime.server.oip_generate_schemas import (
     GenerateRequest,
     oip_generation,
@@ -81,7 +82,7 @@ from fleetserve_runtime.server.openai_responses import (
 from fleetserve_runtime.server.schemas import parse_json, validate_body
 from fleetserve_runtime.server.sse import Format, GenerationResponse, StreamLimits
 from fleetserve_runtime.serving.admission import Scheduling
-from fleetserve_runtime.serving.facade import GenerationStream, ServingFacade
+from fleetserve_runtime.serving.facade import GenerationStream
 
 __all__ = [
     "OPENAI_PATHS",
@@ -113,17 +114,8 @@ def speaks_openai(path: str) -> bool:
     return path in OPENAI_PATHS or (path.startswith("/v1/models/") and ":" not in path)
 
 
-class RouteHost(Protocol):
-    """What the generation routes take from `inference_routes.Routes`: runtime, limits, metrics."""
-
-    @property
-    def rt(self) -> ServingFacade:
-        """The runtime (`ModelNotReady` while the server starts)."""
-        ...
-
-    def check_name(self, name: str) -> None:
-        """`ModelNotFound` unless `name` is the served model's name."""
-        ...
+class RouteHost(ModelHost, Protocol):
+    """What the generation routes take from `inference_routes.Routes` besides a `ModelHost`."""
 
     async def body(self, request: Request) -> bytes:
         """The JSON body, read under the media type, size and time limits."""
@@ -151,10 +143,6 @@ class RouteHost(Protocol):
 
         Raising either above the defaults needs the priority token (`serving.admission`).
         """
-        ...
-
-    def count(self, version: str | None, code: int, seconds: float) -> None:
-        """Count one answered request in the request metrics."""
         ...
 
 

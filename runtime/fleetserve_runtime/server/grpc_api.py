@@ -61,6 +61,7 @@ from fleetserve_runtime.server.binary_tensors import (
     stack_results,
 )
 from fleetserve_runtime.server.http_errors import log_unexpected, status_of
+from fleetserve_runtime.server.model_host import ModelHost
 from fleetserve_runtime.server.oip import inference_pb2 as pb
 from fleetserve_runtime.server.oip import inference_pb2_grpc
 from fleetserve_runtime.server.schemas import (
@@ -118,25 +119,12 @@ STOP_GRACE_S = 10.0
 """How long RPCs in flight may finish at shutdown; uvicorn gives HTTP requests as long."""
 
 
-class GrpcHost(Protocol):
-    """What the gRPC service takes from `inference_routes.Routes`: runtime, limits, metrics."""
-
-    @property
-    def rt(self) -> ServingFacade:
-        """The runtime (`ModelNotReady` while the server starts)."""
-        ...
+class GrpcHost(ModelHost, Protocol):
+    """What the gRPC service takes from `inference_routes.Routes` besides a `ModelHost`."""
 
     @property
     def limits(self) -> TensorLimits:
         """What one request may declare."""
-        ...
-
-    def check_name(self, name: str) -> None:
-        """`ModelNotFound` unless `name` is the served model's name."""
-        ...
-
-    def count(self, version: str | None, code: int, seconds: float) -> None:
-        """Count one answered request in the request metrics."""
         ...
 
     def liveness(self) -> Liveness:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fleetserve_operator import contract
-from fleetserve_operator.render import Owner, child_key, desired_children
+from fleetserve_operator.render import child_key, desired_children
 from fleetserve_operator.spec import InferenceServiceStatus, RolloutPhase, RolloutStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import OWNER
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 AUTH = {"authSecretRef": {"name": "demo-tokens", "key": "current"}}
 FALLBACK = {"enabled": True}
 

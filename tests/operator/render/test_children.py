@@ -11,8 +11,6 @@ from fleetserve_operator import naming
 from fleetserve_operator.render import (
     APPLIED_HASH_ANNOTATION,
     INFERENCE_PATHS,
-    Owner,
-    child_key,
     desired_children,
     is_controlled_by,
     is_drifted,
@@ -22,23 +20,17 @@ from fleetserve_operator.render import (
 )
 from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import OWNER, children_by_key, flag_value
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw", "sectionName": "http"}]}
 
 
 def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    spec = make_spec(**sections)
-    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    return children_by_key(make_spec(**sections))
 
 
 def _container(children: dict[tuple[str, str], Any], name: str = "demo-stable") -> Any:
     return children[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
-
-
-def _flag(container: dict[str, Any], flag: str) -> str:
-    args: list[str] = container["args"]
-    return args[args.index(flag) + 1]
 
 
 def _get(obj: Any, path: str) -> Any:
@@ -89,7 +81,7 @@ def _get(obj: Any, path: str) -> Any:
 )  # fmt: skip
 def test_stable_args_render_the_spec(sections: dict[str, Any], flag: str, value: str) -> None:
     """Each batching/memory/model field becomes the runtime flag of the same meaning."""
-    assert _flag(_container(_children(**sections)), flag) == value
+    assert flag_value(_container(_children(**sections))["args"], flag) == value
 
 
 @pytest.mark.parametrize(
@@ -183,10 +175,10 @@ def test_fallback_runs_on_cpu_with_its_overrides() -> None:
         "batching": {"maxBatchSize": 4},
     })  # fmt: skip
     container = _container(children, "demo-fallback")
-    assert _flag(container, "--device") == "cpu"
-    assert _flag(container, "--track") == "fallback"
-    assert _flag(container, "--max-batch-size") == "4"
-    assert _flag(container, "--threads") == "2"
+    assert flag_value(container["args"], "--device") == "cpu"
+    assert flag_value(container["args"], "--track") == "fallback"
+    assert flag_value(container["args"], "--max-batch-size") == "4"
+    assert flag_value(container["args"], "--threads") == "2"
     assert container["resources"] == {"requests": {"cpu": "4"}}
     deployment = children[("Deployment", "demo-fallback")]
     assert deployment["spec"]["replicas"] == 1
@@ -241,7 +233,7 @@ def test_fallback_active_moves_traffic_and_replicas() -> None:
         "lastTransitionTime": "2025-01-01T00:00:00Z"}]})  # fmt: skip
     spec = make_spec(fallback={"enabled": True, "replicas": {"min": 1, "max": 3}}, traffic=GATEWAY)
     assert traffic_weights(spec, status) == {naming.Track.STABLE: 0, naming.Track.FALLBACK: 100}
-    children = {child_key(c): c for c in desired_children(OWNER, spec, status)}
+    children = children_by_key(spec, status)
     assert children[("Deployment", "demo-fallback")]["spec"]["replicas"] == 3
     assert children[("Service", "demo")]["spec"]["selector"][naming.POOL_LABEL] == "cpu"
 
@@ -350,7 +342,7 @@ def test_stable_keeps_its_spec_but_takes_replica_bounds_from_the_current_one() -
     status = InferenceServiceStatus.model_validate(
         {"phase": "Succeeded", "rollout": {"stableSpec": old.gpu_track.model_dump(by_alias=True)}}
     )
-    children = {child_key(c): c for c in desired_children(OWNER, new, status)}
+    children = children_by_key(new, status)
     stable = children[("Deployment", "demo-stable")]
     assert stable["spec"]["replicas"] == 3
     version = stable["metadata"]["labels"][naming.MODEL_VERSION_LABEL]
@@ -411,9 +403,7 @@ def test_an_autoscaled_canary_is_sized_from_the_observed_stable() -> None:
     """With an autoscaler the stable count is left alone and the canary follows what runs."""
     spec = make_spec(runtime={"replicas": {"min": 2, "max": 10}})
     status = InferenceServiceStatus(phase="Progressing", canary_weight=50)
-    children = {
-        child_key(c): c for c in desired_children(OWNER, spec, status, observed_stable_replicas=6)
-    }
+    children = children_by_key(spec, status, observed_stable_replicas=6)
     assert "replicas" not in children[("Deployment", "demo-stable")]["spec"]
     assert children[("Deployment", "demo-canary")]["spec"]["replicas"] == 3
 

@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 
 from fleetserve_operator import contract
-from fleetserve_operator.render import Owner, child_key, desired_children
-from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import children_by_key, flag_value
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 DIGEST = "sha256:" + "a" * 64
 S3 = {
     "name": "enc",
@@ -36,12 +34,8 @@ TRACKS = ("demo-stable", "demo-fallback")
 
 def _pods(model: dict[str, Any]) -> list[Any]:
     spec = make_spec(model=model, fallback={"enabled": True})
-    children = {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    children = children_by_key(spec)
     return [children[("Deployment", name)]["spec"]["template"]["spec"] for name in TRACKS]
-
-
-def _flag(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
 
 
 def test_an_s3_model_is_fetched_by_an_init_container_on_every_track() -> None:
@@ -52,15 +46,15 @@ def test_an_s3_model_is_fetched_by_an_init_container_on_every_track() -> None:
         assert fetch["command"] == list(contract.FETCH_COMMAND)
         assert fetch["image"] == runtime["image"]
         args = fetch["args"]
-        assert _flag(args, "--uri") == "s3://models/enc/2"
-        assert _flag(args, "--dest") == contract.MODEL_MOUNT
-        assert _flag(args, "--digest") == DIGEST
-        assert _flag(args, "--max-bytes") == str(2**30)
-        assert _flag(args, "--s3-endpoint") == "https://objects.local:8333"
-        assert _flag(args, "--s3-region") == "us-east-1"
-        assert _flag(args, "--s3-addressing") == "path"
-        assert _flag(args, "--credentials-dir") == contract.STORAGE_CREDENTIALS_MOUNT
-        assert _flag(args, "--ca-file") == contract.STORAGE_CA_FILE
+        assert flag_value(args, "--uri") == "s3://models/enc/2"
+        assert flag_value(args, "--dest") == contract.MODEL_MOUNT
+        assert flag_value(args, "--digest") == DIGEST
+        assert flag_value(args, "--max-bytes") == str(2**30)
+        assert flag_value(args, "--s3-endpoint") == "https://objects.local:8333"
+        assert flag_value(args, "--s3-region") == "us-east-1"
+        assert flag_value(args, "--s3-addressing") == "path"
+        assert flag_value(args, "--credentials-dir") == contract.STORAGE_CREDENTIALS_MOUNT
+        assert flag_value(args, "--ca-file") == contract.STORAGE_CA_FILE
         assert "--allow-http" not in args
         fetch_mounts = {m["name"]: m for m in fetch["volumeMounts"]}
         assert fetch_mounts["model"] == {"name": "model", "mountPath": contract.MODEL_MOUNT}
@@ -71,7 +65,7 @@ def test_an_s3_model_is_fetched_by_an_init_container_on_every_track() -> None:
         assert "storage-credentials" not in runtime_mounts
         assert "storage-ca" not in runtime_mounts
         served = f"file://{contract.MODEL_MOUNT}/{contract.FETCHED_MODEL_DIR}"
-        assert _flag(runtime["args"], "--model") == served
+        assert flag_value(runtime["args"], "--model") == served
         volumes = {v["name"]: v for v in pod["volumes"]}
         # Room for the download beside the installed copy.
         assert volumes["model"] == {"name": "model", "emptyDir": {"sizeLimit": str(2 * 2**30)}}
@@ -97,7 +91,7 @@ def test_an_hf_endpoint_is_the_hub_mirror() -> None:
              "storage": {"endpoint": "https://hub-mirror.local"}}  # fmt: skip
     for pod in _pods(model):
         args = pod["initContainers"][0]["args"]
-        assert _flag(args, "--hf-endpoint") == "https://hub-mirror.local"
+        assert flag_value(args, "--hf-endpoint") == "https://hub-mirror.local"
         assert "--s3-endpoint" not in args
 
 
@@ -118,7 +112,7 @@ def test_only_the_flags_the_spec_sets_are_rendered(
     for pod in _pods(model):
         args = pod["initContainers"][0]["args"]
         assert not set(absent) & set(args)
-        assert _flag(args, "--max-bytes") == str(64 * 2**30)
+        assert flag_value(args, "--max-bytes") == str(64 * 2**30)
         assert {v["name"] for v in pod["volumes"]} & {"storage-credentials", "storage-ca"} == set()
 
 
@@ -154,7 +148,7 @@ def test_a_node_cache_is_a_host_path_only_the_fetch_mounts() -> None:
         assert volume["hostPath"] == {"path": contract.NODE_CACHE_PATH, "type": "DirectoryOrCreate"}
         (fetch,) = pod["initContainers"]
         (runtime,) = pod["containers"]
-        assert _flag(fetch["args"], "--cache-dir") == contract.NODE_CACHE_PATH
+        assert flag_value(fetch["args"], "--cache-dir") == contract.NODE_CACHE_PATH
         assert {"name": volume["name"], "mountPath": contract.NODE_CACHE_PATH} in fetch[
             "volumeMounts"
         ]

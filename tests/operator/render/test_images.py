@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator.render import Owner, child_key, desired_children
+from fleetserve_operator.render import child_key, desired_children
 from fleetserve_operator.spec import (
     DEFAULT_CPU_IMAGE,
     DEFAULT_IMAGE,
@@ -19,8 +19,8 @@ from fleetserve_operator.spec import (
     RuntimeImages,
 )
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import OWNER
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 CONFIGURED = RuntimeImages(gpu="registry.example/rt:2", cpu="registry.example/rt:2-cpu")
 # A fetched model, so that every pod also has the fetch's init container.
 FETCHED = {

@@ -13,19 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from fleetserve_operator import contract
-from fleetserve_operator.render import Owner, child_key, desired_children
-from fleetserve_operator.spec import InferenceServiceStatus
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import children_by_key, flag_value
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}], "hostnames": ["a.example"]}
 CHAT = {"name": "chat", "version": "1", "uri": "builtin://synthetic-generate"}
 TRACKS = ("demo-stable", "demo-fallback")
 
 
 def _children(**sections: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    spec = make_spec(**sections)
-    return {child_key(c): c for c in desired_children(OWNER, spec, InferenceServiceStatus())}
+    return children_by_key(make_spec(**sections))
 
 
 def _pod(children: dict[tuple[str, str], Any], name: str) -> Any:
@@ -38,10 +35,6 @@ def _secret_file(pod: Any, volume: str) -> tuple[Any, Any, list[str]]:
     secret = next(v for v in pod["spec"]["volumes"] if v["name"] == volume)["secret"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == volume)
     return secret, mount, container["args"]
-
-
-def _flag(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
 
 
 @pytest.mark.parametrize("model", [None, CHAT], ids=["encoder", "generative"])
@@ -80,7 +73,7 @@ def test_the_tenants_table_is_a_read_only_secret_file_on_every_track(trusted: bo
         assert secret["secretName"] == "callers"
         assert secret["items"] == [{"key": "table", "path": contract.TENANTS_KEY}]
         assert mount == {"name": "tenants", "mountPath": contract.TENANTS_MOUNT, "readOnly": True}
-        assert _flag(args, "--tenants-file") == contract.TENANTS_FILE
+        assert flag_value(args, "--tenants-file") == contract.TENANTS_FILE
         assert ("--tenants-trust-header" in args) is trusted
 
 
@@ -102,8 +95,8 @@ def test_tls_mounts_the_secret_and_probes_over_https_on_every_track() -> None:
         assert secret["secretName"] == "demo-cert"
         assert {i["key"] for i in secret["items"]} == {"tls.crt", "tls.key"}
         assert mount == {"name": "tls", "mountPath": contract.TLS_MOUNT, "readOnly": True}
-        assert _flag(args, "--tls-cert-file") == contract.TLS_CERT_FILE
-        assert _flag(args, "--tls-key-file") == contract.TLS_KEY_FILE
+        assert flag_value(args, "--tls-cert-file") == contract.TLS_CERT_FILE
+        assert flag_value(args, "--tls-key-file") == contract.TLS_KEY_FILE
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
         assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
@@ -128,7 +121,7 @@ def test_priority_token_is_a_read_only_secret_file_on_every_track() -> None:
         assert secret["items"] == [{"key": "priority", "path": "token"}]
         assert mount["readOnly"] is True
         assert contract.PRIORITY_TOKEN_FILE.startswith(mount["mountPath"] + "/")
-        assert _flag(args, "--priority-token-file") == contract.PRIORITY_TOKEN_FILE
+        assert flag_value(args, "--priority-token-file") == contract.PRIORITY_TOKEN_FILE
 
 
 def test_generation_limits_render_as_flags_only_when_set() -> None:
@@ -138,8 +131,8 @@ def test_generation_limits_render_as_flags_only_when_set() -> None:
         "containers"
     ]
     args = container["args"]
-    assert _flag(args, "--generation-default-max-tokens") == "64"
-    assert _flag(args, "--generation-max-output-tokens") == "128"
+    assert flag_value(args, "--generation-default-max-tokens") == "64"
+    assert flag_value(args, "--generation-max-output-tokens") == "128"
     assert "--generation-allow-ignore-eos" in args
     (plain,) = _pod(_children(model=CHAT), "demo-stable")["spec"]["containers"]
     assert not {"--generation-default-max-tokens", "--generation-allow-ignore-eos"} & set(

@@ -13,7 +13,7 @@ import pytest
 
 from fleetserve_operator import naming
 from fleetserve_operator.naming import Track
-from fleetserve_operator.render import Owner, child_key, desired_children, traffic_weights
+from fleetserve_operator.render import traffic_weights
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
@@ -21,8 +21,8 @@ from fleetserve_operator.spec import (
     RolloutPhase,
 )
 from fleetserve_operator.testing import make_spec
+from tests.operator.render.rendered import children_by_key
 
-OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 GATEWAY = {"provider": "gateway-api", "parentRefs": [{"name": "gw"}]}
 REPLICAS = {"provider": "replicas"}
 GPU_POOL = {
@@ -47,7 +47,7 @@ def _children(
         traffic=traffic,
         rollout={"bake": "10m", **rollout},
     )
-    return {child_key(c): c for c in desired_children(OWNER, spec, status)}
+    return children_by_key(spec, status)
 
 
 def _umbrella(children: dict[tuple[str, str], dict[str, Any]]) -> dict[str, str]:
@@ -102,9 +102,7 @@ def test_the_promotion_after_a_bake_keeps_the_old_pods_out() -> None:
 def test_without_a_bake_the_umbrella_is_unchanged() -> None:
     """`rollout.bake` unset: promotion spreads over the GPU pool as before."""
     spec = make_spec(traffic=REPLICAS)
-    children = {
-        child_key(c): c for c in desired_children(OWNER, spec, _status(RolloutPhase.PROMOTING, 100))
-    }
+    children = children_by_key(spec, _status(RolloutPhase.PROMOTING, 100))
     assert _umbrella(children) == GPU_POOL
 
 

@@ -11,7 +11,12 @@ from pydantic import ValidationError
 
 from fleetserve_operator.errors import InvalidSpec
 from fleetserve_operator.render import Owner, check_semantics
-from fleetserve_operator.spec import InferenceServiceSpec, parse_duration_s, parse_quantity
+from fleetserve_operator.spec import (
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+    parse_duration_s,
+    parse_quantity,
+)
 from fleetserve_operator.testing import make_spec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -143,3 +148,26 @@ def test_gpu_count_prefers_the_limit() -> None:
     assert make_spec().runtime.resources.gpu_count == 0
     limited = make_spec(runtime={"resources": {"limits": {"nvidia.com/gpu": 2}}})
     assert limited.runtime.resources.gpu_count == 2
+
+
+def test_a_status_with_fields_this_operator_does_not_know_is_read_without_them() -> None:
+    """Status at any depth drops unknown keys (the spec refuses them, see the invalid objects)."""
+    status = InferenceServiceStatus.model_validate(
+        {
+            "phase": "Progressing",
+            "later": 1,
+            "rollout": {
+                "stepIndex": 2,
+                "later": 1,
+                "evidence": {"canary": {"requests": 5, "later": 1}, "later": 1},
+            },
+            "tracks": {"stable": {"replicas": 3, "later": 1}},
+        }
+    )
+    assert status.rollout.step_index == 2
+    assert status.rollout.evidence is not None
+    assert status.rollout.evidence.canary is not None
+    assert status.rollout.evidence.canary.requests == 5
+    assert status.tracks.stable is not None
+    assert status.tracks.stable.replicas == 3
+    assert "later" not in status.model_dump_json()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from fleetserve_runtime.core.priority import Priority
@@ -145,15 +147,41 @@ def test_aging_lifts_a_waiting_low_request() -> None:
     assert batch.items[0].priority is Priority.LOW
 
 
-def test_lower_classes_get_a_guaranteed_share() -> None:
-    """Each lower class with waiting items gets its share of every batch."""
+@pytest.mark.parametrize(
+    ("waiting", "max_batch_size", "share", "chosen"),
+    [
+        pytest.param(
+            {Priority.HIGH: 10, Priority.LOW: 10},
+            10,
+            0.2,
+            {Priority.HIGH: 8, Priority.LOW: 2},
+            id="each-lower-class-with-items-gets-its-share",
+        ),
+        pytest.param(
+            {Priority.HIGH: 8, Priority.NORMAL: 1, Priority.LOW: 2},
+            8,
+            0.25,
+            {Priority.HIGH: 5, Priority.NORMAL: 1, Priority.LOW: 2},
+            id="a-class-short-of-its-share-leaves-the-next-class-its-share",
+        ),
+        pytest.param(
+            {Priority.HIGH: 4, Priority.LOW: 2},
+            4,
+            0.1,
+            {Priority.HIGH: 3, Priority.LOW: 1},
+            id="a-share-below-one-item-is-exactly-one",
+        ),
+    ],
+)
+def test_lower_classes_get_a_guaranteed_share(
+    waiting: dict[Priority, int], max_batch_size: int, share: float, chosen: dict[Priority, int]
+) -> None:
+    """Each lower class with waiting items gets its share of every batch, at least one item."""
     clock, queue = FakeClock(), new_queue()
-    queue.push(make_items([5] * 10, now=clock(), priority=Priority.HIGH))
-    queue.push(make_items([5] * 10, now=clock(), priority=Priority.LOW))
-    batch = formed(queue, clock(), limits(max_batch_size=10, lower_class_share=0.2))
-    priorities = [i.priority for i in batch.items]
-    assert priorities.count(Priority.LOW) == 2
-    assert priorities.count(Priority.HIGH) == 8
+    for priority, count in waiting.items():
+        queue.push(make_items([5] * count, now=clock(), priority=priority))
+    batch = formed(queue, clock(), limits(max_batch_size=max_batch_size, lower_class_share=share))
+    assert Counter(i.priority for i in batch.items) == chosen
 
 
 def test_versions_never_share_a_batch() -> None:
@@ -433,28 +461,6 @@ def test_shares_never_overfill_a_batch() -> None:
     clock.advance(0.011)
     batch = formed(queue, clock(), limits(max_batch_size=2, lower_class_share=0.5))
     assert [i.priority for i in batch.items] == [Priority.HIGH, Priority.NORMAL]
-
-
-def test_a_share_below_one_item_still_guarantees_exactly_one() -> None:
-    """A share rounding down to zero items is one item, and only one."""
-    clock, queue = FakeClock(), new_queue()
-    queue.push(make_items([5] * 4, now=clock(), priority=Priority.HIGH))
-    queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
-    batch = formed(queue, clock(), limits(lower_class_share=0.1))
-    assert [i.priority for i in batch.items].count(Priority.LOW) == 1
-
-
-def test_a_class_short_of_its_share_leaves_the_next_class_its_share() -> None:
-    """A lower class with fewer items than its share does not cost the next class its share."""
-    clock, queue = FakeClock(), new_queue()
-    queue.push(make_items([5] * 8, now=clock(), priority=Priority.HIGH))
-    queue.push(make_items([5], now=clock(), priority=Priority.NORMAL))
-    queue.push(make_items([5] * 2, now=clock(), priority=Priority.LOW))
-    batch = formed(queue, clock(), limits(max_batch_size=8, lower_class_share=0.25))
-    priorities = [i.priority for i in batch.items]
-    assert priorities.count(Priority.NORMAL) == 1
-    assert priorities.count(Priority.LOW) == 2
-    assert priorities.count(Priority.HIGH) == 5
 
 
 def test_efficiency_floor_of_one_excludes_an_equal_length_neighbour() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import pytest
 from fleetserve_runtime.models.base import CollateContext, PreparedInput
 from fleetserve_runtime.models.synthetic import SyntheticHandler, SyntheticParams, text_digest
 from fleetserve_runtime.serving.runtime import Runtime
-from fleetserve_runtime.testing import infer_request
+from fleetserve_runtime.testing import infer_request, until
 from fleetserve_runtime.testing.asgi import serve
 
 INFER = "/v2/models/test/infer"
@@ -83,15 +83,6 @@ async def served(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Run
             yield client, runtime, model
         finally:
             model.gate.set()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (up to 10 s) until `condition` holds; a state to reach, not a speed to meet."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail("the runtime never reached the expected state")
 
 
 def tokens(runtime: Runtime, kind: str) -> float | None:

@@ -30,6 +30,7 @@ from openai.types.chat import ChatCompletionTokenLogprob
 
 from fleetserve_runtime.models.llama.config import Checkpoint
 from fleetserve_runtime.testing import metric_total
+from fleetserve_runtime.testing.process import free_port, wait_ready
 from tests.runtime.models.llama.test_model import reference_model
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
@@ -39,12 +40,6 @@ RETRY_AFTER_S = 2
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [
     {"role": "user", "content": "tell me about rivers"}
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -60,22 +55,11 @@ def running(model: str, *args: str, ready_s: float = 60) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_s
-        while not _ready(url):
-            assert proc.poll() is None, f"server exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.1)
+        wait_ready(url, proc, ready_s)
         yield url
     finally:
         proc.kill()
         proc.wait(10)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def client(url: str, *, max_retries: int = 0) -> openai.OpenAI:

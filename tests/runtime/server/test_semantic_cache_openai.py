@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from fleetserve_runtime.testing import metric_total
-from tests.runtime.server.test_openai_client import free_port, running
+from fleetserve_runtime.testing.process import free_port
+from tests.runtime.server.test_openai_client import running
 
 QUESTION = "What is the capital of France?"
 PARAPHRASE = "What is France's capital?"
