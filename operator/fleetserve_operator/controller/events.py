@@ -6,13 +6,6 @@ service posted six of them, one round trip each, while its reconcile held a work
 loaded API server that was a quarter of the reconcile's time. `EventPoster` queues them and
 one thread posts them in the order they came. The queue is bounded: past `capacity` notes
 waiting (the API server is down), a new one is dropped with a warning, as a failed post is.
-
-The Events were still the largest share of the operator's requests (about 10 per created
-service, one each for every child created and every transition) and of its CPU (each a TLS
-round trip). Notes of one service with the same type and reason that are queued one after
-the other, as a reconcile's "Created Deployment …", "Created Service …" are, become one
-Event whose message joins theirs with "; " (`merged`), as long as it fits the message
-limit: a service's creation posts one "Created" Event instead of one per child.
 """
 
 from __future__ import annotations
@@ -23,10 +16,9 @@ import threading
 from collections.abc import Callable
 
 from fleetserve_operator.controller.kube import ObjectRef
-from fleetserve_operator.errors import MESSAGE_LIMIT
 from fleetserve_operator.records import EventNote
 
-__all__ = ["EventPoster", "merged"]
+__all__ = ["EventPoster"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,32 +51,4 @@ class EventPoster:
 
     def _run(self) -> None:
         while (item := self._notes.get()) is not None:
-            waiting: list[_Note | None] = [item]
-            while waiting[-1] is not None and not self._notes.empty():
-                waiting.append(self._notes.get_nowait())
-            for ref, note in merged([note for note in waiting if note is not None]):
-                self._post(ref, note)
-            if waiting[-1] is None:
-                return
-
-
-_JOINT = "; "
-
-
-def merged(notes: list[_Note]) -> list[_Note]:
-    """`notes` in order, each run of one service's notes of one type and reason as one note.
-
-    Its message joins theirs with "; " while that fits `MESSAGE_LIMIT`; a note that would
-    not fit starts a new one.
-    """
-    out: list[_Note] = []
-    for ref, note in notes:
-        if out:
-            last_ref, last = out[-1]
-            joined = f"{last.message}{_JOINT}{note.message}"
-            fits = len(joined) <= MESSAGE_LIMIT
-            if fits and (last_ref, last.type, last.reason) == (ref, note.type, note.reason):
-                out[-1] = (ref, EventNote(note.type, note.reason, joined))
-                continue
-        out.append((ref, note))
-    return out
+            self._post(*item)

@@ -580,7 +580,8 @@ class Sync:
         In `render.converge_phase` order: routes never name what is not there. The steps of
         one phase do not depend on one another, and are made at once (`_each`). A create
         refused because the name is taken (by a child of this service that neither its
-        labels nor its field managers showed) is an apply onto that child instead.
+        labels nor its field managers showed) is an apply onto that child instead. The writes
+        of a phase are posted as Events once the phase is over, failed or not.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
@@ -589,8 +590,13 @@ class Sync:
         for step in steps:
             phases.setdefault(_phase(step), []).append(step)
         for phase in sorted(phases):
-            calls = [partial(self._converge_step, owner, ref, step) for step in phases[phase]]
-            for step, made in zip(phases[phase], self._each(calls), strict=True):
+            done: list[tuple[str, str]] = []
+            calls = [partial(self._converge_step, owner, done, step) for step in phases[phase]]
+            try:
+                outcomes = self._each(calls)
+            finally:
+                self._post_done(ref, done)
+            for step, made in zip(phases[phase], outcomes, strict=True):
                 if made is not None:
                     result.append(made)
                 elif not isinstance(step, _Write):
@@ -598,20 +604,20 @@ class Sync:
         return result
 
     def _converge_step(
-        self, owner: Owner, ref: ObjectRef, step: _Write | Manifest
+        self, owner: Owner, done: list[tuple[str, str]], step: _Write | Manifest
     ) -> Manifest | None:
         """One step of `_converge`: the child written, or None for a stale one deleted."""
         if isinstance(step, _Write):
             if step.current is None:
-                return self._created(owner, ref, step)
+                return self._created(owner, done, step)
             applied = self._kube.apply(step.manifest, current=step.current)
-            self._write(ref, step.manifest, "Updated")
+            self._write(done, step.manifest, "Updated")
             return applied
         self._kube.delete(step)
-        self._write(ref, step, "Deleted")
+        self._write(done, step, "Deleted")
         return None
 
-    def _created(self, owner: Owner, ref: ObjectRef, write: _Write) -> Manifest:
+    def _created(self, owner: Owner, done: list[tuple[str, str]], write: _Write) -> Manifest:
         """Create `write`'s child; applied instead onto one of this service found in its place.
 
         Raises:
@@ -626,15 +632,28 @@ class Sync:
                 msg = f"{kind} {name} was there to create, and gone again; retried"
                 raise ClusterUnavailable(msg) from None
             applied = self._kube.apply(write.manifest, current=found)
-            self._write(ref, write.manifest, "Updated")
+            self._write(done, write.manifest, "Updated")
             return applied
-        self._write(ref, write.manifest, "Created")
+        self._write(done, write.manifest, "Created")
         return created
 
-    def _write(self, ref: ObjectRef, child: Manifest, action: str) -> None:
+    def _write(self, done: list[tuple[str, str]], child: Manifest, action: str) -> None:
+        """Count a write made, and note it in `done` for its Event (`_post_done`)."""
         kind, name = render.child_key(child)
         self._metrics.writes.labels(kind, action.lower()).inc()
-        self._kube.post_event(ref, EventNote("Normal", action, f"{action} {kind} {name}"))
+        done.append((action, f"{action} {kind} {name}"))
+
+    def _post_done(self, ref: ObjectRef, done: list[tuple[str, str]]) -> None:
+        """One Event per action among the writes `done` ("Created", "Updated", "Deleted").
+
+        Its message joins theirs with "; ": a new service's children cost one Event, not one
+        each. Events were the largest share of the operator's requests (about 10 of the 26
+        per created service) and of its CPU (each a TLS round trip), and a person reading
+        `kubectl describe` loses nothing.
+        """
+        for action in dict.fromkeys(action for action, _ in done):
+            message = "; ".join(note for made, note in done if made == action)
+            self._kube.post_event(ref, EventNote("Normal", action, message))
 
     def _memory_problem(
         self, namespace: str, spec: InferenceServiceSpec, stable: GpuTrackSpec

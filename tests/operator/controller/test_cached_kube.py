@@ -8,10 +8,9 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.cached_kube import CachedKube
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
-from fleetserve_operator.controller.events import EventPoster, merged
+from fleetserve_operator.controller.events import EventPoster
 from fleetserve_operator.controller.kube import ObjectRef
 from fleetserve_operator.controller.service_cache import ServiceCache
-from fleetserve_operator.errors import MESSAGE_LIMIT
 from fleetserve_operator.records import EventNote, Manifest, json_copy
 from fleetserve_operator.testing import FakeKube
 
@@ -94,41 +93,3 @@ def test_a_json_copy_shares_nothing_a_reader_could_edit() -> None:
     copied["spec"]["ports"][0]["port"] = 81
     copied["spec"]["labels"]["a"] = "c"
     assert original == {"spec": {"ports": [{"port": 80}], "labels": {"a": "b"}}, "n": 1}
-
-
-def test_a_services_notes_of_one_reason_queued_together_are_posted_as_one_event() -> None:
-    posted: list[tuple[str, str, str]] = []
-    posting, release = threading.Event(), threading.Event()
-    other = ObjectRef(namespace="ns", name="other", uid="u2")
-
-    def slow_post(ref: ObjectRef, note: EventNote) -> None:
-        posting.set()
-        release.wait(5.0)
-        posted.append((ref.name, note.reason, note.message))
-
-    poster = EventPoster(slow_post, capacity=10)
-    poster.post(REF, EventNote("Normal", "Started", "first"))
-    assert posting.wait(5.0)  # the rest queue while the first is posted
-    for ref, reason, message in (
-        (REF, "Created", "Created Deployment a"),
-        (REF, "Created", "Created Service b"),
-        (other, "Created", "Created Service c"),
-        (REF, "PhaseChanged", "Pending"),
-        (REF, "Created", "Created Service d"),
-    ):
-        poster.post(ref, EventNote("Normal", reason, message))
-    release.set()
-    poster.close(timeout_s=5.0)
-    assert posted == [
-        (REF.name, "Started", "first"),
-        (REF.name, "Created", "Created Deployment a; Created Service b"),
-        ("other", "Created", "Created Service c"),
-        (REF.name, "PhaseChanged", "Pending"),
-        (REF.name, "Created", "Created Service d"),
-    ]
-
-
-def test_notes_are_not_joined_past_the_message_limit() -> None:
-    long = "x" * ((MESSAGE_LIMIT - 2) // 2)
-    notes = [(REF, EventNote("Normal", "Created", long)) for _ in range(3)]
-    assert [len(note.message) for _, note in merged(notes)] == [MESSAGE_LIMIT, len(long)]
