@@ -176,7 +176,13 @@ def test_example_runs(
 
     _check_pods(crd, kube, namespace, sum(tracks.values()))
     events = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
-    created = {e["message"] for e in events if e["involvedObject"]["name"] == name}
+    # A reconcile's "Created" notes may be joined into one Event, "; " between them.
+    created = {
+        part
+        for e in events
+        if e["involvedObject"]["name"] == name
+        for part in e["message"].split("; ")
+    }
     assert {f"Created {kind} {child}" for kind, child in found} <= created
     row = crd.kubectl("get", "fsvc", name, "-n", namespace, "--no-headers").stdout.split()
     version = manifest["spec"]["model"]["version"]

@@ -99,10 +99,16 @@ def _run(config: OperatorConfig) -> None:
 def _connections(config: OperatorConfig) -> int:
     """Threads that may wait on the API server at once: every watch and every worker.
 
-    Plus the resync lane, the Event poster and the Lease's renewals.
+    Plus the reconciles' write threads, the resync lane, the Event poster and the Lease's
+    renewals.
     """
     watches = len(CHILD_KINDS) * max(1, len(config.namespaces))
-    return watches + config.queue_workers + config.workers + 3
+    return watches + config.queue_workers + _write_threads(config) + config.workers + 3
+
+
+def _write_threads(config: OperatorConfig) -> int:
+    """One per queue worker: each reconcile may make its independent writes at once."""
+    return config.queue_workers
 
 
 def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster) -> Sync:
@@ -116,6 +122,7 @@ def _reconciler(config: OperatorConfig, metrics: OperatorMetrics, kube: Cluster)
         webhook_allowlist=config.webhook_allowlist,
         metric_source=allowlist.source,
         images=config.runtime_images,
+        write_threads=_write_threads(config),
     )
 
 

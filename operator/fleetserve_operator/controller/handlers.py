@@ -12,7 +12,8 @@ reconcile the keys (`Sync.run_by_name`). The same queue carries every other trig
 in its lane (`workqueue.Lane`): kopf's create, update and resume handlers queue their
 service in the change lane and wait for its reconcile (so kopf's retries work as before),
 the rollout timer in the event lane, and the resync lane queues each service in turn; a
-change is therefore never behind the echoes or ticks of a rollout or a round of resyncs.
+change is therefore never behind a round of resyncs, and behind the echoes or ticks of a
+rollout only by the event lane's bounded share (`WorkQueue`'s `changes_per_event`).
 The watches and workers start and stop with kopf (its startup and cleanup activities), so
 only the leader runs them. Every watch event of an InferenceService is stored in the
 `ServiceCache` that reconciles read it from (kopf runs this event handler before the change

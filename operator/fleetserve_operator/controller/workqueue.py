@@ -7,14 +7,20 @@ by the number of services, not by the number of events. A key is never run by tw
 at once: one added while its reconcile runs is queued again when that reconcile is `done`,
 so the change that event reported is always seen, by one more run.
 
-Keys wait in one of three lanes (`Lane`), and `get` serves them strictly by lane, FIFO
-within one: a user's change (a new `metadata.generation`) goes ahead of every child-event
-echo, and both go ahead of the periodic resync. At 1000 services the resync lane alone
-holds up to 1000 keys and the echoes of a rollout dozens; a change behind them would wait
-for all of them. A key queued again in a more urgent lane moves there (it still runs once);
-in a less urgent one it stays where it is. The resync lane is also rate-limited: at most
-`resync_in_flight` of its keys run at once, so however long it is, it never holds more
-than that many workers, and a change finds one free as soon as a single reconcile ends.
+Keys wait in one of three lanes (`Lane`), and `get` serves them by lane, FIFO within one: a
+user's change (a new `metadata.generation`) goes ahead of child-event echoes, and both go
+ahead of the periodic resync. At 1000 services the resync lane alone holds up to 1000 keys
+and the echoes of a rollout dozens; a change behind them would wait for all of them. The
+event lane is not starved, though: after `changes_per_event` changes in a row one waiting
+event key is served. A creation burst is a thousand changes (kopf's create handlers), and
+under strict priority no service reported Ready (its pods' events wait in the event lane)
+until the whole burst was created; with this share the events of the services created
+first keep flowing, and a change still waits behind at most one event key for every
+`changes_per_event` changes ahead of it. A key queued again in a more urgent lane moves
+there (it still runs once); in a less urgent one it stays where it is. The resync lane is
+also rate-limited: at most `resync_in_flight` of its keys run at once, so however long it
+is, it never holds more than that many workers, and a change finds one free as soon as a
+single reconcile ends.
 
 A key may also be queued after a delay (`add_after`, controller-runtime's `AddAfter`): a
 service coming up sends a burst of child and pod events (its Deployment's status, each pod
@@ -56,8 +62,14 @@ class WorkQueue(Generic[K]):
     """Keys waiting for a worker, each at most once, by lane; `get` blocks until one is free."""
 
     def __init__(
-        self, *, resync_in_flight: int = 1, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        resync_in_flight: int = 1,
+        changes_per_event: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if changes_per_event < 1:
+            raise ValueError(f"changes_per_event must be at least 1, not {changes_per_event}")
         self._lanes: dict[Lane, dict[K, None]] = {lane: {} for lane in Lane}
         """Queued keys of each lane, in arrival order (a dict: ordered, O(1) removal)."""
         self._again: dict[K, Lane] = {}
@@ -65,6 +77,9 @@ class WorkQueue(Generic[K]):
         self._running: dict[K, Lane] = {}
         self._resync_in_flight = resync_in_flight
         self._resyncs_running = 0
+        self._changes_per_event = changes_per_event
+        self._changes_in_row = 0
+        """Change-lane keys taken since the last event-lane key."""
         self._delayed: dict[K, tuple[float, Lane]] = {}
         """Keys `add_after` holds back: when each is due, and the lane it is due in."""
         self._due: list[tuple[float, int, K]] = []
@@ -155,6 +170,7 @@ class WorkQueue(Generic[K]):
             key = next(iter(waiting))
             del waiting[key]
             self._running[key] = lane
+            self._changes_in_row = self._changes_in_row + 1 if lane is Lane.CHANGE else 0
             if lane is Lane.RESYNC:
                 self._resyncs_running += 1
             return key, lane
@@ -184,7 +200,17 @@ class WorkQueue(Generic[K]):
         return next((lane for lane, waiting in self._lanes.items() if key in waiting), None)
 
     def _next_lane(self) -> Lane | None:
-        """The most urgent lane with a key that may run now (the caller holds the lock)."""
+        """The lane whose key runs next (the caller holds the lock); None: none may run now.
+
+        The most urgent lane with a key, but the event lane's turn after `changes_per_event`
+        changes in a row.
+        """
+        if (
+            self._lanes[Lane.EVENT]
+            and self._lanes[Lane.CHANGE]
+            and self._changes_in_row >= self._changes_per_event
+        ):
+            return Lane.EVENT
         for lane, waiting in self._lanes.items():
             if not waiting:
                 continue

@@ -53,7 +53,13 @@ def test_create_applies_children_and_reports_pending() -> None:
     ]
     assert kube.status_of("ns", "demo").phase == "Pending"
     assert _conditions(kube)["Ready"] == ("False", "Pending")
-    assert [e.reason for e in kube.events if e.reason == "Created"] == ["Created"] * 3
+    created_events = [e.message.split("; ") for e in kube.events if e.reason == "Created"]
+    assert len(created_events) == 1, "one Event for the children of one reconcile"
+    assert sorted(created_events[0]) == [
+        "Created Deployment demo-stable",
+        "Created Service demo",
+        "Created Service demo-stable",
+    ]
 
 
 def test_ready_pods_make_it_succeed_and_report_the_version() -> None:

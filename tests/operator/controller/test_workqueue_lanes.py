@@ -106,17 +106,43 @@ def test_a_freed_resync_slot_wakes_a_waiting_worker() -> None:
     assert taken == ["r2"]
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_no_resync_or_echo_ever_starts_while_a_change_may_run(seed: int) -> None:
-    """A change is never behind any resync or echo that could wait.
+def test_the_event_lane_gets_one_turn_after_every_few_changes() -> None:
+    """A creation burst does not starve the events of the services created first."""
+    queue: WorkQueue[str] = WorkQueue(changes_per_event=3)
+    for i in range(7):
+        queue.add(f"create-{i}", Lane.CHANGE)
+    queue.add("echo-1", Lane.EVENT)
+    queue.add("echo-2", Lane.EVENT)
+    queue.add("resync", Lane.RESYNC)
+    assert _drain(queue) == [
+        "create-0", "create-1", "create-2", "echo-1",
+        "create-3", "create-4", "create-5", "echo-2",
+        "create-6", "resync",
+    ]  # fmt: skip
 
-    Random adds, takes and finishes by 4 workers over 200 keys: whenever a queued change
-    could run, the next key taken is a change; and at most one resync runs at any time.
+
+def test_a_share_below_one_change_per_event_is_refused() -> None:
+    with pytest.raises(ValueError, match="changes_per_event"):
+        WorkQueue(changes_per_event=0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("changes_per_event", [1, 3])
+def test_a_change_is_behind_at_most_one_echo_per_few_changes_and_never_a_resync(
+    seed: int, changes_per_event: int
+) -> None:
+    """What a queued change may wait behind is bounded.
+
+    Random adds, takes and finishes by 4 workers over 200 keys: while a change is queued,
+    no resync is taken, and an echo only after `changes_per_event` changes in a row (so a
+    change waits behind at most one echo for every `changes_per_event` changes ahead of
+    it); at most one resync runs at any time.
     """
     rng = random.Random(seed)
-    queue: WorkQueue[int] = WorkQueue()
+    queue: WorkQueue[int] = WorkQueue(changes_per_event=changes_per_event)
     running: list[int] = []
     lanes: dict[int, Lane] = {}
+    changes_in_row = 0
     for _ in range(3000):
         action = rng.random()
         if action < 0.45:
@@ -130,7 +156,10 @@ def test_no_resync_or_echo_ever_starts_while_a_change_may_run(seed: int) -> None
                 continue
             key, lane = taken
             if change_ready:
-                assert lane is Lane.CHANGE, "a change was passed over"
+                assert lane is not Lane.RESYNC, "a resync went ahead of a change"
+                if lane is Lane.EVENT:
+                    assert changes_in_row >= changes_per_event, "an echo went ahead too soon"
+            changes_in_row = changes_in_row + 1 if lane is Lane.CHANGE else 0
             lanes[key] = lane
             assert sum(lanes[k] is Lane.RESYNC for k in [*running, key]) <= 1
             running.append(key)
