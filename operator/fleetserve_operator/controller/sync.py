@@ -32,6 +32,7 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
    queueing `notify` webhooks) are applied. Weights, replica counts, the canary and the
    stable track's spec are not actions at all: they follow from the status in step 5.
 
+Steps 3 and 5, the children's checks and writes, are `child_writes.ChildWriter`'s.
 When the children cannot be written (step 3), the rollout does not move: status keeps the
 previous step, with the reason in `Degraded`.
 
@@ -48,12 +49,10 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -64,14 +63,12 @@ from fleetserve_operator.analysis import (
     read_memory_figures,
 )
 from fleetserve_operator.analysis.allowlist import PrometheusAllowlist, UrlAllowlist
-from fleetserve_operator.controller.kube import Cluster, ObjectRef, held_by_others
+from fleetserve_operator.controller.child_writes import ChildWriter
+from fleetserve_operator.controller.kube import Cluster, ObjectRef
 from fleetserve_operator.controller.looks import MetricLooks
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.webhooks import Webhooks
 from fleetserve_operator.errors import (
-    ChildConflict,
-    ChildRefused,
-    ClusterUnavailable,
     DependencyMissing,
     InvalidSpec,
     MetricsUnavailable,
@@ -105,22 +102,10 @@ _MAX_FIELD_PART = 64
 map key (a label key, a resource name) is ever cut."""
 _BUILT_IN_IMAGES = RuntimeImages()
 
-T = TypeVar("T")
-
 
 def utc_now() -> datetime:
     """The current time, timezone-aware (UTC)."""
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """A child to write: created when `current` is None, else applied onto it."""
-
-    manifest: Manifest
-    current: Manifest | None
-    planned: Manifest | None = None
-    """The dry-run's answer for it, once checked (a create takes its fields from it)."""
 
 
 @dataclass(slots=True)
@@ -210,9 +195,7 @@ class Sync:
     `webhook_allowlist` judges each `rollout.webhooks[].url` in the same way, and the
     webhooks refuse to call a URL outside it again; None accepts every URL (tests). `images`
     fill in the runtime images a spec leaves unset, as it is parsed. `write_threads`: threads
-    that make a reconcile's independent requests beside it (each child's dry-run, then the
-    writes of one `render.converge_phase`: a change's canary Deployment and Service), shared
-    by every reconcile; 0 makes them one after the other (the order tests read writes in).
+    that make a reconcile's independent requests beside it (`ChildWriter`).
     """
 
     def __init__(
@@ -229,11 +212,7 @@ class Sync:
         write_threads: int = 0,
     ) -> None:
         self._kube = kube
-        self._writers = (
-            ThreadPoolExecutor(write_threads, thread_name_prefix="child-write")
-            if write_threads > 0
-            else None
-        )
+        self._children = ChildWriter(kube, metrics, write_threads=write_threads)
         self._metrics = metrics
         self._prometheus_allowlist = prometheus_allowlist
         self._webhook_allowlist = webhook_allowlist
@@ -383,7 +362,7 @@ class Sync:
             step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
         desired = self._desired(run.owner, spec, step.status, stable.replicas if stable else 0)
-        writes = self._checked_writes(run.owner, desired, run.observed, run.taken)
+        writes = self._children.checked_writes(run.owner, desired, run.observed, run.taken)
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
         run.stable_only = rollout.stable_only(spec, step.status)
@@ -396,7 +375,7 @@ class Sync:
             ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
-        run.observed = self._converge(run.owner, run.ref, writes, stale, run.observed)
+        run.observed = self._children.converge(run.owner, run.ref, writes, stale, run.observed)
 
     def _desired(
         self,
@@ -483,178 +462,6 @@ class Sync:
                 self._webhook_allowlist.check(hook.url, f"spec.rollout.webhooks[{index}].url")
         return spec
 
-    def _checked_writes(
-        self,
-        owner: Owner,
-        desired: list[Manifest],
-        observed: list[Manifest],
-        taken: set[tuple[str, str]],
-    ) -> list[_Write]:
-        """The children to write, each checked before any is written.
-
-        Every write is dry-run, in apply order, so the first refusal stops them all. A
-        desired child not among `observed` is to be created; an object of its name that
-        this service does not control is someone else's, and is never written. Such an
-        object is found without a read for every new child: labelled as this service's
-        (`taken`), or answered by the create's dry-run with fields of other managers,
-        which an object that does not exist yet cannot have (`kube.held_by_others`), or
-        a refusal of that dry-run (what it merged onto that object was invalid). Only then
-        is it read, to tell a child of this service that the listing missed from
-        another's. One that slips past both (no label, no manager but the operator's) is
-        refused by the create itself (it is create-only): `ChildConflict` then stops the
-        reconcile at that write.
-
-        Raises:
-            ChildConflict: a name is taken by an object this service does not control.
-            ChildRefused: the API server refused a child.
-            DependencyMissing: the HTTPRoute or GRPCRoute API is missing.
-        """
-        current = {render.child_key(child): child for child in observed}
-        writes: list[_Write] = []
-        for child in desired:
-            seen = current.get(render.child_key(child))
-            if seen is None and render.child_key(child) in taken:
-                seen = self._found(owner, child)
-            if seen is None or render.needs_write(child, seen):
-                writes.append(_Write(child, seen))
-        checks = [partial(self._checked, owner, write) for write in writes]
-        return [write for write in self._each(checks) if write is not None]
-
-    def _checked(self, owner: Owner, write: _Write) -> _Write | None:
-        """`write` with its dry-run's answer; None when it needs no write after all."""
-        try:
-            planned = self._kube.validate(write.manifest, current=write.current)
-        except ChildRefused:
-            # A create's dry-run merged onto an object of that name may be refused for
-            # what the merge made (two unnamed ports, say): whose is that object?
-            found = None if write.current is not None else self._found(owner, write.manifest)
-            if found is None:
-                raise
-            write = _Write(write.manifest, found)
-            planned = self._kube.validate(write.manifest, current=found)
-        if write.current is None and held_by_others(planned):
-            found = self._found(owner, write.manifest)
-            if found is not None and not render.needs_write(write.manifest, found):
-                return None
-            write = _Write(write.manifest, found)
-            planned = self._kube.validate(write.manifest, current=found)
-        return replace(write, planned=planned)
-
-    def _each(self, calls: Sequence[Callable[[], T]]) -> list[T]:
-        """Every call's result in order, the calls made at once on the `write_threads`.
-
-        All of them are waited for before the first failure (in order) is raised, so none
-        is still in flight when the reconcile stops there.
-        """
-        if self._writers is None or len(calls) < 2:
-            return [call() for call in calls]
-        others = [self._writers.submit(call) for call in calls[1:]]
-        try:
-            first = calls[0]()
-        finally:
-            wait(others)
-        return [first, *(other.result() for other in others)]
-
-    def _found(self, owner: Owner, child: Manifest) -> Manifest | None:
-        """The object named like `child`, if this service controls it; None when absent.
-
-        Raises:
-            ChildConflict: an object of that name exists and this service does not control it.
-        """
-        found = self._kube.get_child(child)
-        if found is not None and not render.is_controlled_by(owner, found):
-            kind, name = render.child_key(child)
-            raise ChildConflict(kind, owner.namespace, name)
-        return found
-
-    def _converge(
-        self,
-        owner: Owner,
-        ref: ObjectRef,
-        writes: list[_Write],
-        stale: list[Manifest],
-        observed: list[Manifest],
-    ) -> list[Manifest]:
-        """Make the checked writes, delete the `stale` children; returns the children.
-
-        In `render.converge_phase` order: routes never name what is not there. The steps of
-        one phase do not depend on one another, and are made at once (`_each`). A create
-        refused because the name is taken (by a child of this service that neither its
-        labels nor its field managers showed) is an apply onto that child instead. The writes
-        of a phase are posted as Events once the phase is over, failed or not.
-        """
-        written = {render.child_key(write.manifest) for write in writes}
-        result = [child for child in observed if render.child_key(child) not in written]
-        steps: list[_Write | Manifest] = [*writes, *stale]
-        phases: dict[int, list[_Write | Manifest]] = {}
-        for step in steps:
-            phases.setdefault(_phase(step), []).append(step)
-        for phase in sorted(phases):
-            done: list[tuple[str, str]] = []
-            calls = [partial(self._converge_step, owner, done, step) for step in phases[phase]]
-            try:
-                outcomes = self._each(calls)
-            finally:
-                self._post_done(ref, done)
-            for step, made in zip(phases[phase], outcomes, strict=True):
-                if made is not None:
-                    result.append(made)
-                elif not isinstance(step, _Write):
-                    result.remove(step)
-        return result
-
-    def _converge_step(
-        self, owner: Owner, done: list[tuple[str, str]], step: _Write | Manifest
-    ) -> Manifest | None:
-        """One step of `_converge`: the child written, or None for a stale one deleted."""
-        if isinstance(step, _Write):
-            if step.current is None:
-                return self._created(owner, done, step)
-            applied = self._kube.apply(step.manifest, current=step.current)
-            self._write(done, step.manifest, "Updated")
-            return applied
-        self._kube.delete(step)
-        self._write(done, step, "Deleted")
-        return None
-
-    def _created(self, owner: Owner, done: list[tuple[str, str]], write: _Write) -> Manifest:
-        """Create `write`'s child; applied instead onto one of this service found in its place.
-
-        Raises:
-            ChildConflict: the name is taken by an object this service does not control.
-        """
-        try:
-            created = self._kube.create(write.manifest, planned=write.planned)
-        except ChildConflict:
-            found = self._found(owner, write.manifest)
-            if found is None:
-                kind, name = render.child_key(write.manifest)
-                msg = f"{kind} {name} was there to create, and gone again; retried"
-                raise ClusterUnavailable(msg) from None
-            applied = self._kube.apply(write.manifest, current=found)
-            self._write(done, write.manifest, "Updated")
-            return applied
-        self._write(done, write.manifest, "Created")
-        return created
-
-    def _write(self, done: list[tuple[str, str]], child: Manifest, action: str) -> None:
-        """Count a write made, and note it in `done` for its Event (`_post_done`)."""
-        kind, name = render.child_key(child)
-        self._metrics.writes.labels(kind, action.lower()).inc()
-        done.append((action, f"{action} {kind} {name}"))
-
-    def _post_done(self, ref: ObjectRef, done: list[tuple[str, str]]) -> None:
-        """One Event per action among the writes `done` ("Created", "Updated", "Deleted").
-
-        Its message joins theirs with "; ": a new service's children cost one Event, not one
-        each. Events were the largest share of the operator's requests (about 10 of the 26
-        per created service) and of its CPU (each a TLS round trip), and a person reading
-        `kubectl describe` loses nothing.
-        """
-        for action in dict.fromkeys(action for action, _ in done):
-            message = "; ".join(note for made, note in done if made == action)
-            self._kube.post_event(ref, EventNote("Normal", action, message))
-
     def _memory_problem(
         self, namespace: str, spec: InferenceServiceSpec, stable: GpuTrackSpec
     ) -> Problem | None:
@@ -706,12 +513,6 @@ class Sync:
             for note in observe.transitions(previous, status):
                 self._kube.post_event(ref, note)
         self._metrics.observe_status(ref.namespace, ref.name, status)
-
-
-def _phase(step: _Write | Manifest) -> int:
-    if isinstance(step, _Write):
-        return render.converge_phase(step.manifest, step.current)
-    return render.converge_phase(step, step, stale=True)
 
 
 def _deployments_by_track(children: list[Manifest]) -> dict[Track, Manifest]:
