@@ -106,6 +106,10 @@ class FakeKube:
         meta = body["metadata"]
         self.objects[(naming.KIND, meta["namespace"], meta["name"])] = copy.deepcopy(body)
 
+    def created(self) -> list[tuple[str, str]]:
+        """The (kind, name) of every object created so far, sorted."""
+        return sorted((kind, name) for action, kind, name in self.writes if action == "create")
+
     def get_child(self, manifest: Manifest) -> Manifest | None:
         """The stored object `manifest` names, or None."""
         found = self.objects.get(_key(manifest))

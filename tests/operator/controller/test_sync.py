@@ -45,8 +45,7 @@ def test_create_applies_children_and_reports_pending() -> None:
     """First reconcile: Deployment and Services created, phase Pending until pods are ready."""
     kube, sync = _setup()
     assert sync.run_by_name("ns", "demo", trigger="create") is None
-    created = sorted((kind, name) for action, kind, name in kube.writes if action == "create")
-    assert created == [
+    assert kube.created() == [
         ("Deployment", "demo-stable"),
         ("Service", "demo"),
         ("Service", "demo-stable"),

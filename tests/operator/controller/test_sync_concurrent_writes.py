@@ -40,8 +40,7 @@ def test_a_new_services_children_are_created_at_once() -> None:
     kube.add_service(make_service())
     sync = Sync(kube, metrics=OperatorMetrics(), write_threads=_CHILDREN - 1)
     assert sync.run_by_name("ns", "demo", trigger="create") is None
-    created = sorted((kind, name) for action, kind, name in kube.writes if action == "create")
-    assert created == [
+    assert kube.created() == [
         ("Deployment", "demo-stable"),
         ("Service", "demo"),
         ("Service", "demo-stable"),
