@@ -9,9 +9,10 @@ readiness and failures (a crash loop changes no Deployment). Child events do not
 kopf, which would keep a worker and an event queue per watched object: `child_watch` reduces
 each to its InferenceService's key in a deduplicating `WorkQueue`, and `QueueWorkers` threads
 reconcile the keys (`Sync.run_by_name`). The same queue carries every other trigger, each
-in its lane (`workqueue.Lane`): kopf's create, update and resume handlers queue their
-service in the change lane and wait for its reconcile (so kopf's retries work as before),
-the rollout timer in the event lane, and the resync lane queues each service in turn; a
+in its lane (`workqueue.Lane`): kopf's create and update handlers queue their service in
+the change lane and wait for its reconcile (so kopf's retries work as before), its resume
+handler (a new leader's replay) in the resync lane without waiting, the rollout timer in
+the event lane, and the resync lane queues each service in turn; a
 change is therefore never behind a round of resyncs, and behind the echoes or ticks of a
 rollout only by the event lane's bounded share (`WorkQueue`'s `changes_per_event`).
 The watches and workers start and stop with kopf (its startup and cleanup activities), so
@@ -225,14 +226,18 @@ class QueueWorkers:
         return waiter.result
 
     def resume(self, key: Key) -> None:
-        """Queue `key` in the event lane for kopf's resume, without waiting for its reconcile.
+        """Queue `key` in the resync lane for kopf's resume, without waiting for its reconcile.
 
         kopf handles one object's events one at a time: a resume handler awaiting its
         reconcile, behind a new leader's replay of the whole fleet, would hold back the
-        user's change to that very object until the replay reached it. A failure is logged
-        (the resync lane heals it), as for a child event.
+        user's change to that very object until the replay reached it. The replay is a full
+        resync's worth of reconciles, so it goes where resyncs go, one at a time: in the
+        event lane it held every worker (and the interpreter kopf's event loop needs to
+        reach the changed objects in its initial listing), and a change made during a
+        hand-over waited for both. A failure is logged (the resync lane heals it), as for
+        a child event.
         """
-        submitted = self.submit_change(key, trigger="resume", lane=Lane.EVENT)
+        submitted = self.submit_change(key, trigger="resume", lane=Lane.RESYNC)
         submitted.add_done_callback(lambda done: self._log_unwaited(key, done))
 
     def _log_unwaited(self, key: Key, done: Future[SpecError | None]) -> None:
@@ -358,8 +363,8 @@ class Handlers:
         Through the work queue's change lane when there is one: ahead of every queued echo
         and resync, and never at the same time as another reconcile of the service. A
         resume is no change: a new leader resumes every service at once, and a user's change
-        must not wait behind all of them, so resumes go in the lane of the child events, and
-        are not waited for (`QueueWorkers.resume`). A change is awaited on kopf's event
+        must not wait behind all of them, so resumes go in the resync lane, and are not
+        waited for (`QueueWorkers.resume`). A change is awaited on kopf's event
         loop, holding none of kopf's worker threads: those also run every InferenceService's
         event handler, and a change handler blocked in one of them would delay the changes
         behind it.

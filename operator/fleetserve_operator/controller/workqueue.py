@@ -51,11 +51,11 @@ class Lane(IntEnum):
     """Why a key is queued; a lower value is served first."""
 
     CHANGE = 0
-    """A user changed the object (a new generation), or kopf handles its create or resume."""
+    """A user changed the object (a new generation), or kopf handles its create."""
     EVENT = 1
     """An event of a child or a pod (mostly echoes of the operator's own writes)."""
     RESYNC = 2
-    """The periodic re-check of every service."""
+    """The periodic re-check of every service, and a new leader's resume of each."""
 
 
 class WorkQueue(Generic[K]):

@@ -168,12 +168,14 @@ def test_a_change_is_behind_at_most_one_echo_per_few_changes_and_never_a_resync(
             queue.done(key)
 
 
-def _workers(*names: str, kube: FakeKube | None = None) -> tuple[FakeKube, QueueWorkers]:
+def _workers(
+    *names: str, kube: FakeKube | None = None, count: int = 1
+) -> tuple[FakeKube, QueueWorkers]:
     kube = kube or FakeKube()
     for name in names:
         kube.add_service(make_service(name=name))
     metrics = OperatorMetrics()
-    return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=1)
+    return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=count)
 
 
 def _waiting_change(
@@ -344,7 +346,8 @@ def test_a_resume_returns_at_once_so_kopf_delivers_the_change_to_that_object() -
     async def resume_then_change() -> None:
         resumed = handlers.service_changed(body=kopf.Body(found), reason="resume")
         await asyncio.wait_for(resumed, timeout=2.0)
-        assert workers.queue.depth(Lane.EVENT) == 2
+        assert workers.queue.depth(Lane.EVENT) == 1
+        assert workers.queue.depth(Lane.RESYNC) == 1
         changed = asyncio.ensure_future(
             handlers.service_changed(body=kopf.Body(found), reason="update")
         )
@@ -358,3 +361,61 @@ def test_a_resume_returns_at_once_so_kopf_delivers_the_change_to_that_object() -
     finally:
         workers.stop()
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+
+
+class _HeldKube(FakeKube):
+    """Once `holding`, a reconcile of any service but `changed` waits until `release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = False
+        self.release = threading.Event()
+        self.most_held = 0
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
+        if self.holding and name != "changed":
+            with self._lock:
+                self._held += 1
+                self.most_held = max(self.most_held, self._held)
+            self.release.wait(timeout=20.0)
+            with self._lock:
+                self._held -= 1
+        return super().get_inference_service(namespace, name)
+
+
+@pytest.mark.timeout(60)
+def test_a_new_leaders_resumes_hold_one_worker_so_a_change_finds_one_free() -> None:
+    """A hand-over's replay runs one reconcile at a time, however slow each is.
+
+    Ten resumes are queued, then the reconciles of resumed services block: with three
+    workers, a user's change made meanwhile is served at once, and never more than one
+    resume was running. In the event lane the three workers all wait on resumes, and the
+    change waits for them.
+    """
+    names = [f"s{i}" for i in range(10)]
+    kube, workers = _workers("changed", *names, kube=_HeldKube(), count=3)
+    assert isinstance(kube, _HeldKube)
+    sync = Sync(kube, metrics=OperatorMetrics())
+    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
+    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
+    bodies = {name: kube.get_inference_service("ns", name) for name in ["changed", *names]}
+
+    async def resumes_then_change() -> None:
+        for name in names:
+            await handlers.service_changed(body=kopf.Body(bodies[name]), reason="resume")
+        kube.holding = True
+        workers.start()
+        while kube.most_held == 0:
+            await asyncio.sleep(0.001)
+        changed = handlers.service_changed(body=kopf.Body(bodies["changed"]), reason="update")
+        await asyncio.wait_for(changed, timeout=5.0)
+
+    try:
+        asyncio.run(resumes_then_change())
+        assert kube.most_held == 1
+        assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
+    finally:
+        kube.release.set()
+        workers.stop()
