@@ -128,6 +128,8 @@ def table(result: ScaleResult) -> Table:
             "≤ 5 / ≤ 2",
         ),
         ("reconciles by trigger", _counts(result.reconciles_by_trigger), ""),
+        ("until all Ready, per service: writes / dry-runs / reads", _per_service(result), ""),
+        ("until all Ready, writes by kind", _counts(result.ready_writes_by_kind), ""),
     ]
     marks = {
         2: ("ready_s",),
@@ -149,6 +151,13 @@ def table(result: ScaleResult) -> Table:
 
 def _counts(counts: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {value:g}" for key, value in sorted(counts.items())) or "-"
+
+
+def _per_service(result: ScaleResult) -> str:
+    """The operator's requests until all Ready, for each service created."""
+    writes = sum(result.ready_writes_by_kind.values())
+    counts = (writes, result.ready_dry_runs, result.ready_reads)
+    return " / ".join(f"{count / max(1, result.services):.1f}" for count in counts)
 
 
 def print_report(result: ScaleResult, *, context: Mapping[str, object]) -> None:

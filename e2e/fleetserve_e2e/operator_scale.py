@@ -261,6 +261,11 @@ class ScaleResult:
     cpu_idle_s: float
     cpu_ready_s: float
     """The operator's CPU seconds from its start until every service was Ready."""
+    ready_writes_by_kind: dict[str, int]
+    """The operator's writes from the first create until every service was Ready, by
+    ``<verb> <resource>[/<subresource>]`` (its Lease renewals apart)."""
+    ready_dry_runs: int
+    ready_reads: int
     reconciles_by_trigger: dict[str, float]
     """The operator's own count (``fleetserve_operator_reconciles``) over the whole run."""
     handover_changes: int
@@ -420,6 +425,7 @@ def _measure(
     try:
         names = [f"svc-{i:04d}" for i in range(config.services)]
         started = time.monotonic()
+        wall_started = time.time()
         for name in names:
             kube.create(fsvc_path(NAMESPACE), bench_service(name))
         created = time.monotonic()
@@ -433,6 +439,9 @@ def _measure(
         ready_s = time.monotonic() - started
         cpu_ready = sampler.cpu_s()
         print(f"all {len(names)} services Ready after {ready_s:.1f}s", flush=True)
+        until_ready = count_requests(
+            tail.read(), username=username, start=wall_started, end=wall_started + ready_s
+        )
         settled_s = wait_quiet(
             tail, username, quiet_s=config.settle_s, timeout_s=config.ready_timeout_s
         )
@@ -482,6 +491,9 @@ def _measure(
         cpu_s=round(cpu_s, 2),
         cpu_idle_s=round(cpu_idle, 2),
         cpu_ready_s=round(cpu_ready, 2),
+        ready_writes_by_kind=until_ready.by_kind,
+        ready_dry_runs=until_ready.dry_runs,
+        ready_reads=until_ready.reads,
         reconciles_by_trigger=dict(reconciles),
         handover_changes=min(config.handover_changes, config.services),
         handover_changes_seen=len(handover.latencies),

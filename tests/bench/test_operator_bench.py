@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 
 from bench.operator_bench import (
     ScaleResult,
     harness_argv,
     headline,
     read_result,
+    table,
     target_line,
     verdicts,
 )
@@ -45,6 +47,9 @@ FIGURES = {
     "cpu_s": 100.0,
     "cpu_idle_s": 1.0,
     "cpu_ready_s": 30.0,
+    "ready_writes_by_kind": {"create deployments": 1000, "patch deployments": 1000},
+    "ready_dry_runs": 3000,
+    "ready_reads": 500,
     "reconciles_by_trigger": {"create": 1000.0, "child": 9000.0, "resync": 2000.0},
     "handover_changes": 10,
     "handover_changes_seen": 10,
@@ -82,6 +87,14 @@ def test_cpu_per_service_counts_until_all_ready_and_an_unmeasured_figure_misses(
     assert verdicts(costly)["cpu_ms_per_service"] is False
     unmeasured = ScaleResult(**{**FIGURES, "handover_first_change_s": float("nan")})
     assert verdicts(unmeasured)["handover_first_change_s"] is False
+
+
+def test_the_table_counts_the_requests_until_ready_for_each_service() -> None:
+    console = Console(width=200, record=True)
+    console.print(table(ScaleResult(**FIGURES)))
+    text = console.export_text()
+    assert "2.0 / 3.0 / 0.5" in text  # 2000 writes, 3000 dry-runs, 500 reads for 1000
+    assert "create deployments 1000, patch deployments 1000" in text
 
 
 def test_the_line_before_the_headline_names_every_target() -> None:
