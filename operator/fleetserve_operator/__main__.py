@@ -135,6 +135,31 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) ->
         events.close(timeout_s=config.request_timeout_s)
 
 
+def _queue_and_watches(
+    config: OperatorConfig, metrics: OperatorMetrics, sync: Sync, kube: KubeApi, cache: ChildCache
+) -> tuple[handlers.QueueWorkers, ChildWatches]:
+    """The work queue's workers and the child watches that fill it and `cache`.
+
+    A child's event queues its owner in the event lane; a listing (at start, and after a
+    410 or a failure) names every service, and queues them in the rate-limited resync lane,
+    where a new leader's resumes also go: the first lists would otherwise hold every worker
+    while a user's change waits.
+    """
+    workers = handlers.QueueWorkers(
+        sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
+    )
+    watches = ChildWatches(
+        kube.api_client,
+        namespaces=config.namespaces,
+        on_owner=workers.add,
+        on_listed=workers.resync,
+        watch_timeout_s=config.watch_timeout_s,
+        request_timeout_s=config.request_timeout_s,
+        cache=cache,
+    )
+    return workers, watches
+
+
 def _serve(
     config: OperatorConfig,
     metrics: OperatorMetrics,
@@ -148,17 +173,7 @@ def _serve(
     kopf's watch of the InferenceServices fills `services`.
     """
     sync = _reconciler(config, metrics, cached)
-    workers = handlers.QueueWorkers(
-        sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
-    )
-    watches = ChildWatches(
-        kube.api_client,
-        namespaces=config.namespaces,
-        on_owner=workers.add,
-        watch_timeout_s=config.watch_timeout_s,
-        request_timeout_s=config.request_timeout_s,
-        cache=cache,
-    )
+    workers, watches = _queue_and_watches(config, metrics, sync, kube, cache)
     registry = kopf.OperatorRegistry()
     handlers.register(
         registry,

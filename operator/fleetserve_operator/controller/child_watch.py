@@ -13,7 +13,9 @@ A watch is label-selected to the operator's own children (`managed-by`), resumes
 last resourceVersion it saw (bookmarks included) when the server ends it, and re-lists when
 that version is too old (410 Gone). Every list queues the owner of every object listed, at
 start (a child deleted while no leader ran) and after a 410 or a failure (events may have
-been lost).
+been lost), through `on_listed`: a listing names every service, a resync's worth of
+reconciles, which must not take the workers a user's change needs (the operator queues
+them in the resync lane).
 A kind whose CRD is absent (no Gateway API, no KEDA) answers 404; its watch waits
 `absent_retry_s` and tries again, so it starts once the CRD appears. Other failures are
 logged and retried after `retry_s`. Requests go by path through the client's `ApiClient`,
@@ -205,7 +207,7 @@ class _KindWatch:
         kind = self._kind
         self._watches.cache.replace(kind.kind, kind.api_version, self._namespace, items)
         for item in items:
-            self._watches.notify(kind.kind, item)
+            self._watches.notify(kind.kind, item, listed=True)
         return str(listed["metadata"]["resourceVersion"])
 
     def _watch(self, version: str) -> str:
@@ -248,7 +250,8 @@ class ChildWatches:
     """The watch threads of every child kind in the operator's namespaces.
 
     `on_owner` is called (from the watch threads) with the key of the InferenceService an
-    event is about, after the object is kept in `cache` (a new one unless given).
+    event is about, after the object is kept in `cache` (a new one unless given);
+    `on_listed` (`on_owner` unless given) with the owner of each object a list returned.
     """
 
     def __init__(
@@ -257,6 +260,7 @@ class ChildWatches:
         *,
         namespaces: Sequence[str],
         on_owner: Callable[[Key], None],
+        on_listed: Callable[[Key], None] | None = None,
         watch_timeout_s: int = 300,
         request_timeout_s: float = 30.0,
         retry_s: float = 5.0,
@@ -272,14 +276,15 @@ class ChildWatches:
         self.absent_retry_s = absent_retry_s
         self.stopping = threading.Event()
         self._on_owner = on_owner
+        self._on_listed = on_listed or on_owner
         scopes: Sequence[str | None] = list(namespaces) or [None]
         self._watches = [_KindWatch(self, kind, ns) for kind in kinds for ns in scopes]
 
-    def notify(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """Queue the owner of an event's object, if it is one of ours."""
+    def notify(self, kind: str, obj: Mapping[str, Any], *, listed: bool = False) -> None:
+        """Queue the owner of an event's (or a list's) object, if it is one of ours."""
         key = owner_key(kind, obj)
         if key is not None:
-            self._on_owner(key)
+            (self._on_listed if listed else self._on_owner)(key)
 
     def start(self) -> None:
         """Start one thread per kind and namespace."""

@@ -18,6 +18,7 @@ import kubernetes
 import pytest
 import urllib3
 
+from fleetserve_operator import __main__ as entry
 from fleetserve_operator import naming
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.child_watch import (
@@ -27,8 +28,11 @@ from fleetserve_operator.controller.child_watch import (
     owner_key,
 )
 from fleetserve_operator.controller.handlers import QueueWorkers, register
+from fleetserve_operator.controller.kube import KubeApi
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.controller.sync import Sync
+from fleetserve_operator.controller.workqueue import Lane
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.testing import FakeKube, QuietHandler, serve_http
 
@@ -127,11 +131,14 @@ def _paths(server: type[_ApiServer], suffix: str) -> list[dict[str, list[str]]]:
 @pytest.mark.timeout(60)
 def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     kinds = [k for k in CHILD_KINDS if k.kind in ("Deployment", "HTTPRoute")]
-    keys: list[tuple[str, str]] = []
+    keys: list[tuple[str, tuple[str, str]]] = []
     seen_c = threading.Event()
 
     def on_owner(key: tuple[str, str]) -> None:
-        keys.append(key)
+        keys.append(("event", key))
+
+    def on_listed(key: tuple[str, str]) -> None:
+        keys.append(("listed", key))
         if key == ("ns", "c"):
             seen_c.set()
 
@@ -139,8 +146,8 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     with serve_http(_ApiServer) as url:
         client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
         watches = ChildWatches(
-            client, namespaces=["ns"], on_owner=on_owner, kinds=kinds, retry_s=0.1,
-            absent_retry_s=3600.0, cache=cache,
+            client, namespaces=["ns"], on_owner=on_owner, on_listed=on_listed, kinds=kinds,
+            retry_s=0.1, absent_retry_s=3600.0, cache=cache,
         )  # fmt: skip
         watches.start()
         try:
@@ -156,10 +163,11 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     assert all(q["labelSelector"] == [f"{naming.MANAGED_BY_LABEL}={naming.MANAGER}"]
                for q in deployments)  # fmt: skip
     versions = [q.get("resourceVersion", ["list"])[0] for q in deployments]
-    # Every list queues its owners, the re-list after 410 too (events may have been lost);
-    # the bookmark's version is resumed from; the foreign object queues nothing.
+    # Every list queues its owners, the re-list after 410 too (events may have been lost),
+    # as listed (a resync's worth of work); the bookmark's version is resumed from; the
+    # foreign object queues nothing.
     assert versions == ["list", "10", "13", "list", "20"]
-    assert keys == [("ns", "a"), ("ns", "b"), ("ns", "c")]
+    assert keys == [("listed", ("ns", "a")), ("event", ("ns", "b")), ("listed", ("ns", "c"))]
     assert len(_paths(_ApiServer, "/httproutes")) == 1
     assert _paths(_ApiServer, "/httproutes")[0].get("watch") is None
     # The cache holds the last listing (what the first one and its events saw is gone), and
@@ -168,6 +176,20 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     owned = {o: cache.owned("ns", o, ("Deployment",)) for o in "abc"}
     assert [len(owned[o]) for o in "abc"] == [0, 0, 1]
     assert owned["c"][0]["kind"] == "Deployment"
+
+
+def test_the_operator_queues_a_listings_owners_as_resyncs_and_an_events_owner_as_an_event() -> None:
+    """A new leader's first lists name every service: they must not take every worker."""
+    metrics = OperatorMetrics()
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
+    workers, watches = entry._queue_and_watches(
+        OperatorConfig(), metrics, Sync(FakeKube(), metrics=metrics), KubeApi(client), ChildCache()
+    )
+    watches.notify("Deployment", _child("a-stable", "a"), listed=True)
+    watches.notify("Deployment", _child("b-stable", "b"))
+    assert workers.queue.depth(Lane.RESYNC) == 1
+    assert workers.queue.take(timeout_s=0) == (("ns", "a"), Lane.RESYNC)
+    assert workers.queue.take(timeout_s=5.0) == (("ns", "b"), Lane.EVENT)
 
 
 def test_kopf_watches_only_inference_services_and_runs_the_queue_with_itself() -> None:
