@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar, cast
 
-import orjson
-
 __all__ = [
     "EventNote",
     "Manifest",
@@ -35,12 +33,19 @@ _Json = TypeVar("_Json")
 def json_copy(value: _Json) -> _Json:
     """A deep copy of JSON-shaped data (dicts, lists, scalars) for a reader to edit freely.
 
-    Encoded and decoded again by orjson: three times faster, on a 4 kB Deployment, than
-    walking it in Python, which was four times faster than `copy.deepcopy` (it keeps a memo
-    for shared and cyclic references that a decoded API object never has). The operator
-    copies its cached children and InferenceServices on every reconcile.
+    Four times faster than `copy.deepcopy`, which keeps a memo for shared and cyclic
+    references that a decoded API object never has: the operator copies its cached
+    children and InferenceServices on every reconcile.
     """
-    return cast(_Json, orjson.loads(orjson.dumps(value)))
+    return cast(_Json, _copied(value))
+
+
+def _copied(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_copied(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,12 @@ them in the resync lane).
 A kind whose CRD is absent (no Gateway API, no KEDA) answers 404; its watch waits
 `absent_retry_s` and tries again, so it starts once the CRD appears. Other failures are
 logged and retried after `retry_s`. Requests go by path through the client's `ApiClient`,
-as in `kube`, and events are parsed as plain JSON (orjson): no model objects.
+as in `kube`, and events are parsed as plain JSON: no model objects.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
-import orjson
 import urllib3
 
 from fleetserve_operator import naming
@@ -200,7 +200,7 @@ class _KindWatch:
         """List the kind, queueing the owner of every object; returns its resourceVersion."""
         response = self._request([], self._watches.request_timeout_s)
         try:
-            listed: Manifest = orjson.loads(response.read())
+            listed: Manifest = json.loads(response.read())
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise _Failed(f"list {self._path}: {exc}") from exc
         items = listed.get("items") or []
@@ -224,7 +224,7 @@ class _KindWatch:
             for line in response:
                 if not line.strip():
                     continue
-                event = orjson.loads(line)
+                event = json.loads(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
                     if obj.get("code") == 410:

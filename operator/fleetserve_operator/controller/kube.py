@@ -20,6 +20,7 @@ server-side apply had created the object (see `_take_ownership`).
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +29,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import kubernetes
-import orjson
 import urllib3
 
 from fleetserve_operator import naming
@@ -211,7 +211,7 @@ def _error_message(data: bytes, reason: str) -> str:
     answered with a plain-text `404 page not found`, not a Status.
     """
     try:
-        status = orjson.loads(data) if data else {}
+        status = json.loads(data) if data else {}
     except ValueError:
         return reason
     return str(status.get("message", reason)) if isinstance(status, dict) else reason
@@ -292,29 +292,19 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Manifest:
-        """One request; the answer's JSON.
-
-        The client builds the URL and the credentials' headers; the body goes to its
-        connection pool encoded by orjson, past the client's own `call_api`, which walks
-        every manifest to sanitise it and encodes it with `json`: a reconcile sends and
-        reads a few whole objects, and this is the operator's hottest path.
-        """
         headers = {"Content-Type": content_type, "Accept": "application/json"}
-        method, url, headers, _, _ = self._client.param_serialize(
-            method, path, query_params=query or [], header_params=headers,
+        request = self._client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body,
             auth_settings=["BearerToken"],
         )  # fmt: skip
         try:
-            response = self._client.rest_client.pool_manager.request(
-                method, url, headers=headers, timeout=urllib3.Timeout(total=self._timeout_s),
-                body=None if body is None else orjson.dumps(body),
-            )  # fmt: skip
+            response = self._client.call_api(*request, _request_timeout=self._timeout_s)
+            data = response.read()  # type: ignore[no-untyped-call]  # untyped upstream
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClusterUnavailable(f"{method} {path}: {exc}") from exc
-        data: bytes = response.data
         if not 200 <= response.status < 300:
-            raise _ApiError(response.status, _error_message(data, response.reason or ""))
-        payload: Manifest = orjson.loads(data) if data else {}
+            raise _ApiError(response.status, _error_message(data, response.reason))
+        payload: Manifest = json.loads(data) if data else {}
         return payload
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Manifest:
