@@ -170,10 +170,13 @@ test:
 # `later-builds`.
 prepare: setup tools keda-tools prometheus-install images-install
 
+# The two images e2e-images runs (podman's cache makes a second build take seconds).
+E2E_IMAGES = timeout 1800 $(E2E_HARNESS) images --only operator --only runtime-gpu
+
 # What only e2e-storage and e2e-images need, built once and cached: the stores' binaries and
-# the two images e2e-images runs (e2e-images builds them again, from podman's cache).
+# the images (e2e-images builds them again, from podman's cache).
 later-builds: setup storage-tools images-install
-	timeout 1800 $(E2E_HARNESS) images --only operator --only runtime-gpu
+	$(E2E_IMAGES)
 
 ## proto: regenerate the OIP gRPC code from its .proto (committed; a test checks it is current)
 proto: setup
@@ -236,7 +239,7 @@ e2e-storage: setup storage-tools
 # The build runs first, on its own: on a fresh machine it takes minutes, past a test's ceiling;
 # the session's fixture then finds every layer built.
 e2e-images: setup images-install
-	timeout 1800 $(E2E_HARNESS) images --only operator --only runtime-gpu
+	$(E2E_IMAGES)
 	cd e2e && timeout 600 ../$(PY) -m pytest images_e2e -s $(E2E_PYTEST_ARGS)
 
 ## e2e-containers: the fake kubelet's container backend on the local control plane: runtime
