@@ -270,13 +270,22 @@ class OperatorProcess:
 
     def counters(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
         """The samples of counter `name` (without `_total`), keyed by their sorted labels."""
+        return self._samples(name, f"{name}_total")
+
+    def gauge(self, name: str) -> float:
+        """The value of gauge `name`, one without labels."""
+        return self._samples(name, name)[()]
+
+    def _samples(
+        self, family_name: str, sample_name: str
+    ) -> dict[tuple[tuple[str, str], ...], float]:
         text = httpx.get(self.metrics_url, timeout=5.0, trust_env=False).text
         return {
             tuple(sorted(sample.labels.items())): sample.value
             for family in text_string_to_metric_families(text)
-            if family.name == name
+            if family.name == family_name
             for sample in family.samples
-            if sample.name == f"{name}_total"
+            if sample.name == sample_name
         }
 
     def total(self, name: str) -> float:

@@ -176,7 +176,8 @@ class QueueWorkers:
     A child event's key waits `event_delay_s` before it may run (`WorkQueue.add_after`); one
     added while it is already queued or waiting is merged, and counted as a coalesced reconcile
     (`fleetserve_operator_reconciles{trigger="child",result="coalesced"}`); the queue's
-    depth is exported as `fleetserve_operator_work_queue_depth`. A failed reconcile is
+    depth is exported as `fleetserve_operator_work_queue_depth`, the reconciles running as
+    `fleetserve_operator_reconciles_in_flight`. A failed reconcile is
     logged (a traceback only for an unexpected error): child events and resyncs are not
     retried, the resync lane heals what one could not. A change (`run_change`) is the
     exception: its caller, a kopf handler, gets the result and kopf retries.
@@ -191,6 +192,7 @@ class QueueWorkers:
         self._event_delay_s = event_delay_s
         self.queue: WorkQueue[Key] = WorkQueue()
         metrics.queue_depth.set_function(lambda: len(self.queue))
+        metrics.reconciles_in_flight.set_function(self.queue.running)
         self._threads: list[threading.Thread] = []
         self._waiters: dict[Key, list[_Waiter]] = {}
         """Handlers waiting for the next run of each key."""

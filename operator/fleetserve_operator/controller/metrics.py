@@ -171,7 +171,12 @@ class OperatorMetrics:
         )  # fmt: skip
         self.queue_depth = Gauge(
             "fleetserve_operator_work_queue_depth",
-            "InferenceServices queued for a reconcile after a child event, not yet taken.",
+            "InferenceServices queued for a reconcile, in any lane, not yet taken by a worker.",
+            registry=self.registry,
+        )
+        self.reconciles_in_flight = Gauge(
+            "fleetserve_operator_reconciles_in_flight",
+            "Reconciles the work queue's workers are running now.",
             registry=self.registry,
         )
         self._rollout = {

@@ -243,6 +243,11 @@ class WorkQueue(Generic[K]):
         with self._ready:
             return sum(map(len, self._lanes.values())) + len(self._delayed)
 
+    def running(self) -> int:
+        """Keys taken by a worker and not yet `done`."""
+        with self._ready:
+            return len(self._running)
+
     def depth(self, lane: Lane) -> int:
         """Keys waiting in `lane`."""
         with self._ready:

@@ -154,6 +154,22 @@ def test_a_worker_reconciles_a_queued_service_and_counts_merged_events() -> None
     assert _sample(metrics, "fleetserve_operator_work_queue_depth") == 0.0
 
 
+def test_the_reconciles_in_flight_are_those_taken_and_not_yet_done() -> None:
+    _, metrics, workers = _workers("a", "b")
+    workers.resync(("ns", "a"))
+    workers.add(("ns", "b"))
+    assert _sample(metrics, "fleetserve_operator_reconciles_in_flight") == 0.0
+    first = workers.queue.get()
+    second = workers.queue.get()
+    assert first is not None
+    assert second is not None
+    assert _sample(metrics, "fleetserve_operator_reconciles_in_flight") == 2.0
+    workers.queue.done(first)
+    assert _sample(metrics, "fleetserve_operator_reconciles_in_flight") == 1.0
+    workers.queue.done(second)
+    assert _sample(metrics, "fleetserve_operator_reconciles_in_flight") == 0.0
+
+
 @pytest.mark.timeout(30)
 def test_worker_threads_start_drain_and_stop() -> None:
     kube, metrics, workers = _workers("a", "b")
