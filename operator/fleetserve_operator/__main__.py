@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -40,6 +41,7 @@ from fleetserve_operator.controller.leader import (
 )
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.service_cache import ServiceCache
+from fleetserve_operator.controller.service_watch import ServiceSink
 from fleetserve_operator.controller.settings import OperatorConfig, apply_kopf_settings
 from fleetserve_operator.controller.sync import Sync
 
@@ -136,15 +138,20 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) ->
 
 
 def _queue_and_watches(
-    config: OperatorConfig, metrics: OperatorMetrics, sync: Sync, kube: KubeApi, cache: ChildCache
+    config: OperatorConfig,
+    metrics: OperatorMetrics,
+    sync: Sync,
+    kube: KubeApi,
+    caches: tuple[ChildCache, ServiceCache],
 ) -> tuple[handlers.QueueWorkers, ChildWatches]:
-    """The work queue's workers and the child watches that fill it and `cache`.
+    """The work queue's workers and the watches that fill it and the `caches`.
 
     A child's event queues its owner in the event lane; a listing (at start, and after a
     410 or a failure) names every service, and queues them in the rate-limited resync lane,
     where a new leader's resumes also go: the first lists would otherwise hold every worker
-    while a user's change waits.
+    while a user's change waits. A service's new generation goes in the change lane.
     """
+    cache, services = caches
     workers = handlers.QueueWorkers(
         sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
     )
@@ -156,6 +163,7 @@ def _queue_and_watches(
         watch_timeout_s=config.watch_timeout_s,
         request_timeout_s=config.request_timeout_s,
         cache=cache,
+        services=functools.partial(ServiceSink, services, workers.change),
     )
     return workers, watches
 
@@ -173,7 +181,7 @@ def _serve(
     kopf's watch of the InferenceServices fills `services`.
     """
     sync = _reconciler(config, metrics, cached)
-    workers, watches = _queue_and_watches(config, metrics, sync, kube, cache)
+    workers, watches = _queue_and_watches(config, metrics, sync, kube, (cache, services))
     registry = kopf.OperatorRegistry()
     handlers.register(
         registry,

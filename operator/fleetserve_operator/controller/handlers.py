@@ -239,13 +239,25 @@ class QueueWorkers:
         hand-over waited for both. A failure is logged (the resync lane heals it), as for
         a child event.
         """
-        submitted = self.submit_change(key, trigger="resume", lane=Lane.RESYNC)
-        submitted.add_done_callback(lambda done: self._log_unwaited(key, done))
+        self._submit_unwaited(key, trigger="resume", lane=Lane.RESYNC)
 
-    def _log_unwaited(self, key: Key, done: Future[SpecError | None]) -> None:
-        error = done.exception()
-        if isinstance(error, Exception) and not self.queue.stopping:
-            _log_failure(key, "resume", error)
+    def change(self, key: Key) -> None:
+        """Queue `key` in the change lane, unwaited, for a spec change `service_watch` saw.
+
+        kopf's update handler, which does wait, may come much later. A spec error is in
+        status; a failure is logged, as for a resume.
+        """
+        self._submit_unwaited(key, trigger="update", lane=Lane.CHANGE)
+
+    def _submit_unwaited(self, key: Key, *, trigger: str, lane: Lane) -> None:
+        submitted = self.submit_change(key, trigger=trigger, lane=lane)
+
+        def log_failure(done: Future[SpecError | None]) -> None:
+            error = done.exception()
+            if isinstance(error, Exception) and not self.queue.stopping:
+                _log_failure(key, trigger, error)
+
+        submitted.add_done_callback(log_failure)
 
     def run_change(self, key: Key, *, trigger: str) -> SpecError | None:
         """`submit_change`, then wait for its reconcile; returns its spec error or raises."""
@@ -333,7 +345,9 @@ handler the running reconcile already answered: an update."""
 def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
     """Log a reconcile no one waits for: the resync lane heals what it could not."""
     what = "resync of" if trigger == "resync" else "re-converging"
-    event = {"resync": "visit", "resume": "resume"}.get(trigger, "child event")
+    event = {"resync": "visit", "resume": "resume", "update": "spec change"}.get(
+        trigger, "child event"
+    )
     if isinstance(exc, FleetserveError):
         logger.warning("%s %s/%s after a %s failed: %s", what, *key, event, exc)
     else:

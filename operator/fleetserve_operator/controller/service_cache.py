@@ -2,10 +2,11 @@
 
 Every reconcile starts by reading its InferenceService. A GET for it was, once the children
 came from the watches' cache, the one read left on every reconcile (a child event's, a
-resync's), four per service created at 200 services. kopf already watches the
-InferenceServices and hands every event to the operator's event handler before any change
-handler of that event (`handlers.Handlers.service_event`), which `store`s the body here;
-a reconcile queued for that change therefore reads at least that state.
+resync's), four per service created at 200 services. Two watches store here: kopf's,
+which hands every event to the operator's event handler before any change handler of that
+event (`handlers.Handlers.service_event`), so a reconcile queued for that change reads at
+least that state; and the operator's own (`service_watch`), whose listing fills this cache
+as soon as the operator leads, long before kopf has handled its own first listing.
 
 A reconcile must report from the status the previous one wrote, or it would write that
 status, and post its Events, a second time. So the operator's own writes of an
@@ -13,8 +14,9 @@ InferenceService (its status, a command annotation cleared) are stored as the AP
 answered them, before kopf's watch delivers them; an event older than what is stored (by
 `resourceVersion`, as in `cache.ChildCache`) changes nothing. A deleted service leaves a
 tombstone at the deletion's version, so a write answered just before the deletion and
-stored just after it cannot bring the object back. A service not seen yet (kopf's first
-listing still under way) is not here, and readers go to the API server.
+stored just after it cannot bring the object back; so does a service that a new listing
+no longer names (deleted while no watch ran). A service not seen yet (the first listings
+still under way) is not here, and readers go to the API server.
 """
 
 from __future__ import annotations
@@ -48,6 +50,29 @@ class ServiceCache:
                 return
             self._deleted.pop(key, None)
             self._objects[key] = json_copy(obj)
+
+    def replace(self, namespace: str | None, items: list[Manifest], version: str) -> None:
+        """A listing of `namespace` (None: every namespace) at resourceVersion `version`.
+
+        Each item is stored as by `store`; a service known in that scope but not listed was
+        deleted while no watch ran, and leaves a tombstone at the listing's version.
+        """
+        listed = {object_key(item) for item in items}
+        for item in items:
+            self.store(item)
+        with self._guard:
+            gone = [
+                key for key in self._objects if key not in listed and namespace in (None, key[0])
+            ]
+            for key in gone:
+                del self._objects[key]
+                self._deleted[key] = {"metadata": {"resourceVersion": version}}
+
+    def generation(self, namespace: str, name: str) -> int | None:
+        """The `metadata.generation` of the service's last known state; None when unknown."""
+        with self._guard:
+            found = self._objects.get((namespace, name))
+        return None if found is None else int(found["metadata"].get("generation", 0))
 
     def discard(self, obj: Manifest) -> None:
         """The InferenceService `obj` (its DELETED event) is gone."""

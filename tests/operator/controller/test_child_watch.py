@@ -24,12 +24,14 @@ from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.child_watch import (
     CHILD_KINDS,
     ChildWatches,
-    _KindWatch,
+    _ChildSink,
     owner_key,
 )
 from fleetserve_operator.controller.handlers import QueueWorkers, register
 from fleetserve_operator.controller.kube import KubeApi
+from fleetserve_operator.controller.list_watch import ListWatch
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane
@@ -183,7 +185,11 @@ def test_the_operator_queues_a_listings_owners_as_resyncs_and_an_events_owner_as
     metrics = OperatorMetrics()
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
     workers, watches = entry._queue_and_watches(
-        OperatorConfig(), metrics, Sync(FakeKube(), metrics=metrics), KubeApi(client), ChildCache()
+        OperatorConfig(),
+        metrics,
+        Sync(FakeKube(), metrics=metrics),
+        KubeApi(client),
+        (ChildCache(), ServiceCache()),
     )
     watches.notify("Deployment", _child("a-stable", "a"), listed=True)
     watches.notify("Deployment", _child("b-stable", "b"))
@@ -219,6 +225,7 @@ class _ClosedResponse:
 def test_stopping_a_watch_whose_response_was_just_closed_is_quiet() -> None:
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
     watches = ChildWatches(client, namespaces=["ns"], on_owner=lambda key: None)
-    watch = _KindWatch(watches, CHILD_KINDS[0], "ns")
+    kind = CHILD_KINDS[0]
+    watch = ListWatch(watches.settings, kind.path("ns"), _ChildSink(watches, kind, "ns"))
     watch._response = cast(urllib3.BaseHTTPResponse, _ClosedResponse())
     watch.interrupt()
