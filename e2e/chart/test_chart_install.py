@@ -72,6 +72,21 @@ def release(
     assert removed.returncode == 0, removed.stderr
 
 
+def installed_with(case: str, *values: str) -> pytest.MarkDecorator:
+    """Give the test a `release` installed with these helm flags, under the test id `case`."""
+    return pytest.mark.parametrize("release", [pytest.param(list(values), id=case)], indirect=True)
+
+
+def chart_fullname(release: str) -> str:
+    """`fleetserve.fullname`, the operator objects' name, for a release not named for the chart."""
+    return f"{release}-fleetserve"
+
+
+def operator_account(namespace: str, release: str) -> str:
+    """The operator's ServiceAccount as a user name, for `kubectl --as`."""
+    return f"system:serviceaccount:{namespace}:{chart_fullname(release)}"
+
+
 def shipped_rules() -> list[dict[str, object]]:
     """The rules of operator/rbac/role.yaml's ClusterRole."""
     (role,) = [d for d in yaml.safe_load_all(ROLE.read_text()) if d["kind"] == "ClusterRole"]
@@ -92,7 +107,7 @@ def test_install_creates_valid_objects(
     crd = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True"
-    fullname = f"{release}-fleetserve"
+    fullname = chart_fullname(release)
     deployment = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}")
     # Two replicas by default: a leader and a standby waiting for the Lease.
     assert deployment["status"]["availableReplicas"] == 2
@@ -104,22 +119,19 @@ def test_install_creates_valid_objects(
     kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{fullname}-dashboard")
     role = kube.get(f"{RBAC_API}/clusterroles/{fullname}")
     assert role["rules"] == shipped_rules()
-    account = f"system:serviceaccount:{namespace}:{fullname}"
+    account = operator_account(namespace, release)
     assert can_i(local_cluster, account, "patch", "deployments.apps", namespace) == "yes"
     assert can_i(local_cluster, account, "get", "secrets", namespace) == "no"
     assert_operator_ran_cleanly(local_cluster, namespace, release)
 
 
-@pytest.mark.parametrize(
-    "release", [pytest.param(["--set", "watchNamespaces={default}"], id="watch-default")],
-    indirect=True,
-)  # fmt: skip
+@installed_with("watch-default", "--set", "watchNamespaces={default}")
 def test_namespaced_install_grants_only_the_watched_namespace(
     local_cluster: LocalCluster, kube: KubeClient, namespace: str, release: str
 ) -> None:
     """With watchNamespaces, the rules apply in the watched namespace and nowhere else."""
-    fullname = f"{release}-fleetserve"
-    account = f"system:serviceaccount:{namespace}:{fullname}"
+    fullname = chart_fullname(release)
+    account = operator_account(namespace, release)
     kube.get(f"{RBAC_API}/namespaces/default/rolebindings/{fullname}")
     assert can_i(local_cluster, account, "patch", "deployments.apps", "default") == "yes"
     assert can_i(local_cluster, account, "patch", "deployments.apps", namespace) == "no"
@@ -142,10 +154,7 @@ def assert_operator_ran_cleanly(cluster: LocalCluster, namespace: str, release: 
         assert_operator_log_clean(log, str(path))
 
 
-@pytest.mark.parametrize(
-    "release", [pytest.param(["--set", "watchNamespaces[0]={namespace}"], id="watch-own")],
-    indirect=True,
-)  # fmt: skip
+@installed_with("watch-own", "--set", "watchNamespaces[0]={namespace}")
 def test_chart_operator_reconciles_an_inference_service(
     local_cluster: LocalCluster, kube: KubeClient, namespace: str, release: str
 ) -> None:
@@ -197,21 +206,13 @@ def selector_of(policy: dict[str, object]) -> str:
     return ",".join(f"{key}={value}" for key, value in match_labels.items())
 
 
-@pytest.mark.parametrize(
-    "release",
-    [
-        pytest.param(
-            [
-                "--set", "watchNamespaces[0]={namespace}",
-                "--set", "networkPolicy.enabled=true",
-                "--set", "networkPolicy.gatewayNamespaces[0]=default",
-                "--set", "networkPolicy.apiServer.cidrs[0]=127.0.0.1/32",
-                "--set-json", 'operator.allowedPrometheusUrls=["{prometheus}"]',
-            ],
-            id="tenancy",
-        )
-    ],
-    indirect=True,
+@installed_with(
+    "tenancy",
+    "--set", "watchNamespaces[0]={namespace}",
+    "--set", "networkPolicy.enabled=true",
+    "--set", "networkPolicy.gatewayNamespaces[0]=default",
+    "--set", "networkPolicy.apiServer.cidrs[0]=127.0.0.1/32",
+    "--set-json", 'operator.allowedPrometheusUrls=["{prometheus}"]',
 )  # fmt: skip
 def test_tenancy_values_reach_the_cluster_and_the_operator(
     local_cluster: LocalCluster,
@@ -244,7 +245,7 @@ def test_tenancy_values_reach_the_cluster_and_the_operator(
     assert reported["reason"] == "InvalidSpec"
     assert PROMETHEUS_URL_FIELD in str(reported["message"])
 
-    fullname = f"{release}-fleetserve"
+    fullname = chart_fullname(release)
     policies = f"{NETWORKING_API}/namespaces/{namespace}/networkpolicies"
     operator_policy = kube.get(f"{policies}/{fullname}-operator")
     runtime_policy = kube.get(f"{policies}/{fullname}-runtime")
@@ -303,7 +304,7 @@ def test_the_operator_account_cannot_write_a_dangerous_deployment(
     The same Deployment from another account (the admin) is not the policy's business, and a
     plain one from the operator's account passes: the policy takes no right the operator uses.
     """
-    account = f"system:serviceaccount:{namespace}:{release}-fleetserve"
+    account = operator_account(namespace, release)
     manifest = tmp_path / "deployment.yaml"
 
     def create(body: dict[str, object], *identity: str) -> subprocess.CompletedProcess[str]:

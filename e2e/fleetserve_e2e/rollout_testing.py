@@ -74,11 +74,13 @@ def rollout_service(
     *,
     analysis: JsonObject | None = None,
     progress_deadline: str = "2m",
+    rollout: JsonObject | None = None,
     **sections: Any,
 ) -> JsonObject:
     """One synthetic replica, gateway-api traffic, 4 s steps analysed on 4 s of metrics.
 
-    `analysis` overrides the analysis settings (each mode gets only the fields it uses).
+    `analysis` overrides the analysis settings (each mode gets only the fields it uses);
+    `rollout` adds to the rollout section (a `bake`, a `shadow` stage).
     """
     settings = {
         "mode": mode,
@@ -104,6 +106,7 @@ def rollout_service(
             "interval": f"{interval_s:g}s",
             "progressDeadline": progress_deadline,
             "analysis": settings,
+            **(rollout or {}),
         },
         **sections,
     )

@@ -18,17 +18,15 @@ from fleetserve_e2e.loadgen import NO_ANSWER, LoadDriver
 from fleetserve_e2e.operator_process import (
     MODEL_VERSION_LABEL,
     child_path,
-    fsvc_path,
     get_or_none,
 )
 from fleetserve_e2e.rollout_testing import (
     INTERVAL_S,
     NAME,
     RolloutEnv,
+    deploy,
     roll_out,
-    rollout_service,
     route_weights,
-    stable_status,
     synthetic_model,
     wait_event_reasons,
     wait_phase,
@@ -48,10 +46,7 @@ RATE_RPS = 100.0
 def test_a_regression_during_the_bake_flips_back_to_the_standby(env: RolloutEnv) -> None:
     """Failing once baking: rolled back within two intervals, no request lost to the flip."""
     operator = env.start_operator()
-    service = rollout_service(env.prometheus, "sequential")
-    service["spec"]["rollout"]["bake"] = BAKE
-    env.kube.create(fsvc_path(env.namespace), service)
-    wait_until(lambda: stable_status(env, "1"), timeout_s=90.0, what="version 1 to serve")
+    deploy(env, "sequential", rollout={"bake": BAKE})
     regressing = synthetic_model("2", error_rate=0.2, errors_after_s=FAULT_AFTER_S)
     with LoadDriver(env.cluster, env.namespace, NAME, NAME, rate_rps=RATE_RPS) as load:
         rolled_out = time.monotonic()

@@ -19,16 +19,15 @@ import json
 
 from fleetserve_e2e.kubeapi import JsonObject, namespaced
 from fleetserve_e2e.loadgen import NO_ANSWER, LoadDriver
-from fleetserve_e2e.operator_process import fsvc_path
 from fleetserve_e2e.rollout_testing import (
     NAME,
     STEPS,
     RolloutEnv,
+    deploy,
     failed_requests,
     roll_out,
-    rollout_service,
     route_weights,
-    stable_status,
+    service_status,
     synthetic_model,
     wait_event_reasons,
     wait_phase,
@@ -45,13 +44,6 @@ SHADOW: JsonObject = {
 RATE_RPS = 30.0
 
 
-def _shadowed_service(env: RolloutEnv) -> None:
-    service = rollout_service(env.prometheus, "sequential")
-    service["spec"]["rollout"]["shadow"] = SHADOW
-    env.kube.create(fsvc_path(env.namespace), service)
-    wait_until(lambda: stable_status(env, "1"), timeout_s=90.0, what="version 1 to serve")
-
-
 def _target(env: RolloutEnv) -> JsonObject | None:
     found = env.kube.get(namespaced("configmaps", env.namespace, f"{NAME}-shadow"))
     text = found.get("data", {}).get("target.json", "")
@@ -61,7 +53,7 @@ def _target(env: RolloutEnv) -> JsonObject | None:
 def test_a_disagreeing_version_is_rolled_back_at_the_shadow_stage(env: RolloutEnv) -> None:
     """Another width of vectors: rolled back before any caller saw it, naming the agreement."""
     operator = env.start_operator()
-    _shadowed_service(env)
+    deploy(env, "sequential", rollout={"shadow": SHADOW})
     assert _target(env) is None
     with LoadDriver(env.cluster, env.namespace, NAME, NAME, rate_rps=RATE_RPS) as load:
         roll_out(env, synthetic_model("2", dim=16))
@@ -92,13 +84,13 @@ def test_a_disagreeing_version_is_rolled_back_at_the_shadow_stage(env: RolloutEn
 def test_an_agreeing_version_passes_the_shadow_stage_to_the_first_step(env: RolloutEnv) -> None:
     """The same answers, slower: shown to agree, the canary takes the first step."""
     env.start_operator()
-    _shadowed_service(env)
+    deploy(env, "sequential", rollout={"shadow": SHADOW})
     with LoadDriver(env.cluster, env.namespace, NAME, NAME, rate_rps=RATE_RPS) as load:
         roll_out(env, synthetic_model("2", per_item_ms=1))
         wait_phase(env, "Shadowing", 90.0)
 
         def first_step() -> JsonObject | None:
-            status: JsonObject = env.kube.get(fsvc_path(env.namespace, NAME)).get("status", {})
+            status = service_status(env)
             return status if status.get("canaryWeight") == STEPS[0] else None
 
         status = wait_until(first_step, timeout_s=120.0, what="the first step")

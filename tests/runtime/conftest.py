@@ -28,6 +28,7 @@ from tokenizers import pre_tokenizers
 
 from fleetserve_runtime.models.llama.checkpoint import load_checkpoint, smollm2_gguf_path
 from fleetserve_runtime.models.llama.config import Checkpoint
+from fleetserve_runtime.models.llama.gguf_weights import GGUF_LAYER_NAMES
 from fleetserve_runtime.server.app import create_apps
 from fleetserve_runtime.serving.runtime import Runtime
 from fleetserve_runtime.testing import make_config
@@ -219,19 +220,6 @@ def tiny_sentencepiece_vocabulary() -> tuple[list[str], list[int], list[float]]:
     return tokens, types, scores
 
 
-_LAYER_PARTS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
 def _permute_like_llama_cpp(weight: np.ndarray, num_heads: int) -> np.ndarray:
     rows = weight.shape[0]
     return (
@@ -267,9 +255,10 @@ def _tiny_tensors(vocab_size: int, spec: TinyGgufSpec) -> dict[str, tuple[str, n
         "ffn_up": (inner, hidden),
         "ffn_down": (hidden, inner),
     }
+    # The loader's own name table: test_checkpoint holds the names to transformers' loader.
     for layer in range(2):
         for part, shape in shapes.items():
-            name = f"model.layers.{layer}.{_LAYER_PARTS[part]}.weight"
+            name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}.weight"
             tensors[f"blk.{layer}.{part}.weight"] = (name, random(*shape))
     return tensors
 

@@ -16,6 +16,7 @@ import torch
 from fleetserve_runtime.models.llama.config import LlamaConfig
 
 __all__ = [
+    "GGUF_LAYER_NAMES",
     "SUPPORTED_GGUF_TYPES",
     "gguf_weights",
 ]
@@ -45,7 +46,7 @@ _GGUF_GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_GGUF_LAYER_NAMES = {
+GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -56,6 +57,7 @@ _GGUF_LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+"""A layer tensor's GGUF part (`blk.N.<part>.weight`) -> its reference name in that layer."""
 _GGUF_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 
@@ -100,9 +102,9 @@ def _hf_name(gguf_name: str) -> str:
     if gguf_name in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[gguf_name]
     match = _GGUF_LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_LAYER_NAMES:
+    if match is None or match.group(2) not in GGUF_LAYER_NAMES:
         raise ValueError(f"GGUF tensor {gguf_name} is not part of a Llama model")
-    return f"model.layers.{match.group(1)}.{_GGUF_LAYER_NAMES[match.group(2)]}.weight"
+    return f"model.layers.{match.group(1)}.{GGUF_LAYER_NAMES[match.group(2)]}.weight"
 
 
 def _unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
