@@ -34,12 +34,12 @@ def test_a_pvc_that_appears_is_noticed_by_the_resync_lane(
         "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     kube.create(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", claim)
-    found = wait_until(
-        lambda: children(kube, namespace, NAME) or None,
+    # The children are written side by side: the Service may be there before the Deployment.
+    wait_until(
+        lambda: ("Deployment", f"{NAME}-stable") in children(kube, namespace, NAME),
         timeout_s=30.0,
-        what="the children after the PVC appeared",
+        what="the stable Deployment after the PVC appeared",
     )
-    assert ("Deployment", f"{NAME}-stable") in found
 
     def resynced() -> bool:
         counted = operator.counters("fleetserve_operator_reconciles")
