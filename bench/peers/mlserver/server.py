@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.server_proc import free_port
+from bench.server_proc import free_ports
 
 
 def main() -> None:
@@ -23,12 +23,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
+    grpc_port, metrics_port = free_ports(2)
     env = {
         **os.environ,
         "MLSERVER_HOST": "127.0.0.1",
         "MLSERVER_HTTP_PORT": str(args.port),
-        "MLSERVER_GRPC_PORT": str(free_port()),
-        "MLSERVER_METRICS_PORT": str(free_port()),
+        "MLSERVER_GRPC_PORT": str(grpc_port),
+        "MLSERVER_METRICS_PORT": str(metrics_port),
         # MLServer 1.7.1's inference pool workers die at start under the pinned uvloop
         # ("There is no current event loop"), so inference runs in the server process, as
         # MLServer's docs describe for parallel_workers 0.

@@ -25,7 +25,7 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 from bench.peers.encoder import MiniLM
-from bench.server_proc import free_port
+from bench.server_proc import free_ports
 
 
 def main() -> None:
@@ -46,12 +46,13 @@ def main() -> None:
     def infer(text: npt.NDArray[np.bytes_]) -> dict[str, npt.NDArray[np.float32]]:
         return {"embedding": model.embed([row[0].decode("utf-8") for row in text])}
 
+    grpc_port, metrics_port = free_ports(2)
     config = TritonConfig(
         http_address="127.0.0.1",
         http_port=args.port,
         grpc_address="127.0.0.1",
-        grpc_port=free_port(),
-        metrics_port=free_port(),
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
     )
     with Triton(config=config) as triton:
         triton.bind(

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ __all__ = [
     "bearer",
     "exchange",
     "free_port",
+    "free_ports",
     "parse_response",
     "plain_server",
     "running_server",
@@ -52,11 +53,23 @@ INTERNALS = ("Traceback", 'File "', "site-packages", ".py", str(Path.cwd()))
 """What an error body must never show: tracebacks, source paths."""
 
 
+def free_ports(count: int) -> tuple[int, ...]:
+    """`count` distinct loopback ports free now (the kernel may hand them out again later).
+
+    All are held bound until each is picked: one just released may come back from the next
+    bind, and a server given one port for two listeners refuses to start.
+    """
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+
+
 def free_port() -> int:
     """A loopback port free now (the kernel may hand it out again later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    (port,) = free_ports(1)
+    return port
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 60) -> None:
@@ -87,10 +100,17 @@ class Server:
 
 @contextmanager
 def running_server(
-    args: Sequence[str] = (), *, env: dict[str, str] | None = None, log: Path | None = None
+    args: Sequence[str] = (),
+    *,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[Server]:
-    """`fleetserve-runtime serve` on a free port with `args`; stderr to `log` or a pipe."""
-    port = free_port()
+    """`fleetserve-runtime serve` with `args`; stderr to `log` or a pipe.
+
+    It listens on `port`, or on a free one when that is None.
+    """
+    port = free_port() if port is None else port
     sink = log.open("wb") if log is not None else subprocess.PIPE
     proc = subprocess.Popen(
         [str(CLI), "serve", "--port", str(port), "--device", "cpu", "--no-warmup", *args],
@@ -142,14 +162,14 @@ def secured_server(tmp: Path) -> Iterator[Secured]:
     token_file, admin_file, log = tmp / "token", tmp / "admin-token", tmp / "stderr.log"
     token_file.write_text(INFERENCE_TOKEN + "\n")
     admin_file.write_text(ADMIN_TOKEN)
-    admin_port = free_port()
+    port, admin_port = free_ports(2)
     args = [
         "--model", SYNTH, "--name", "proc", "--version", "v1",
         "--model-control", "explicit", "--admin-port", str(admin_port),
         "--admin-token-file", str(admin_file), "--allowed-model-uris", "builtin://synthetic",
     ]  # fmt: skip
     env = {"FLEETSERVE_AUTH_TOKEN_FILE": str(token_file)}
-    with running_server(args, env=env, log=log) as running:
+    with running_server(args, env=env, log=log, port=port) as running:
         yield Secured(running, f"http://127.0.0.1:{admin_port}", token_file, log)
 
 

@@ -24,6 +24,7 @@ from fleetserve_runtime.testing.process import (
     SYNTH,
     bearer,
     free_port,
+    free_ports,
     running_server,
 )
 
@@ -101,14 +102,14 @@ def test_a_slow_handler_import_does_not_stall_live(tmp_path: Path) -> None:
     (package / "handler.py").write_text(SLOW_IMPORT)
     admin_file = tmp_path / "admin-token"
     admin_file.write_text(ADMIN_TOKEN)
-    admin_port = free_port()
+    port, admin_port = free_ports(2)
     uri = f"file://{package}"
     args = [
         "--model", SYNTH, "--name", "proc", "--health-loop-stall-s", "1",
         "--model-control", "explicit", "--admin-port", str(admin_port),
         "--admin-token-file", str(admin_file), "--allowed-model-uris", uri,
     ]  # fmt: skip
-    with running_server(args) as server, ThreadPoolExecutor(1) as loader:
+    with running_server(args, port=port) as server, ThreadPoolExecutor(1) as loader:
         loading = loader.submit(
             httpx.post,
             f"http://127.0.0.1:{admin_port}/v2/repository/models/proc/load",

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import free_ports, running_server, runtime_serve_argv
 from fleetserve_runtime.testing.process import CLI
 
 
@@ -17,7 +17,7 @@ def grpc_runtime(tmp: Path, model: str, flags: Sequence[str]) -> Iterator[tuple[
     Both listeners take free loopback ports; the log goes to `tmp / "log"`. Yields the HTTP
     base URL and the gRPC address once the server is ready.
     """
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     argv = runtime_serve_argv([str(CLI)], model=model, name="test", port=port)
     base_url = f"http://127.0.0.1:{port}"
     with running_server(

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
-from bench.server_proc import free_port, runtime_serve_argv
+from bench.server_proc import free_ports, runtime_serve_argv
 from fleetserve_runtime.testing.process import CLI
 
 TOKEN = "tls-admin-token-0123456789"
@@ -106,7 +106,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("tls")
     pki = make_pki(tmp)
     (tmp / "admin-token").write_text(TOKEN)
-    port, admin_port, grpc_port = free_port(), free_port(), free_port()
+    port, admin_port, grpc_port = free_ports(3)
     model = "builtin://synthetic?latency_ms=0&per_item_ms=0&dim=4"
     argv = runtime_serve_argv([str(CLI)], model=model, name="test", port=port)
     flags = [
