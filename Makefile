@@ -207,10 +207,11 @@ e2e-chart: setup tools
 
 # ROLLOUT_WORKERS pytest-xdist workers, each with its own cluster, Prometheus and KEDA; whole
 # files to one worker (loadfile: KEDA is started once per module). A worker's output comes back
-# only with its report, so they print through -rP rather than -s. The tier mostly waits on
-# canary steps and scrapes (one process kept two cores about half busy): on a warm, quiet
-# two-core machine two workers took it from 830 to 420 s, every test passing.
-ROLLOUT_WORKERS ?= 2
+# only with its report, so they print through -rP rather than -s. One process by default: on a
+# warm, quiet two-core machine two workers took the tier from 830 to 420 s with every test
+# passing, but on a fresh one, beside the background builds (later-builds), a canary's
+# promotion outran its test's 120 s.
+ROLLOUT_WORKERS ?= 0
 ROLLOUT_PROCESSES := $(if $(filter 0,$(ROLLOUT_WORKERS)),-s,-n $(ROLLOUT_WORKERS) --dist loadfile -rP)
 
 ## e2e-rollout: canaries promoted / rolled back, CPU failover, operator restart and leader handover,
