@@ -57,14 +57,10 @@ from rich.table import Table
 
 from bench.llamacpp.build import ensure_llama_server, pinned_version
 from bench.pinning import pin_current_process
-from bench.server_proc import (
-    free_port,
-    process_cpu_seconds,
-    running_server,
-    runtime_serve_argv,
-)
+from bench.server_proc import process_cpu_seconds, running_server, runtime_serve_argv
 from bench.stream_load import StreamRequest, StreamStats, run_streaming_closed_loop
 from fleetserve_runtime.models.llama.checkpoint import smollm2_gguf_path
+from fleetserve_runtime.testing.process import free_port
 
 #: The name our runtime serves the model under.
 MODEL_NAME = "smollm2"

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from bench.loadgen import LoadResult, run_closed_loop
 from bench.pinning import pin_current_process
-from bench.server_proc import free_port, process_cpu_seconds, running_server, runtime_serve_argv
+from bench.server_proc import process_cpu_seconds, running_server, runtime_serve_argv
+from fleetserve_runtime.testing.process import free_port
 
 MODEL_NAME = "overhead"
 ZERO_COST_MODEL = "builtin://synthetic?latency_ms=0&per_item_ms=0"

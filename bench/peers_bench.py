@@ -49,8 +49,9 @@ from bench.report import RunClock
 from bench.runtime_bench import BATCHED, MODEL_NAME, TORCH, server_argv
 from bench.runtime_bench import request_body as oip_request_body
 from bench.server_metrics import scrape
-from bench.server_proc import add_closed_loop_options, free_port, running_server
+from bench.server_proc import add_closed_loop_options, running_server
 from bench.textgen import PROFILES, generate_workload
+from fleetserve_runtime.testing.process import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = REPO_ROOT / "bench" / "peers"
@@ -128,6 +129,10 @@ class Server:
         runtime_args: For the runtime itself, the options its configuration adds; None for
             a peer.
         engine: The distribution that runs the model's forward pass.
+        side_ports: Listeners it opens besides HTTP (gRPC, metrics): the bench picks their
+            ports with the HTTP one, all held until each is picked, and passes them as
+            ``--side-ports``; a server picking its own might get the HTTP port back, which
+            is free until the server binds it.
     """
 
     name: str
@@ -140,6 +145,7 @@ class Server:
     venv: bool = True
     runtime_args: tuple[str, ...] | None = None
     engine: str = "torch"
+    side_ports: int = 0
 
 
 OURS = Server(
@@ -197,6 +203,7 @@ PEERS = {
             f"/v2/models/{MODEL_NAME}/infer",
             oip_request_body,
             oip_output,
+            side_ports=2,
         ),
         Server(
             "bentoml",
@@ -216,6 +223,7 @@ PEERS = {
             f"/v2/models/{MODEL_NAME}/infer",
             triton_body,
             oip_output,
+            side_ports=2,
         ),
         Server(
             "fastapi",
@@ -313,8 +321,14 @@ def installed_versions(python: Path, packages: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def server_command(server: Server, python: Path, port: int, args: argparse.Namespace) -> list[str]:
-    """Return the command line that starts ``server`` on 127.0.0.1:``port``."""
+def server_command(
+    server: Server, python: Path, ports: Sequence[int], args: argparse.Namespace
+) -> list[str]:
+    """Return the command line that starts ``server`` on 127.0.0.1:``ports[0]``.
+
+    The rest of ``ports`` are its ``side_ports``.
+    """
+    port, *side_ports = ports
     if server.runtime_args is not None:
         return [*server_argv(shlex.split(args.runtime), port=port, args=args), *server.runtime_args]
     # `env` puts the repository on the path: the peer imports bench.peers.* from the tree.
@@ -325,6 +339,7 @@ def server_command(server: Server, python: Path, port: int, args: argparse.Names
         "-m",
         f"bench.peers.{server.name}.server",
         f"--port={port}",
+        *(["--side-ports", *map(str, side_ports)] if side_ports else []),
     ]
 
 
@@ -509,12 +524,12 @@ def run_server(
 ) -> tuple[list[Row], list[list[float]]]:
     """Start ``server``, check its embeddings, then measure every profile; return rows, vectors."""
     label = version_label(server, python)
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
+    ports = free_ports(1 + server.side_ports)
+    base_url = f"http://127.0.0.1:{ports[0]}"
     log_path = log_dir / f"{server.name}.log"
     rows: list[Row] = []
     with running_server(
-        server_command(server, python, port, args),
+        server_command(server, python, ports, args),
         base_url=base_url,
         core=args.server_core,
         log_path=log_path,

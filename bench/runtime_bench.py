@@ -31,13 +31,13 @@ from bench.report import ConfigResult, Measurement, RunClock, print_report, summ
 from bench.server_metrics import scrape
 from bench.server_proc import (
     add_closed_loop_options,
-    free_port,
     process_cpu_seconds,
     running_server,
     runtime_serve_argv,
 )
 from bench.textgen import PROFILES, generate_workload
 from fleetserve_runtime.models.minilm import FLOPS_PER_TOKEN
+from fleetserve_runtime.testing.process import free_port
 
 MODEL_NAME = "minilm"
 

@@ -49,8 +49,9 @@ from rich.table import Table
 
 from bench.pinning import pin_current_process
 from bench.report import RunClock
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import running_server, runtime_serve_argv
 from fleetserve_runtime.testing import metric_total
+from fleetserve_runtime.testing.process import free_port
 
 MODEL_NAME = "smollm2"
 ENCODER = "builtin://minilm-l6"

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,28 +23,6 @@ from bench.pinning import pinned_command, single_thread_env
 
 #: Grace period between SIGTERM and SIGKILL when stopping a server.
 STOP_GRACE_S = 15.0
-
-
-def free_ports(count: int) -> tuple[int, ...]:
-    """Return `count` distinct TCP ports on 127.0.0.1 that are free right now.
-
-    Each is held bound until all are picked: the kernel may hand a port just released to the
-    next bind, and a server told to listen twice on one port refuses to start.
-    """
-    with contextlib.ExitStack() as stack:
-        probes = [
-            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            for _ in range(count)
-        ]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return tuple(int(probe.getsockname()[1]) for probe in probes)
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    (port,) = free_ports(1)
-    return port
 
 
 def runtime_serve_argv(runtime: Sequence[str], *, model: str, name: str, port: int) -> list[str]:

@@ -32,8 +32,9 @@ import orjson
 
 from bench.loadgen import TRANSPORT_ERROR, LoadResult, Tally, run_clients
 from bench.pinning import pin_current_process
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import running_server, runtime_serve_argv
 from bench.textgen import PROFILES, generate_workload
+from fleetserve_runtime.testing.process import free_port
 
 MODEL_NAME = "minilm"
 FORMATS = ("json", "binary")

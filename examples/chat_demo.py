@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from bench.server_proc import free_port, running_server
+from bench.server_proc import running_server
+from fleetserve_runtime.testing.process import free_port
 
 console = Console()
 MODEL = "smollm2"

@@ -25,8 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.server_metrics import scrape
-from bench.server_proc import free_port, running_server
+from bench.server_proc import running_server
 from bench.textgen import PROFILES, generate_workload
+from fleetserve_runtime.testing.process import free_port
 
 console = Console()
 MODEL = "minilm"

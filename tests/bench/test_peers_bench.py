@@ -29,6 +29,7 @@ from bench.peers_bench import (
     min_cosine,
     parse_args,
     run_server,
+    server_command,
     venv_dir,
 )
 
@@ -177,3 +178,13 @@ def test_unknown_peer_is_refused() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--peers=litserve,tritonn"])
     assert parse_args(["--quick"]).requests == 300
+
+
+def test_a_peer_with_side_listeners_is_given_their_ports() -> None:
+    """gRPC and metrics ports come from the bench, picked with the HTTP one, never by the peer."""
+    args = parse_args([])
+    python = Path("/venv/bin/python")
+    mlserver = server_command(PEERS["mlserver"], python, (8000, 8001, 8002), args)
+    assert mlserver[-4:] == ["--port=8000", "--side-ports", "8001", "8002"]
+    assert server_command(PEERS["fastapi"], python, (8000,), args)[-1] == "--port=8000"
+    assert PEERS["pytriton"].side_ports == PEERS["mlserver"].side_ports == 2

@@ -1,11 +1,12 @@
 """Start ``mlserver start`` on this folder, with its ports and host from the environment.
 
 MLServer reads every server setting from ``MLSERVER_*`` variables as well as from
-``settings.json``; the bench picks free ports, so they are set here. The model comes from
+``settings.json``; the bench picks free ports (``--port`` for HTTP, ``--side-ports`` for gRPC
+and metrics), so they are set here. The model comes from
 ``model-settings.json`` beside this file. Everything else stays at MLServer's defaults,
 except the inference worker pool (see ``main``).
 
-Usage: ``python -m bench.peers.mlserver.server --port N`` (in the peer's virtualenv)
+Usage, in the peer's virtualenv: ``python -m bench.peers.mlserver.server --port N --side-ports G M``
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import os
 import sys
 from pathlib import Path
 
-from bench.server_proc import free_ports
-
 
 def main() -> None:
     """Replace this process with ``mlserver start`` configured for 127.0.0.1:``--port``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--side-ports", type=int, nargs=2, required=True, metavar=("GRPC", "METRICS")
+    )
     args = parser.parse_args()
-    grpc_port, metrics_port = free_ports(2)
+    grpc_port, metrics_port = args.side_ports
     env = {
         **os.environ,
         "MLSERVER_HOST": "127.0.0.1",

@@ -4,9 +4,9 @@ As PyTriton's quick start shows: an inference function decorated with ``@batch``
 input as one array with the batch on axis 0, and is bound to the bundled ``tritonserver``
 with ``Triton.bind``; ``ModelConfig(max_batch_size=...)`` with a ``DynamicBatcher`` makes
 Triton merge queued requests. The HTTP, gRPC and metrics listeners are set to this host and
-free ports.
+the free ports the bench picked (``--port``, ``--side-ports``).
 
-Usage: ``python -m bench.peers.pytriton.server --port N`` (in the peer's virtualenv)
+Usage, in the peer's virtualenv: ``python -m bench.peers.pytriton.server --port N --side-ports G M``
 """
 
 # The framework lives only in the peer's virtualenv, so mypy sees it untyped.
@@ -25,14 +25,17 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 from bench.peers.encoder import MiniLM
-from bench.server_proc import free_ports
 
 
 def main() -> None:
     """Bind the model and serve until stopped."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--side-ports", type=int, nargs=2, required=True, metavar=("GRPC", "METRICS")
+    )
     args = parser.parse_args()
+    grpc_port, metrics_port = args.side_ports
     model = MiniLM()
     # Triton's Python backend stub links libpython3.11 dynamically; without this it finds the
     # system's, whose C objects do not match this interpreter's standard library (PyTriton's
@@ -46,7 +49,6 @@ def main() -> None:
     def infer(text: npt.NDArray[np.bytes_]) -> dict[str, npt.NDArray[np.float32]]:
         return {"embedding": model.embed([row[0].decode("utf-8") for row in text])}
 
-    grpc_port, metrics_port = free_ports(2)
     config = TritonConfig(
         http_address="127.0.0.1",
         http_port=args.port,

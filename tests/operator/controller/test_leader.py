@@ -37,6 +37,7 @@ from fleetserve_operator.controller.leader import (
     observe,
 )
 from fleetserve_operator.controller.settings import OperatorConfig
+from fleetserve_runtime.testing.process import free_port
 
 TIMING = LeaseTiming(lease_duration_s=10, renew_deadline_s=8.0, retry_period_s=2.0)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -345,15 +346,8 @@ def test_a_renewing_leader_keeps_the_lease_until_released() -> None:
 # --- the standby's probe and the settings ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def test_a_standby_answers_healthz_and_frees_the_port_for_kopf() -> None:
-    port = _free_port()
+    port = free_port()
     with StandbyProbe("127.0.0.1", port):
         answer = httpx.get(f"http://127.0.0.1:{port}/healthz", trust_env=False)
         assert answer.status_code == 200

@@ -17,9 +17,10 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import running_server, runtime_serve_argv
 from fleetserve_runtime.cli import EXIT_LOAD_FAILED
 from fleetserve_runtime.testing import infer_request
+from fleetserve_runtime.testing.process import free_port
 
 CLI = Path(sys.executable).with_name("fleetserve-runtime")
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.server_proc import free_ports, running_server, runtime_serve_argv
-from fleetserve_runtime.testing.process import CLI
+from bench.server_proc import running_server, runtime_serve_argv
+from fleetserve_runtime.testing.process import CLI, free_ports
 
 
 @contextmanager

@@ -23,9 +23,10 @@ import numpy.typing as npt
 import openai
 import pytest
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import running_server, runtime_serve_argv
 from fleetserve_runtime.testing import infer_request, metric_total
 from fleetserve_runtime.testing.asgi import serve
+from fleetserve_runtime.testing.process import free_port
 
 CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 MAX_INSTANCES = 4

@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
-from bench.server_proc import free_ports, runtime_serve_argv
-from fleetserve_runtime.testing.process import CLI
+from bench.server_proc import runtime_serve_argv
+from fleetserve_runtime.testing.process import CLI, free_ports
 
 TOKEN = "tls-admin-token-0123456789"
 

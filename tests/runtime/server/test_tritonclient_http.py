@@ -22,8 +22,9 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.server_proc import free_port, running_server, runtime_serve_argv
+from bench.server_proc import running_server, runtime_serve_argv
 from fleetserve_runtime.testing import metric_total
+from fleetserve_runtime.testing.process import free_port
 
 CLI = str(Path(sys.executable).with_name("fleetserve-runtime"))
 TEXTS = ["the river runs to the sea", "a quiet library", "héllo wörld ✓"]
