@@ -357,7 +357,7 @@ gpu-check: setup
 # What `make lock` pins: the tools' and harnesses' requirement files and both packages, with
 # the build backend. The images' locks hold only their package's closure, at the same pins.
 LOCK_INPUTS := requirements/dev.txt requirements/ship.txt requirements/build.txt \
-               e2e/requirements.txt bench/requirements.txt runtime/pyproject.toml operator/pyproject.toml
+               requirements/e2e.txt requirements/bench.txt runtime/pyproject.toml operator/pyproject.toml
 # All of each version's files' hashes (every platform's wheels and the sdist); pip and
 # setuptools too (--allow-unsafe), and no index or find-links lines from the local pip config.
 LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-build-isolation \

@@ -1,6 +1,6 @@
 # Local control plane and Prometheus for e2e tests and the demo.
 # Included by the top-level Makefile, which defines VENV, PY and `setup` (installing
-# e2e/requirements.txt).  Standalone: make -f e2e/cluster.mk VENV=.venv PY=.venv/bin/python <target>
+# requirements/e2e.txt).  Standalone: make -f e2e/cluster.mk VENV=.venv PY=.venv/bin/python <target>
 
 E2E_HARNESS := env PYTHONPATH=e2e $(PY) -m fleetserve_e2e
 # Which program runtime pods run: `venv` (the repo's fleetserve-runtime) or `standin`.

@@ -42,8 +42,8 @@ REQUIREMENT_FILES = [
     ROOT / "requirements" / "dev.txt",
     ROOT / "requirements" / "ship.txt",
     ROOT / "requirements" / "build.txt",
-    ROOT / "e2e" / "requirements.txt",
-    ROOT / "bench" / "requirements.txt",
+    ROOT / "requirements" / "e2e.txt",
+    ROOT / "requirements" / "bench.txt",
 ]
 # Installed editable by `make setup`, from the working tree: the only packages not in the lock.
 OWN_PACKAGES = {canonicalize_name(name) for name in ("fleetserve-runtime", "fleetserve-operator")}
