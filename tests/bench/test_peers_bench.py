@@ -181,7 +181,7 @@ def test_unknown_peer_is_refused() -> None:
 
 
 def test_a_peer_with_side_listeners_is_given_their_ports() -> None:
-    """gRPC and metrics ports come from the bench, picked with the HTTP one, never by the peer."""
+    """The bench picks the gRPC and metrics ports with the HTTP one; the peer never does."""
     args = parse_args([])
     python = Path("/venv/bin/python")
     mlserver = server_command(PEERS["mlserver"], python, (8000, 8001, 8002), args)

@@ -46,7 +46,7 @@ __all__ = [
     "LeaseStore",
     "LeaseTiming",
     "LeaseUnavailable",
-    "Observation",
+    "LeaseObservation",
     "StandbyProbe",
     "candidate_identity",
     "claimed",
@@ -86,7 +86,7 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class LeaseObservation:
     """The version of the Lease a candidate last saw, and when (its own monotonic clock)."""
 
     resource_version: str | None
@@ -108,16 +108,18 @@ def _micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=moment.microsecond or 1).isoformat()
 
 
-def observe(previous: Observation | None, record: LeaseRecord | None, now: float) -> Observation:
+def observe(
+    previous: LeaseObservation | None, record: LeaseRecord | None, now: float
+) -> LeaseObservation:
     """What a candidate knows after reading `record` at `now`: unchanged keeps the old time."""
     version = None if record is None else record.resource_version
     if previous is not None and previous.resource_version == version:
         return previous
-    return Observation(version, now)
+    return LeaseObservation(version, now)
 
 
 def may_take(
-    record: LeaseRecord | None, observation: Observation, identity: str, now: float
+    record: LeaseRecord | None, observation: LeaseObservation, identity: str, now: float
 ) -> bool:
     """Whether `identity` may write itself into the Lease as holder now.
 
@@ -327,7 +329,7 @@ class LeaderElector:
             registry=registry,
         )
         self._gauge.set(0)
-        self._observation: Observation | None = None
+        self._observation: LeaseObservation | None = None
         self._record: LeaseRecord | None = None
         self._renewed_at = 0.0
         self._stop = threading.Event()

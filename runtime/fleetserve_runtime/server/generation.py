@@ -82,7 +82,7 @@ from fleetserve_runtime.server.openai_responses import (
 from fleetserve_runtime.server.schemas import parse_json, validate_body
 from fleetserve_runtime.server.sse import Format, GenerationResponse, StreamLimits
 from fleetserve_runtime.serving.admission import Scheduling
-from fleetserve_runtime.serving.facade import GenerationStream
+from fleetserve_runtime.serving.facade import GenerationEvents
 
 __all__ = [
     "OPENAI_PATHS",
@@ -226,7 +226,7 @@ class _Routes:
             on_cut=self.host.rt.metrics.observe_stream_limit,
         )
 
-    async def start(self, generation: GenerationRequest, *, cacheable: bool) -> GenerationStream:
+    async def start(self, generation: GenerationRequest, *, cacheable: bool) -> GenerationEvents:
         """The generation's stream: from the semantic cache where it may answer, else the engine.
 
         The cache's entries are the request's tenant's (`CURRENT_TENANT`, set by the edge's

@@ -1,7 +1,7 @@
 """The semantic cache at the OpenAI generation routes: a thin adapter over `core.semantic_cache`.
 
 `SemanticAnswers.generate` stands where the chat and completions routes call
-`ServingFacade.generate`, and returns a `GenerationStream` like it:
+`ServingFacade.generate`, and returns a `GenerationEvents` like it:
 
 - A sampled request (temperature above 0) bypasses the cache: it is generated, never looked
   up or stored, and counted as `bypass`. Its answer is one draw among many; serving it again
@@ -62,7 +62,7 @@ from fleetserve_runtime.models.accuracy import embed_texts
 from fleetserve_runtime.models.base import ModelHandler
 from fleetserve_runtime.models.generative import GenerativeHandler
 from fleetserve_runtime.models.registry import KVFigures, LoadedModel, resolve_handler
-from fleetserve_runtime.serving.facade import GenerationStream, ServingFacade
+from fleetserve_runtime.serving.facade import GenerationEvents, ServingFacade
 
 __all__ = ["CachedAnswer", "SemanticAnswers"]
 
@@ -110,7 +110,7 @@ def _answer_bytes(answer: CachedAnswer) -> int:
 
 
 class _Replay:
-    """A hit as a `GenerationStream`: the whole text as one event, then the finish event."""
+    """A hit as a `GenerationEvents`: the whole text as one event, then the finish event."""
 
     def __init__(self, answer: CachedAnswer, prompt_tokens: int) -> None:
         self._answer = answer
@@ -133,7 +133,7 @@ class _Replay:
 class _Recording:
     """An engine's stream passed through; its text handed to `store` when it finishes."""
 
-    def __init__(self, inner: GenerationStream, store: Callable[[CachedAnswer], None]) -> None:
+    def __init__(self, inner: GenerationEvents, store: Callable[[CachedAnswer], None]) -> None:
         self._inner = inner
         self._store = store
 
@@ -210,7 +210,7 @@ class SemanticAnswers:
 
     async def generate(
         self, rt: ServingFacade, request: GenerationRequest, *, tenant: str | None
-    ) -> GenerationStream:
+    ) -> GenerationEvents:
         """Answer from the cache, or generate (storing a greedy answer); see the module doc."""
         loaded = rt.model(request.version)
         handler, kv = loaded.generative, loaded.kv

@@ -52,7 +52,7 @@ from fleetserve_runtime.generate.contracts import (
 )
 from fleetserve_runtime.server.http_errors import Failure
 from fleetserve_runtime.server.http_protocol import STREAM_CONNECTION, StreamConnection
-from fleetserve_runtime.serving.facade import GenerationStream
+from fleetserve_runtime.serving.facade import GenerationEvents
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -182,7 +182,7 @@ class GenerationResponse(Response):
 
     def __init__(
         self,
-        stream: GenerationStream,
+        stream: GenerationEvents,
         fmt: Format,
         *,
         streaming: bool,

@@ -2,8 +2,8 @@
 
 `api` types its routes against this protocol, never against `Runtime`'s parts (its registry,
 queue or engine), so the runtime can change how it schedules, or which engine serves a
-model, without touching a route. `Runtime` implements it. `GenerationStream` and
-`GenerationInfo` are the shapes its generation methods return, as the routes use them.
+model, without touching a route. `Runtime` implements it. `GenerationEvents` and
+`GenerativeModelInfo` are the shapes its generation methods return, as the routes use them.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from fleetserve_runtime.encoder.engine import InferenceCall, InferenceResult
 from fleetserve_runtime.generate.contracts import GenerationEvent, GenerationRequest
 from fleetserve_runtime.models.registry import LoadedModel
 
-__all__ = ["GenerationInfo", "GenerationStream", "ServingFacade"]
+__all__ = ["GenerativeModelInfo", "GenerationEvents", "ServingFacade"]
 
 
-class GenerationStream(Protocol):
+class GenerationEvents(Protocol):
     """One accepted generation: its events, in order, until a finish or an error event.
 
     Iterating may raise a domain error before the first event (the deadline passed while
@@ -42,7 +42,7 @@ class GenerationStream(Protocol):
         ...
 
 
-class GenerationInfo(Protocol):
+class GenerativeModelInfo(Protocol):
     """What the generation routes need to know about the served generative model."""
 
     @property
@@ -68,7 +68,7 @@ class ServingFacade(Protocol):
         """Run one request; raises the runtime's domain errors."""
         ...
 
-    async def generate(self, request: GenerationRequest) -> GenerationStream:
+    async def generate(self, request: GenerationRequest) -> GenerationEvents:
         """Admit one generation; raises before any event when it cannot be admitted.
 
         `ModelNotFound` / `ModelNotReady` for the version, `InvalidInput` when the model does
@@ -82,7 +82,7 @@ class ServingFacade(Protocol):
         """True when the active version generates text (the generation routes serve it)."""
         ...
 
-    def generation_info(self) -> GenerationInfo:
+    def generation_info(self) -> GenerativeModelInfo:
         """The active generative version's limits; `InvalidInput` when it does not generate."""
         ...
 
