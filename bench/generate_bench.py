@@ -72,7 +72,7 @@ ServerKind = Literal["fleetserve", "transformers", "llamacpp"]
 
 
 @dataclass(frozen=True)
-class LengthProfile:
+class TokenLengths:
     """A clipped lognormal distribution of token counts: most short, a long tail.
 
     Attributes:
@@ -94,9 +94,9 @@ class LengthProfile:
 
 
 #: Prompt lengths: a question with some context; about 4 % hit the 400-token clip.
-PROMPT_LENGTHS = LengthProfile(median=120, sigma=0.7, low=20, high=400)
+PROMPT_LENGTHS = TokenLengths(median=120, sigma=0.7, low=20, high=400)
 #: Output lengths: short answers mostly, a tail of long ones (mean about 80 tokens).
-OUTPUT_LENGTHS = LengthProfile(median=64, sigma=0.7, low=16, high=256)
+OUTPUT_LENGTHS = TokenLengths(median=64, sigma=0.7, low=16, high=256)
 
 #: Byte-level BPE vocabulary entries that are one lowercase word after a space.
 _SPACE_WORD = re.compile("\u0120([a-z]{3,10})")
@@ -112,7 +112,7 @@ def single_token_words(vocab: Mapping[str, int]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class WorkItem:
+class StreamWorkItem:
     """One request of the workload.
 
     Attributes:
@@ -126,7 +126,7 @@ class WorkItem:
     max_tokens: int
 
 
-def generate_workload(count: int, *, seed: int, words: Sequence[str]) -> tuple[WorkItem, ...]:
+def generate_workload(count: int, *, seed: int, words: Sequence[str]) -> tuple[StreamWorkItem, ...]:
     """Return ``count`` seeded requests with lengths from the two profiles.
 
     Args:
@@ -140,11 +140,13 @@ def generate_workload(count: int, *, seed: int, words: Sequence[str]) -> tuple[W
         prompt_tokens = PROMPT_LENGTHS.sample(rng)
         max_tokens = OUTPUT_LENGTHS.sample(rng)
         prompt = "".join(f" {rng.choice(words)}" for _ in range(prompt_tokens))
-        items.append(WorkItem(prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens))
+        items.append(
+            StreamWorkItem(prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        )
     return tuple(items)
 
 
-def request_body(item: WorkItem, *, kind: ServerKind, model: str) -> bytes:
+def request_body(item: StreamWorkItem, *, kind: ServerKind, model: str) -> bytes:
     """Return the streaming ``/v1/completions`` body for ``item`` in a server's dialect.
 
     All ask for greedy decoding of exactly ``max_tokens`` tokens: our runtime and llama.cpp
@@ -165,7 +167,7 @@ def request_body(item: WorkItem, *, kind: ServerKind, model: str) -> bytes:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class StreamServerConfig:
     """One server configuration under test.
 
     Attributes:
@@ -182,32 +184,34 @@ class ServerConfig:
 
 
 CONFIGS = (
-    ServerConfig(
+    StreamServerConfig(
         "a",
         "fleetserve continuous, 32 running",
         "fleetserve",
         ("--generation-policy=continuous", "--generation-max-running-sequences=32"),
     ),
-    ServerConfig(
+    StreamServerConfig(
         "b",
         "fleetserve batch 1",
         "fleetserve",
         ("--generation-policy=continuous", "--generation-max-running-sequences=1"),
     ),
-    ServerConfig(
+    StreamServerConfig(
         "c",
         "fleetserve static, batch 32",
         "fleetserve",
         ("--generation-policy=static", "--generation-max-running-sequences=32"),
     ),
-    ServerConfig("d", "transformers serve, continuous", "transformers", ("--continuous-batching",)),
-    ServerConfig(
+    StreamServerConfig(
+        "d", "transformers serve, continuous", "transformers", ("--continuous-batching",)
+    ),
+    StreamServerConfig(
         "e",
         "llama.cpp llama-server, 32 slots",
         "llamacpp",
         ("--parallel", "32", "--cont-batching"),
     ),
-    ServerConfig(
+    StreamServerConfig(
         "f",
         "fleetserve continuous, 32 running, bf16",
         "fleetserve",
@@ -217,7 +221,7 @@ CONFIGS = (
             "--generation-dtype=bfloat16",
         ),
     ),
-    ServerConfig(
+    StreamServerConfig(
         "g",
         "fleetserve continuous, 32 running, int8",
         "fleetserve",
@@ -247,7 +251,7 @@ def peer_num_blocks(*, concurrency: int, block_size: int) -> int:
     return concurrency * per_sequence
 
 
-def server_argv(config: ServerConfig, *, port: int, args: argparse.Namespace) -> list[str]:
+def server_argv(config: StreamServerConfig, *, port: int, args: argparse.Namespace) -> list[str]:
     """Return the full command line of ``config``'s server on ``port``."""
     if config.kind == "fleetserve":
         runtime = shlex.split(args.runtime)
@@ -348,7 +352,7 @@ def load_words(model_dir: Path) -> tuple[str, ...]:
     return single_token_words(Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab())
 
 
-def check_prompt_lengths(items: Sequence[WorkItem], model_dir: Path) -> None:
+def check_prompt_lengths(items: Sequence[StreamWorkItem], model_dir: Path) -> None:
     """Fail unless every prompt is exactly as many tokens long as the workload says.
 
     Raises:
@@ -365,7 +369,7 @@ def check_prompt_lengths(items: Sequence[WorkItem], model_dir: Path) -> None:
 
 
 @dataclass(frozen=True)
-class ConfigResult:
+class StreamConfigResult:
     """What one configuration achieved in the measured window.
 
     Attributes:
@@ -384,27 +388,27 @@ class ConfigResult:
 
 
 def stream_requests(
-    items: Sequence[WorkItem], *, kind: ServerKind, model: str
+    items: Sequence[StreamWorkItem], *, kind: ServerKind, model: str
 ) -> list[StreamRequest]:
     """The streaming requests of ``items`` for a server of ``kind`` serving ``model``."""
     return [StreamRequest(request_body(i, kind=kind, model=model), i.max_tokens) for i in items]
 
 
 def measure_config(
-    config: ServerConfig,
-    workload: Sequence[WorkItem],
-    warmup: Sequence[WorkItem],
+    config: StreamServerConfig,
+    workload: Sequence[StreamWorkItem],
+    warmup: Sequence[StreamWorkItem],
     *,
     args: argparse.Namespace,
     log_dir: Path,
-) -> ConfigResult:
+) -> StreamConfigResult:
     """Start a fresh server for ``config``, warm it up, and measure one closed-loop run."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     url = f"{base_url}/v1/completions"
     model = MODEL_NAME if config.kind == "fleetserve" else str(args.peer_model_dir)
 
-    def run(items: Sequence[WorkItem], time_limit_s: float) -> StreamStats:
+    def run(items: Sequence[StreamWorkItem], time_limit_s: float) -> StreamStats:
         return asyncio.run(
             run_streaming_closed_loop(
                 url,
@@ -430,7 +434,7 @@ def measure_config(
         cpu_before = process_cpu_seconds(pid)
         stats = run(workload, args.time_limit_s)
         cpu_s = process_cpu_seconds(pid) - cpu_before
-    return ConfigResult(
+    return StreamConfigResult(
         label=config.label,
         description=config.description,
         argv=tuple(argv),
@@ -439,7 +443,7 @@ def measure_config(
     )
 
 
-def speedup(head: ConfigResult | None, base: ConfigResult | None) -> float:
+def speedup(head: StreamConfigResult | None, base: StreamConfigResult | None) -> float:
     """Return ``head``'s tokens per second over ``base``'s.
 
     NaN if either configuration was not run, or ``base`` generated nothing.
@@ -449,7 +453,7 @@ def speedup(head: ConfigResult | None, base: ConfigResult | None) -> float:
     return head.stats.tokens_per_s / base.stats.tokens_per_s
 
 
-def _table(results: Sequence[ConfigResult]) -> Table:
+def _table(results: Sequence[StreamConfigResult]) -> Table:
     """Return the side-by-side table of the configurations."""
     table = Table(title="generation, 32 streaming clients, server on one core")
     columns = ("config", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "ok/sent")
@@ -472,7 +476,7 @@ def _table(results: Sequence[ConfigResult]) -> Table:
     return table
 
 
-def print_report(results: Sequence[ConfigResult], *, context: Mapping[str, object]) -> None:
+def print_report(results: Sequence[StreamConfigResult], *, context: Mapping[str, object]) -> None:
     """Print the table, the JSON of everything, and the six speedup lines last."""
     by_label = {r.label: r for r in results}
     Console(width=130).print(_table(results))
@@ -543,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_prompt_lengths(items, model_dir)
     warmup, workload = items[: args.warmup], items[args.warmup :]
     pin_current_process(args.client_core)
-    results: list[ConfigResult] = []
+    results: list[StreamConfigResult] = []
     with tempfile.TemporaryDirectory(prefix="fleetserve-bench-generate-") as log_dir:
         for config in CONFIGS:
             if config.label in args.configs:

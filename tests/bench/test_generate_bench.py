@@ -17,8 +17,8 @@ from bench.generate_bench import (
     CONFIGS,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
-    ConfigResult,
-    LengthProfile,
+    StreamConfigResult,
+    TokenLengths,
     generate_workload,
     parse_args,
     peer_num_blocks,
@@ -44,7 +44,7 @@ WORDS = ("alpha", "bravo", "charlie", "delta")
 
 
 @pytest.mark.parametrize("profile", [PROMPT_LENGTHS, OUTPUT_LENGTHS], ids=["prompt", "output"])
-def test_lengths_are_clipped_and_long_tailed(profile: LengthProfile) -> None:
+def test_lengths_are_clipped_and_long_tailed(profile: TokenLengths) -> None:
     """Draws stay in bounds, centre on the median, and lean right (mean above median)."""
     rng = random.Random(0)
     draws = [profile.sample(rng) for _ in range(5_000)]
@@ -134,14 +134,14 @@ def test_llama_server_cache_is_named_by_pin_and_cpu() -> None:
     assert binary_path().parent.name.startswith(f"llama-server-{pinned_version()}-")
 
 
-def _result(label: str, tokens_per_s: float) -> ConfigResult:
+def _result(label: str, tokens_per_s: float) -> StreamConfigResult:
     stats = StreamStats(
         sent=1, finished=1, status_counts={200: 1}, errors={}, timed_out=False, elapsed_s=1.0,
         generated_tokens=1, requested_tokens=1, short_streams=0, resent=0,
         tokens_per_s=tokens_per_s,
         ttft_p50_ms=1.0, ttft_p99_ms=1.0, itl_p50_ms=1.0, itl_p99_ms=1.0,
     )  # fmt: skip
-    return ConfigResult(label, label, (), stats, 1.0)
+    return StreamConfigResult(label, label, (), stats, 1.0)
 
 
 def test_report_ends_with_the_llamacpp_ratios(capsys: pytest.CaptureFixture[str]) -> None:
