@@ -65,7 +65,7 @@ from fleetserve_operator.testing import ScriptedMetricSource
 __all__ = [
     "Canary",
     "Decision",
-    "Outcome",
+    "RollbackTimes",
     "Rollout",
     "Scenario",
     "Threshold",
@@ -108,7 +108,7 @@ class Scenario:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class RollbackTimes:
     """When each mode rolled the canary back (seconds after the step began), if it did."""
 
     sequential_s: float | None
@@ -213,7 +213,7 @@ def simulate(
     seed: int,
     spec: AnalysisSpec = SPEC,
     threshold: Threshold | None = Threshold(),
-) -> list[Outcome]:
+) -> list[RollbackTimes]:
     """Run `canaries` independent canaries of `scenario` through both modes (same draws)."""
     rng = np.random.default_rng(seed)
     tests = sequential_plan(spec).tests
@@ -245,17 +245,17 @@ def simulate(
                     failures = failures + 1 if verdict else 0
                 if failures >= threshold.failure_threshold:
                     threshold_s = now
-        outcomes.append(Outcome(sequential_s, threshold_s))
+        outcomes.append(RollbackTimes(sequential_s, threshold_s))
     return outcomes
 
 
-def rollback_rate(outcomes: Sequence[Outcome], mode: str) -> float:
+def rollback_rate(outcomes: Sequence[RollbackTimes], mode: str) -> float:
     """Share of canaries that mode rolled back within the horizon."""
     times = [getattr(o, f"{mode}_s") for o in outcomes]
     return sum(t is not None for t in times) / len(outcomes)
 
 
-def median_detection_s(outcomes: Sequence[Outcome], mode: str, horizon_s: float) -> float:
+def median_detection_s(outcomes: Sequence[RollbackTimes], mode: str, horizon_s: float) -> float:
     """Median time to rollback; a canary never rolled back counts as the horizon."""
     times = [getattr(o, f"{mode}_s") for o in outcomes]
     return statistics.median(horizon_s if t is None else t for t in times)

@@ -75,14 +75,14 @@ TEXTS = (
 
 
 @dataclass(frozen=True)
-class Outcome:
+class GpuCheckResult:
     """One check's verdict and the figures behind it."""
 
     ok: bool
     summary: str
 
 
-Check = Callable[[argparse.Namespace], Awaitable[Outcome]]
+Check = Callable[[argparse.Namespace], Awaitable[GpuCheckResult]]
 
 
 def _cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
@@ -94,7 +94,7 @@ def _cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDAr
     return result
 
 
-async def check_precision(args: argparse.Namespace) -> Outcome:
+async def check_precision(args: argparse.Namespace) -> GpuCheckResult:
     """bf16 (served path, guard included) and fp16 (cast) MiniLM against fp32."""
     device = torch.device(args.device)
 
@@ -110,12 +110,12 @@ async def check_precision(args: argparse.Namespace) -> Outcome:
     bf16 = _cosines(reference, await asyncio.to_thread(embed, "bf16", None)).min()
     fp16 = _cosines(reference, await asyncio.to_thread(embed, "fp32", torch.float16)).min()
     ok = bool(bf16 >= 0.99 and fp16 >= 0.99)
-    return Outcome(ok, f"min_cosine bf16={bf16:.6f} fp16={fp16:.6f} (floor 0.99)")
+    return GpuCheckResult(ok, f"min_cosine bf16={bf16:.6f} fp16={fp16:.6f} (floor 0.99)")
 
 
 async def _served_minilm(
-    args: argparse.Namespace, run: Callable[[Runtime], Awaitable[Outcome]]
-) -> Outcome:
+    args: argparse.Namespace, run: Callable[[Runtime], Awaitable[GpuCheckResult]]
+) -> GpuCheckResult:
     """Start an in-process runtime serving MiniLM on the device, run `run(runtime)`, stop it."""
     config = make_config(
         model=MINILM,
@@ -142,11 +142,11 @@ async def _embed_alone(runtime: Runtime, texts: Sequence[str]) -> npt.NDArray[np
     return np.stack(rows)
 
 
-async def check_overlap(args: argparse.Namespace) -> Outcome:
+async def check_overlap(args: argparse.Namespace) -> GpuCheckResult:
     """Concurrent requests through the two-stream pipeline equal each text embedded alone."""
     texts = [f"{TEXTS[n % len(TEXTS)]} (variant {n})" for n in range(args.overlap_requests)]
 
-    async def run(runtime: Runtime) -> Outcome:
+    async def run(runtime: Runtime) -> GpuCheckResult:
         alone = await _embed_alone(runtime, texts[:64])
         started = time.perf_counter()
         results = await asyncio.gather(
@@ -156,7 +156,7 @@ async def check_overlap(args: argparse.Namespace) -> Outcome:
         rows = np.stack([np.asarray(r.results[0], dtype=np.float32) for r in results[:64]])
         worst = float(_cosines(alone, rows).min())
         sizes = [r.timings.batch_size for r in results]
-        return Outcome(
+        return GpuCheckResult(
             worst >= 0.999,
             f"{len(texts)} requests in {elapsed:.2f}s ({len(texts) / elapsed:.0f} req/s), "
             f"max batch {max(sizes)}, min cosine to batch-of-one {worst:.5f}",
@@ -165,14 +165,14 @@ async def check_overlap(args: argparse.Namespace) -> Outcome:
     return await _served_minilm(args, run)
 
 
-async def check_calibration(args: argparse.Namespace) -> Outcome:
+async def check_calibration(args: argparse.Namespace) -> GpuCheckResult:
     """The allocator-measured memory profile predicts a fresh batch's peak bytes."""
 
-    async def run(runtime: Runtime) -> Outcome:
+    async def run(runtime: Runtime) -> GpuCheckResult:
         loaded = runtime.model(None)
         profile = loaded.memory
         if profile is None:
-            return Outcome(False, "no memory profile was measured at load")
+            return GpuCheckResult(False, "no memory profile was measured at load")
         handler = loaded.handler
         text = handler.sample_instance(256)
         assert isinstance(text, str)
@@ -186,7 +186,7 @@ async def check_calibration(args: argparse.Namespace) -> Outcome:
         tokens = 32 * handler.preprocess(text, truncate=True).length
         predicted = profile.weights_bytes + profile.batch_bytes(tokens)
         ratio = peak / max(predicted, 1)
-        return Outcome(
+        return GpuCheckResult(
             0.5 <= ratio <= 2.0 and profile.bytes_per_token > 0,
             f"weights {profile.weights_bytes / 2**20:.1f} MiB, fixed "
             f"{profile.fixed_bytes / 2**20:.1f} MiB, {profile.bytes_per_token:.0f} B/token; "
@@ -197,16 +197,16 @@ async def check_calibration(args: argparse.Namespace) -> Outcome:
     return await _served_minilm(args, run)
 
 
-async def check_oom_split(args: argparse.Namespace) -> Outcome:
+async def check_oom_split(args: argparse.Namespace) -> GpuCheckResult:
     """A real CUDA OOM (memory filled by a ballast) splits the batch; all answered right."""
     if args.device != "cuda":
-        return Outcome(False, "needs CUDA: the OOM must be the CUDA allocator's own")
+        return GpuCheckResult(False, "needs CUDA: the OOM must be the CUDA allocator's own")
 
-    async def run(runtime: Runtime) -> Outcome:
+    async def run(runtime: Runtime) -> GpuCheckResult:
         loaded = runtime.model(None)
         profile = loaded.memory
         if profile is None:
-            return Outcome(False, "no memory profile was measured at load")
+            return GpuCheckResult(False, "no memory profile was measured at load")
         text = loaded.handler.sample_instance(256)
         assert isinstance(text, str)
         texts = [f"{n} {text}" for n in range(64)]
@@ -228,7 +228,7 @@ async def check_oom_split(args: argparse.Namespace) -> Outcome:
         splits = (after or 0.0) - (before or 0.0)
         rows = np.stack([np.asarray(r, dtype=np.float32) for r in result.results[:4]])
         worst = float(_cosines(alone, rows).min())
-        return Outcome(
+        return GpuCheckResult(
             splits >= 1 and worst >= 0.999 and len(result.results) == len(texts),
             f"batch of {len(texts)} x {tokens // len(texts)} tokens (~{need / 2**20:.0f} MiB of "
             f"activations) with ~{0.6 * need / 2**20:.0f} MiB free: {splits:.0f} split(s), "
@@ -238,7 +238,7 @@ async def check_oom_split(args: argparse.Namespace) -> Outcome:
     return await _served_minilm(args, run)
 
 
-async def check_batching(args: argparse.Namespace) -> Outcome:
+async def check_batching(args: argparse.Namespace) -> GpuCheckResult:
     """`bench.runtime_bench` with its servers on CUDA; passes when batching beats batch 1."""
     server = f"{shlex.quote(sys.executable)} -m bench.gpu_check {SERVE_ON_CUDA}"
     on_cuda = [f"--runtime={server}"] if args.device == "cuda" else []
@@ -261,14 +261,16 @@ async def check_batching(args: argparse.Namespace) -> Outcome:
         check=False,
     )
     if done.returncode != 0:
-        return Outcome(False, f"runtime_bench exited {done.returncode}: {done.stderr[-400:]!r}")
+        return GpuCheckResult(
+            False, f"runtime_bench exited {done.returncode}: {done.stderr[-400:]!r}"
+        )
     figures = dict(
         line.split("=", 1) for line in done.stdout.splitlines() if "=" in line and " " not in line
     )
     print(done.stdout, flush=True)
     speedup = float(figures.get("batching_speedup", "0"))
     shown = ", ".join(f"{key}={value}" for key, value in figures.items())
-    return Outcome(speedup > 1.0, shown)
+    return GpuCheckResult(speedup > 1.0, shown)
 
 
 async def _greedy(device: str, dtype: str, max_tokens: int) -> list[list[int]]:
@@ -299,7 +301,7 @@ def _divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-async def check_generation(args: argparse.Namespace) -> Outcome:
+async def check_generation(args: argparse.Namespace) -> GpuCheckResult:
     """SmolLM2 greedy in bf16 against fp32: where (if anywhere) each prompt diverges."""
     reference = await _greedy(args.device, "float32", args.generate_tokens)
     candidate = await _greedy(args.device, "bfloat16", args.generate_tokens)
@@ -312,7 +314,7 @@ async def check_generation(args: argparse.Namespace) -> Outcome:
         f"prompt {n}: {'equal' if p is None else f'diverges at token {p}'}"
         for n, p in enumerate(points)
     )
-    return Outcome(ok, f"{args.generate_tokens} tokens each; {shown}")
+    return GpuCheckResult(ok, f"{args.generate_tokens} tokens each; {shown}")
 
 
 CHECKS: dict[str, Check] = {
@@ -356,7 +358,7 @@ async def run_checks(args: argparse.Namespace) -> bool:
         try:
             outcome = await asyncio.wait_for(CHECKS[name](args), limit)
         except Exception as exc:  # a check that raised failed; the others still run
-            outcome = Outcome(False, f"{type(exc).__name__}: {str(exc)[:300]}")
+            outcome = GpuCheckResult(False, f"{type(exc).__name__}: {str(exc)[:300]}")
         verdict = "PASS" if outcome.ok else "FAIL"
         took = time.perf_counter() - started
         print(f"check {name}: {verdict} {outcome.summary} [{took:.0f}s]", flush=True)

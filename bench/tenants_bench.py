@@ -42,7 +42,7 @@ QUIET, NOISY = "quiet", "noisy"
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class TenantWorkload:
     """Who sends what, for how long."""
 
     duration_s: float = 60.0
@@ -70,7 +70,7 @@ class Engine:
 
 
 @dataclass(slots=True)
-class Outcome:
+class TenantOutcome:
     """Latencies (seconds) of the finished requests and refusals, by tenant."""
 
     latencies: dict[str, list[float]] = field(default_factory=lambda: {QUIET: [], NOISY: []})
@@ -95,7 +95,7 @@ CONFIGS = (
 )
 
 
-def arrivals(workload: Workload, *, noisy: bool) -> list[tuple[float, str]]:
+def arrivals(workload: TenantWorkload, *, noisy: bool) -> list[tuple[float, str]]:
     """(time, tenant) of every request, Poisson per tenant, in time order."""
     rng = random.Random(workload.seed)
     rates = {QUIET: workload.quiet_rate}
@@ -110,7 +110,7 @@ def arrivals(workload: Workload, *, noisy: bool) -> list[tuple[float, str]]:
     return sorted(events)
 
 
-def simulate(workload: Workload, engine: Engine, config: Config) -> Outcome:
+def simulate(workload: TenantWorkload, engine: Engine, config: Config) -> TenantOutcome:
     """Step the scheduler through the workload on a simulated clock."""
     rng = random.Random(workload.seed + 1)
     pool = BlockPool(engine.num_blocks, engine.block_size, prefix_caching=True)
@@ -125,7 +125,7 @@ def simulate(workload: Workload, engine: Engine, config: Config) -> Outcome:
     }
     bound, load = QueueBound(engine.queue_size, 1.0), TenantLoad(1.0)
     pending = arrivals(workload, noisy=config.noisy)
-    outcome, owner = Outcome(), {}
+    outcome, owner = TenantOutcome(), {}
     now, next_id, index = 0.0, 0, 0
     while index < len(pending) or scheduler.num_running or scheduler.num_waiting:
         if not (scheduler.num_running or scheduler.num_waiting):
@@ -173,7 +173,7 @@ def p99(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def report(workload: Workload, engine: Engine) -> float:
+def report(workload: TenantWorkload, engine: Engine) -> float:
     """Run every configuration, print the table, return the fair + quota ratio."""
     results = {config.name: simulate(workload, engine, config) for config in CONFIGS}
     alone = p99(results["quiet alone"].latencies[QUIET])
@@ -205,14 +205,14 @@ def report(workload: Workload, engine: Engine) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the four configurations and print them, headline last."""
-    default = Workload()
+    default = TenantWorkload()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=default.duration_s)
     parser.add_argument("--quiet-rate", type=float, default=default.quiet_rate)
     parser.add_argument("--noise-factor", type=float, default=default.noise_factor)
     parser.add_argument("--seed", type=int, default=default.seed)
     args = parser.parse_args(argv)
-    workload = Workload(
+    workload = TenantWorkload(
         duration_s=args.duration_s,
         quiet_rate=args.quiet_rate,
         noise_factor=args.noise_factor,

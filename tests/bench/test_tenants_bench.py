@@ -9,18 +9,18 @@ from bench.tenants_bench import (
     NOISY,
     QUIET,
     Engine,
-    Workload,
+    TenantWorkload,
     arrivals,
     main,
     p99,
     simulate,
 )
 
-TINY = Workload(duration_s=4.0, quiet_rate=5.0, noise_factor=10.0, seed=1)
+TINY = TenantWorkload(duration_s=4.0, quiet_rate=5.0, noise_factor=10.0, seed=1)
 
 
 def test_arrivals_are_ten_times_as_many_for_the_noisy_tenant() -> None:
-    events = arrivals(Workload(duration_s=200.0, quiet_rate=2.0), noisy=True)
+    events = arrivals(TenantWorkload(duration_s=200.0, quiet_rate=2.0), noisy=True)
     noisy = sum(name == NOISY for _, name in events)
     quiet = sum(name == QUIET for _, name in events)
     assert 8 < noisy / quiet < 12

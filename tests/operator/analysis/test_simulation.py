@@ -16,7 +16,7 @@ import pytest
 from bench.analysis_bench import (
     SPEC,
     Canary,
-    Outcome,
+    RollbackTimes,
     Scenario,
     median_detection_s,
     rollback_rate,
@@ -32,7 +32,7 @@ RATE_RPS = 50.0
 
 
 @cache
-def _aa(weight: float) -> list[Outcome]:
+def _aa(weight: float) -> list[RollbackTimes]:
     return simulate(Scenario(weight=weight, rate_rps=RATE_RPS), A_A_CANARIES, seed=7)
 
 
