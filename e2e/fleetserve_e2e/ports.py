@@ -1,7 +1,8 @@
 """Pick free loopback TCP ports and pod addresses, so several clusters and pods run side by side.
 
-`free_port` and `free_ports` are the runtime's test helpers (`fleetserve_runtime.testing.process`),
-named here too so the harness has one place for its ports.
+`free_port` and `free_ports` are also the runtime's test helpers
+(`fleetserve_runtime.testing.process`); the harness keeps its own, since it drives the
+product's programs from outside and imports none of its packages.
 """
 
 from __future__ import annotations
@@ -14,9 +15,32 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Self
 
-from fleetserve_runtime.testing.process import free_port, free_ports
 
-__all__ = ["POD_NETWORK", "PortSet", "free_pod_ip", "free_port", "free_ports", "remembered_port"]
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    The kernel picks it from the ephemeral range; the tiny window before the caller binds it
+    is acceptable for tests.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> tuple[int, ...]:
+    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Each is held bound until all are picked: `free_port` called twice may get the same port
+    back from the kernel, and a server told to listen twice on one port fails to start.
+    """
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclasses.dataclass(frozen=True)

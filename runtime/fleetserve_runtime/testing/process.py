@@ -3,8 +3,9 @@
 `running_server` starts `fleetserve-runtime serve` (the console script beside this Python)
 and waits for readiness; `plain_server` and `secured_server` are the two configurations the
 HTTP hardening tests attack. `exchange` speaks raw HTTP/1.1 over one socket, for what no
-HTTP client sends. `free_ports` is the one loopback-port picker of the tests, the benches
-and the e2e harness. Needs the test dependency `httpx` (requirements/dev.txt).
+HTTP client sends. `free_ports` is the loopback-port picker of the tests and the benches
+(the e2e harness, which imports none of the product's packages, has its own). Needs the
+test dependency `httpx` (requirements/dev.txt).
 """
 
 from __future__ import annotations
