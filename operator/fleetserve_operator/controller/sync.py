@@ -22,6 +22,8 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
 4. write-ahead: when children are to be written or deleted, the new status is written
    first, so a restarted operator renders them from the step they were written for and
    traffic never runs ahead of status (weights only move forward, or to 0 on a rollback);
+   the children to be created count as created in it, so that it tells the track they
+   start rolling out, and the report of step 6 has nothing to add when they are;
 5. the children are created or applied where they drifted, stale ones deleted, in
    `render.converge_phase` order: what a route is to name before the routes, what it
    stops naming after them, so that whichever write the operator dies after, no route
@@ -372,7 +374,13 @@ class Sync:
         )
         stale = render.stale_children(run.owner, desired, run.observed)
         if writes or stale:
-            ahead = observe.compute_status(run.status, observation(run.observed, run.problem))
+            # The children to create count as created: the status ahead then says what the
+            # writes start (a track rolling out), not "every track is rolled out" as the
+            # children before them did, and the report after them has nothing to add.
+            created = [write.manifest for write in writes if write.current is None]
+            ahead = observe.compute_status(
+                run.status, observation([*run.observed, *created], run.problem)
+            )
             self._report(run.ref, run.previous, ahead)
             run.previous = ahead
         run.observed = self._children.converge(run.owner, run.ref, writes, stale, run.observed)

@@ -61,6 +61,36 @@ def test_create_applies_children_and_reports_pending() -> None:
     ]
 
 
+def test_a_new_service_gets_one_status_write_that_says_its_track_rolls_out() -> None:
+    """The status written ahead of the children counts them as created: no second write."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    assert [w for w in kube.writes if w[0] == "status"] == [("status", "InferenceService", "demo")]
+    assert kube.writes[0][0] == "status", "the status is still written ahead of the children"
+    status = kube.status_of("ns", "demo")
+    assert _conditions(kube)["Progressing"] == ("True", "RollingUpdate")
+    assert status.ready == "0/1"
+
+
+def test_a_canary_started_by_a_spec_change_gets_one_status_write() -> None:
+    """The canary's Deployment and Service are written after the one status that names them."""
+    kube, sync = _setup()
+    sync.run_by_name("ns", "demo", trigger="create")
+    kube.set_ready("demo-stable")
+    sync.run_by_name("ns", "demo", trigger="child")
+    body = kube.objects[("InferenceService", "ns", "demo")]
+    body["spec"]["batching"] = {"maxBatchSize": 8}
+    body["metadata"]["generation"] += 1
+    before = len(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="update")
+    assert kube.writes[before:] == [
+        ("status", "InferenceService", "demo"),
+        ("create", "Deployment", "demo-canary"),
+        ("create", "Service", "demo-canary"),
+    ]
+    assert kube.status_of("ns", "demo").tracks.canary is not None
+
+
 def test_ready_pods_make_it_succeed_and_report_the_version() -> None:
     """When the Deployment is rolled out, status says Succeeded, stableVersion and 1/1."""
     kube, sync = _setup()
