@@ -149,7 +149,8 @@ class _Rendered:
     """The children rendered from one set of inputs, for a reconcile that has the same ones.
 
     `spec` is compared by identity: `Sync._checked_spec` hands out the same object for as
-    long as the raw spec is unchanged.
+    long as the raw spec is unchanged. `status` is the part rendering reads
+    (`render.rendered_status`).
     """
 
     owner: Owner
@@ -396,10 +397,12 @@ class Sync:
 
         A child event or a resync of a settled service renders exactly what the last
         reconcile did, and rendering (with each child's applied-hash: its JSON and a
-        SHA-256) was the largest share of such a reconcile's CPU. The caller gets its own
-        copy.
+        SHA-256) was the largest share of such a reconcile's CPU. Only the part of the
+        status rendering reads is compared: the ready counts and conditions that change
+        while a service comes up render the same children. The caller gets its own copy.
         """
         key = (owner.namespace, owner.name)
+        status = render.rendered_status(status)
         url = self._looks.prometheus_url(spec)
         last = self._rendered.get(key)
         if last is None or not last.serves(owner, spec, status, observed_stable_replicas, url):

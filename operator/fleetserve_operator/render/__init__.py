@@ -19,7 +19,11 @@ This package re-exports what the rest of the operator and the tests use.
 
 from __future__ import annotations
 
-from fleetserve_operator.render.children import APPLIED_HASH_ANNOTATION, desired_children
+from fleetserve_operator.render.children import (
+    APPLIED_HASH_ANNOTATION,
+    desired_children,
+    rendered_status,
+)
 from fleetserve_operator.render.converge import (
     child_key,
     converge_phase,
@@ -63,6 +67,7 @@ __all__ = [
     "needs_write",
     "plan_tracks",
     "pod_template",
+    "rendered_status",
     "route_matches",
     "runtime_args",
     "stable_pods",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from fleetserve_operator import contract, naming
 from fleetserve_operator.naming import Track
@@ -25,16 +26,18 @@ from fleetserve_operator.render.pods import TrackPlan, pod_template
 from fleetserve_operator.render.tracks import plan_tracks
 from fleetserve_operator.rollout import canary_only, fallback_active, stable_only
 from fleetserve_operator.spec import (
+    ConditionType,
     DisruptionSpec,
     GrpcSpec,
     InferenceServiceSpec,
     InferenceServiceStatus,
     RolloutPhase,
     ScalingSpec,
+    TracksStatus,
     TrafficProvider,
 )
 
-__all__ = ["APPLIED_HASH_ANNOTATION", "desired_children"]
+__all__ = ["APPLIED_HASH_ANNOTATION", "desired_children", "rendered_status"]
 
 APPLIED_HASH_ANNOTATION = f"{naming.GROUP}/applied-hash"
 """A hash of everything the operator applies to a child, so that a field the spec no longer
@@ -161,6 +164,33 @@ def _scaling_children(
     return children
 
 
+_REPORTED: dict[str, Any] = {
+    "observed_generation": None,
+    "effective_canary_weight": 0,
+    "ready": None,
+    "tracks": TracksStatus(),
+    "last_error": None,
+    "last_transition_time": None,
+}
+"""The fields of a status that report what the pods and the cluster did, and their defaults:
+no child is rendered from them (conditions are dealt with apart)."""
+
+
+def rendered_status(status: InferenceServiceStatus) -> InferenceServiceStatus:
+    """`status` without what it reports, the part the children are rendered from.
+
+    The ready counts, the track statuses, the conditions and the last error change on
+    nearly every reconcile while a service comes up and never change a child, so two
+    statuses alike here render the same children: `sync` keeps the last rendering by this
+    view. The phase, the canary's version and weight, the rollout's state and the
+    `FallbackActive` condition stay. `desired_children` renders from this view alone, so a
+    field it leaves out cannot be read by mistake.
+    """
+    fallback = status.condition(ConditionType.FALLBACK_ACTIVE)
+    conditions = [] if fallback is None else [fallback]
+    return status.model_copy(update={**_REPORTED, "conditions": conditions})
+
+
 def desired_children(
     owner: Owner,
     spec: InferenceServiceSpec,
@@ -171,8 +201,10 @@ def desired_children(
 ) -> list[Manifest]:
     """Every child object the service needs in `status`, in apply order (Deployments first).
 
-    `prometheus_url` is where a ScaledObject's trigger reads the runtime's metrics.
+    Only `rendered_status(status)` is read. `prometheus_url` is where a ScaledObject's
+    trigger reads the runtime's metrics.
     """
+    status = rendered_status(status)
     plans = plan_tracks(spec, status, observed_stable_replicas=observed_stable_replicas)
     children = [_deployment(owner, plan) for plan in plans]
     children += _scaling_children(

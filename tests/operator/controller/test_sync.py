@@ -23,6 +23,7 @@ from fleetserve_operator.spec import (
     ConditionType,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    RolloutPhase,
     TrackStatus,
 )
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service, make_spec
@@ -190,6 +191,31 @@ def test_a_settled_service_renders_its_children_again_only_when_an_input_changes
     sync.run_by_name("ns", "demo", trigger="update")
     assert renders == [1]
     assert ("create", "Deployment", "demo-canary") in kube.writes[before:], "rolled out"
+
+
+def test_a_service_coming_up_renders_its_children_again_only_for_its_phase(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ready counts and conditions reported on the way to Ready render nothing new.
+
+    Only the part of the status rendering reads (`render.rendered_status`) is compared:
+    one render with no status yet, one per phase reported (Pending, Succeeded), where
+    comparing the whole status rendered again at every new ready count.
+    """
+    model = {"name": "demo", "version": "1", "uri": "builtin://synthetic"}
+    kube, sync = _setup({"model": model, "runtime": {"replicas": {"min": 2, "max": 2}}})
+    renders = _renders(monkeypatch)
+    sync.run_by_name("ns", "demo", trigger="create")
+    phases = [kube.status_of("ns", "demo").phase]
+    for ready in (0, 1, 2):
+        kube.set_ready("demo-stable", ready=ready)
+        sync.run_by_name("ns", "demo", trigger="child")
+        sync.run_by_name("ns", "demo", trigger="child")
+        phases.append(kube.status_of("ns", "demo").phase)
+    pending, succeeded = RolloutPhase.PENDING, RolloutPhase.SUCCEEDED
+    assert phases == [pending, pending, pending, succeeded]
+    assert kube.status_of("ns", "demo").ready == "2/2"
+    assert len(renders) == 3
 
 
 def test_deleted_child_is_restored() -> None:

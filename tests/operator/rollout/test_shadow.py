@@ -87,6 +87,16 @@ def test_a_ready_canary_is_shadowed_at_weight_0_before_the_first_step() -> None:
     assert "ShadowStarted" in event_reasons(world)
 
 
+def test_the_copies_are_labelled_with_the_version_status_names_under_rollout() -> None:
+    world = _shadowing()
+    model = world.spec.model.model_copy(update={"version": "3"})
+    spec = world.spec.model_copy(update={"model": model})
+    children = render.desired_children(OWNER, spec, world.status)
+    (config_map,) = [child for child in children if child["kind"] == "ConfigMap"]
+    target = json.loads(config_map["data"][contract.SHADOW_TARGET_KEY])
+    assert target["version_label"] == world.status.canary_version == "2"
+
+
 def test_only_the_stable_pods_follow_the_target_and_never_restart_for_it() -> None:
     """The mount and the flag are in stable's template from the start; the canary has none."""
     world = _shadowing()
