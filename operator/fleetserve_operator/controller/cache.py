@@ -13,6 +13,9 @@ before it queues its owner, so a reconcile started by an event sees at least tha
 The operator's own writes are stored as the API server answered them (`store`), so the next
 reconcile does not read the object as it was before the write; an event older than what is
 stored (by `resourceVersion`) is ignored. A kind whose CRD is absent is synced and empty.
+Of a kind whose status the operator never reads, a new state that differs from the stored one
+in its status alone is stored but is no news: at 1000 services the disruption controller's
+updates of the PodDisruptionBudgets' status were thousands of reconciles with nothing to do.
 
 To keep the fleet's objects small, the managed-fields bookkeeping of other managers is
 dropped unless the operator still owns fields as an `Update` manager (a child created but
@@ -50,6 +53,22 @@ def _version(obj: Manifest) -> int | None:
     """The object's resourceVersion as a number, or None when it is not one."""
     version = obj["metadata"].get("resourceVersion")
     return int(version) if isinstance(version, str) and version.isdigit() else None
+
+
+_BOOKKEEPING = frozenset({"resourceVersion", "managedFields"})
+"""Metadata every write changes, whatever it changed: not news by itself."""
+_NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
+"""Top-level keys `_alike_but_status` leaves out (a listed item has no kind of its own)."""
+
+
+def _alike_but_status(obj: Manifest, stored: Manifest) -> bool:
+    """Whether `obj` differs from `stored` in its status (and `_BOOKKEEPING`) at most."""
+
+    def essence(o: Manifest) -> tuple[Manifest, Manifest]:
+        meta = {k: v for k, v in o["metadata"].items() if k not in _BOOKKEEPING}
+        return meta, {k: v for k, v in o.items() if k not in _NOT_CONTENT}
+
+    return essence(obj) == essence(stored)
 
 
 def _slim(obj: Manifest) -> Manifest:
@@ -103,11 +122,12 @@ class ChildCache:
         """`kind` is not served (its CRD is missing): synced, with nothing in it."""
         self.replace(kind, "", namespace, ())
 
-    def store(self, kind: str, obj: Manifest) -> bool:
+    def store(self, kind: str, obj: Manifest, *, status_read: bool = True) -> bool:
         """An object of `kind` as a watch event or a write returned it, unless newer is stored.
 
         Returns whether it is news: False for a state already stored, or one older than
-        stored (the echo of the operator's own write, which `store` saw first).
+        stored (the echo of the operator's own write, which `store` saw first), or, for a
+        kind whose status is not read (`status_read` False), one whose status alone changed.
         """
         with self._guard:
             stored = self._objects.get(kind, {}).get(object_key(obj))
@@ -115,7 +135,7 @@ class ChildCache:
                 return False
             if kind in self._objects:
                 self._put(kind, obj if "kind" in obj else {"kind": kind, **obj})
-            return True
+            return stored is None or status_read or not _alike_but_status(obj, stored)
 
     def discard(self, kind: str, obj: Manifest) -> None:
         """The object was deleted (the same object: a new one of that name has another uid)."""

@@ -43,11 +43,17 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True, slots=True)
 class ChildKind:
-    """A kind the operator watches: one it creates, pods, or the InferenceServices."""
+    """A kind the operator watches: one it creates, pods, or the InferenceServices.
+
+    `status_read`: whether a reconcile reads the status of this kind's objects (`observe`
+    reads the Deployments' and the pods'); a change of another kind's status alone queues
+    nothing.
+    """
 
     api_version: str
     kind: str
     plural: str
+    status_read: bool = False
 
     def path(self, namespace: str | None) -> str:
         """The collection's path, in `namespace` or (None) cluster-wide."""
@@ -61,17 +67,17 @@ class ChildKind:
 # its Deployment nor its ReplicaSet; only its pod says so. HTTPRoutes: a weight edited by
 # hand would otherwise send users to a canary until the next resync (a GRPCRoute's too).
 CHILD_KINDS = (
-    ChildKind("apps/v1", "Deployment", "deployments"),
+    ChildKind("apps/v1", "Deployment", "deployments", status_read=True),
     ChildKind("v1", "Service", "services"),
     ChildKind("v1", "ConfigMap", "configmaps"),
     ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ChildKind("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-    ChildKind("v1", "Pod", "pods"),
+    ChildKind("v1", "Pod", "pods", status_read=True),
 )
 _SELECTOR = f"{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
-SERVICES = ChildKind(naming.API_VERSION, naming.KIND, naming.PLURAL)
+SERVICES = ChildKind(naming.API_VERSION, naming.KIND, naming.PLURAL, status_read=True)
 """The InferenceServices themselves, as a collection to watch."""
 
 
@@ -117,9 +123,10 @@ class _ChildSink:
             self._watches.notify(kind.kind, item, listed=True)
 
     def changed(self, obj: Manifest) -> None:
-        if self._watches.cache.store(self._kind.kind, obj):
+        if self._watches.cache.store(self._kind.kind, obj, status_read=self._kind.status_read):
             self._watches.notify(self._kind.kind, obj)
-        # else the echo of the operator's own write: the reconcile that wrote it has seen it
+        # else the echo of the operator's own write (the reconcile that wrote it has seen
+        # it), or a status no reconcile reads
 
     def deleted(self, obj: Manifest) -> None:
         self._watches.cache.discard(self._kind.kind, obj)

@@ -93,3 +93,25 @@ def test_other_managers_entries_are_dropped_unless_the_operator_still_updates() 
     cache.store("Deployment", created)
     (kept,) = cache.owned("ns", "b", ("Deployment",))
     assert len(kept["metadata"]["managedFields"]) == 2
+
+
+def test_a_change_of_a_status_no_reconcile_reads_is_stored_but_is_no_news() -> None:
+    """A PodDisruptionBudget's status, say; a Deployment's (`status_read`) is always news."""
+    cache = ChildCache()
+    cache.replace("PodDisruptionBudget", "policy/v1", "ns", [])
+    budget = _obj("a-stable", "a", rv="1")
+    assert cache.store("PodDisruptionBudget", budget, status_read=False)  # a new object
+    counted = {**budget, "metadata": {**budget["metadata"], "resourceVersion": "2",
+               "managedFields": []}, "status": {"currentHealthy": 2}}  # fmt: skip
+    assert not cache.store("PodDisruptionBudget", counted, status_read=False)
+    (found,) = cache.owned("ns", "a", ("PodDisruptionBudget",))
+    assert found["status"] == {"currentHealthy": 2}, "stored all the same"
+    relabelled = {**counted, "metadata": {**counted["metadata"], "resourceVersion": "3",
+                  "labels": {**counted["metadata"]["labels"], "x": "y"}}}  # fmt: skip
+    assert cache.store("PodDisruptionBudget", relabelled, status_read=False)
+    respecced = {**relabelled, "metadata": {**relabelled["metadata"], "resourceVersion": "4"},
+                 "spec": {"minAvailable": 1}}  # fmt: skip
+    assert cache.store("PodDisruptionBudget", respecced, status_read=False)
+    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="5")])
+    ready = {**_obj("a-stable", "a", rv="6"), "status": {"readyReplicas": 1}}
+    assert cache.store("Deployment", ready)

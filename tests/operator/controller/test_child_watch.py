@@ -78,6 +78,21 @@ def test_a_pod_maps_by_its_instance_label_only_when_the_operator_manages_it() ->
     assert owner_key("Pod", pod) is None
 
 
+def test_a_status_no_reconcile_reads_queues_nothing_a_deployments_or_pods_does() -> None:
+    """`observe` reads the status of Deployments and pods only, and of no other child."""
+    keys: list[tuple[str, str]] = []
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
+    watches = ChildWatches(client, namespaces=["ns"], on_owner=keys.append)
+    queued = {}
+    for kind in CHILD_KINDS:
+        sink = _ChildSink(watches, kind, "ns")
+        sink.listed([_child("a-stable", "a", rv="1")], "1")
+        keys.clear()
+        sink.changed({**_child("a-stable", "a", rv="2"), "status": {"observedGeneration": 2}})
+        queued[kind.kind] = keys == [("ns", "a")]
+    assert {kind for kind, news in queued.items() if news} == {"Deployment", "Pod"}
+
+
 class _ApiServer(QuietHandler):
     """Deployments: list, a watch with events and a bookmark, 410 Gone, re-list, an open watch.
 
