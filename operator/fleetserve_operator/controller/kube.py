@@ -276,6 +276,11 @@ class KubeApi:
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped
                 client_configuration=configuration
             )
+        # Both loaders refresh the token before every request and set the host again, and
+        # each time the host is set the client looks the environment's proxy up again:
+        # about 2 % of the operator's CPU at 1000 services. Set once, as it is now, the
+        # proxy is the one every request already used (the connection pool was made with it).
+        configuration.proxy = configuration.proxy
         return cls(kubernetes.client.ApiClient(configuration), timeout_s=timeout_s)
 
     @property

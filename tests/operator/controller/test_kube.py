@@ -199,3 +199,35 @@ def test_a_checked_create_takes_its_fields_from_the_check_without_a_second_dry_r
     assert [e["operation"] for e in created["metadata"]["managedFields"]] == ["Apply"]
     kube.create(_deployment())  # unchecked: the dry-run is made after the POST
     assert _dry_runs(echo_server) == 2
+
+
+def test_the_environments_proxy_is_looked_up_once_not_before_every_request(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token's refresh before each request sets the host again, which looked it up."""
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "ctx",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "secret-token"}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+    }  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # Where $KUBECONFIG pointed when the client was imported.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    configuration = KubeApi.from_environment().api_client.configuration
+    assert configuration.proxy == "http://proxy.invalid:3128"
+    lookups: list[int] = []
+    looked_up = kubernetes.client.configuration.getproxies
+
+    def counted() -> dict[str, str]:
+        lookups.append(1)
+        return looked_up()
+
+    monkeypatch.setattr(kubernetes.client.configuration, "getproxies", counted)
+    for _ in range(3):  # what every request runs first
+        assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer secret-token"
+    assert lookups == []
+    assert configuration.proxy == "http://proxy.invalid:3128"
