@@ -78,18 +78,23 @@ class CachedKube:
         return self._api.validate(manifest, current=current)
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
-        """Through the API; the service as written is cached."""
-        return self._stored(self._api.apply_status(ref, status))
+        """Through the API; the service as written is cached (shared: do not edit it)."""
+        return self._stored(self._api.apply_status(ref, status), given=True)
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:
         """From `services` once it saw the service (alive or gone), else the API's."""
         if self._services.knows(namespace, name):
             return self._services.get(namespace, name)
-        return self._stored(self._api.get_inference_service(namespace, name))
+        return self._stored(self._api.get_inference_service(namespace, name), given=False)
 
-    def _stored(self, service: Manifest | None) -> Manifest | None:
+    def _stored(self, service: Manifest | None, *, given: bool) -> Manifest | None:
+        """`service` (an answer of the API) cached; `given`: the cache keeps it uncopied.
+
+        A status write's answer is the one copied most (every reconcile that reports
+        writes one); its caller only reads it. A read's answer is the reconcile's to edit.
+        """
         if service is not None:
-            self._services.store(service)
+            self._services.store(service, given=given)
         return service
 
     def pvc_exists(self, namespace: str, claim: str) -> bool:
@@ -101,5 +106,8 @@ class CachedKube:
         return self._api.read_secret(namespace, name, key)
 
     def remove_annotation(self, ref: ObjectRef, annotation: str) -> Manifest | None:
-        """Through the API; the service as written is cached (the command is not seen twice)."""
-        return self._stored(self._api.remove_annotation(ref, annotation))
+        """Through the API; the service as written is cached (the command is not seen twice).
+
+        Shared with the cache: do not edit it.
+        """
+        return self._stored(self._api.remove_annotation(ref, annotation), given=True)

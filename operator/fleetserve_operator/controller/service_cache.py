@@ -38,10 +38,11 @@ class ServiceCache:
         """The deletion seen of each service gone, until one of that name appears again."""
         self._guard = threading.Lock()
 
-    def store(self, obj: Manifest) -> None:
+    def store(self, obj: Manifest, *, given: bool = False) -> None:
         """A state of an InferenceService (a watch event, an answer to a write), kept if newer.
 
-        `obj` is copied: a caller may go on editing its own.
+        `obj` is copied, as a caller may go on editing its own, unless `given`: the caller
+        gives away an object no one else holds (one decoded for it), and never edits it.
         """
         key = object_key(obj)
         with self._guard:
@@ -49,17 +50,18 @@ class ServiceCache:
             if older is not None and not is_newer(obj, older):
                 return
             self._deleted.pop(key, None)
-            self._objects[key] = json_copy(obj)
+            self._objects[key] = obj if given else json_copy(obj)
 
     def replace(self, namespace: str | None, items: list[Manifest], version: str) -> None:
         """A listing of `namespace` (None: every namespace) at resourceVersion `version`.
 
-        Each item is stored as by `store`; a service known in that scope but not listed was
-        deleted while no watch ran, and leaves a tombstone at the listing's version.
+        Each item is stored as by `store`, given (a listing is decoded for this cache); a
+        service known in that scope but not listed was deleted while no watch ran, and
+        leaves a tombstone at the listing's version.
         """
         listed = {object_key(item) for item in items}
         for item in items:
-            self.store(item)
+            self.store(item, given=True)
         with self._guard:
             gone = [
                 key for key in self._objects if key not in listed and namespace in (None, key[0])

@@ -49,7 +49,7 @@ class ServiceSink:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
         before = self._services.generation(*key)
-        self._services.store(obj)
+        self._services.store(obj, given=True)
         # A service first seen here is a create, which kopf's create handler serves; one
         # whose new generation was already stored came through kopf's event handler first,
         # and its update handler follows.

@@ -13,7 +13,9 @@ from collections import Counter
 from typing import Any
 
 import kopf
+import pytest
 
+from fleetserve_operator.controller import service_cache
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.cached_kube import CachedKube
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
@@ -23,7 +25,7 @@ from fleetserve_operator.controller.kube import ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.sync import Sync
-from fleetserve_operator.records import Manifest
+from fleetserve_operator.records import Manifest, json_copy
 from fleetserve_operator.testing import FakeKube, make_service
 
 REF = ObjectRef(namespace="ns", name="demo", uid="uid-demo")
@@ -82,6 +84,31 @@ def test_a_service_the_watch_delivered_is_read_without_a_request() -> None:
     assert kube.get_inference_service("ns", "unseen") is not None
     assert kube.get_inference_service("ns", "unseen") is not None
     assert api.reads["unseen"] == 1, "read from the API once, then known"
+
+
+def test_a_service_stored_is_copied_unless_its_caller_gives_it_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A status write's answer, decoded for the cache, is kept as it is: no copy."""
+    copies: list[int] = []
+
+    def counted(obj: Manifest) -> Manifest:
+        copies.append(1)
+        return json_copy(obj)
+
+    monkeypatch.setattr(service_cache, "json_copy", counted)
+    services = ServiceCache()
+    mine = _service(10)
+    services.store(mine)
+    mine["metadata"]["labels"] = {"edited": "after"}
+    assert copies == [1]
+    assert "labels" not in services.get("ns", "demo")["metadata"]  # type: ignore[index]
+    api, kube = _kube(services)
+    api.add_service(_service(11))
+    copies.clear()
+    kube.apply_status(REF, {"phase": "Pending"})
+    assert copies == [], "the answer is the cache's"
+    assert services.get("ns", "demo")["status"] == {"phase": "Pending"}  # type: ignore[index]
 
 
 def test_a_status_written_is_read_back_and_an_older_event_does_not_undo_it() -> None:
