@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import kopf
@@ -355,23 +355,20 @@ def _log_failure(key: Key, trigger: str, exc: Exception) -> None:
         logger.error("%s %s/%s after a %s failed", what, *key, event, exc_info=exc)
 
 
+@dataclass(frozen=True, eq=False)
 class Handlers:
-    """The handler functions, bound to one `Sync` and its `Resyncer`."""
+    """The handler functions, bound to one `Sync` and its `Resyncer`.
 
-    def __init__(
-        self,
-        sync: Sync,
-        *,
-        retry_delay_s: float,
-        resyncer: Resyncer,
-        workers: QueueWorkers | None = None,
-        services: ServiceCache | None = None,
-    ) -> None:
-        self._sync = sync
-        self._delay_s = retry_delay_s
-        self._resyncer = resyncer
-        self._workers = workers
-        self._services = services
+    `retry_delay_s`: how long kopf waits before it retries a handler that raised a
+    temporary error.
+    """
+
+    sync: Sync
+    _: KW_ONLY
+    retry_delay_s: float
+    resyncer: Resyncer
+    workers: QueueWorkers | None = None
+    services: ServiceCache | None = None
 
     async def service_changed(self, body: kopf.Body, reason: str, **_: Any) -> None:
         """Converge and report on create, update and resume of an InferenceService.
@@ -389,18 +386,18 @@ class Handlers:
         trigger = str(reason)
         key = (meta["namespace"], meta["name"])
         try:
-            if self._workers is None:
-                error = await asyncio.to_thread(self._sync.run, dict(body), trigger=trigger)
+            if self.workers is None:
+                error = await asyncio.to_thread(self.sync.run, dict(body), trigger=trigger)
             elif reason == kopf.Reason.RESUME:
-                self._workers.resume(key)
+                self.workers.resume(key)
                 return
             else:
-                submitted = self._workers.submit_change(key, trigger=trigger)
+                submitted = self.workers.submit_change(key, trigger=trigger)
                 error = await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
-            raise _kopf_error(exc, delay_s=self._delay_s) from exc
+            raise _kopf_error(exc, delay_s=self.retry_delay_s) from exc
         if error is not None:
-            raise _kopf_error(error, delay_s=self._delay_s)
+            raise _kopf_error(error, delay_s=self.retry_delay_s)
 
     async def rollout_tick(self, body: kopf.Body, **_: Any) -> None:
         """Timer while `_is_ticking`: a step or an analysis falls due by the clock alone.
@@ -412,15 +409,15 @@ class Handlers:
         errors are raised (and retried).
         """
         try:
-            if self._workers is None:
-                await asyncio.to_thread(self._sync.run, dict(body), trigger="rollout")
+            if self.workers is None:
+                await asyncio.to_thread(self.sync.run, dict(body), trigger="rollout")
             else:
                 meta = body["metadata"]
                 key = (meta["namespace"], meta["name"])
-                submitted = self._workers.submit_change(key, trigger="rollout", lane=Lane.EVENT)
+                submitted = self.workers.submit_change(key, trigger="rollout", lane=Lane.EVENT)
                 await asyncio.wrap_future(submitted)
         except FleetserveError as exc:
-            raise _kopf_error(exc, delay_s=self._delay_s) from exc
+            raise _kopf_error(exc, delay_s=self.retry_delay_s) from exc
 
     async def service_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         """Keep the resync lane's list and the `ServiceCache`; on DELETED, forget the gauges.
@@ -432,18 +429,18 @@ class Handlers:
         """
         meta = body["metadata"]
         if type == "DELETED":
-            if self._services is not None:
-                self._services.discard(dict(body))
-            self._resyncer.forget(meta["namespace"], meta["name"])
-            await asyncio.to_thread(self._sync.forget, meta["namespace"], meta["name"])
+            if self.services is not None:
+                self.services.discard(dict(body))
+            self.resyncer.forget(meta["namespace"], meta["name"])
+            await asyncio.to_thread(self.sync.forget, meta["namespace"], meta["name"])
         else:
-            if self._services is not None:
-                self._services.store(dict(body))
-            self._resyncer.track(meta["namespace"], meta["name"])
+            if self.services is not None:
+                self.services.store(dict(body))
+            self.resyncer.track(meta["namespace"], meta["name"])
 
     def probe(self, **_: Any) -> int:
         """Liveness: the number of reconciles so far (kopf serves probes on /healthz)."""
-        return self._sync.reconcile_count
+        return self.sync.reconcile_count
 
 
 def register(

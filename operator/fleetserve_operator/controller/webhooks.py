@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 
 import requests
@@ -118,24 +119,21 @@ def _payload(
     )
 
 
+@dataclass(frozen=True, eq=False)
 class Webhooks:
     """Posts to a service's webhooks; `failures` counts what could not be delivered."""
 
-    def __init__(
-        self,
-        kube: Cluster,
-        failures: Counter,
-        *,
-        clock: Callable[[], datetime],
-        sleep: Callable[[float], None] = time.sleep,
-        allowlist: UrlAllowlist | None = None,
-    ) -> None:
-        self._kube = kube
-        self._allowlist = allowlist
-        self._failures = failures
-        self._clock = clock
-        self._sleep = sleep
-        self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks")
+    kube: Cluster
+    failures: Counter
+    _: KW_ONLY
+    clock: Callable[[], datetime]
+    sleep: Callable[[float], None] = time.sleep
+    allowlist: UrlAllowlist | None = None
+    notifier: ThreadPoolExecutor = field(
+        init=False,
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhooks"),
+    )
+    """Delivers notifications one at a time, off the reconcile's thread."""
 
     def confirm(
         self,
@@ -147,23 +145,23 @@ class Webhooks:
         """Ask every `confirm` webhook whether the step may go from `before` to `after`."""
         hooks = spec.rollout.webhooks_of(WebhookType.CONFIRM)
         message = f"advance from {before.canary_weight}% to {after.canary_weight}%?"
-        payload = _payload(ref, before, CONFIRM_EVENT, message, self._clock())
+        payload = _payload(ref, before, CONFIRM_EVENT, message, self.clock())
         payload = payload.model_copy(update={"next_weight": after.canary_weight})
         for hook in hooks:
             failure = self._post(ref, hook, payload)
             if failure is not None:
-                self._failures.labels(WebhookType.CONFIRM.value, failure[0]).inc()
+                self.failures.labels(WebhookType.CONFIRM.value, failure[0]).inc()
                 return rollout.Confirmation(False, f"confirm webhook {hook.name}: {failure[1]}")
         return rollout.Confirmation(True, "confirmed by " + ", ".join(h.name for h in hooks))
 
     def notify(self, ref: ObjectRef, action: rollout.Notify) -> None:
         """Queue the notification; it is sent after the ones queued before it."""
-        payload = _payload(ref, action.status, action.event.value, action.message, self._clock())
-        self._notifier.submit(self._deliver, ref, action.webhook, payload)
+        payload = _payload(ref, action.status, action.event.value, action.message, self.clock())
+        self.notifier.submit(self._deliver, ref, action.webhook, payload)
 
     def drain(self, timeout_s: float = 60.0) -> None:
         """Wait until every queued notification was sent or given up (tests, shutdown)."""
-        self._notifier.submit(lambda: None).result(timeout=timeout_s)
+        self.notifier.submit(lambda: None).result(timeout=timeout_s)
 
     def _deliver(self, ref: ObjectRef, hook: WebhookSpec, payload: WebhookPayload) -> None:
         try:
@@ -173,9 +171,9 @@ class Webhooks:
             failure = ("error", "an unexpected error (see the operator's log)")
         if failure is None:
             return
-        self._failures.labels(WebhookType.NOTIFY.value, failure[0]).inc()
+        self.failures.labels(WebhookType.NOTIFY.value, failure[0]).inc()
         detail = f"webhook {hook.name} ({payload.event}): {failure[1]}"
-        self._kube.post_event(ref, EventNote("Warning", "WebhookFailed", detail))
+        self.kube.post_event(ref, EventNote("Warning", "WebhookFailed", detail))
 
     def _prepare(
         self, ref: ObjectRef, hook: WebhookSpec, body: bytes, headers: dict[str, str]
@@ -185,15 +183,15 @@ class Webhooks:
         A URL outside the allowlist is refused here too, whichever path asked for the call,
         and a webhook with a `secretRef` whose key cannot be read is never called unsigned.
         """
-        if self._allowlist is not None:
+        if self.allowlist is not None:
             try:
-                self._allowlist.check(hook.url, "url")
+                self.allowlist.check(hook.url, "url")
             except InvalidSpec as exc:
                 return "refused", str(exc)
         if hook.secret_ref is not None:
             secret = hook.secret_ref
             try:
-                key = self._kube.read_secret(ref.namespace, secret.name, secret.key)
+                key = self.kube.read_secret(ref.namespace, secret.name, secret.key)
             except ClusterUnavailable as exc:
                 return "secret", f"Secret {secret.name} could not be read: {exc}"
             if key is None:
@@ -214,7 +212,7 @@ class Webhooks:
         failure = ("unreachable", "not sent")
         for attempt in range(hook.retries + 1):
             if attempt:
-                self._sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S)) - 1])
+                self.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S)) - 1])
             try:
                 answer = requests.post(
                     hook.url, data=body, headers=headers, timeout=timeout_s, allow_redirects=False
