@@ -23,14 +23,14 @@ import ssl
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from fleetserve_e2e.lifecycle import Component
+from fleetserve_e2e.lifecycle import Component, started
 from fleetserve_e2e.pki import LocalCa, issue_loopback_cert
 
 FaultKind = Literal["stall", "cut", "error"]
@@ -261,23 +261,28 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.record(ServedRequest(self.command, path, requested_range, status, kind))
 
 
+@dataclass(eq=False)
 class HttpsFileServer(Component):
     """Context manager serving ``root`` over HTTPS on 127.0.0.1; stopped on exit.
 
-    Args:
+    Nothing starts before ``__enter__``.
+
+    Attributes:
         root: The directory served (files may be added while it runs).
         ca: The CA that signs the server's certificate.
         tls_dir: Where the certificate and key are written.
     """
 
-    def __init__(self, root: Path, ca: LocalCa, tls_dir: Path) -> None:
-        """Configure; nothing starts before ``__enter__``."""
-        self.root = root
-        self.ca_cert = ca.cert
-        self._ca = ca
-        self._tls_dir = tls_dir
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+    root: Path
+    ca: LocalCa
+    tls_dir: Path
+    _server: _Server | None = field(default=None, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+
+    @property
+    def ca_cert(self) -> Path:
+        """The PEM CA that signed the server's certificate."""
+        return self.ca.cert
 
     @property
     def url(self) -> str:
@@ -315,12 +320,10 @@ class HttpsFileServer(Component):
             server.headers.clear()
 
     def _running(self) -> _Server:
-        if self._server is None:
-            raise RuntimeError("the file server has not started")
-        return self._server
+        return started(self._server, "the file server")
 
     def _start(self) -> None:
-        tls = issue_loopback_cert(self._ca, self._tls_dir, FILES_SERVER_NAME)
+        tls = issue_loopback_cert(self.ca, self.tls_dir, FILES_SERVER_NAME)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(tls.cert, tls.key)
         self.root.mkdir(parents=True, exist_ok=True)

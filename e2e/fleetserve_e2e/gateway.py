@@ -24,6 +24,7 @@ import os
 import shutil
 import stat
 import subprocess
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from fleetserve_e2e.cluster import LocalCluster
@@ -190,33 +191,30 @@ def is_programmed(kube: KubeClient, namespace: str, name: str) -> bool:
     return any(c["type"] == "Programmed" and c["status"] == "True" for c in conditions)
 
 
+@dataclass(eq=False)
 class LocalTraefik(Component):
     """Traefik on 127.0.0.1, serving the Gateways of its class in `cluster`.
 
-    Args:
+    Nothing starts before ``__enter__``.
+
+    Attributes:
         cluster: The cluster whose Gateway API objects Traefik reads (admin kubeconfig).
         log_path: Where Traefik's log goes.
         binary: The Traefik command; :func:`ensure_traefik` when None.
         start_timeout_s: How long Traefik may take to answer its ping endpoint.
+        port: The traffic entry point's port, which a Gateway's listener names.
+        ping_port: The port of Traefik's API and ping endpoint.
+        process: Traefik, once started.
     """
 
-    def __init__(
-        self,
-        cluster: LocalCluster,
-        log_path: Path,
-        *,
-        binary: Path | None = None,
-        start_timeout_s: float = 60.0,
-    ) -> None:
-        """Configure; nothing starts before ``__enter__``."""
-        self._cluster = cluster
-        self._log_path = log_path
-        self._binary = binary
-        self._timeout_s = start_timeout_s
-        self.port = 0
-        """The traffic entry point's port, which a Gateway's listener names."""
-        self.ping_port = 0
-        self.process: ManagedProcess | None = None
+    cluster: LocalCluster
+    log_path: Path
+    _: KW_ONLY
+    binary: Path | None = None
+    start_timeout_s: float = 60.0
+    port: int = field(default=0, init=False)
+    ping_port: int = field(default=0, init=False)
+    process: ManagedProcess | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
@@ -249,13 +247,15 @@ class LocalTraefik(Component):
         ]
 
     def _start(self) -> None:
-        binary = self._binary or ensure_traefik()
+        binary = self.binary or ensure_traefik()
         self.port, self.ping_port = free_ports(2)
-        env = {**isolated_env(os.environ), "KUBECONFIG": str(self._cluster.kubeconfig)}
-        process = start_process("traefik", self.argv(binary), log_path=self._log_path, env=env)
+        env = {**isolated_env(os.environ), "KUBECONFIG": str(self.cluster.kubeconfig)}
+        process = start_process("traefik", self.argv(binary), log_path=self.log_path, env=env)
         self.process = process
         ping = f"{self.api_url}/ping"
-        wait_until(lambda: process.answers(ping), timeout_s=self._timeout_s, what=f"Traefik {ping}")
+        wait_until(
+            lambda: process.answers(ping), timeout_s=self.start_timeout_s, what=f"Traefik {ping}"
+        )
 
     def close(self) -> None:
         """Stop Traefik (idempotent)."""

@@ -12,7 +12,9 @@ import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
+
+T = TypeVar("T")
 
 
 class Component(ABC):
@@ -68,3 +70,14 @@ class WorkDir:
         """Remove an owned dir that was made (idempotent); a given one stays."""
         if self._owned and self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
+
+
+def started(value: T | None, what: str) -> T:
+    """Return what a component made at start.
+
+    Raises:
+        RuntimeError: ``value`` is None: ``what`` has not started.
+    """
+    if value is None:
+        raise RuntimeError(f"{what} has not started")
+    return value

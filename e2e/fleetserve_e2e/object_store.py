@@ -27,7 +27,7 @@ from typing import Any
 import urllib3
 from minio import Minio
 
-from fleetserve_e2e.lifecycle import Component, WorkDir
+from fleetserve_e2e.lifecycle import Component, WorkDir, started
 from fleetserve_e2e.pki import LocalCa, TlsFiles, issue_loopback_cert
 from fleetserve_e2e.ports import PortSet
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
@@ -238,9 +238,7 @@ class LocalObjectStore(Component):
         Raises:
             RuntimeError: The server has not started.
         """
-        if self._store is None:
-            raise RuntimeError("the object store has not started")
-        return self._store
+        return started(self._store, "the object store")
 
     def _start(self) -> None:
         binary = ensure_seaweedfs()

@@ -24,7 +24,7 @@ from typing import Any
 import bcrypt
 import httpx
 
-from fleetserve_e2e.lifecycle import Component, WorkDir
+from fleetserve_e2e.lifecycle import Component, WorkDir, started
 from fleetserve_e2e.pki import LocalCa, TlsFiles, issue_loopback_cert
 from fleetserve_e2e.ports import free_port
 from fleetserve_e2e.processes import MARKER_ENV, ManagedProcess, start_process
@@ -148,9 +148,7 @@ class LocalOciRegistry(Component):
         Raises:
             RuntimeError: The registry has not started.
         """
-        if self._registry is None:
-            raise RuntimeError("the registry has not started")
-        return self._registry
+        return started(self._registry, "the registry")
 
     def _start(self) -> None:
         binary = ensure_registry()

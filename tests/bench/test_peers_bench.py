@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.peers.cli import Ports, parse_port, parse_ports
 from bench.peers_bench import (
     CHECK_TEXTS,
     MIN_COSINE,
@@ -186,5 +187,8 @@ def test_a_peer_with_side_listeners_is_given_their_ports() -> None:
     python = Path("/venv/bin/python")
     mlserver = server_command(PEERS["mlserver"], python, (8000, 8001, 8002), args)
     assert mlserver[-4:] == ["--port=8000", "--side-ports", "8001", "8002"]
-    assert server_command(PEERS["fastapi"], python, (8000,), args)[-1] == "--port=8000"
+    assert parse_ports(mlserver[-4:]) == Ports(http=8000, grpc=8001, metrics=8002)
+    fastapi = server_command(PEERS["fastapi"], python, (8000,), args)
+    assert fastapi[-1] == "--port=8000"
+    assert parse_port(fastapi[-1:]) == 8000
     assert PEERS["pytriton"].side_ports == PEERS["mlserver"].side_ports == 2

@@ -5,19 +5,18 @@ Usage: ``python -m bench.peers.bentoml.server --port N`` (in the peer's virtuale
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
+
+from bench.peers.cli import parse_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def main() -> None:
     """Replace this process with ``bentoml serve``, the way BentoML's docs start a service."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
+    port = parse_port()
     bentoml = str(Path(sys.executable).with_name("bentoml"))
     argv = [
         bentoml,
@@ -25,7 +24,7 @@ def main() -> None:
         "bench.peers.bentoml.service:MiniLMService",
         f"--working-dir={REPO_ROOT}",
         "--host=127.0.0.1",
-        f"--port={args.port}",
+        f"--port={port}",
     ]
     os.execv(bentoml, argv)
 

@@ -8,12 +8,11 @@ Usage: ``python -m bench.peers.fastapi.server --port N``
 
 from __future__ import annotations
 
-import argparse
-
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from bench.peers.cli import parse_port
 from bench.peers.encoder import MiniLM
 
 
@@ -46,10 +45,8 @@ def build_app(model: MiniLM) -> FastAPI:
 
 def main() -> None:
     """Load the model, then serve on 127.0.0.1."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    uvicorn.run(build_app(MiniLM()), host="127.0.0.1", port=args.port, log_level="warning")
+    port = parse_port()
+    uvicorn.run(build_app(MiniLM()), host="127.0.0.1", port=port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ Usage: ``python -m bench.peers.litserve.server --port N`` (in the peer's virtual
 
 # No `from __future__ import annotations`: LitServe reads decode_request's annotation at
 # run time to build the request body's schema, and a string annotation fails every request.
-import argparse
 from typing import Any
 
 import litserve as ls
 import numpy as np
 import numpy.typing as npt
 
+from bench.peers.cli import parse_port
 from bench.peers.encoder import MiniLM
 
 
@@ -54,12 +54,10 @@ class MiniLMAPI(ls.LitAPI):
 
 def main() -> None:
     """Serve on 127.0.0.1 with one CPU worker."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
+    port = parse_port()
     api = MiniLMAPI(max_batch_size=32, batch_timeout=0.01)
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1)
-    server.run(host="127.0.0.1", port=args.port, generate_client_file=False)
+    server.run(host="127.0.0.1", port=port, generate_client_file=False)
 
 
 if __name__ == "__main__":

@@ -11,27 +11,22 @@ Usage, in the peer's virtualenv: ``python -m bench.peers.mlserver.server --port 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
+from bench.peers.cli import parse_ports
+
 
 def main() -> None:
     """Replace this process with ``mlserver start`` configured for 127.0.0.1:``--port``."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument(
-        "--side-ports", type=int, nargs=2, required=True, metavar=("GRPC", "METRICS")
-    )
-    args = parser.parse_args()
-    grpc_port, metrics_port = args.side_ports
+    ports = parse_ports()
     env = {
         **os.environ,
         "MLSERVER_HOST": "127.0.0.1",
-        "MLSERVER_HTTP_PORT": str(args.port),
-        "MLSERVER_GRPC_PORT": str(grpc_port),
-        "MLSERVER_METRICS_PORT": str(metrics_port),
+        "MLSERVER_HTTP_PORT": str(ports.http),
+        "MLSERVER_GRPC_PORT": str(ports.grpc),
+        "MLSERVER_METRICS_PORT": str(ports.metrics),
         # MLServer 1.7.1's inference pool workers die at start under the pinned uvloop
         # ("There is no current event loop"), so inference runs in the server process, as
         # MLServer's docs describe for parallel_workers 0.

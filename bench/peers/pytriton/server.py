@@ -14,7 +14,6 @@ Usage, in the peer's virtualenv: ``python -m bench.peers.pytriton.server --port 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sysconfig
 
@@ -24,18 +23,13 @@ from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
+from bench.peers.cli import parse_ports
 from bench.peers.encoder import MiniLM
 
 
 def main() -> None:
     """Bind the model and serve until stopped."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument(
-        "--side-ports", type=int, nargs=2, required=True, metavar=("GRPC", "METRICS")
-    )
-    args = parser.parse_args()
-    grpc_port, metrics_port = args.side_ports
+    ports = parse_ports()
     model = MiniLM()
     # Triton's Python backend stub links libpython3.11 dynamically; without this it finds the
     # system's, whose C objects do not match this interpreter's standard library (PyTriton's
@@ -51,10 +45,10 @@ def main() -> None:
 
     config = TritonConfig(
         http_address="127.0.0.1",
-        http_port=args.port,
+        http_port=ports.http,
         grpc_address="127.0.0.1",
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
+        grpc_port=ports.grpc,
+        metrics_port=ports.metrics,
     )
     with Triton(config=config) as triton:
         triton.bind(

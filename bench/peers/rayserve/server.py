@@ -14,13 +14,13 @@ Usage: ``python -m bench.peers.rayserve.server --port N`` (in the peer's virtual
 
 from __future__ import annotations
 
-import argparse
 import signal
 
 import ray
 from ray import serve
 from starlette.requests import Request
 
+from bench.peers.cli import parse_port
 from bench.peers.encoder import MiniLM
 
 
@@ -45,11 +45,9 @@ class MiniLMDeployment:
 
 def main() -> None:
     """Start Ray and Serve on 127.0.0.1, deploy, and wait for SIGTERM."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
+    port = parse_port()
     ray.init(num_cpus=1, include_dashboard=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
     # The decorator made the class a Deployment, which mypy cannot see through Any.
     serve.run(MiniLMDeployment.bind(), route_prefix="/embed")  # type: ignore[attr-defined]
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

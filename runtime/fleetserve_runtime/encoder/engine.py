@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 from fleetserve_runtime.core.cache import ResultCache, cache_key
 from fleetserve_runtime.core.config import RuntimeConfig
@@ -149,6 +149,7 @@ class _Ticket:
 _Item = PendingItem[LoadedModel]
 
 
+@dataclass(eq=False)
 class EncoderEngine:
     """Queue, scheduler task and executor of one model name; create inside a running loop.
 
@@ -156,36 +157,33 @@ class EncoderEngine:
     its own outcome callback.
     """
 
-    def __init__(
-        self,
-        config: RuntimeConfig,
-        *,
-        registry: ModelRegistry,
-        buckets: BucketPolicy,
-        cache: ResultCache,
-        metrics: RuntimeMetrics,
-        make_executor: Callable[[Callable[[BatchOutcome], None]], Executor],
-        clock: Callable[[], float] = time.monotonic,
+    config: RuntimeConfig
+    _: KW_ONLY
+    registry: ModelRegistry
+    buckets: BucketPolicy
+    cache: ResultCache
+    metrics: RuntimeMetrics
+    make_executor: InitVar[Callable[[Callable[[BatchOutcome], None]], Executor]]
+    clock: Callable[[], float] = time.monotonic
+    queue: RequestQueue[LoadedModel] = field(init=False)
+    executor: Executor = field(init=False)
+    """Built here, from the caller's settings, because its outcomes must come back here."""
+    _inflight_requests: int = field(default=0, init=False)
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop, init=False)
+    _waiter: asyncio.Future[None] | None = field(default=None, init=False)
+    """Resolved to wake the scheduler; None while it is planning."""
+    _scheduler: asyncio.Task[None] | None = field(default=None, init=False)
+    _stopping: bool = field(default=False, init=False)
+
+    def __post_init__(
+        self, make_executor: Callable[[Callable[[BatchOutcome], None]], Executor]
     ) -> None:
-        self._config = config
-        self._registry = registry
-        self._buckets = buckets
-        self._cache = cache
-        self._metrics = metrics
-        self._clock = clock
-        self.queue: RequestQueue[LoadedModel] = RequestQueue(
-            max_size=config.queue.max_queue_size,
-            retry_after_s=config.queue.retry_after_s,
-            aging_s=config.queue.priority_aging_ms / 1000,
+        self.queue = RequestQueue(
+            max_size=self.config.queue.max_queue_size,
+            retry_after_s=self.config.queue.retry_after_s,
+            aging_s=self.config.queue.priority_aging_ms / 1000,
         )
-        self._inflight_requests = 0
-        self._loop = asyncio.get_running_loop()
-        self._waiter: asyncio.Future[None] | None = None
-        """Resolved to wake the scheduler; None while it is planning."""
         self.executor = make_executor(self._on_batch_done)
-        """Built here, from the caller's settings, because its outcomes must come back here."""
-        self._scheduler: asyncio.Task[None] | None = None
-        self._stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -225,12 +223,12 @@ class EncoderEngine:
         if self._stopping:
             msg = "server is shutting down"
             raise ModelNotReady(msg)
-        model = self._registry.get(call.version)
-        now = self._clock()
+        model = self.registry.get(call.version)
+        now = self.clock()
         deadline = now + self._timeout_s(call.timeout_ms)
         request = _Request(self._loop.create_future(), [None] * len(call.instances), StageTimings())
         items: list[_Item] = []
-        max_chars = self._config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
+        max_chars = self.config.batching.max_sequence_length * MAX_CHARS_PER_TOKEN
         context = current_request()
         request_id = context.request_id if context is not None else None
         for index, raw in enumerate(call.instances):
@@ -242,7 +240,7 @@ class EncoderEngine:
                 request.results[index] = cached
                 continue
             ticket = _Ticket(request, index, key)
-            self._buckets.observe(prepared.length)
+            self.buckets.observe(prepared.length)
             items.append(
                 PendingItem(
                     length=prepared.length,
@@ -252,7 +250,7 @@ class EncoderEngine:
                     group=model,
                     payload=prepared,
                     ticket=ticket,
-                    bucket=self._buckets.bucket_of(prepared.length),
+                    bucket=self.buckets.bucket_of(prepared.length),
                     request_id=request_id,
                     tenant=CURRENT_TENANT.get(),
                 )
@@ -267,7 +265,7 @@ class EncoderEngine:
     async def _await_items(self, request: _Request, items: list[_Item], deadline: float) -> None:
         self._inflight_requests += 1
         request.timer = self._loop.call_later(
-            max(0.0, deadline - self._clock()), self._on_deadline, request, items
+            max(0.0, deadline - self.clock()), self._on_deadline, request, items
         )
         try:
             await request.future
@@ -282,7 +280,7 @@ class EncoderEngine:
 
     def _on_deadline(self, request: _Request, items: list[_Item]) -> None:
         """At the deadline: withdraw what is not computing; the rest gets `RESULT_GRACE_S`."""
-        now = self._clock()
+        now = self.clock()
         for item in self._withdraw(items):
             _expire(item, now)
         request.timer = (
@@ -306,7 +304,7 @@ class EncoderEngine:
         return withdrawn
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
-        limits = self._config.queue
+        limits = self.config.queue
         timeout_ms = resolve_timeout(
             timeout_ms,
             default=limits.default_timeout_ms,
@@ -316,11 +314,11 @@ class EncoderEngine:
         return timeout_ms / 1000
 
     def _cache_key(self, model: LoadedModel, instance: object, truncate: bool) -> bytes | None:
-        if not self._cache.enabled:
+        if not self.cache.enabled:
             return None
         tenant = CURRENT_TENANT.get()
         return cache_key(
-            model=self._config.name,
+            model=self.config.name,
             version=f"{model.version}#{model.generation}",
             instance=instance,
             params={"truncate": truncate},
@@ -330,9 +328,9 @@ class EncoderEngine:
     def _cache_lookup(self, model: LoadedModel, key: bytes | None) -> ItemResult | None:
         if key is None:
             return None
-        labels = self._metrics.labels(model.version)
-        cached = self._cache.get(key)
-        (self._metrics.cache_misses if cached is None else self._metrics.cache_hits).labels(
+        labels = self.metrics.labels(model.version)
+        cached = self.cache.get(key)
+        (self.metrics.cache_misses if cached is None else self.metrics.cache_hits).labels(
             *labels
         ).inc()
         return cached
@@ -340,7 +338,7 @@ class EncoderEngine:
     # -- scheduling --------------------------------------------------------------------
 
     def _limits(self, model: LoadedModel | None) -> BatchLimits:
-        batching, queue = self._config.batching, self._config.queue
+        batching, queue = self.config.batching, self.config.queue
         return BatchLimits(
             max_batch_size=batching.max_batch_size,
             max_queue_delay_s=batching.max_queue_delay_ms / 1000,
@@ -365,7 +363,7 @@ class EncoderEngine:
         waiter = self._waiter = self._loop.create_future()
         timer: asyncio.TimerHandle | None = None
         if wake_at is not None:
-            timer = self._loop.call_later(max(0.0, wake_at - self._clock()), self._wake)
+            timer = self._loop.call_later(max(0.0, wake_at - self.clock()), self._wake)
         try:
             await waiter
         finally:
@@ -375,10 +373,10 @@ class EncoderEngine:
 
     async def _schedule(self) -> None:
         while True:
-            now = self._clock()
+            now = self.clock()
             wake_at: float | None
             if self.executor.has_capacity:
-                active = self._registry.active if self._registry.is_ready else None
+                active = self.registry.active if self.registry.is_ready else None
                 remaining = self.executor.remaining_s()
                 not_before = None if remaining is None else now + remaining
                 plan = plan_batch(self.queue, now, self._limits(active), not_before=not_before)
@@ -395,7 +393,7 @@ class EncoderEngine:
             await self._sleep(wake_at)
 
     def _submit(self, batch: Batch[LoadedModel]) -> None:
-        layout = BatchLayout(pad_to=batch.pad_to, packed=self._config.batching.packing)
+        layout = BatchLayout(pad_to=batch.pad_to, packed=self.config.batching.packing)
         job = BatchJob(batch, batch.group, layout)
         for index, item in enumerate(batch.items):
             ticket: _Ticket = item.ticket
@@ -409,7 +407,7 @@ class EncoderEngine:
     def _deliver(self, outcome: BatchOutcome) -> None:
         """Resolve the futures of a finished batch (on the event loop)."""
         job, batch = outcome.job, outcome.job.batch
-        done = self._clock()
+        done = self.clock()
         compute_s = outcome.compute_s
         batch_s = max(0.0, done - compute_s - batch.formed_at)
         # Withdrawn items were answered when they were withdrawn, and never computed.
@@ -423,7 +421,7 @@ class EncoderEngine:
             ticket: _Ticket = item.ticket
             waits.append(batch.formed_at - item.enqueued_at)
             if item.tenant is not None:
-                self._metrics.tenants.observe_queue_wait(item.tenant.name, waits[-1])
+                self.metrics.tenants.observe_queue_wait(item.tenant.name, waits[-1])
             if ticket.answered:
                 continue
             if isinstance(result, FleetserveError):
@@ -438,7 +436,7 @@ class EncoderEngine:
         if not computed:
             return
         version = job.model.version
-        metrics = self._metrics
+        metrics = self.metrics
         metrics.observe_batch(
             version,
             size=len(computed),
@@ -454,7 +452,7 @@ class EncoderEngine:
 
     def _cache_put(self, key: bytes, result: ItemResult) -> None:
         try:
-            self._cache.put(key, result)
+            self.cache.put(key, result)
         except (TypeError, ValueError):
             # A result the cache cannot size (not JSON-serialisable) is simply not cached;
             # it must never keep the batch's other requests from being answered.

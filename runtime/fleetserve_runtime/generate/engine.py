@@ -22,7 +22,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import InitVar, dataclass, field, replace
 
 from fleetserve_runtime.core.errors import InvalidInput, ModelNotReady
 from fleetserve_runtime.core.liveness import RunningBatch
@@ -46,51 +46,48 @@ from fleetserve_runtime.models.causal_lm import CausalLM, TextCodec
 __all__ = ["GenerationEngine"]
 
 
+@dataclass(eq=False, kw_only=True)
 class GenerationEngine:
     """Serves `GenerationRequest`s of one loaded model; see the module docstring."""
 
-    def __init__(
-        self,
-        *,
-        lm: CausalLM,
-        codec: TextCodec,
-        limits: EngineLimits,
-        metrics: GenerationMetrics,
-        context_length: int,
-        clock: Callable[[], float] = time.monotonic,
-        version: str = "",
-    ) -> None:
-        self._lm = lm
-        self._codec = codec
-        self.limits = limits
-        self.context_length = context_length
-        self.version = version
-        self._clock = clock
+    lm: CausalLM
+    codec: TextCodec
+    limits: EngineLimits
+    metrics: InitVar[GenerationMetrics]
+    context_length: int
+    clock: Callable[[], float] = time.monotonic
+    version: str = ""
+    _core: EngineCore = field(init=False)
+    _prompts: PromptProcessor = field(init=False)
+    _grammars: GrammarCompiler = field(init=False)
+    _queue: QueueBound = field(init=False)
+    _ids: itertools.count[int] = field(default_factory=itertools.count, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _open_streams: int = field(default=0, init=False)
+
+    def __post_init__(self, metrics: GenerationMetrics) -> None:
         self._core = EngineCore(
-            lm=lm,
-            codec=codec,
-            limits=limits,
-            metrics=metrics.for_version(version),
-            context_length=context_length,
-            clock=clock,
+            lm=self.lm,
+            codec=self.codec,
+            limits=self.limits,
+            metrics=metrics.for_version(self.version),
+            context_length=self.context_length,
+            clock=self.clock,
         )
         self._prompts = PromptProcessor(
-            codec=codec,
-            vocab_size=lm.vocab_size,
-            context_length=context_length,
-            kv_capacity=limits.num_blocks * limits.block_size,
+            codec=self.codec,
+            vocab_size=self.lm.vocab_size,
+            context_length=self.context_length,
+            kv_capacity=self.limits.num_blocks * self.limits.block_size,
         )
-        self._grammars = GrammarCompiler(codec, lm.vocab_size)
-        self._queue = QueueBound(limits.max_queue_size, limits.retry_after_s)
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._open_streams = 0
+        self._grammars = GrammarCompiler(self.codec, self.lm.vocab_size)
+        self._queue = QueueBound(self.limits.max_queue_size, self.limits.retry_after_s)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         """Allocate the model's KV pool and start the worker thread."""
-        self._lm.allocate_cache(self.limits.num_blocks, self.limits.block_size)
+        self.lm.allocate_cache(self.limits.num_blocks, self.limits.block_size)
         self._thread = threading.Thread(
             target=self._core.run, name="fleetserve-generate", daemon=True
         )
@@ -184,7 +181,7 @@ class GenerationEngine:
         # Again: others may have queued while a long prompt was tokenised.
         self._queue.check(self._core.num_waiting)
         tenant = CURRENT_TENANT.get()
-        arrived_at = self._clock()
+        arrived_at = self.clock()
         cache_root = salt_root(request.cache_salt, None if tenant is None else tenant.name)
         stream = GenerationStream(
             prompt_tokens=len(prompt), request_id=request.request_id, on_end=self._stream_ended
@@ -208,9 +205,9 @@ class GenerationEngine:
             # vLLM's: a seeded request's choice i draws from seed + i, so they differ.
             seed = None if params.seed is None else params.seed + index
             sampling = RowSampling.of(
-                replace(params, seed=seed), self._codec.eos_token_ids, grammars[index]
+                replace(params, seed=seed), self.codec.eos_token_ids, grammars[index]
             )
-            decoder = self._codec.decoder()
+            decoder = self.codec.decoder()
             stops = StopMatcher(params.stop)
             works.append(
                 EngineRequest(
@@ -239,7 +236,7 @@ class GenerationEngine:
     @property
     def vocab_size(self) -> int:
         """Token ids of the model are 0 to `vocab_size - 1`."""
-        return self._lm.vocab_size
+        return self.lm.vocab_size
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         """The token ids `submit` would compute for the request's prompt, under its bounds."""
@@ -247,24 +244,24 @@ class GenerationEngine:
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """The text of `token_ids`, special tokens skipped (`tokens`: ids in the vocabulary)."""
-        vocab = self._lm.vocab_size
+        vocab = self.lm.vocab_size
         wrong = [token for token in token_ids if not 0 <= token < vocab]
         if wrong:
             msg = f"tokens: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
             raise InvalidInput(msg, param="tokens")
-        return self._codec.decode(token_ids)
+        return self.codec.decode(token_ids)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         """`InvalidInput` naming `logit_bias` or `stop_token_ids` for an id past the vocabulary."""
-        vocab = self._lm.vocab_size
-        for field, ids in (
+        vocab = self.lm.vocab_size
+        for param, ids in (
             ("logit_bias", [token for token, _ in params.logit_bias]),
             ("stop_token_ids", params.stop_token_ids),
         ):
             wrong = [token for token in ids if not 0 <= token < vocab]
             if wrong:
-                msg = f"{field}: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
-                raise InvalidInput(msg, param=field)
+                msg = f"{param}: token id {wrong[0]} is not in the vocabulary (0 to {vocab - 1})"
+                raise InvalidInput(msg, param=param)
 
     async def _grammar_states(
         self, params: SamplingParams, count: int

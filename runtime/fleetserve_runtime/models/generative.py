@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import torch
@@ -76,38 +76,30 @@ class GenerativeOptions:
         return self.dtype == "int8"
 
 
+@dataclass(eq=False)
 class GenerativeHandler:
     """One generative model version: metadata at once, its LM and codec after `load`.
 
     `build(device, options)` does the loading; `options` cap the context and pick the dtype.
     """
 
-    def __init__(
-        self,
-        name: str,
-        version: str,
-        *,
-        platform: str,
-        source: str,
-        build: Callable[[torch.device, GenerativeOptions], LoadedLM],
-        options: GenerativeOptions,
-    ) -> None:
-        self.source = source
-        """Where the weights come from, for logs and the metadata endpoint."""
-        self._name = name
-        self._version = version
-        self._platform = platform
-        self._build = build
-        self._options = options
-        self._loaded: LoadedLM | None = None
+    name: str
+    version: str
+    _: KW_ONLY
+    platform: str
+    source: str
+    """Where the weights come from, for logs and the metadata endpoint."""
+    build: Callable[[torch.device, GenerativeOptions], LoadedLM]
+    options: GenerativeOptions
+    _loaded: LoadedLM | None = field(default=None, init=False, repr=False)
 
     @property
     def metadata(self) -> ModelMetadata:
         """Name, version and the OIP generate extension's text tensors; the context once loaded."""
         return ModelMetadata(
-            name=self._name,
-            version=self._version,
-            platform=self._platform,
+            name=self.name,
+            version=self.version,
+            platform=self.platform,
             inputs=(TensorSpec("text_input", "BYTES", (1,)),),
             outputs=(TensorSpec("text_output", "BYTES", (1,)),),
             max_sequence_length=self.context_length if self._loaded is not None else 0,
@@ -115,7 +107,7 @@ class GenerativeHandler:
 
     def load(self, device: torch.device) -> None:
         """Load the weights onto `device` and build the LM; called once, off the event loop."""
-        self._loaded = self._build(device, self._options)
+        self._loaded = self.build(device, self.options)
 
     @property
     def lm(self) -> CausalLM:
@@ -131,7 +123,7 @@ class GenerativeHandler:
     def context_length(self) -> int:
         """Longest sequence (prompt plus output) served, in tokens: `max_context` caps it."""
         own = self._require().context_length
-        cap = self._options.max_context
+        cap = self.options.max_context
         return min(own, cap) if cap else own
 
     def weights_bytes(self) -> int:
@@ -144,7 +136,7 @@ class GenerativeHandler:
 
     def _require(self) -> LoadedLM:
         if self._loaded is None:
-            msg = f"model {self._name!r} version {self._version!r} is not loaded"
+            msg = f"model {self.name!r} version {self.version!r} is not loaded"
             raise RuntimeError(msg)
         return self._loaded
 

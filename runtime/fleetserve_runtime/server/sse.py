@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 import orjson
@@ -177,27 +177,21 @@ class _Outbox:
         return b"".join(pieces), None if self._chunks else self.code
 
 
+@dataclass(eq=False)
 class GenerationResponse(Response):
     """The ASGI answer of one generation; see the module docstring."""
 
-    def __init__(
-        self,
-        stream: GenerationEvents,
-        fmt: Format,
-        *,
-        streaming: bool,
-        limits: StreamLimits,
-        on_done: Callable[[int], None],
-        on_cut: Callable[[StreamLimit], None],
-    ) -> None:
+    stream: GenerationEvents
+    fmt: Format
+    _: KW_ONLY
+    streaming: bool
+    limits: StreamLimits
+    on_done: Callable[[int], None]
+    on_cut: Callable[[StreamLimit], None]
+    _done: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
         super().__init__()
-        self.stream = stream
-        self.fmt = fmt
-        self.streaming = streaming
-        self.limits = limits
-        self.on_done = on_done
-        self.on_cut = on_cut
-        self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer, watching for the client to hang up; close the stream in every case."""

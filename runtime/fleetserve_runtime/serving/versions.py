@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from fleetserve_runtime.core.auth import uri_refusal
 from fleetserve_runtime.core.config import RuntimeConfig
@@ -122,29 +122,24 @@ def kv_pool_blocks(
     raise ValueError(msg)
 
 
+@dataclass(eq=False)
 class VersionLoader:
     """Loads versions of one model name into `registry`; use from the event loop."""
 
-    def __init__(
-        self,
-        config: RuntimeConfig,
-        *,
-        registry: ModelRegistry[GenerationEngine],
-        executor: Executor,
-        buckets: BucketPolicy,
-        make_engine: Callable[[LoadedModel], GenerationEngine],
-    ) -> None:
-        self._config = config
-        self._registry = registry
-        self._executor = executor
-        self._buckets = buckets
-        self._make_engine = make_engine
-        self._lock = asyncio.Lock()
-        self._generation = 0
-        self._engines: dict[int, tuple[LoadedModel, GenerationEngine]] = {}
-        """Running engines by load generation, retired ones included until they stop."""
-        self._retiring: dict[asyncio.Task[None], GenerationEngine] = {}
-        """Engines waiting for their last streams, by the task that stops them."""
+    config: RuntimeConfig
+    _: KW_ONLY
+    registry: ModelRegistry[GenerationEngine]
+    executor: Executor
+    buckets: BucketPolicy
+    make_engine: Callable[[LoadedModel], GenerationEngine]
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _generation: int = field(default=0, init=False)
+    _engines: dict[int, tuple[LoadedModel, GenerationEngine]] = field(
+        default_factory=dict, init=False
+    )
+    """Running engines by load generation, retired ones included until they stop."""
+    _retiring: dict[asyncio.Task[None], GenerationEngine] = field(default_factory=dict, init=False)
+    """Engines waiting for their last streams, by the task that stops them."""
 
     async def load(self, uri: str, version: str) -> LoadedModel:
         """Resolve, load, calibrate and warm `version` off the event loop, then make it active.
@@ -153,15 +148,15 @@ class VersionLoader:
         run one at a time, so two loads of one label cannot both warm and activate.
         """
         async with self._lock:
-            if version in self._registry.versions():
-                loaded = self._registry.get(version)
+            if version in self.registry.versions():
+                loaded = self.registry.get(version)
                 if uri != loaded.uri:
                     msg = (
                         f"version {version!r} is already loaded from {loaded.uri!r}; "
                         "unload it before loading another model under that label"
                     )
                     raise InvalidInput(msg)
-                self._registry.activate(loaded)
+                self.registry.activate(loaded)
                 return loaded
             # Resolving imports and runs user code (module:factory, handler.py): like loading
             # and warming, it may take long and must not stall the event loop.
@@ -170,7 +165,7 @@ class VersionLoader:
             loaded = replace(loaded, uri=uri, generation=self._generation)
             if loaded.generative is not None:
                 loaded = await self._serve(loaded)
-            self._registry.activate(loaded)
+            self.registry.activate(loaded)
             self.retire()
         log.info(
             "model ready",
@@ -188,11 +183,11 @@ class VersionLoader:
 
     async def _serve(self, loaded: LoadedModel) -> LoadedModel:
         """Start the version's engine (it allocates the KV pool) and warm it up."""
-        engine = self._make_engine(loaded)
+        engine = self.make_engine(loaded)
         # Allocating a pool of many blocks takes a while: not on the event loop.
         await asyncio.to_thread(engine.start)
         try:
-            if self._config.warmup:
+            if self.config.warmup:
                 await _warm(engine)
         except BaseException:
             await engine.stop()
@@ -207,7 +202,7 @@ class VersionLoader:
         can reach it through the registry) and stops when it is idle, or when the longest
         deadline a request may have passed.
         """
-        current = {self._registry.get(version).generation for version in self._registry.versions()}
+        current = {self.registry.get(version).generation for version in self.registry.versions()}
         for generation in [g for g in self._engines if g not in current]:
             loaded, engine = self._engines.pop(generation)
             task = asyncio.create_task(
@@ -217,7 +212,7 @@ class VersionLoader:
             task.add_done_callback(self._retiring.pop)
 
     async def _drain(self, engine: GenerationEngine) -> None:
-        deadline = time.monotonic() + self._config.generation.max_timeout_ms / 1000
+        deadline = time.monotonic() + self.config.generation.max_timeout_ms / 1000
         while time.monotonic() < deadline and engine.open_streams:
             await asyncio.sleep(0.05)
         await engine.stop()
@@ -242,7 +237,7 @@ class VersionLoader:
         content, not the image's: their code runs only as the allowlist admits code, by an
         `allowed_model_uris` entry equal to the URI.
         """
-        config = self._config
+        config = self.config
         if config.model_source is None:
             return True
         allowed = config.allowed_model_uris
@@ -251,32 +246,32 @@ class VersionLoader:
 
     def _load_and_warm(self, uri: str, version: str) -> LoadedModel:
         started = time.perf_counter()
-        batching, memory = self._config.batching, self._config.memory
+        batching, memory = self.config.batching, self.config.memory
         handler = resolve_handler(
             uri,
-            name=self._config.name,
+            name=self.config.name,
             version=version,
             max_sequence_length=batching.max_sequence_length,
             generative=GenerativeOptions(
-                max_context=self._config.generation.max_context,
-                dtype=self._config.generation.dtype,
+                max_context=self.config.generation.max_context,
+                dtype=self.config.generation.dtype,
             ),
             precision=PrecisionOptions(
-                self._config.precision,
-                self._config.precision_min_cosine,
-                self._config.precision_min_speedup,
+                self.config.precision,
+                self.config.precision_min_cosine,
+                self.config.precision_min_speedup,
             ),
-            backend=self._config.backend,
-            device=self._executor.device.type,
-            task=self._config.task,
+            backend=self.config.backend,
+            device=self.executor.device.type,
+            task=self.config.task,
             plugins=self._plugins_allowed(uri),
         )
         if isinstance(handler, GenerativeHandler):
             return self._load_generative(handler, started)
-        weights = self._executor.load(handler)
+        weights = self.executor.load(handler)
         if isinstance(handler, DeclaresWeights):
             weights = max(weights, handler.weights_bytes())
-        samples = self._executor.run_shapes(
+        samples = self.executor.run_shapes(
             handler,
             calibration_shapes(batching.max_sequence_length),
             packed=batching.packing,
@@ -297,9 +292,9 @@ class VersionLoader:
                     f"{profile.bytes_per_token:.0f} per token"
                 )
                 raise ValueError(msg)
-        if self._config.warmup:
-            shapes = warmup_shapes(self._buckets.edges, batching.max_batch_size)
-            self._executor.run_shapes(handler, shapes, packed=batching.packing, measure=False)
+        if self.config.warmup:
+            shapes = warmup_shapes(self.buckets.edges, batching.max_batch_size)
+            self.executor.run_shapes(handler, shapes, packed=batching.packing, measure=False)
         return LoadedModel(handler, time.perf_counter() - started, profile, max_tokens)
 
     def _load_generative(self, handler: GenerativeHandler, started: float) -> LoadedModel:
@@ -307,8 +302,8 @@ class VersionLoader:
 
         The engine allocates the pool itself when it starts (`_serve`).
         """
-        generation = self._config.generation
-        device = self._executor.device
+        generation = self.config.generation
+        device = self.executor.device
         retained = measure_bytes(lambda: handler.load(device), device)[1]
         weights = max(retained, handler.weights_bytes())
         lm, codec, context = handler.lm, handler.codec, handler.context_length
@@ -328,10 +323,10 @@ class VersionLoader:
         activation = measure_bytes(lambda: lm.forward(step), device)[0] + gather
         held = sum(
             (m.memory.weights_bytes + m.memory.fixed_bytes if m.memory else 0)
-            for m in map(self._registry.get, self._registry.versions())
+            for m in map(self.registry.get, self.registry.versions())
         )
         blocks = kv_pool_blocks(
-            self._config,
+            self.config,
             weights_bytes=weights,
             activation_bytes=activation,
             held_bytes=held,
