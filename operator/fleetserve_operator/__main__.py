@@ -2,11 +2,11 @@
 
 Loads `OperatorConfig` from `FLEETSERVE_*` (a bad value stops start-up, naming the variable),
 serves the operator's metrics, waits for the leader Lease (`leader`; a standby answers
-`/healthz` meanwhile), registers the handlers, the child watches (which keep what they see
-in a `ChildCache` that reconciles read; kopf's own watch keeps the InferenceServices in a
-`ServiceCache`) and their work queue's workers (started and stopped with kopf) in an explicit
-kopf registry and runs kopf's operator with the configured
-namespaces and liveness endpoint. Events are posted by a thread of their own (`EventPoster`).
+`/healthz` meanwhile), registers the watches (the children's keep what they see in a
+`ChildCache`, the InferenceServices' in a `ServiceCache`, both read by the reconciles), their
+work queue's workers and the resync lane (started and stopped with kopf) in an explicit
+kopf registry and runs kopf's operator with the configured namespaces and liveness
+endpoint. Events are posted by a thread of their own (`EventPoster`).
 The leader renews the Lease from a thread and exits at once (status 1) if it loses it; on a
 clean stop (SIGTERM) it releases the Lease after kopf has stopped, so a standby takes over
 without waiting.
@@ -137,6 +137,12 @@ def _operate(config: OperatorConfig, metrics: OperatorMetrics, kube: KubeApi) ->
         events.close(timeout_s=config.request_timeout_s)
 
 
+def _is_ticking(services: ServiceCache, key: tuple[str, str]) -> bool:
+    """Whether the service's last known status asks for the rollout tick."""
+    status = services.status(*key)
+    return status is not None and handlers.is_ticking(status)
+
+
 def _queue_and_watches(
     config: OperatorConfig,
     metrics: OperatorMetrics,
@@ -153,7 +159,13 @@ def _queue_and_watches(
     """
     cache, services = caches
     workers = handlers.QueueWorkers(
-        sync, metrics, workers=config.queue_workers, event_delay_s=config.child_event_delay_s
+        sync,
+        metrics,
+        workers=config.queue_workers,
+        event_delay_s=config.child_event_delay_s,
+        retry_delay_s=config.retry_delay_s,
+        tick_s=config.rollout_tick_s,
+        ticking=functools.partial(_is_ticking, services),
     )
     watches = ChildWatches(
         kube.api_client,
@@ -163,7 +175,7 @@ def _queue_and_watches(
         watch_timeout_s=config.watch_timeout_s,
         request_timeout_s=config.request_timeout_s,
         cache=cache,
-        services=functools.partial(ServiceSink, services, workers.change),
+        services=functools.partial(ServiceSink, services, workers),
     )
     return workers, watches
 
@@ -182,16 +194,11 @@ def _serve(
     """
     sync = _reconciler(config, metrics, cached)
     workers, watches = _queue_and_watches(config, metrics, sync, kube, (cache, services))
-    registry = kopf.OperatorRegistry()
-    handlers.register(
-        registry,
-        sync,
-        resync_interval_s=config.resync_interval_s,
-        rollout_tick_s=config.rollout_tick_s,
-        retry_delay_s=config.retry_delay_s,
-        children=(workers, watches),
-        services=services,
+    resyncer = handlers.Resyncer(
+        sync, services, interval_s=config.resync_interval_s, enqueue=workers.resync
     )
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, sync, resyncer, children=(workers, watches))
     settings = kopf.OperatorSettings()
     apply_kopf_settings(settings, config)
     liveness = (

@@ -12,6 +12,7 @@ __all__ = [
     "API_VERSION",
     "GROUP",
     "KIND",
+    "LEGACY_FINALIZER",
     "MANAGER",
     "MAX_NAME_LENGTH",
     "PLURAL",
@@ -31,6 +32,9 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAME = "fsvc"
 MANAGER = "fleetserve-operator"
+LEGACY_FINALIZER = f"{GROUP}/finalizer"
+"""The finalizer kopf put on services with a rollout timer, when kopf handled them; the
+operator takes it off every service that still carries it, or its deletion would hang."""
 APP_NAME = "fleetserve-runtime"
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"

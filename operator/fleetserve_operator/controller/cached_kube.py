@@ -111,3 +111,10 @@ class CachedKube:
         Shared with the cache: do not edit it.
         """
         return self._stored(self._api.remove_annotation(ref, annotation), given=True)
+
+    def remove_finalizer(self, service: Manifest, finalizer: str) -> Manifest | None:
+        """Through the API; a copy of the service as written is cached.
+
+        The answer is the caller's: the reconcile goes on with it, and may edit it.
+        """
+        return self._stored(self._api.remove_finalizer(service, finalizer), given=False)

@@ -184,6 +184,13 @@ class Cluster(Protocol):
         """
         ...
 
+    def remove_finalizer(self, service: Manifest, finalizer: str) -> Manifest | None:
+        """Take `finalizer` off the InferenceService `service` (as last read).
+
+        Returns the service as written; None when it is gone.
+        """
+        ...
+
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:
         """Post an Event on the InferenceService."""
         ...
@@ -515,13 +522,36 @@ class KubeApi:
 
         Returns the service as the API server answered; None when it is gone.
         """
-        path = _path(naming.API_VERSION, naming.KIND, ref.namespace, ref.name)
         body = {"metadata": {"annotations": {annotation: None}}}
+        return self._patch_service(
+            ref.namespace, ref.name, body, "merge", what=f"annotation {annotation}"
+        )
+
+    def remove_finalizer(self, service: Manifest, finalizer: str) -> Manifest | None:
+        """JSON-patch `finalizer` out of the list, testing it is still where it was read.
+
+        Another controller's finalizer added or removed meanwhile fails the test (422): the
+        next reconcile, reading the list again, tries again.
+        """
+        meta = service["metadata"]
+        index = meta["finalizers"].index(finalizer)
+        patch = [
+            {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
+            {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+        ]
+        return self._patch_service(meta["namespace"], meta["name"], patch, "json", "finalizer")
+
+    def _patch_service(
+        self, namespace: str, name: str, patch: object, kind: str, what: str
+    ) -> Manifest | None:
+        """PATCH the InferenceService (`kind`: "merge" or "json"); None when it is gone."""
+        path = _path(naming.API_VERSION, naming.KIND, namespace, name)
+        content_type = f"application/{kind}-patch+json"
         try:
-            return self._call("PATCH", path, body=body, content_type="application/merge-patch+json")
+            return self._call("PATCH", path, body=patch, content_type=content_type)
         except _ApiError as exc:
             if exc.status != 404:
-                raise ClusterUnavailable(f"annotation {annotation} of {ref.name}: {exc}") from exc
+                raise ClusterUnavailable(f"{what} of {name}: {exc}") from exc
         return None
 
     def post_event(self, ref: ObjectRef, note: EventNote) -> None:

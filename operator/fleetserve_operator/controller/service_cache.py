@@ -22,6 +22,8 @@ still under way) is not here, and readers go to the API server.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from fleetserve_operator.controller.cache import ObjectKey, is_newer, object_key
 from fleetserve_operator.records import Manifest, json_copy
@@ -89,6 +91,22 @@ class ServiceCache:
         with self._guard:
             found = self._objects.get((namespace, name))
         return None if found is None else json_copy(found)
+
+    def alive(self) -> list[ObjectKey]:
+        """The services alive, as (namespace, name), sorted."""
+        with self._guard:
+            return sorted(self._objects)
+
+    def is_alive(self, namespace: str, name: str) -> bool:
+        """Whether the service is known and not deleted."""
+        with self._guard:
+            return (namespace, name) in self._objects
+
+    def status(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The service's last known status, uncopied (read it, never edit it); None: unknown."""
+        with self._guard:
+            found = self._objects.get((namespace, name))
+        return None if found is None else found.get("status") or {}
 
     def knows(self, namespace: str, name: str) -> bool:
         """Whether the service was seen, alive or deleted (else only the API server can say)."""

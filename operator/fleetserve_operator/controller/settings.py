@@ -6,16 +6,13 @@ naming the variable; nothing falls back) and `apply_kopf_settings` tunes kopf wi
 
 from __future__ import annotations
 
-import hashlib
 import socket
-from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import kopf
 from pydantic import AfterValidator, AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleetserve_operator import naming
 from fleetserve_operator.analysis.allowlist import (
     PrometheusAllowlist,
     UrlAllowlist,
@@ -24,7 +21,7 @@ from fleetserve_operator.analysis.allowlist import (
 from fleetserve_operator.controller.leader import LeaseTiming
 from fleetserve_operator.spec import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, Image, RuntimeImages
 
-__all__ = ["OperatorConfig", "RedactedDiffBaseStorage", "apply_kopf_settings", "webhook_allowlist"]
+__all__ = ["OperatorConfig", "apply_kopf_settings", "webhook_allowlist"]
 
 
 def _base_url(url: str) -> str:
@@ -82,18 +79,19 @@ class OperatorConfig(BaseSettings):
     in seconds. A rollout step falls due one `interval` after it began, so keep this well
     below the shortest `spec.rollout.interval`: a step is late by up to this much."""
     retry_delay_s: float = Field(30.0, ge=1, le=3600)
-    """Back-off before a temporary error (API server, missing PVC) is retried, in seconds."""
+    """Back-off before a create or spec change that failed (the API server, a missing PVC,
+    a name taken) is reconciled again, in seconds; an invalid spec waits for a new one."""
     request_timeout_s: float = Field(30.0, gt=0, le=600)
     """Timeout of one API request, in seconds."""
     watch_timeout_s: int = Field(300, ge=10, le=3600)
-    """Server-side timeout of a watch; kopf then re-lists, which heals missed events."""
+    """Server-side timeout of a watch, in seconds; the watch then resumes from the last
+    version it saw (re-listing when that version is too old)."""
     workers: int = Field(8, ge=1, le=256)
-    """Threads for kopf's synchronous handlers: the rollout ticks (create, update and resume
-    wait for the work queue on kopf's event loop)."""
+    """Threads for kopf's synchronous activities (starting and stopping the watches, the
+    work queue and the resync lane; the liveness probe)."""
     queue_workers: int = Field(8, ge=1, le=64)
-    """Threads that reconcile the queued InferenceServices: changes, child and pod events,
-    resyncs. Every reconcile but a rollout tick is theirs, and one mostly waits for the API
-    server, so there are as many as kopf had threads for changes before."""
+    """Threads that reconcile the queued InferenceServices: creates, changes, child and pod
+    events, rollout ticks, resyncs. A reconcile mostly waits for the API server."""
     child_event_delay_s: float = Field(1.0, ge=0, le=30)
     """How long a child or pod event waits before its reconcile may start, so that the rest
     of a burst (a Deployment's status and its pods starting) merges into that reconcile. A
@@ -166,52 +164,16 @@ def webhook_allowlist(urls: list[str]) -> UrlAllowlist:
     )
 
 
-class RedactedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """The last-handled configuration kopf keeps, each literal env value replaced by a digest.
-
-    kopf keeps the spec it last handled in an annotation, to tell an update from a resync.
-    `spec.runtime.env[].value` may be a credential put there by hand: an annotation is
-    copied into `kubectl describe`, audit logs and backups far more readily than the spec
-    is read. The digest still changes with the value, so a new value is still an update;
-    the operator's handlers read the body, never kopf's diff.
-    """
-
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
-    ) -> kopf.BodyEssence:
-        """The essence kopf compares and stores (a copy), its env values as `sha256:<hex>`."""
-        essence = super().build(body=body, extra_fields=extra_fields)
-        runtime = essence.get("spec", {}).get("runtime", {})
-        for variable in runtime.get("env", []) if isinstance(runtime, dict) else []:
-            if isinstance(variable, dict) and isinstance(variable.get("value"), str):
-                digest = hashlib.sha256(variable["value"].encode()).hexdigest()
-                variable["value"] = f"sha256:{digest}"
-        return essence
-
-
 def apply_kopf_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    """Tune kopf for this operator; each choice says why."""
-    prefix = naming.GROUP
-    # Keep kopf's bookkeeping in annotations of our own group: status belongs to the CRD's
-    # schema (anything else there would be pruned), and kopf.zalando.org is not ours.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    settings.persistence.diffbase_storage = RedactedDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration"
-    )
-    settings.persistence.finalizer = f"{prefix}/finalizer"
-    # Events are posted by `kube` for actions and transitions; kopf's per-handler chatter
-    # (e.g. "Handler succeeded") would bury them.
+    """Tune kopf for this operator; each choice says why.
+
+    kopf handles no resource of the operator (its own watches do): it runs the startup and
+    cleanup activities, the login and the liveness probe.
+    """
+    # kopf's chatter about its activities (e.g. "Handler succeeded") is not for Events.
     settings.posting.enabled = False
-    # Watches end server-side now and then so a lost event is healed by the re-list.
-    settings.watching.server_timeout = config.watch_timeout_s
-    settings.watching.client_timeout = config.watch_timeout_s + 30
     settings.networking.request_timeout = config.request_timeout_s
     settings.execution.max_workers = config.workers
-    # A timer caught mid-reconcile when its InferenceService is deleted keeps the finalizer
-    # until kopf checks again, 60 s later by default: deletion then took a minute. Give a
-    # running reconcile a moment to finish, then re-check every second.
-    settings.background.instant_exit_timeout = 0.5
-    settings.background.cancellation_polling = 1.0
     # One replica runs kopf at a time: the others wait for the leader Lease (`leader`) before
     # starting it, so kopf's peering (and its cluster-scoped CRD) is not needed.
     settings.peering.standalone = True

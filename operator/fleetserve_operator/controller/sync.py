@@ -262,6 +262,10 @@ class Sync:
         try:
             with lock:
                 body = self._kube.get_inference_service(namespace, name)
+                if body is not None and naming.LEGACY_FINALIZER in (
+                    body["metadata"].get("finalizers") or ()
+                ):
+                    body = self._kube.remove_finalizer(body, naming.LEGACY_FINALIZER)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     # A service on its way out exports nothing, before its DELETED event.
                     self._drop(namespace, name)
@@ -276,14 +280,6 @@ class Sync:
             self._metrics.duration_seconds.labels(trigger).observe(time.monotonic() - started)
             if result not in ("ok", "gone"):
                 self._metrics.errors.labels(result).inc()
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Drop the gauges of a deleted InferenceService.
-
-        Waits for a reconcile of it that is under way, which would export them again.
-        """
-        with self._lock(namespace, name):
-            self._drop(namespace, name)
 
     def _drop(self, namespace: str, name: str) -> None:
         """Forget what is kept of a service gone (its gauges, spec and children rendered)."""

@@ -234,6 +234,16 @@ class FakeKube:
         self._wrote("annotate", naming.KIND, ref.name)
         return self._service(ref)
 
+    def remove_finalizer(self, service: Manifest, finalizer: str) -> Manifest | None:
+        """Take `finalizer` off the stored InferenceService; None when it is gone."""
+        meta = service["metadata"]
+        key = (naming.KIND, meta["namespace"], meta["name"])
+        if key not in self.objects:
+            return None
+        self.objects[key]["metadata"]["finalizers"].remove(finalizer)
+        self._wrote("unfinalize", naming.KIND, meta["name"])
+        return copy.deepcopy(self.objects[key])
+
     def _service(self, ref: ObjectRef) -> Manifest:
         """A copy of the stored InferenceService, as a write answers it (no read counted)."""
         return copy.deepcopy(self.objects[(naming.KIND, ref.namespace, ref.name)])

@@ -27,7 +27,7 @@ from fleetserve_operator.controller.child_watch import (
     _ChildSink,
     owner_key,
 )
-from fleetserve_operator.controller.handlers import QueueWorkers, register
+from fleetserve_operator.controller.handlers import QueueWorkers, Resyncer, register
 from fleetserve_operator.controller.kube import KubeApi
 from fleetserve_operator.controller.list_watch import ListWatch
 from fleetserve_operator.controller.metrics import OperatorMetrics
@@ -213,18 +213,16 @@ def test_the_operator_queues_a_listings_owners_as_resyncs_and_an_events_owner_as
     assert workers.queue.take(timeout_s=5.0) == (("ns", "b"), Lane.EVENT)
 
 
-def test_kopf_watches_only_inference_services_and_runs_the_queue_with_itself() -> None:
-    """No per-object kopf handler for children: their events reach the queue's workers."""
+def test_kopf_starts_the_queue_before_the_watches() -> None:
+    """So that no event of the first listings waits for a worker."""
     sync = Sync(FakeKube(), metrics=OperatorMetrics())
     workers = QueueWorkers(sync, OperatorMetrics(), workers=1)
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
     watches = ChildWatches(client, namespaces=["ns"], on_owner=workers.add)
     registry = kopf.OperatorRegistry()
-    register(registry, sync, resync_interval_s=60, rollout_tick_s=5, retry_delay_s=30,
+    register(registry, sync, Resyncer(sync, ServiceCache(), interval_s=60),
              children=(workers, watches))  # fmt: skip
     # kopf offers no public lookup of registered handlers; its own tests read these.
-    groups = {selector.group for selector in registry._watching.get_all_selectors()}
-    assert groups == {naming.GROUP}
     startup = [str(h.id) for h in registry._activities.get_all_handlers()
                if h.activity == "startup"]  # fmt: skip
     assert startup.index("queue-start") < startup.index("watch-start")

@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from fleetserve_operator import naming
 from fleetserve_operator.controller.kube import KubeApi, ObjectRef
 from fleetserve_operator.errors import (
     MESSAGE_LIMIT,
@@ -32,6 +33,7 @@ from fleetserve_operator.testing import QuietHandler, make_spec, serve_http
 MIB = 2**20
 OWNER = Owner(name="demo", namespace="ns", uid="uid-demo")
 REF = ObjectRef(namespace="ns", name="demo", uid="uid-demo")
+FINALIZED = {"metadata": {"namespace": "ns", "name": "demo", "finalizers": ["other/x", "a/b"]}}
 
 
 @dataclass
@@ -124,6 +126,7 @@ def test_a_failed_status_write_is_bounded(api_server: FakeApiServer, status: int
         pytest.param(lambda kube: kube.get_inference_service("ns", "demo"), id="get"),
         pytest.param(lambda kube: kube.list_children("ns", "demo"), id="list"),
         pytest.param(lambda kube: kube.remove_annotation(REF, "a/b"), id="annotation"),
+        pytest.param(lambda kube: kube.remove_finalizer(FINALIZED, "a/b"), id="finalizer"),
     ],
 )
 def test_a_failed_request_is_bounded(
@@ -134,6 +137,24 @@ def test_a_failed_request_is_bounded(
     with pytest.raises(FleetserveError) as failed:
         read(_kube(api_server))
     assert len(str(failed.value)) <= MESSAGE_LIMIT
+
+
+def test_a_finalizer_is_removed_where_it_was_read_and_only_if_it_is_still_there(
+    api_server: FakeApiServer,
+) -> None:
+    """A JSON patch that tests the entry it removes: another controller's list edit fails it."""
+    api_server.status = 200
+    kube = _kube(api_server)
+    kube.remove_finalizer(FINALIZED, "a/b")
+    ((method, path, patch),) = api_server.requests
+    assert method == "PATCH"
+    assert path == f"/apis/{naming.API_VERSION}/namespaces/ns/{naming.PLURAL}/demo"
+    assert patch == [
+        {"op": "test", "path": "/metadata/finalizers/1", "value": "a/b"},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
+    api_server.status = 404
+    assert kube.remove_finalizer(FINALIZED, "a/b") is None, "a service gone needs nothing"
 
 
 def test_a_refused_event_is_logged_bounded(

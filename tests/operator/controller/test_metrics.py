@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
-import kopf
 import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +21,8 @@ from fleetserve_operator.controller.metrics import (
     OperatorMetrics,
     status_samples,
 )
+from fleetserve_operator.controller.service_cache import ServiceCache
+from fleetserve_operator.controller.service_watch import ServiceSink
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutPhase
 from fleetserve_operator.testing import FakeKube, make_service
@@ -158,19 +158,19 @@ def test_a_restarted_operator_exports_an_unchanged_status() -> None:
 
 
 def test_a_deleted_event_forgets_the_service_without_a_finalizer() -> None:
-    """A DELETED watch event drops the service's gauges; other events and kopf's finalizer stay."""
+    """The service watch's DELETED event queues the service; its reconcile drops the gauges."""
     kube, metrics, sync = _reconciled()
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, sync, resync_interval_s=60, rollout_tick_s=1, retry_delay_s=1)
-    # kopf offers no public lookup of registered handlers; its own tests read these.
-    (watching,) = [h for h in registry._watching.get_all_handlers() if h.id == "forget-on-deleted"]
-    assert not any(h.reason == kopf.Reason.DELETE for h in registry._changing.get_all_handlers())
+    workers = handlers.QueueWorkers(sync, metrics, workers=1)
+    sink = ServiceSink(ServiceCache(), workers, "ns")
     body = kube.get_inference_service("ns", "demo")
     assert body is not None
-    # An async handler: kopf runs it on its event loop.
-    asyncio.run(watching.fn(body=kopf.Body(body), type="MODIFIED"))
+    assert not body["metadata"].get("finalizers")
+    sink.changed(body)
+    assert workers.run_one()
     assert _value(metrics, PHASE.name, phase="Pending") == 1.0
-    asyncio.run(watching.fn(body=kopf.Body(body), type="DELETED"))
+    del kube.objects[(naming.KIND, "ns", "demo")]
+    sink.deleted(body)
+    assert workers.run_one()
     assert _value(metrics, PHASE.name, phase="Pending") is None
     assert _value(metrics, CANARY_WEIGHT.name) is None
 

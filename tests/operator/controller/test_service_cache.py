@@ -1,4 +1,4 @@
-"""The InferenceServices read from kopf's watch and the operator's own writes, not by a GET.
+"""The InferenceServices read from the watch and the operator's own writes, not by a GET.
 
 A reconcile of a service the watch delivered makes no read of it; what the operator wrote
 (status, a cleared command) is read back at once, and a watch event older than it does not
@@ -7,12 +7,11 @@ undo it; a deleted service stays gone until a newer one of that name appears.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
-import kopf
 import pytest
 
 from fleetserve_operator.controller import service_cache
@@ -20,10 +19,10 @@ from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.cached_kube import CachedKube
 from fleetserve_operator.controller.child_watch import CHILD_KINDS
 from fleetserve_operator.controller.events import EventPoster
-from fleetserve_operator.controller.handlers import Handlers, Resyncer
 from fleetserve_operator.controller.kube import ObjectRef
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.service_cache import ServiceCache
+from fleetserve_operator.controller.service_watch import ServiceSink
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest, json_copy
 from fleetserve_operator.testing import FakeKube, make_service
@@ -117,7 +116,7 @@ def test_a_status_written_is_read_back_and_an_older_event_does_not_undo_it() -> 
     api.add_service(_service(10))
     services.store(_service(10))
     kube.apply_status(REF, {"phase": "Pending"})
-    services.store(_service(10))  # kopf's event of the state before the write, late
+    services.store(_service(10))  # the watch's event of the state before the write, late
     read = kube.get_inference_service("ns", "demo")
     assert read is not None
     assert read["status"] == {"phase": "Pending"}
@@ -148,21 +147,19 @@ def test_a_deleted_service_stays_gone_until_a_newer_one_of_its_name_appears() ->
     assert services.get("ns", "demo") == _service(13, uid="uid-new")
 
 
-def test_kopfs_events_fill_the_cache_and_a_deletion_empties_it() -> None:
-    api = VersionedKube()
+def test_the_watchs_events_fill_the_cache_and_a_deletion_empties_it() -> None:
     services = ServiceCache()
-    sync = Sync(api, metrics=OperatorMetrics())
-    handlers = Handlers(
-        sync,
-        retry_delay_s=1.0,
-        resyncer=Resyncer(sync, interval_s=60.0),
-        services=services,
+    queued: list[tuple[str, str]] = []
+    queue = SimpleNamespace(
+        create=queued.append, change=queued.append, resume=queued.append, gone=queued.append
     )
-    asyncio.run(handlers.service_event(body=kopf.Body(_service(10)), type=None))
+    sink = ServiceSink(services, queue, "ns")
+    sink.changed(_service(10))
     assert services.get("ns", "demo") == _service(10)
-    asyncio.run(handlers.service_event(body=kopf.Body(_service(11)), type="DELETED"))
+    sink.deleted(_service(11))
     assert services.knows("ns", "demo")
     assert services.get("ns", "demo") is None
+    assert queued == [("ns", "demo"), ("ns", "demo")], "created, then gone"
 
 
 def test_a_reconciled_service_is_not_read_again_and_an_unchanged_resync_writes_nothing() -> None:

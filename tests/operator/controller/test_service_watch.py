@@ -1,4 +1,4 @@
-"""The operator's own watch of the InferenceServices: a warm cache, and spec changes queued.
+"""The operator's watch of the InferenceServices: a warm cache, and what each state is owed.
 
 `ServiceSink` is checked against a real `ServiceCache`; the wiring of `__main__` against a
 loopback server speaking the list and watch protocol, through the real `kubernetes` client.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -30,7 +31,12 @@ from fleetserve_operator.testing import FakeKube, QuietHandler, serve_http
 Key = tuple[str, str]
 
 
-def _service(name: str, *, generation: int, rv: str, phase: str = "") -> Manifest:
+def _service(
+    name: str, *, generation: int, rv: str, observed: int | None = None, phase: str = ""
+) -> Manifest:
+    status: dict[str, object] = {"phase": phase} if phase else {}
+    if observed is not None:
+        status["observedGeneration"] = observed
     return {
         "apiVersion": naming.API_VERSION,
         "kind": naming.KIND,
@@ -38,39 +44,103 @@ def _service(name: str, *, generation: int, rv: str, phase: str = "") -> Manifes
             "name": name, "namespace": "ns", "generation": generation, "resourceVersion": rv,
         },
         "spec": {"batching": {"maxBatchSize": generation}},
-        "status": {"phase": phase} if phase else {},
+        "status": status,
     }  # fmt: skip
 
 
-def _sink() -> tuple[ServiceCache, list[Key], ServiceSink]:
-    services, changed = ServiceCache(), []
-    return services, changed, ServiceSink(services, changed.append, "ns")
+class _Queue:
+    """Records what the sink queued, as (what, name)."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[str, str]] = []
+
+    def create(self, key: Key) -> None:
+        self.queued.append(("create", key[1]))
+
+    def change(self, key: Key) -> None:
+        self.queued.append(("change", key[1]))
+
+    def resume(self, key: Key) -> None:
+        self.queued.append(("resume", key[1]))
+
+    def gone(self, key: Key) -> None:
+        self.queued.append(("gone", key[1]))
+
+
+def _sink() -> tuple[ServiceCache, _Queue, ServiceSink]:
+    services, queue = ServiceCache(), _Queue()
+    return services, queue, ServiceSink(services, queue, "ns")
+
+
+def test_a_service_never_reconciled_is_a_create() -> None:
+    _, queue, sink = _sink()
+    sink.listed([], "10")
+    sink.changed(_service("new", generation=1, rv="11"))
+    assert queue.queued == [("create", "new")]
 
 
 def test_a_new_generation_of_a_known_service_is_a_change_and_a_status_write_is_not() -> None:
-    services, changed, sink = _sink()
-    sink.listed([_service("a", generation=1, rv="10")], "10")
-    sink.changed(_service("a", generation=1, rv="11", phase="Ready"))
-    assert changed == []
-    sink.changed(_service("a", generation=2, rv="12", phase="Ready"))
-    assert changed == [("ns", "a")]
+    services, queue, sink = _sink()
+    sink.listed([_service("a", generation=1, rv="10", observed=1)], "10")
+    queue.queued.clear()
+    sink.changed(_service("a", generation=1, rv="11", observed=1, phase="Ready"))
+    assert queue.queued == []
+    sink.changed(_service("a", generation=2, rv="12", observed=1, phase="Ready"))
+    assert queue.queued == [("change", "a")]
     assert services.generation("ns", "a") == 2
 
 
-def test_a_service_first_seen_is_left_to_the_create_handler() -> None:
-    _, changed, sink = _sink()
-    sink.listed([], "10")
-    sink.changed(_service("new", generation=1, rv="11"))
-    assert changed == []
+def test_a_change_the_operators_own_write_stored_first_is_still_a_change() -> None:
+    """A status write answered after the user's edit stores the new generation first.
+
+    Its echo, and the edit's event, report the older generation as observed: still owed.
+    """
+    services, queue, sink = _sink()
+    sink.listed([_service("a", generation=1, rv="10", observed=1)], "10")
+    queue.queued.clear()
+    services.store(_service("a", generation=2, rv="12", observed=1, phase="Ready"))
+    sink.changed(_service("a", generation=2, rv="12", observed=1, phase="Ready"))
+    assert queue.queued == [("change", "a")]
+    sink.changed(_service("a", generation=2, rv="13", observed=2, phase="Ready"))
+    assert queue.queued == [("change", "a")], "converged: its own echo is owed nothing"
 
 
-def test_a_change_kopf_already_stored_is_not_queued_twice() -> None:
-    """The event handler of kopf may store the new generation first; its update handler follows."""
-    services, changed, sink = _sink()
-    sink.listed([_service("a", generation=1, rv="10")], "10")
-    services.store(_service("a", generation=2, rv="12"))
-    sink.changed(_service("a", generation=2, rv="12"))
-    assert changed == []
+def test_a_new_leaders_listing_resumes_what_is_up_to_date_and_queues_the_rest_as_changes() -> None:
+    _, queue, sink = _sink()
+    sink.listed(
+        [
+            _service("done", generation=3, rv="10", observed=3),
+            _service("edited", generation=4, rv="10", observed=3),
+            _service("new", generation=1, rv="10"),
+        ],
+        "10",
+    )
+    assert queue.queued == [("resume", "done"), ("change", "edited"), ("create", "new")]
+
+
+def test_a_listing_after_a_lost_watch_queues_only_what_moved_on() -> None:
+    _, queue, sink = _sink()
+    sink.listed([_service("a", generation=1, rv="10", observed=1)], "10")
+    sink.listed(
+        [
+            _service("a", generation=1, rv="20", observed=1, phase="Ready"),
+            _service("b", generation=1, rv="20"),
+        ],
+        "20",
+    )
+    assert queue.queued == [("resume", "a"), ("create", "b")]
+
+
+def test_a_deletion_and_a_service_a_listing_no_longer_names_are_dropped() -> None:
+    _, queue, sink = _sink()
+    sink.listed(
+        [_service("a", generation=1, rv="10", observed=1), _service("b", generation=1, rv="10")],
+        "10",
+    )
+    queue.queued.clear()
+    sink.deleted(_service("a", generation=1, rv="11", observed=1))
+    sink.listed([], "20")
+    assert queue.queued == [("gone", "a"), ("gone", "b")]
 
 
 def test_a_listing_tombstones_what_was_deleted_while_no_watch_ran() -> None:
@@ -85,12 +155,13 @@ def test_a_listing_tombstones_what_was_deleted_while_no_watch_ran() -> None:
 
 
 def test_a_listing_of_one_namespace_leaves_the_others_alone() -> None:
-    services, _, sink = _sink()
+    services, queue, sink = _sink()
     other = {**_service("z", generation=1, rv="5")}
     other["metadata"] = {**other["metadata"], "namespace": "other"}
     services.store(other)
     sink.listed([], "10")
     assert services.get("other", "z") is not None
+    assert queue.queued == []
 
 
 class _ApiServer(QuietHandler):
@@ -109,7 +180,8 @@ class _ApiServer(QuietHandler):
         type(self).requests.append((url.path, query))
         services = url.path.endswith(f"/{naming.PLURAL}")
         if "watch" not in query:
-            items = [_service(n, generation=1, rv="10") for n in "ab"] if services else []
+            listed = [_service(n, generation=1, rv="10", observed=1) for n in "ab"]
+            items = listed if services else []
             body = json.dumps({"metadata": {"resourceVersion": "10"}, "items": items}).encode()
             self.reply(200, body, {"Content-Type": "application/json"})
             return
@@ -118,8 +190,8 @@ class _ApiServer(QuietHandler):
         self.end_headers()
         if services and query["resourceVersion"] == ["10"]:
             for obj in (
-                _service("a", generation=1, rv="11", phase="Ready"),
-                _service("b", generation=2, rv="12"),
+                _service("a", generation=1, rv="11", observed=1, phase="Ready"),
+                _service("b", generation=2, rv="12", observed=1),
             ):
                 self.wfile.write(json.dumps({"type": "MODIFIED", "object": obj}).encode() + b"\n")
             return  # the server ends this watch; the next, from "12", is held open
@@ -127,7 +199,7 @@ class _ApiServer(QuietHandler):
 
 
 @pytest.mark.timeout(60)
-def test_the_operator_queues_a_spec_change_its_service_watch_saw_in_the_change_lane() -> None:
+def test_the_operator_resumes_a_listing_and_queues_a_spec_change_in_the_change_lane() -> None:
     metrics = OperatorMetrics()
     services = ServiceCache()
     with serve_http(_ApiServer) as url:
@@ -141,9 +213,16 @@ def test_the_operator_queues_a_spec_change_its_service_watch_saw_in_the_change_l
         )
         watches.start()
         try:
-            taken = workers.queue.take(timeout_s=20.0)
+            deadline = time.monotonic() + 20.0
+            while workers.queue.depth(Lane.CHANGE) == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            taken = workers.queue.take(timeout_s=0)
             assert taken == (("ns", "b"), Lane.CHANGE)
-            assert workers.queue.take(timeout_s=0.5) is None, "the status write queued nothing"
+            workers.queue.done(("ns", "b"))
+            # The listing resumed both; the status write of "a" queued nothing more.
+            assert workers.queue.take(timeout_s=0.5) == (("ns", "a"), Lane.RESYNC)
+            workers.queue.done(("ns", "a"))
+            assert workers.queue.take(timeout_s=0.5) is None
         finally:
             watches.stop()
             _ApiServer.release.set()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleetserve_operator import render
+from fleetserve_operator import naming, render
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.naming import Track
@@ -390,6 +390,23 @@ def test_a_deleted_service_is_not_reconciled() -> None:
     assert kube.writes == []
 
 
+@pytest.mark.parametrize("deleting", [False, True], ids=["serving", "deleting"])
+def test_the_finalizer_kopf_left_is_taken_off_and_no_other(deleting: bool) -> None:
+    """The one kopf put on services with a rollout timer: without kopf, their deletion hangs."""
+    kube, sync = _setup()
+    meta = kube.objects[(naming.KIND, "ns", "demo")]["metadata"]
+    meta["finalizers"] = ["example.com/keep", naming.LEGACY_FINALIZER]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    sync.run_by_name("ns", "demo", trigger="resume")
+    assert meta["finalizers"] == ["example.com/keep"]
+    assert ("unfinalize", naming.KIND, "demo") in kube.writes
+    assert any(action == "status" for action, _, _ in kube.writes) is not deleting
+    writes = len(kube.writes)
+    sync.run_by_name("ns", "demo", trigger="child")
+    assert not any(action == "unfinalize" for action, _, _ in kube.writes[writes:])
+
+
 def test_a_service_lock_lives_only_while_it_is_held() -> None:
     """Reconciles of one service share a lock while one holds it; none is kept afterwards."""
     kube, sync = _setup()
@@ -398,7 +415,6 @@ def test_a_service_lock_lives_only_while_it_is_held() -> None:
     assert sync._lock("ns", "other") is not held
     del held
     assert sync.run_by_name("ns", "demo", trigger="test") is None
-    sync.forget("ns", "demo")
     assert len(sync._locks) == 0
 
 

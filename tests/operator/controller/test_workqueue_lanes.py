@@ -1,22 +1,21 @@
 """The work queue's lanes: a user's change goes ahead of echoes and resyncs, fairly and once.
 
 The ordering tests drive `WorkQueue` step by step (no threads); the worker tests run a real
-`Sync` against `FakeKube` through `QueueWorkers`, as kopf's change handlers do.
+`Sync` against `FakeKube` through `QueueWorkers`: its retries of failed changes, the rollout
+tick, and the lanes of creates, changes and resumes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-import kopf
 import pytest
 
-from fleetserve_operator.controller.handlers import Handlers, QueueWorkers, Resyncer
+from fleetserve_operator.controller.handlers import QueueWorkers, Resyncer
 from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane, WorkQueue
 from fleetserve_operator.errors import ClusterUnavailable, InvalidSpec
@@ -169,49 +168,35 @@ def test_a_change_is_behind_at_most_one_echo_per_few_changes_and_never_a_resync(
 
 
 def _workers(
-    *names: str, kube: FakeKube | None = None, count: int = 1
+    *names: str, kube: FakeKube | None = None, count: int = 1, **settings: Any
 ) -> tuple[FakeKube, QueueWorkers]:
     kube = kube or FakeKube()
     for name in names:
         kube.add_service(make_service(name=name))
     metrics = OperatorMetrics()
-    return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=count)
+    return kube, QueueWorkers(Sync(kube, metrics=metrics), metrics, workers=count, **settings)
 
 
-def _waiting_change(
-    workers: QueueWorkers, key: tuple[str, str] = ("ns", "demo"), trigger: str = "update"
-) -> tuple[threading.Thread, list[object]]:
-    """A handler thread waiting on a change of `key`, once the change is queued.
-
-    The list gets what `run_change` returned, or the `ClusterUnavailable` it raised.
-    """
-    outcomes: list[object] = []
-
-    def handle() -> None:
-        try:
-            outcomes.append(workers.run_change(key, trigger=trigger))
-        except ClusterUnavailable as exc:
-            outcomes.append(exc)
-
-    handler = threading.Thread(target=handle)
-    handler.start()
-    while workers.queue.depth(Lane.CHANGE) == 0:
-        threading.Event().wait(0.001)
-    return handler, outcomes
+def _reconciles(workers: QueueWorkers, trigger: str) -> float:
+    """How many reconciles `workers` ran with `trigger`, whatever their result."""
+    families = workers._metrics.registry.collect()
+    return sum(
+        sample.value
+        for family in families
+        if family.name == "fleetserve_operator_reconciles"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["trigger"] == trigger
+    )
 
 
-@pytest.mark.timeout(30)
 def test_a_change_is_reconciled_before_the_resyncs_queued_ahead_of_it() -> None:
-    """Kopf's handler waits in the change lane; one worker serves it before 50 resyncs."""
+    """One worker serves a change before 50 resyncs queued ahead of it."""
     names = [f"s{i}" for i in range(50)]
     kube, workers = _workers("changed", *names)
     for name in names:
         workers.resync(("ns", name))
-    handler, outcome = _waiting_change(workers, ("ns", "changed"))
-    workers.start()
-    handler.join(timeout=20.0)
-    workers.stop()
-    assert outcome == [None]
+    workers.change(("ns", "changed"))
+    assert workers.run_one() is True
     first_written = kube.writes[0][2]
     assert first_written.startswith("changed"), kube.writes[:3]
 
@@ -221,11 +206,9 @@ def test_a_change_gets_the_spec_error_of_its_reconcile() -> None:
     kube = FakeKube()
     kube.add_service(bad)
     _, workers = _workers(kube=kube)
-    handler, results = _waiting_change(workers, trigger="create")
+    result = workers.submit_change(("ns", "demo"), trigger="create")
     assert workers.run_one() is True
-    handler.join(timeout=10.0)
-    assert len(results) == 1
-    assert isinstance(results[0], InvalidSpec)
+    assert isinstance(result.result(timeout=0), InvalidSpec)
 
 
 class _DownKube(FakeKube):
@@ -233,133 +216,110 @@ class _DownKube(FakeKube):
         raise ClusterUnavailable(f"GET {name}: connection refused")
 
 
-@pytest.mark.timeout(30)
-def test_a_change_whose_reconcile_fails_raises_to_its_handler() -> None:
-    """Kopf must see the failure to retry it."""
+def test_a_change_whose_reconcile_fails_reaches_its_caller() -> None:
     _, workers = _workers(kube=_DownKube())
-    handler, failures = _waiting_change(workers)
+    result = workers.submit_change(("ns", "demo"), trigger="update")
     workers.run_one()
-    handler.join(timeout=10.0)
-    assert len(failures) == 1
-    assert isinstance(failures[0], ClusterUnavailable)
-    assert "connection refused" in str(failures[0])
+    failure = result.exception(timeout=0)
+    assert isinstance(failure, ClusterUnavailable)
+    assert "connection refused" in str(failure)
 
 
-@pytest.mark.timeout(30)
 def test_a_change_waiting_when_the_workers_stop_is_answered() -> None:
     _, workers = _workers("demo")
-    handler, failures = _waiting_change(workers)
+    result = workers.submit_change(("ns", "demo"), trigger="update")
     workers.stop()
-    handler.join(timeout=10.0)
-    assert not handler.is_alive()
-    assert len(failures) == 1
-    assert isinstance(failures[0], ClusterUnavailable)
+    assert isinstance(result.exception(timeout=5.0), ClusterUnavailable)
+
+
+@pytest.mark.parametrize("trigger", ["create", "update"])
+def test_a_failed_change_is_reconciled_again_after_the_retry_delay(trigger: str) -> None:
+    """A failed create or update is tried again, with its trigger (kopf retried its handler)."""
+    _, workers = _workers(kube=_DownKube(), retry_delay_s=3600.0)
+    getattr(workers, "create" if trigger == "create" else "change")(("ns", "demo"))
+    workers.run_one()
+    assert len(workers.queue) == 1, "held back for the retry delay"
+    assert workers.queue.take(timeout_s=0) is None, "not before the delay"
+    _, soon = _workers(kube=_DownKube(), retry_delay_s=0.0)
+    soon.submit_change(("ns", "demo"), trigger=trigger)
+    soon.run_one()
+    assert soon.queue.depth(Lane.CHANGE) == 1
+    soon.run_one()
+    assert _reconciles(soon, trigger) == 2
+    assert soon.queue.depth(Lane.CHANGE) == 1, "failed again: retried again"
+
+
+def test_an_invalid_spec_a_failed_child_event_and_a_failed_resync_are_not_retried() -> None:
+    """Only a new spec fixes an invalid one; the resync lane heals the others."""
+    bad = make_service({"model": {"name": "m", "version": "1", "uri": "builtin://nope"}})
+    kube = FakeKube()
+    kube.add_service(bad)
+    _, workers = _workers(kube=kube, retry_delay_s=0.0)
+    workers.create(("ns", "demo"))
+    workers.run_one()
+    assert len(workers.queue) == 0
+    _, down = _workers(kube=_DownKube(), retry_delay_s=0.0)
+    down.add(("ns", "demo"))
+    down.run_one()
+    down.resync(("ns", "demo"))
+    down.run_one()
+    assert len(down.queue) == 0
+
+
+def test_a_ticking_service_is_reconciled_again_after_each_reconcile_until_it_stops() -> None:
+    """The rollout tick: kopf ran a timer per ticking object; the queue re-queues the key."""
+    ticking = {("ns", "demo")}
+    _, workers = _workers("demo", tick_s=0.0, ticking=lambda key: key in ticking)
+    workers.resync(("ns", "demo"))
+    workers.run_one()
+    assert workers.queue.depth(Lane.EVENT) == 1
+    workers.run_one()
+    assert _reconciles(workers, "rollout") == 1
+    assert workers.queue.depth(Lane.EVENT) == 1, "still ticking"
+    ticking.clear()
+    workers.run_one()
+    assert _reconciles(workers, "rollout") == 2
+    assert len(workers.queue) == 0
+
+
+def test_a_failing_ticking_service_is_retried_at_the_sooner_of_its_tick_and_the_delay() -> None:
+    _, workers = _workers(
+        kube=_DownKube(), retry_delay_s=3600.0, tick_s=0.0, ticking=lambda _key: True
+    )
+    workers.change(("ns", "demo"))
+    workers.run_one()
+    assert workers.queue.depth(Lane.CHANGE) == 1, "at the tick, kept a change"
+    workers.run_one()
+    assert _reconciles(workers, "update") == 2
 
 
 def test_the_resync_lane_queues_its_visits_when_given_a_queue() -> None:
     kube, workers = _workers("a", "b")
+    services = ServiceCache()
+    for name in ("a", "b"):
+        found = kube.get_inference_service("ns", name)
+        assert found is not None
+        services.store(found)
     lane = Resyncer(
         Sync(kube, metrics=OperatorMetrics()),
+        services,
         interval_s=2.0,
         wait=lambda _s: False,
         enqueue=workers.resync,
     )
-    lane.track("ns", "a")
-    lane.track("ns", "b")
     lane.run_round()
     assert kube.writes == [], "queued, not reconciled on the lane's thread"
     assert workers.queue.depth(Lane.RESYNC) == 2
 
 
-def _queued_ahead_of_a_change(
-    names: list[str],
-    call: Callable[[Handlers, kopf.Body], Coroutine[Any, Any, None]],
-    before_start: Callable[[QueueWorkers], None] = lambda workers: None,
-) -> FakeKube:
-    """`call` for each of `names`, then a user's change, all queued before the workers start."""
-    kube, workers = _workers("changed", *names)
-    sync = Sync(kube, metrics=OperatorMetrics())
-    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
-    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
-
-    def body(name: str) -> kopf.Body:
-        found = kube.get_inference_service("ns", name)
-        assert found is not None
-        return kopf.Body(found)
-
-    async def queue_then_run() -> None:
-        calls = [call(handlers, body(name)) for name in names]
-        calls.append(handlers.service_changed(body=body("changed"), reason="update"))
-        tasks = [asyncio.ensure_future(each) for each in calls]
-        while len(workers.queue) < len(tasks):
-            await asyncio.sleep(0.001)
-        before_start(workers)
-        workers.start()
-        await asyncio.gather(*tasks)
-
-    try:
-        asyncio.run(queue_then_run())
-    finally:
-        workers.stop()
-    return kube
-
-
-@pytest.mark.timeout(60)
 def test_a_new_leaders_resumes_do_not_hold_back_a_users_change() -> None:
-    """Kopf resumes every service when a leader starts; an update goes ahead of them all."""
-    kube = _queued_ahead_of_a_change(
-        [f"s{i}" for i in range(20)],
-        lambda handlers, body: handlers.service_changed(body=body, reason="resume"),
-    )
-    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
-
-
-def test_rollout_ticks_wait_in_the_event_lane_behind_a_users_change() -> None:
-    """20 services in a rollout tick: a change queued after every tick goes ahead of them."""
+    """A new leader resumes every service; an update goes ahead of them all."""
     names = [f"s{i}" for i in range(20)]
-
-    def all_ticks_in_the_event_lane(workers: QueueWorkers) -> None:
-        assert workers.queue.depth(Lane.EVENT) == len(names)
-
-    kube = _queued_ahead_of_a_change(
-        names,
-        lambda handlers, body: handlers.rollout_tick(body=body),
-        all_ticks_in_the_event_lane,
-    )
-    assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
-    assert len({name for _, _, name in kube.writes}) > len(names), "every tick reconciled"
-
-
-def test_a_resume_returns_at_once_so_kopf_delivers_the_change_to_that_object() -> None:
-    """A resume waiting behind a new leader's replay would hold back the change to its object.
-
-    kopf runs one object's handlers one at a time, so the change waits for the resume.
-    """
-    kube, workers = _workers("changed", "other")
-    sync = Sync(kube, metrics=OperatorMetrics())
-    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
-    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
-    found = kube.get_inference_service("ns", "changed")
-    assert found is not None
-    workers.add(("ns", "other"))  # the replay, queued ahead; no worker runs yet
-
-    async def resume_then_change() -> None:
-        resumed = handlers.service_changed(body=kopf.Body(found), reason="resume")
-        await asyncio.wait_for(resumed, timeout=2.0)
-        assert workers.queue.depth(Lane.EVENT) == 1
-        assert workers.queue.depth(Lane.RESYNC) == 1
-        changed = asyncio.ensure_future(
-            handlers.service_changed(body=kopf.Body(found), reason="update")
-        )
-        while workers.queue.depth(Lane.CHANGE) == 0:
-            await asyncio.sleep(0.001)
-        workers.start()
-        await changed
-
-    try:
-        asyncio.run(resume_then_change())
-    finally:
-        workers.stop()
+    kube, workers = _workers("changed", *names)
+    for name in names:
+        workers.resume(("ns", name))
+    workers.change(("ns", "changed"))
+    workers.run_one()
     assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
 
 
@@ -397,23 +357,15 @@ def test_a_new_leaders_resumes_hold_one_worker_so_a_change_finds_one_free() -> N
     names = [f"s{i}" for i in range(10)]
     kube, workers = _workers("changed", *names, kube=_HeldKube(), count=3)
     assert isinstance(kube, _HeldKube)
-    sync = Sync(kube, metrics=OperatorMetrics())
-    resyncer = Resyncer(sync, interval_s=60.0, enqueue=workers.resync)
-    handlers = Handlers(sync, retry_delay_s=1.0, resyncer=resyncer, workers=workers)
-    bodies = {name: kube.get_inference_service("ns", name) for name in ["changed", *names]}
-
-    async def resumes_then_change() -> None:
-        for name in names:
-            await handlers.service_changed(body=kopf.Body(bodies[name]), reason="resume")
-        kube.holding = True
-        workers.start()
-        while kube.most_held == 0:
-            await asyncio.sleep(0.001)
-        changed = handlers.service_changed(body=kopf.Body(bodies["changed"]), reason="update")
-        await asyncio.wait_for(changed, timeout=5.0)
-
+    for name in names:
+        workers.resume(("ns", name))
+    kube.holding = True
+    workers.start()
     try:
-        asyncio.run(resumes_then_change())
+        while kube.most_held == 0:
+            threading.Event().wait(0.001)
+        changed = workers.submit_change(("ns", "changed"), trigger="update")
+        assert changed.result(timeout=5.0) is None
         assert kube.most_held == 1
         assert kube.writes[0][2].startswith("changed"), kube.writes[:3]
     finally:
