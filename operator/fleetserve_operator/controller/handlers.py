@@ -341,7 +341,7 @@ class QueueWorkers:
         if retry:
             logger.info("%s of %s/%s tried again in %.1f s: %s", trigger, *key, delay_s, outcome)
         with self._guard:
-            self._later.setdefault(key, again)
+            self._later[key] = again
         self.queue.add_after(key, lane, delay_s)
 
 
