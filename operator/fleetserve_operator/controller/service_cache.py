@@ -72,12 +72,6 @@ class ServiceCache:
                 del self._objects[key]
                 self._deleted[key] = {"metadata": {"resourceVersion": version}}
 
-    def generation(self, namespace: str, name: str) -> int | None:
-        """The `metadata.generation` of the service's last known state; None when unknown."""
-        with self._guard:
-            found = self._objects.get((namespace, name))
-        return None if found is None else int(found["metadata"].get("generation", 0))
-
     def discard(self, obj: Manifest) -> None:
         """The InferenceService `obj` (its DELETED event) is gone."""
         key = object_key(obj)

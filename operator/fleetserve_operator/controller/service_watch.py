@@ -64,7 +64,7 @@ def owed(obj: Mapping[str, Any], known_generation: int | None) -> Owed | None:
     `known_generation`: the generation last known of it before this state; None when it
     was not known.
     """
-    generation = int(obj["metadata"].get("generation", 0))
+    generation = _generation(obj)
     observed = (obj.get("status") or {}).get("observedGeneration")
     if observed is None:
         return Owed.CREATE if known_generation is None else None
@@ -82,34 +82,36 @@ class ServiceSink:
         self._services = services
         self._queue = queue
         self._namespace = namespace
+        self._generations: dict[Key, int] = {}
+        """The generation this watch last saw of each service. Not the cache's: a reconcile
+        reads a service the watch has not listed yet from the API server and stores it
+        there, and a new leader's listing must still resume it."""
 
     def listed(self, items: list[Manifest], version: str) -> None:
         """Keep the listing; services gone since leave tombstones and are dropped."""
-        before = {
-            key: self._services.generation(*key)
-            for key in self._services.alive()
-            if self._namespace in (None, key[0])
-        }
+        before, self._generations = self._generations, {}
         self._services.replace(self._namespace, items, version)
-        listed = set()
         for item in items:
             key = _key(item)
-            listed.add(key)
+            self._generations[key] = _generation(item)
             self._queue_owed(key, owed(item, before.get(key)))
-        for key in before.keys() - listed:
+        for key in before.keys() - self._generations.keys():
             self._queue.gone(key)
 
     def changed(self, obj: Manifest) -> None:
         """Keep the new state; queue the reconcile it is owed."""
         key = _key(obj)
-        before = self._services.generation(*key)
+        before = self._generations.get(key)
+        self._generations[key] = _generation(obj)
         self._services.store(obj, given=True)
         self._queue_owed(key, owed(obj, before))
 
     def deleted(self, obj: Manifest) -> None:
         """Forget the service (a tombstone at its deletion's version)."""
+        key = _key(obj)
+        self._generations.pop(key, None)
         self._services.discard(obj)
-        self._queue.gone(_key(obj))
+        self._queue.gone(key)
 
     def lost(self) -> None:
         """Nothing to drop: readers keep the last state, and the re-list brings the rest."""
@@ -124,6 +126,10 @@ class ServiceSink:
             self._queue.change(key)
         elif reconcile is Owed.RESUME:
             self._queue.resume(key)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(obj["metadata"].get("generation", 0))
 
 
 def _key(obj: Mapping[str, Any]) -> Key:
