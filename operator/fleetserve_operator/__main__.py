@@ -188,9 +188,9 @@ def _serve(
     cache: ChildCache,
     services: ServiceCache,
 ) -> None:
-    """Run kopf with the handlers, the work queue and the child watches filling `cache`.
+    """Run kopf with the work queue, the resync lane and the watches filling the caches.
 
-    kopf's watch of the InferenceServices fills `services`.
+    The child watches fill `cache`, the InferenceServices' watch fills `services`.
     """
     sync = _reconciler(config, metrics, cached)
     workers, watches = _queue_and_watches(config, metrics, sync, kube, (cache, services))

@@ -5,9 +5,9 @@ its children and their pods, from the `ChildCache` the child watches fill, once 
 a complete listing of the kinds read (else from the API server, as before). Every write of
 a child goes to the API server, and what it answers is stored in the cache, so the next
 reconcile reads the child as written even before the watch delivers it. Events are posted
-by an `EventPoster`. The InferenceService itself is read from the `ServiceCache` that kopf's
-watch and the operator's own writes of it fill (its status, a command annotation cleared),
-once the service was seen there.
+by an `EventPoster`. The InferenceService itself is read from the `ServiceCache` that the
+operator's watch of the services and its own writes of them fill (its status, a command
+annotation or a finalizer removed), once the service was seen there.
 """
 
 from __future__ import annotations

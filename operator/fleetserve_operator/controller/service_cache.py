@@ -1,18 +1,17 @@
-"""The InferenceServices as kopf's watch and the operator's own writes last showed them.
+"""The InferenceServices as the operator's watch and its own writes last showed them.
 
 Every reconcile starts by reading its InferenceService. A GET for it was, once the children
 came from the watches' cache, the one read left on every reconcile (a child event's, a
-resync's), four per service created at 200 services. Two watches store here: kopf's,
-which hands every event to the operator's event handler before any change handler of that
-event (`handlers.Handlers.service_event`), so a reconcile queued for that change reads at
-least that state; and the operator's own (`service_watch`), whose listing fills this cache
-as soon as the operator leads, long before kopf has handled its own first listing.
+resync's), four per service created at 200 services. The operator's watch of the services
+(`service_watch`) stores every event here before it queues the reconcile that event is
+owed, so that reconcile reads at least that state; its listing fills the cache as soon as
+the operator leads.
 
 A reconcile must report from the status the previous one wrote, or it would write that
 status, and post its Events, a second time. So the operator's own writes of an
-InferenceService (its status, a command annotation cleared) are stored as the API server
-answered them, before kopf's watch delivers them; an event older than what is stored (by
-`resourceVersion`, as in `cache.ChildCache`) changes nothing. A deleted service leaves a
+InferenceService (its status, a command annotation or a finalizer removed) are stored as
+the API server answered them, before the watch delivers them; an event older than what is
+stored (by `resourceVersion`, as in `cache.ChildCache`) changes nothing. A deleted service leaves a
 tombstone at the deletion's version, so a write answered just before the deletion and
 stored just after it cannot bring the object back; so does a service that a new listing
 no longer names (deleted while no watch ran). A service not seen yet (the first listings

@@ -12,7 +12,7 @@ user's change (a new `metadata.generation`) goes ahead of child-event echoes, an
 ahead of the periodic resync. At 1000 services the resync lane alone holds up to 1000 keys
 and the echoes of a rollout dozens; a change behind them would wait for all of them. The
 event lane is not starved, though: after `changes_per_event` changes in a row one waiting
-event key is served. A creation burst is a thousand changes (kopf's create handlers), and
+event key is served. A creation burst is a thousand changes (the services' creates), and
 under strict priority no service reported Ready (its pods' events wait in the event lane)
 until the whole burst was created; with this share the events of the services created
 first keep flowing, and a change still waits behind at most one event key for every
@@ -51,7 +51,7 @@ class Lane(IntEnum):
     """Why a key is queued; a lower value is served first."""
 
     CHANGE = 0
-    """A user changed the object (a new generation), or kopf handles its create."""
+    """A user created or changed the object (a new generation)."""
     EVENT = 1
     """An event of a child or a pod (mostly echoes of the operator's own writes)."""
     RESYNC = 2
