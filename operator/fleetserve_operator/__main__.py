@@ -163,9 +163,11 @@ def _queue_and_watches(
         metrics,
         workers=config.queue_workers,
         event_delay_s=config.child_event_delay_s,
-        retry_delay_s=config.retry_delay_s,
-        tick_s=config.rollout_tick_s,
-        ticking=functools.partial(_is_ticking, services),
+        requeue=handlers.Requeue(
+            retry_delay_s=config.retry_delay_s,
+            tick_s=config.rollout_tick_s,
+            ticking=functools.partial(_is_ticking, services),
+        ),
     )
     watches = ChildWatches(
         kube.api_client,

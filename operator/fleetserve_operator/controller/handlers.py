@@ -40,7 +40,7 @@ from fleetserve_operator.controller.workqueue import Lane, WorkQueue
 from fleetserve_operator.errors import ClusterUnavailable, FleetserveError, InvalidSpec, SpecError
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 
-__all__ = ["QueueWorkers", "Resyncer", "register"]
+__all__ = ["QueueWorkers", "Requeue", "Resyncer", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +165,22 @@ class _Waiter:
     result: Future[SpecError | None] = field(default_factory=Future)
 
 
+def _never(_key: Key) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """When a worker queues a key again after its reconcile (see `QueueWorkers`)."""
+
+    retry_delay_s: float = 30.0
+    """A create or change that failed (`is_retried`) is reconciled again after this long."""
+    tick_s: float = 5.0
+    """A service `ticking` says is ticking is reconciled again after this long."""
+    ticking: Callable[[Key], bool] = _never
+    """Whether a service's last known status asks for the rollout tick (`is_ticking`)."""
+
+
 class QueueWorkers:
     """Threads that take InferenceService keys from a `WorkQueue` and reconcile them.
 
@@ -174,10 +190,11 @@ class QueueWorkers:
     depth is exported as `fleetserve_operator_work_queue_depth`, the reconciles running as
     `fleetserve_operator_reconciles_in_flight`. A failed reconcile is logged (a traceback
     only for an unexpected error). A create or a change whose reconcile failed is queued
-    again after `retry_delay_s` (`is_retried`); child events and resyncs are not retried:
-    the resync lane heals what one could not. After every reconcile of a service for which
-    `ticking` holds (`is_ticking` of its status), its key is queued again in the event lane
-    after `tick_s`, as a rollout tick; a retry takes its place, due at the sooner of the two.
+    again after `requeue.retry_delay_s`; child events and resyncs are not retried: the
+    resync lane heals what one could not. After every reconcile of a service for which
+    `requeue.ticking` holds, its key is queued again in the event lane after
+    `requeue.tick_s`, as a rollout tick; a retry takes its place, due at the sooner of the
+    two.
     """
 
     def __init__(
@@ -187,17 +204,13 @@ class QueueWorkers:
         *,
         workers: int,
         event_delay_s: float = 0.0,
-        retry_delay_s: float = 30.0,
-        tick_s: float = 5.0,
-        ticking: Callable[[Key], bool] = lambda _key: False,
+        requeue: Requeue = Requeue(),
     ) -> None:
         self._sync = sync
         self._metrics = metrics
         self._workers = workers
         self._event_delay_s = event_delay_s
-        self._retry_delay_s = retry_delay_s
-        self._tick_s = tick_s
-        self._ticking = ticking
+        self._requeue = requeue
         self.queue: WorkQueue[Key] = WorkQueue()
         metrics.queue_depth.set_function(lambda: len(self.queue))
         metrics.reconciles_in_flight.set_function(self.queue.running)
@@ -329,12 +342,13 @@ class QueueWorkers:
 
     def _queue_again(self, key: Key, trigger: str, outcome: SpecError | Exception | None) -> None:
         """A failed change's retry, or a ticking service's next tick: whichever is due first."""
+        requeue = self._requeue
         retry = trigger in _RETRIED and is_retried(outcome)
-        tick = self._ticking(key)
+        tick = requeue.ticking(key)
         if not (retry or tick):
             return
         delay_s = min(
-            delay for delay, due in ((self._retry_delay_s, retry), (self._tick_s, tick)) if due
+            delay for delay, due in ((requeue.retry_delay_s, retry), (requeue.tick_s, tick)) if due
         )
         # A retry keeps its trigger, so that it is retried again if it fails again.
         lane, again = (Lane.CHANGE, trigger) if retry else (Lane.EVENT, "rollout")
