@@ -272,9 +272,11 @@ bench-runtime: setup
 	$(PY) -m bench.http_overhead_bench
 	$(PY) -m bench.precision_bench
 
-## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools);
+## bench-operator: 1000 InferenceServices on KWOK nodes (built once from e2e/kwok-tools), after
+##                 the control plane's floor for the same fleet (no operator; --no-floor skips);
 ##                 last line services= ready_s= idle_writes_per_min= change_to_patch_p99_s=
-##                 rss_mb= (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
+##                 rss_mb= floor_ready_s= ready_over_floor=
+##                 (BENCH_OPERATOR_FLAGS="--services 5 --idle-window-s 10": a smoke run)
 bench-operator: setup tools
 	PYTHONPATH=e2e $(PY) -m bench.operator_bench $(BENCH_OPERATOR_FLAGS)
 

@@ -8,7 +8,13 @@ requests. This module starts it as `python -m fleetserve_e2e.operator_scale` in 
 the result is read with the harness's own `ScaleResult`), reads its JSON result and reports
 it: a table, the JSON, a line with every target's figure (`targets: name=value(<=bound:ok)`,
 NO where missed), and the headline as the last line,
-`services=… ready_s=… idle_writes_per_min=… change_to_patch_p99_s=… rss_mb=…`.
+`services=… ready_s=… idle_writes_per_min=… change_to_patch_p99_s=… rss_mb=…`, ending
+`floor_ready_s=… ready_over_floor=…` when the floor ran.
+
+The floor (`fleetserve_e2e.control_plane_floor`, run first unless `--no-floor`) is the same
+fleet in a fresh cluster of the same shape with the children made by the driver and no
+operator: the time this machine's control plane needs whatever the operator does.
+`ready_over_floor` is the bench's all-Ready time over it, measured side by side.
 
 `--services 5 --idle-window-s 10` is a smoke run of a minute or so.
 """
@@ -25,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from fleetserve_e2e.control_plane_floor import FloorResult
 from fleetserve_e2e.operator_scale import ScaleConfig, ScaleResult, knob_flag
 from pydantic import TypeAdapter
 from rich.console import Console
@@ -33,6 +40,7 @@ from rich.table import Table
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"
 
 _RESULT = TypeAdapter(ScaleResult)
+_FLOOR = TypeAdapter(FloorResult)
 PASSED_ON = {
     "services": "InferenceServices (N)",
     "changes": "spec changes timed (M)",
@@ -59,14 +67,31 @@ def read_result(text: str) -> ScaleResult:
     return _RESULT.validate_json(text, extra="forbid")
 
 
-def headline(result: ScaleResult) -> str:
+def read_floor(text: str) -> FloorResult:
+    """The floor's JSON, read as strictly as the bench's."""
+    return _FLOOR.validate_json(text, extra="forbid")
+
+
+def headline(result: ScaleResult, floor: FloorResult | None = None) -> str:
     """The last line of the report."""
-    return (
+    line = (
         f"services={result.services} ready_s={result.ready_s:.1f} "
         f"idle_writes_per_min={result.idle_writes_per_min:g} "
         f"change_to_patch_p99_s={result.change_to_patch_p99_s:.3f} "
         f"rss_mb={result.rss_peak_mb:.0f}"
     )
+    if floor is None:
+        return line
+    return (
+        f"{line} floor_ready_s={floor.ready_s:.1f} ready_over_floor={over_floor(result, floor):.2f}"
+    )
+
+
+def over_floor(result: ScaleResult, floor: FloorResult) -> float:
+    """The bench's all-Ready time over the floor's, for the same number of services."""
+    if floor.services != result.services:
+        raise ValueError(f"the floor ran {floor.services} services, the bench {result.services}")
+    return result.ready_s / floor.ready_s
 
 
 def figures(result: ScaleResult) -> dict[str, float]:
@@ -130,6 +155,12 @@ def table(result: ScaleResult) -> Table:
         ("reconciles by trigger", _counts(result.reconciles_by_trigger), ""),
         ("until all Ready, per service: writes / dry-runs / reads", _per_service(result), ""),
         ("until all Ready, writes by kind", _counts(result.ready_writes_by_kind), ""),
+        (
+            "until all Ready, the machine's CPU (s) / the operator's share",
+            f"{result.machine_cpu_ready_s:.1f} / "
+            f"{result.cpu_ready_s / max(result.machine_cpu_ready_s, 1e-9):.0%}",
+            "",
+        ),
     ]
     marks = {
         2: ("ready_s",),
@@ -149,6 +180,29 @@ def table(result: ScaleResult) -> Table:
     return out
 
 
+def floor_table(result: ScaleResult, floor: FloorResult) -> Table:
+    """The floor's figures beside the bench's."""
+    out = Table(title=f"the control plane's floor: {floor.services} services, no operator")
+    out.add_column("figure", justify="left")
+    for column in ("floor", "bench"):
+        out.add_column(column, justify="right")
+    out.add_row("create all (s)", f"{floor.create_s:.1f}", f"{result.create_s:.1f}")
+    out.add_row("all Ready (s)", f"{floor.ready_s:.1f}", f"{result.ready_s:.1f}")
+    out.add_row(
+        "until all Ready, the machine's CPU (s)",
+        f"{floor.machine_cpu_ready_s:.1f}",
+        f"{result.machine_cpu_ready_s:.1f}",
+    )
+    out.add_row(
+        "until all Ready, the driver's / the operator's CPU (s)",
+        f"{floor.driver_cpu_ready_s:.1f}",
+        f"{result.cpu_ready_s:.1f}",
+    )
+    out.add_row("children created (floor: by the driver)", f"{floor.children}", "")
+    out.add_row("bench all Ready over the floor's", "", f"{over_floor(result, floor):.2f}")
+    return out
+
+
 def _counts(counts: Mapping[str, float]) -> str:
     return ", ".join(f"{key} {value:g}" for key, value in sorted(counts.items())) or "-"
 
@@ -160,26 +214,42 @@ def _per_service(result: ScaleResult) -> str:
     return " / ".join(f"{count / max(1, result.services):.1f}" for count in counts)
 
 
-def print_report(result: ScaleResult, *, context: Mapping[str, object]) -> None:
-    """Print the table, the JSON (with `context`), every target's figure, then the headline."""
-    Console(width=120).print(table(result))
-    print(json.dumps({"context": dict(context), "result": asdict(result)}, indent=2))
+def print_report(
+    result: ScaleResult, floor: FloorResult | None, *, context: Mapping[str, object]
+) -> None:
+    """Print the tables, the JSON (with `context`), every target's figure, then the headline."""
+    console = Console(width=120)
+    console.print(table(result))
+    if floor is not None:
+        console.print(floor_table(result, floor))
+    report = {"context": dict(context), "result": asdict(result)}
+    if floor is not None:
+        report["floor"] = asdict(floor)
+    print(json.dumps(report, indent=2))
     print(target_line(result))
-    print(headline(result))
+    print(headline(result, floor))
 
 
 def harness_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
     """The `fleetserve_e2e.operator_scale` command line for `args`."""
-    argv = [
-        sys.executable,
-        "-m",
-        "fleetserve_e2e.operator_scale",
-        *(f"{knob_flag(name)}={getattr(args, name)}" for name in PASSED_ON),
-        f"--json={json_path}",
-    ]
-    argv += [f"--operator-setting={item}" for item in args.operator_setting]
-    if args.work_dir is not None:
-        argv.append(f"--work-dir={args.work_dir.resolve()}")
+    flags = [f"{knob_flag(name)}={getattr(args, name)}" for name in PASSED_ON]
+    flags += [f"--operator-setting={item}" for item in args.operator_setting]
+    return _module_argv("fleetserve_e2e.operator_scale", flags, json_path, args.work_dir)
+
+
+def floor_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
+    """The `fleetserve_e2e.control_plane_floor` command line for `args`."""
+    work_dir = None if args.work_dir is None else args.work_dir / "floor"
+    flags = [f"--services={args.services}"]
+    return _module_argv("fleetserve_e2e.control_plane_floor", flags, json_path, work_dir)
+
+
+def _module_argv(
+    module: str, flags: list[str], json_path: Path, work_dir: Path | None
+) -> list[str]:
+    argv = [sys.executable, "-m", module, *flags, f"--json={json_path}"]
+    if work_dir is not None:
+        argv.append(f"--work-dir={work_dir.resolve()}")
     return argv
 
 
@@ -192,6 +262,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--operator-setting", action="append", default=[], metavar="FLEETSERVE_X=VALUE"
     )
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first measure the control plane's floor for the same fleet (a few minutes)",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep the cluster's logs here")
     return parser
 
@@ -199,12 +275,17 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the harness once and report."""
     args = _parser().parse_args(argv)
+    floor = None
     with tempfile.TemporaryDirectory(prefix="operator-bench-") as scratch:
+        if args.floor:
+            floor_path = Path(scratch) / "floor.json"
+            subprocess.run(floor_argv(args, floor_path), cwd=E2E_DIR, check=True)
+            floor = read_floor(floor_path.read_text(encoding="utf-8"))
         json_path = Path(scratch) / "result.json"
         subprocess.run(harness_argv(args, json_path), cwd=E2E_DIR, check=True)
         result = read_result(json_path.read_text(encoding="utf-8"))
     context = {"argv": sys.argv[1:], "operator_settings": args.operator_setting}
-    print_report(result, context=context)
+    print_report(result, floor, context=context)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ The result is written as JSON (`ScaleResult`); ``bench/operator_bench.py`` print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import shlex
 import shutil
 import signal
@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -57,12 +57,12 @@ from fleetserve_e2e.operator_process import (
     fsvc_path,
     install_crd,
 )
+from fleetserve_e2e.proc_stats import ProcessSampler, machine_busy_s
 from fleetserve_e2e.waiting import wait_until
 
 NAMESPACE = "bench"
 REPLICAS = 2
 _WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 AUDIT_POLICY: JsonObject = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -87,6 +87,11 @@ def bench_service(name: str, *, replicas: int = REPLICAS) -> JsonObject:
             "traffic": {"provider": "replicas"},
         },
     }
+
+
+def service_names(count: int) -> list[str]:
+    """The names of the bench's `count` services, in the order they are created."""
+    return [f"svc-{i:04d}" for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -193,46 +198,6 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[int(rank) - 1]
 
 
-@dataclass
-class ProcessSampler:
-    """Samples a process's RSS while it runs, and reads its peak RSS and CPU time."""
-
-    pid: int
-    interval_s: float = 0.5
-    samples_mb: list[float] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def start(self) -> None:
-        """Sample in a daemon thread until `stop`."""
-        threading.Thread(target=self._run, name="rss-sampler", daemon=True).start()
-
-    def stop(self) -> None:
-        """Stop sampling."""
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.samples_mb.append(self.status_mb("VmRSS"))
-            except (OSError, KeyError):
-                return
-
-    def status_mb(self, key: str) -> float:
-        """A ``kB`` field of ``/proc/<pid>/status`` (VmRSS, VmHWM) in MB."""
-        for line in Path(f"/proc/{self.pid}/status").read_text(encoding="ascii").splitlines():
-            name, _, value = line.partition(":")
-            if name == key:
-                return int(value.split()[0]) / 1024
-        raise KeyError(key)
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the process so far."""
-        # Fields after the parenthesised command name; utime and stime are the 14th and 15th.
-        fields = Path(f"/proc/{self.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1]
-        utime, stime = fields.split()[11:13]
-        return (int(utime) + int(stime)) / _CLK_TCK
-
-
 @dataclass(frozen=True)
 class ScaleResult:
     """Everything one run measured (seconds, MB, requests)."""
@@ -261,6 +226,9 @@ class ScaleResult:
     cpu_idle_s: float
     cpu_ready_s: float
     """The operator's CPU seconds from its start until every service was Ready."""
+    machine_cpu_ready_s: float
+    """The whole machine's busy CPU seconds (all cores) from the first create until every
+    service was Ready."""
     ready_writes_by_kind: dict[str, int]
     """The operator's writes from the first create until every service was Ready, by
     ``<verb> <resource>[/<subresource>]`` (its Lease renewals apart)."""
@@ -374,22 +342,37 @@ def knob_flag(name: str) -> str:
 
 def run(config: ScaleConfig, work_dir: Path) -> ScaleResult:
     """Run one measurement in a fresh cluster under `work_dir` (kept for its logs)."""
+    with scale_cluster(config.services, work_dir) as cluster:
+        return _measure(cluster, config, audit_log_path(work_dir), work_dir)
+
+
+def audit_log_path(work_dir: Path) -> Path:
+    """Where the API server of `scale_cluster(…, work_dir)` writes its audit log."""
+    return work_dir / "logs" / "audit.log"
+
+
+@contextlib.contextmanager
+def scale_cluster(services: int, work_dir: Path) -> Iterator[LocalCluster]:
+    """A KWOK cluster for `services` services of `REPLICAS` pods, auditing ServiceAccounts.
+
+    The bench and its floor (`control_plane_floor`) run on clusters of this one shape, so
+    that the API server does the same work for a request in both.
+    """
     policy = work_dir / "audit-policy.yaml"
     work_dir.mkdir(parents=True, exist_ok=True)
     policy.write_text(yaml.safe_dump(AUDIT_POLICY), encoding="utf-8")
-    audit_log = work_dir / "logs" / "audit.log"
     audit_flags = [
         f"--audit-policy-file={policy}",
-        f"--audit-log-path={audit_log}",
+        f"--audit-log-path={audit_log_path(work_dir)}",
         "--audit-log-format=json",
         "--audit-log-maxsize=0",
     ]
-    pods = config.services * REPLICAS
+    pods = services * REPLICAS
     nodes = KwokNodes(count=max(1, -(-pods // 1000)) + 1)
     with kwok_cluster(
         nodes=nodes, work_dir=work_dir, extra_args={"kube-apiserver": audit_flags}
     ) as cluster:
-        return _measure(cluster, config, audit_log, work_dir)
+        yield cluster
 
 
 def _start_operator(
@@ -423,7 +406,8 @@ def _measure(
     sampler.start()
     tail = AuditTail(audit_log)
     try:
-        names = [f"svc-{i:04d}" for i in range(config.services)]
+        names = service_names(config.services)
+        machine_started = machine_busy_s()
         started = time.monotonic()
         wall_started = time.time()
         for name in names:
@@ -438,6 +422,7 @@ def _measure(
         )
         ready_s = time.monotonic() - started
         cpu_ready = sampler.cpu_s()
+        machine_ready = machine_busy_s() - machine_started
         print(f"all {len(names)} services Ready after {ready_s:.1f}s", flush=True)
         until_ready = count_requests(
             tail.read(), username=username, start=wall_started, end=wall_started + ready_s
@@ -491,6 +476,7 @@ def _measure(
         cpu_s=round(cpu_s, 2),
         cpu_idle_s=round(cpu_idle, 2),
         cpu_ready_s=round(cpu_ready, 2),
+        machine_cpu_ready_s=round(machine_ready, 2),
         ready_writes_by_kind=until_ready.by_kind,
         ready_dry_runs=until_ready.dry_runs,
         ready_reads=until_ready.reads,
@@ -606,24 +592,34 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def write_result(
+    json_path: Path, work_dir: Path | None, measure: Callable[[Path], Mapping[str, Any]]
+) -> None:
+    """Run `measure` in `work_dir` and write what it returns to `json_path` as JSON.
+
+    Without a `work_dir`, a temporary one is used and removed after. SIGTERM (a `timeout`,
+    a CI cancel) unwinds instead of killing, so the cluster is still torn down.
+    """
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    scratch = work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-scale-"))
+    try:
+        result = measure(scratch)
+    finally:
+        if work_dir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    json_path.write_text(json.dumps(result, indent=2), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse `argv`, run once, write the JSON result."""
     args = _parser().parse_args(argv)
-    # SIGTERM (a `timeout`, a CI cancel) must still tear the cluster down: unwind, not die.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
     settings = dict(item.split("=", 1) for item in args.operator_setting)
     config = ScaleConfig(
         **{knob.name: getattr(args, knob.name) for knob in _knobs()},
         operator_settings=settings,
         operator_command=shlex.split(args.operator_command) if args.operator_command else None,
     )
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="fleetserve-scale-"))
-    try:
-        result = run(config, work_dir)
-    finally:
-        if args.work_dir is None:
-            shutil.rmtree(work_dir, ignore_errors=True)
-    args.json.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
+    write_result(args.json, args.work_dir, lambda work_dir: asdict(run(config, work_dir)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The scale run's counting: audit-log lines as kube-apiserver writes them, percentiles, stages.
+"""The scale run's counting: audit-log lines, percentiles, KWOK's stages, the machine's busy time.
 
 No cluster: the audit lines are in the API server's JSON format (audit.k8s.io/v1 Event,
 Metadata level); the KWOK stages are read from the pinned module's source.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import yaml
 
 from fleetserve_e2e.kwok import DEFAULT_STAGES, kwok_version, write_stages
 from fleetserve_e2e.operator_scale import count_requests, percentile
+from fleetserve_e2e.proc_stats import busy_s
 
 OPERATOR = "system:serviceaccount:fleetserve-system-bench:fleetserve-operator"
 START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -91,3 +93,12 @@ def test_the_default_stages_are_kwoks_own(tmp_path: Path) -> None:
         "pod-complete",
         "pod-delete",
     ]
+
+
+def test_busy_time_is_every_state_but_idle_iowait_and_steal() -> None:
+    """Ticks of user, nice, system, irq and softirq; guest time is inside user already."""
+    tick = os.sysconf("SC_CLK_TCK")
+    #       cpu  user nice system idle    iowait irq softirq steal guest guest_nice
+    stat = f"cpu  {tick * 10} {tick} {tick * 4} 900000 70000 {tick} {tick * 2} 5000 3000 0\n"
+    stat += "cpu0 1 2 3 4 5 6 7 8 9 10\nintr 12345\n"
+    assert busy_s(stat) == 18.0

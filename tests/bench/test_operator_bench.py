@@ -13,11 +13,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from bench.operator_bench import (
+    FloorResult,
     ScaleResult,
+    floor_argv,
+    floor_table,
     harness_argv,
     headline,
+    read_floor,
     read_result,
     table,
     target_line,
@@ -47,6 +52,7 @@ FIGURES = {
     "cpu_s": 100.0,
     "cpu_idle_s": 1.0,
     "cpu_ready_s": 30.0,
+    "machine_cpu_ready_s": 150.0,
     "ready_writes_by_kind": {"create deployments": 1000, "patch deployments": 1000},
     "ready_dry_runs": 3000,
     "ready_reads": 500,
@@ -57,12 +63,58 @@ FIGURES = {
     "handover_change_p99_s": 1.5,
 }
 
+FLOOR = {
+    "services": 1000,
+    "children": 4000,
+    "writers": 8,
+    "create_s": 30.0,
+    "ready_s": 80.2,
+    "machine_cpu_ready_s": 120.0,
+    "driver_cpu_ready_s": 20.0,
+}
+
 
 def test_headline_is_the_documented_last_line() -> None:
     result = ScaleResult(**FIGURES)
     assert headline(result) == (
         "services=1000 ready_s=100.2 idle_writes_per_min=0 change_to_patch_p99_s=0.800 rss_mb=310"
     )
+
+
+def test_with_the_floor_the_headline_ends_with_it_and_the_ratio_over_it() -> None:
+    assert headline(ScaleResult(**FIGURES), FloorResult(**FLOOR)).endswith(
+        "rss_mb=310 floor_ready_s=80.2 ready_over_floor=1.25"
+    )
+
+
+def test_a_floor_of_another_fleet_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="the floor ran 10 services, the bench 1000"):
+        headline(ScaleResult(**FIGURES), FloorResult(**{**FLOOR, "services": 10}))
+
+
+def _rows(rendered: Table) -> dict[str, list[str]]:
+    """A rendered table's cells by their first column's text."""
+    console = Console(width=200, record=True)
+    console.print(rendered)
+    cells = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in console.export_text().splitlines()
+        if line.startswith("│")
+    ]
+    return {row[0]: row[1:] for row in cells}
+
+
+def test_the_floor_table_puts_each_figure_beside_the_benchs() -> None:
+    rows = _rows(floor_table(ScaleResult(**FIGURES), FloorResult(**FLOOR)))
+    assert rows["all Ready (s)"] == ["80.2", "100.2"]
+    assert rows["until all Ready, the machine's CPU (s)"] == ["120.0", "150.0"]
+    assert rows["until all Ready, the driver's / the operator's CPU (s)"] == ["20.0", "30.0"]
+    assert rows["bench all Ready over the floor's"] == ["", "1.25"]
+
+
+def test_the_table_gives_the_operators_share_of_the_machines_cpu() -> None:
+    rows = _rows(table(ScaleResult(**FIGURES)))
+    assert rows["until all Ready, the machine's CPU (s) / the operator's share"][0] == "150.0 / 20%"
 
 
 def test_a_change_never_seen_misses_the_latency_target() -> None:
@@ -113,6 +165,9 @@ def test_the_harness_result_is_read_strictly() -> None:
     assert read_result(json.dumps(FIGURES)) == ScaleResult(**FIGURES)
     with pytest.raises(ValidationError):
         read_result(json.dumps({**FIGURES, "unexpected": 1}))
+    assert read_floor(json.dumps(FLOOR)) == FloorResult(**FLOOR)
+    with pytest.raises(ValidationError):
+        read_floor(json.dumps({**FLOOR, "unexpected": 1}))
 
 
 def test_the_harness_gets_every_flag(tmp_path: Path) -> None:
@@ -135,3 +190,15 @@ def test_the_harness_gets_every_flag(tmp_path: Path) -> None:
     assert "--operator-setting=FLEETSERVE_WORKERS=4" in argv
     assert f"--json={tmp_path / 'out.json'}" in argv
     assert f"--work-dir={tmp_path.resolve()}" in argv
+
+
+def test_the_floor_runs_the_benchs_fleet_in_a_work_dir_of_its_own(tmp_path: Path) -> None:
+    args = argparse.Namespace(services=5, work_dir=tmp_path)
+    argv = floor_argv(args, tmp_path / "floor.json")
+    assert argv[1:] == [
+        "-m",
+        "fleetserve_e2e.control_plane_floor",
+        "--services=5",
+        f"--json={tmp_path / 'floor.json'}",
+        f"--work-dir={(tmp_path / 'floor').resolve()}",
+    ]

@@ -1,0 +1,162 @@
+"""The control plane's floor under the operator bench: the same fleet, no operator.
+
+On a 2-core machine the control plane (API server, controller manager, etcd, scheduler,
+KWOK) spends most of the CPU while 1000 services come up, so the bench's ``ready_s`` is
+bounded below by what the control plane needs for the fleet, whatever the operator does.
+This run measures that bound. In a fresh cluster of the bench's shape (`scale_cluster`)
+the driver creates the bench's N InferenceServices one after another, as the bench does,
+and as soon as each exists POSTs, from `writers` threads, the children the operator
+creates on its first reconcile (`floor_children`): no dry-run, no ownership patch, no
+Event, no status write, no watch. ``ready_s`` runs from the first create until every
+service's Deployment reports ``REPLICAS`` ready replicas (listed every 2 s, as the bench
+polls its services). An operator that cost nothing would still make these creates and
+then write a status, so on the same machine it could not be Ready sooner.
+
+``python -m fleetserve_e2e.control_plane_floor --services 1000 --json out.json``;
+``bench/operator_bench.py`` runs it before the bench and prints both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetserve_operator import render
+from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RuntimeImages
+
+from fleetserve_e2e.cluster import LocalCluster
+from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.operator_process import child_path, fsvc_path, install_crd
+from fleetserve_e2e.operator_scale import (
+    NAMESPACE,
+    REPLICAS,
+    bench_service,
+    scale_cluster,
+    service_names,
+    write_result,
+)
+from fleetserve_e2e.proc_stats import machine_busy_s
+from fleetserve_e2e.waiting import GiveUpError, wait_until
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """What one floor run measured (seconds)."""
+
+    services: int
+    children: int
+    """Children created, every service's together."""
+    writers: int
+    create_s: float
+    """From the first InferenceService's create until the last one's."""
+    ready_s: float
+    machine_cpu_ready_s: float
+    """The whole machine's busy CPU seconds (all cores) from the first create until all Ready."""
+    driver_cpu_ready_s: float
+    """This process's CPU seconds over the same window (its creates, renders and POSTs)."""
+
+
+def floor_children(service: JsonObject) -> list[JsonObject]:
+    """The children the operator creates on `service`'s first reconcile (built-in images).
+
+    `service` is the InferenceService as the API server returned it (its uid is the owner's).
+    """
+    meta = service["metadata"]
+    owner = render.Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    spec = InferenceServiceSpec.model_validate(service["spec"]).with_images(RuntimeImages())
+    return render.desired_children(owner, spec, InferenceServiceStatus())
+
+
+def _create_children(kube: KubeClient, service: JsonObject) -> int:
+    children = floor_children(service)
+    for child in children:
+        kube.create(child_path(child["kind"], NAMESPACE), child)
+    return len(children)
+
+
+def _all_ready(kube: KubeClient, expected: int, writes: list[Future[int]]) -> bool:
+    for write in writes:
+        if write.done() and (error := write.exception()) is not None:
+            raise GiveUpError(f"a child's create failed: {error}") from error
+    items = kube.get(child_path("Deployment", NAMESPACE))["items"]
+    ready = sum(1 for item in items if (item.get("status") or {}).get("readyReplicas") == REPLICAS)
+    print(f"floor ready: {ready}/{expected}", flush=True)
+    return ready == expected
+
+
+def run(services: int, *, writers: int, ready_timeout_s: float, work_dir: Path) -> FloorResult:
+    """Run once in a fresh cluster under `work_dir` (kept for its logs)."""
+    with scale_cluster(services, work_dir) as cluster:
+        return _measure(cluster, services, writers=writers, ready_timeout_s=ready_timeout_s)
+
+
+def _measure(
+    cluster: LocalCluster, services: int, *, writers: int, ready_timeout_s: float
+) -> FloorResult:
+    kube = cluster.client
+    install_crd(cluster)
+    kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    names = service_names(services)
+    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="floor-writer") as pool:
+        machine_started = machine_busy_s()
+        driver_started = time.process_time()
+        started = time.monotonic()
+        writes: list[Future[int]] = []
+        for name in names:
+            service = kube.create(fsvc_path(NAMESPACE), bench_service(name))
+            writes.append(pool.submit(_create_children, kube, service))
+        created = time.monotonic()
+        print(f"floor: created {len(names)} services in {created - started:.1f}s", flush=True)
+        wait_until(
+            lambda: _all_ready(kube, len(names), writes),
+            timeout_s=ready_timeout_s,
+            what="every service's Deployment to be ready",
+            interval_s=2.0,
+        )
+        ready_s = time.monotonic() - started
+        machine_ready = machine_busy_s() - machine_started
+        driver_ready = time.process_time() - driver_started
+    print(f"floor: all {len(names)} Deployments ready after {ready_s:.1f}s", flush=True)
+    return FloorResult(
+        services=services,
+        children=sum(write.result() for write in writes),
+        writers=writers,
+        create_s=round(created - started, 2),
+        ready_s=round(ready_s, 2),
+        machine_cpu_ready_s=round(machine_ready, 2),
+        driver_cpu_ready_s=round(driver_ready, 2),
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fleetserve_e2e.control_plane_floor")
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--writers", type=int, default=8, help="threads POSTing children")
+    parser.add_argument("--ready-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--work-dir", type=Path, help="keep the cluster's files and logs here")
+    parser.add_argument("--json", type=Path, required=True, help="write the result here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse `argv`, run once, write the JSON result."""
+    args = _parser().parse_args(argv)
+
+    def measure(work_dir: Path) -> dict[str, Any]:
+        floor = run(
+            args.services,
+            writers=args.writers,
+            ready_timeout_s=args.ready_timeout_s,
+            work_dir=work_dir,
+        )
+        return asdict(floor)
+
+    write_result(args.json, args.work_dir, measure)
+
+
+if __name__ == "__main__":
+    main()
