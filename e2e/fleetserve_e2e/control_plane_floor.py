@@ -29,7 +29,7 @@ from fleetserve_operator import render
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RuntimeImages
 
 from fleetserve_e2e.cluster import LocalCluster
-from fleetserve_e2e.kubeapi import JsonObject, KubeClient
+from fleetserve_e2e.kubeapi import JsonObject, KubeClient, namespaced
 from fleetserve_e2e.operator_process import child_path, fsvc_path, install_crd
 from fleetserve_e2e.operator_scale import (
     NAMESPACE,
@@ -41,6 +41,13 @@ from fleetserve_e2e.operator_scale import (
 )
 from fleetserve_e2e.proc_stats import machine_busy_s
 from fleetserve_e2e.waiting import GiveUpError, wait_until
+
+# The collections of the bench's children.
+_PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,9 @@ def floor_children(service: JsonObject) -> list[JsonObject]:
 def _create_children(kube: KubeClient, service: JsonObject) -> int:
     children = floor_children(service)
     for child in children:
-        kube.create(child_path(child["kind"], NAMESPACE), child)
+        group_version = "" if child["apiVersion"] == "v1" else child["apiVersion"]
+        path = namespaced(_PLURALS[child["kind"]], NAMESPACE, group_version=group_version)
+        kube.create(path, child)
     return len(children)
 
 

@@ -49,7 +49,6 @@ MANAGER = "fleetserve-operator"
 CHILD_APIS = {
     "Deployment": ("apps/v1", "deployments"),
     "Service": ("", "services"),
-    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
     "GRPCRoute": ("gateway.networking.k8s.io/v1", "grpcroutes"),
 }
