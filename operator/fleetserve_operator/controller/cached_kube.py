@@ -48,9 +48,9 @@ class CachedKube:
             return self._api.list_pods(namespace, owner)
         return json_copy(self._cache.owned(namespace, owner, (_POD,)))
 
-    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
+    def create(self, manifest: Manifest) -> Manifest:
         """Create through the API; the created object is cached."""
-        created = self._api.create(manifest, planned=planned)
+        created = self._api.create(manifest)
         self._cache.store(manifest["kind"], json_copy(created))
         return created
 

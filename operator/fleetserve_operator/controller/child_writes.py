@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
@@ -36,8 +36,6 @@ class ChildWrite:
 
     manifest: Manifest
     current: Manifest | None
-    planned: Manifest | None = None
-    """The dry-run's answer for it, once checked (a create takes its fields from it)."""
 
 
 class ChildWriter:
@@ -94,7 +92,11 @@ class ChildWriter:
         return [write for write in self._each(checks) if write is not None]
 
     def _checked(self, owner: Owner, write: ChildWrite) -> ChildWrite | None:
-        """`write` with its dry-run's answer; None when it needs no write after all."""
+        """`write` once its dry-run passed; None when it needs no write after all.
+
+        A create whose name turned out taken by a child of this service becomes an apply
+        onto it, checked again as such.
+        """
         try:
             planned = self._kube.validate(write.manifest, current=write.current)
         except ChildRefused:
@@ -110,8 +112,8 @@ class ChildWriter:
             if found is not None and not render.needs_write(write.manifest, found):
                 return None
             write = ChildWrite(write.manifest, found)
-            planned = self._kube.validate(write.manifest, current=found)
-        return replace(write, planned=planned)
+            self._kube.validate(write.manifest, current=found)
+        return write
 
     def _each(self, calls: Sequence[Callable[[], T]]) -> list[T]:
         """Every call's result in order, the calls made at once on the `write_threads`.
@@ -197,7 +199,7 @@ class ChildWriter:
             ChildConflict: the name is taken by an object this service does not control.
         """
         try:
-            created = self._kube.create(write.manifest, planned=write.planned)
+            created = self._kube.create(write.manifest)
         except ChildConflict:
             found = self._found(owner, write.manifest)
             if found is None:

@@ -10,11 +10,12 @@ naming the spec field that asked for it, a child the API server refuses (schema,
 quota) becomes `ChildRefused`. What the API server says is cut at `errors.MESSAGE_LIMIT` as
 it arrives: it reaches status, Events and logs, and a refusal may quote the whole object.
 
-Children are never written blind. `create` is create-only (a POST, refused when the name is
-taken, so an object that appeared since `sync` looked is never overwritten); `apply` names
-the uid of the object `sync` checked, so the API server refuses it if that object was
-replaced meanwhile. Either way the operator then owns exactly the fields it applies, as if
-server-side apply had created the object (see `_take_ownership`).
+Children are never written blind. `create` is create-only (a server-side apply that names a
+resourceVersion no object can have, refused when the name is taken, so an object that
+appeared since `sync` looked is never overwritten); `apply` names the uid of the object
+`sync` checked, so the API server refuses it if that object was replaced meanwhile. Either
+way the operator owns exactly the fields it applies (one created by a POST, as older
+versions of the operator did, is taken over first: see `_take_ownership`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ _CONFLICT_RETRIES = 3
 # quota), as opposed to failing: 400 BadRequest, 403 Forbidden, 422 Invalid.
 _REFUSALS = (400, 403, 422)
 _DRY_RUN = [("dryRun", "All")]
+# The largest resourceVersion the API server parses (an unsigned 64-bit integer); etcd's
+# revisions are signed 64-bit integers, so no stored object has it.
+_NEVER_ISSUED = str(2**64 - 1)
 # The spec section a child is rendered from, for the field a refusal names.
 _SOURCE_FIELDS = {
     "HTTPRoute": "spec.traffic",
@@ -125,17 +129,15 @@ class Cluster(Protocol):
     def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
         """Dry-run the write that `create` (`current` None) or `apply` would make.
 
-        Returns the object as that write would store it, for `create`'s `planned`.
+        Returns the object as that write would store it.
 
         Raises:
             ChildRefused: the API server refused it (naming the child and its message).
         """
         ...
 
-    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
+    def create(self, manifest: Manifest) -> Manifest:
         """Create a child that does not exist; returns it as stored.
-
-        `planned`: what `validate` answered for this very manifest, when it was checked.
 
         Raises:
             ChildConflict: an object of that name exists (it is left untouched).
@@ -349,24 +351,30 @@ class KubeApi:
         uid = None if current is None else current["metadata"]["uid"]
         return self._apply(manifest, uid, _DRY_RUN)
 
-    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
-        """POST `manifest` (create-only), then take ownership of its fields as an applier.
+    def create(self, manifest: Manifest) -> Manifest:
+        """Create `manifest` by a create-only server-side apply, the operator its `Apply` owner.
 
-        `planned`, the dry-run apply `validate` made of `manifest`, names the fields the
-        operator is to own; without it, a dry-run apply onto the created object does.
+        An apply that names a resourceVersion is refused (409) where an object of that name
+        is stored at another version, and creates the object where none is (a create drops
+        the version it is given). `_NEVER_ISSUED` is no stored object's, so this apply can
+        only create. It is one request where a POST needed a second: a POST makes its field
+        manager an `Update` owner of every field it set, which would keep a field the
+        operator later stops applying, so the operator's entry had to be replaced by the
+        `Apply` entry a dry-run computed (`_take_ownership`).
         """
         meta = manifest["metadata"]
-        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        body = {**manifest, "metadata": {**meta, "resourceVersion": _NEVER_ISSUED}}
         try:
-            # Not `_call`: a 409 here is AlreadyExists, which no retry changes.
-            created = self._send(
-                "POST", path, body=manifest, query=[("fieldManager", naming.MANAGER)]
-            )
+            # Not `_call`: a 409 here is a name taken, which no retry changes.
+            return self._send(
+                "PATCH", path, body=body, query=[("fieldManager", naming.MANAGER)],
+                content_type="application/apply-patch+yaml",
+            )  # fmt: skip
         except _ApiError as exc:
             if exc.status == 409:
                 raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"]) from exc
             raise self._write_error(manifest, exc) from exc
-        return self._take_ownership(manifest, created, planned=planned)
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
         """Server-side apply as field manager `fleetserve-operator` (forced) onto `current`."""
@@ -374,22 +382,18 @@ class KubeApi:
             current = self._take_ownership(manifest, current)  # created, never applied
         return self._apply(manifest, current["metadata"]["uid"], [])
 
-    def _take_ownership(
-        self, manifest: Manifest, current: Manifest, *, planned: Manifest | None = None
-    ) -> Manifest:
+    def _take_ownership(self, manifest: Manifest, current: Manifest) -> Manifest:
         """Make the operator the `Apply` owner of exactly `manifest`'s fields in `current`.
 
-        A POST makes its field manager an `Update` owner of every field it set, defaults
-        included, and such an owner would keep a field the operator later stops applying
-        (an object without managedFields gets one as well, `before-first-apply`). So the
-        operator's entries are replaced by the one a dry-run apply computes, as server-side
-        apply would have recorded it; the uid test keeps the patch off a replaced object.
-        An applier owns exactly the fields it applies, whether the apply creates the object
-        or lands on it: `planned`, a dry-run made before the POST, names the same fields.
+        For a child an older operator created by a POST: its field manager is an `Update`
+        owner of every field it set, defaults included, and such an owner would keep a
+        field the operator later stops applying (an object without managedFields gets one
+        as well, `before-first-apply`). So the operator's entries are replaced by the one a
+        dry-run apply computes, as server-side apply would have recorded it; the uid test
+        keeps the patch off a replaced object.
         """
         meta = current["metadata"]
-        if planned is None:
-            planned = self._apply(manifest, meta["uid"], _DRY_RUN)
+        planned = self._apply(manifest, meta["uid"], _DRY_RUN)
         applied = [e for e in _entries(planned) if _is_operator(e, "Apply")]
         others = [e for e in _entries(current) if e.get("manager") != naming.MANAGER]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])

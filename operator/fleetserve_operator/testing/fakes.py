@@ -135,7 +135,7 @@ class FakeKube:
             answer["metadata"]["managedFields"] = [*others, ours]
         return answer
 
-    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
+    def create(self, manifest: Manifest) -> Manifest:
         """Store a new object; refused like `validate`, and when its name is taken."""
         self.validate(manifest, current=None)
         if _key(manifest) in self.objects:

@@ -21,6 +21,7 @@ from fleetserve_operator import naming
 from fleetserve_operator.controller.kube import KubeApi, ObjectRef
 from fleetserve_operator.errors import (
     MESSAGE_LIMIT,
+    ChildConflict,
     ChildRefused,
     ClusterUnavailable,
     FleetserveError,
@@ -180,7 +181,7 @@ def test_a_long_event_message_is_posted_bounded(api_server: FakeApiServer) -> No
 
 @pytest.fixture
 def echo_server() -> Iterator[FakeApiServer]:
-    """Stores nothing: a POST answers the object with a uid, a PATCH answers its body."""
+    """Stores nothing: an apply answers its body, the operator its field manager."""
     fake = FakeApiServer(status=200, message="")
 
     class Handler(QuietHandler):
@@ -188,38 +189,39 @@ def echo_server() -> Iterator[FakeApiServer]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
             fake.requests.append((self.command, self.path, body))
-            if self.command == "POST":
-                meta = {**body["metadata"], "uid": "u1", "managedFields": []}
-                body = {**body, "metadata": meta}
-            elif isinstance(body, list):  # the JSON patch of managedFields
-                body = {"metadata": {"uid": "u1", "managedFields": body[1]["value"]}}
-            else:  # an apply (dry-run or not): the operator owns what it applied
-                entry = {"manager": "fleetserve-operator", "operation": "Apply"}
-                body = {**body, "metadata": {**body["metadata"], "managedFields": [entry]}}
+            # An apply: the operator owns what it applied.
+            entry = {"manager": "fleetserve-operator", "operation": "Apply"}
+            body = {**body, "metadata": {**body["metadata"], "managedFields": [entry]}}
             self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
-        do_POST = do_PATCH = _answer  # http.server's naming
+        do_PATCH = _answer  # http.server's naming
 
     with serve_http(Handler) as url:
         fake.url = url
         yield fake
 
 
-def _dry_runs(server: FakeApiServer) -> int:
-    return sum("dryRun=All" in path for _, path, _ in server.requests)
-
-
-def test_a_checked_create_takes_its_fields_from_the_check_without_a_second_dry_run(
-    echo_server: FakeApiServer,
-) -> None:
-    kube = _kube(echo_server)
-    planned = kube.validate(_deployment(), current=None)
-    assert _dry_runs(echo_server) == 1
-    created = kube.create(_deployment(), planned=planned)
-    assert _dry_runs(echo_server) == 1, "POST and the managedFields patch, no dry-run"
+def test_a_create_is_one_create_only_apply(echo_server: FakeApiServer) -> None:
+    """No POST and no ownership patch after it: one apply, at a version no object has."""
+    created = _kube(echo_server).create(_deployment())
     assert [e["operation"] for e in created["metadata"]["managedFields"]] == ["Apply"]
-    kube.create(_deployment())  # unchecked: the dry-run is made after the POST
-    assert _dry_runs(echo_server) == 2
+    [(method, path, body)] = echo_server.requests
+    assert method == "PATCH"
+    assert path.startswith("/apis/apps/v1/namespaces/ns/deployments/demo-stable?")
+    assert "fieldManager=fleetserve-operator" in path
+    assert "force" not in path
+    assert "dryRun" not in path
+    assert body["metadata"]["resourceVersion"] == str(2**64 - 1)
+    assert created["spec"] == _deployment()["spec"]
+
+
+def test_a_create_onto_a_taken_name_is_a_conflict_not_retried(
+    api_server: FakeApiServer,
+) -> None:
+    api_server.status = 409
+    with pytest.raises(ChildConflict):
+        _kube(api_server).create(_deployment())
+    assert len(api_server.requests) == 1
 
 
 def test_the_environments_proxy_is_looked_up_once_not_before_every_request(

@@ -29,9 +29,9 @@ class _Meeting(FakeKube):
         default_factory=lambda: threading.Barrier(_CHILDREN, timeout=5.0)
     )
 
-    def create(self, manifest: Manifest, *, planned: Manifest | None = None) -> Manifest:
+    def create(self, manifest: Manifest) -> Manifest:
         self.meeting.wait()
-        return super().create(manifest, planned=planned)
+        return super().create(manifest)
 
 
 @pytest.mark.timeout(30)
