@@ -14,6 +14,11 @@ then write a status, so on the same machine it could not be Ready sooner.
 
 ``python -m fleetserve_e2e.control_plane_floor --services 1000 --json out.json``;
 ``bench/operator_bench.py`` runs it before the bench and prints both.
+
+The driver can also make the operator's other kinds of request (`Extras`), to price each on
+the control plane apart from the operator's own work: creates by the operator's create-only
+server-side apply instead of POSTs (`--apply`), a dry-run of each child before its create
+(`--dry-runs`), status writes and Events per service (`--status-writes N`, `--events N`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatu
 
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeClient, namespaced
-from fleetserve_e2e.operator_process import child_path, fsvc_path, install_crd
+from fleetserve_e2e.operator_process import MANAGER, child_path, fsvc_path, install_crd
 from fleetserve_e2e.operator_scale import (
     NAMESPACE,
     REPLICAS,
@@ -51,6 +56,20 @@ _PLURALS = {
 
 
 @dataclass(frozen=True)
+class Extras:
+    """The operator's kinds of request the driver makes besides its creates (none: the floor)."""
+
+    apply: bool = False
+    """Create each child by a create-only server-side apply, as the operator does, not a POST."""
+    dry_runs: bool = False
+    """Dry-run each child's create first, as the operator checks every write."""
+    status_writes: int = 0
+    """Server-side applies of the service's status, after its children."""
+    events: int = 0
+    """Events posted on the service, after its status writes."""
+
+
+@dataclass(frozen=True)
 class FloorResult:
     """What one floor run measured (seconds)."""
 
@@ -58,6 +77,7 @@ class FloorResult:
     children: int
     """Children created, every service's together."""
     writers: int
+    extras: Extras
     create_s: float
     """From the first InferenceService's create until the last one's."""
     ready_s: float
@@ -78,13 +98,58 @@ def floor_children(service: JsonObject) -> list[JsonObject]:
     return render.desired_children(owner, spec, InferenceServiceStatus())
 
 
-def _create_children(kube: KubeClient, service: JsonObject) -> int:
+_APPLY = "application/apply-patch+yaml"
+# What the operator's create names (`kube.KubeApi.create`): no stored object has it.
+_NEVER_ISSUED = str(2**64 - 1)
+_MANAGED = {"fieldManager": MANAGER}
+
+
+def _create_children(kube: KubeClient, service: JsonObject, extras: Extras) -> int:
     children = floor_children(service)
     for child in children:
         group_version = "" if child["apiVersion"] == "v1" else child["apiVersion"]
         path = namespaced(_PLURALS[child["kind"]], NAMESPACE, group_version=group_version)
-        kube.create(path, child)
+        named = f"{path}/{child['metadata']['name']}"
+        if extras.dry_runs:
+            dry = {"fieldManager": MANAGER, "force": "true", "dryRun": "All"}
+            kube.request("PATCH", named, body=child, params=dry, content_type=_APPLY)
+        if extras.apply:
+            body = {**child, "metadata": {**child["metadata"], "resourceVersion": _NEVER_ISSUED}}
+            kube.request("PATCH", named, body=body, params=_MANAGED, content_type=_APPLY)
+        else:
+            kube.create(path, child)
+    _report(kube, service, extras)
     return len(children)
+
+
+def _report(kube: KubeClient, service: JsonObject, extras: Extras) -> None:
+    """The status writes and Events of `extras`, made as the operator makes them."""
+    meta = service["metadata"]
+    for _ in range(extras.status_writes):
+        status = {"observedGeneration": meta["generation"], "phase": "Pending"}
+        body = {**{k: service[k] for k in ("apiVersion", "kind")}, "status": status}
+        body["metadata"] = {"name": meta["name"], "namespace": NAMESPACE}
+        path = fsvc_path(NAMESPACE, meta["name"]) + "/status"
+        kube.request(
+            "PATCH", path, body=body, params={**_MANAGED, "force": "true"}, content_type=_APPLY
+        )
+    for index in range(extras.events):
+        involved = {
+            "apiVersion": service["apiVersion"],
+            "kind": service["kind"],
+            "name": meta["name"],
+            "namespace": NAMESPACE,
+            "uid": meta["uid"],
+        }
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": NAMESPACE},
+            "involvedObject": involved,
+            "type": "Normal",
+            "reason": "Floor",
+            "message": f"event {index} of the floor's driver",
+            "source": {"component": MANAGER},
+        }
+        kube.create(namespaced("events", NAMESPACE), event)
 
 
 def _all_ready(kube: KubeClient, expected: int, writes: list[Future[int]]) -> bool:
@@ -97,14 +162,21 @@ def _all_ready(kube: KubeClient, expected: int, writes: list[Future[int]]) -> bo
     return ready == expected
 
 
-def run(services: int, *, writers: int, ready_timeout_s: float, work_dir: Path) -> FloorResult:
+def run(
+    services: int,
+    *,
+    writers: int,
+    ready_timeout_s: float,
+    work_dir: Path,
+    extras: Extras = Extras(),
+) -> FloorResult:
     """Run once in a fresh cluster under `work_dir` (kept for its logs)."""
     with scale_cluster(services, work_dir) as cluster:
-        return _measure(cluster, services, writers=writers, ready_timeout_s=ready_timeout_s)
+        return _measure(cluster, services, writers, ready_timeout_s, extras)
 
 
 def _measure(
-    cluster: LocalCluster, services: int, *, writers: int, ready_timeout_s: float
+    cluster: LocalCluster, services: int, writers: int, ready_timeout_s: float, extras: Extras
 ) -> FloorResult:
     kube = cluster.client
     install_crd(cluster)
@@ -121,7 +193,7 @@ def _measure(
         writes: list[Future[int]] = []
         for name in names:
             service = kube.create(fsvc_path(NAMESPACE), bench_service(name))
-            writes.append(pool.submit(_create_children, kube, service))
+            writes.append(pool.submit(_create_children, kube, service, extras))
         created = time.monotonic()
         print(f"floor: created {len(names)} services in {created - started:.1f}s", flush=True)
         wait_until(
@@ -138,6 +210,7 @@ def _measure(
         services=services,
         children=sum(write.result() for write in writes),
         writers=writers,
+        extras=extras,
         create_s=round(created - started, 2),
         ready_s=round(ready_s, 2),
         machine_cpu_ready_s=round(machine_ready, 2),
@@ -150,6 +223,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--writers", type=int, default=8, help="threads POSTing children")
     parser.add_argument("--ready-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--apply", action="store_true", help="create-only applies, not POSTs")
+    parser.add_argument("--dry-runs", action="store_true", help="dry-run each create first")
+    parser.add_argument("--status-writes", type=int, default=0, help="per service")
+    parser.add_argument("--events", type=int, default=0, help="per service")
     parser.add_argument("--work-dir", type=Path, help="keep the cluster's files and logs here")
     parser.add_argument("--json", type=Path, required=True, help="write the result here")
     return parser
@@ -165,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             writers=args.writers,
             ready_timeout_s=args.ready_timeout_s,
             work_dir=work_dir,
+            extras=Extras(args.apply, args.dry_runs, args.status_writes, args.events),
         )
         return asdict(floor)
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fleetserve_e2e.control_plane_floor import Extras
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -67,11 +69,13 @@ FLOOR = {
     "services": 1000,
     "children": 4000,
     "writers": 8,
+    "extras": {"apply": False, "dry_runs": False, "status_writes": 0, "events": 0},
     "create_s": 30.0,
     "ready_s": 80.2,
     "machine_cpu_ready_s": 120.0,
     "driver_cpu_ready_s": 20.0,
 }
+FLOOR_RESULT = FloorResult(**{**FLOOR, "extras": Extras(**FLOOR["extras"])})
 
 
 def test_headline_is_the_documented_last_line() -> None:
@@ -82,14 +86,14 @@ def test_headline_is_the_documented_last_line() -> None:
 
 
 def test_with_the_floor_the_headline_ends_with_it_and_the_ratio_over_it() -> None:
-    assert headline(ScaleResult(**FIGURES), FloorResult(**FLOOR)).endswith(
+    assert headline(ScaleResult(**FIGURES), FLOOR_RESULT).endswith(
         "rss_mb=310 floor_ready_s=80.2 ready_over_floor=1.25"
     )
 
 
 def test_a_floor_of_another_fleet_size_is_refused() -> None:
     with pytest.raises(ValueError, match="the floor ran 10 services, the bench 1000"):
-        headline(ScaleResult(**FIGURES), FloorResult(**{**FLOOR, "services": 10}))
+        headline(ScaleResult(**FIGURES), replace(FLOOR_RESULT, services=10))
 
 
 def _rows(rendered: Table) -> dict[str, list[str]]:
@@ -105,7 +109,7 @@ def _rows(rendered: Table) -> dict[str, list[str]]:
 
 
 def test_the_floor_table_puts_each_figure_beside_the_benchs() -> None:
-    rows = _rows(floor_table(ScaleResult(**FIGURES), FloorResult(**FLOOR)))
+    rows = _rows(floor_table(ScaleResult(**FIGURES), FLOOR_RESULT))
     assert rows["all Ready (s)"] == ["80.2", "100.2"]
     assert rows["until all Ready, the machine's CPU (s)"] == ["120.0", "150.0"]
     assert rows["until all Ready, the driver's / the operator's CPU (s)"] == ["20.0", "30.0"]
@@ -165,7 +169,7 @@ def test_the_harness_result_is_read_strictly() -> None:
     assert read_result(json.dumps(FIGURES)) == ScaleResult(**FIGURES)
     with pytest.raises(ValidationError):
         read_result(json.dumps({**FIGURES, "unexpected": 1}))
-    assert read_floor(json.dumps(FLOOR)) == FloorResult(**FLOOR)
+    assert read_floor(json.dumps(FLOOR)) == FLOOR_RESULT
     with pytest.raises(ValidationError):
         read_floor(json.dumps({**FLOOR, "unexpected": 1}))
 
