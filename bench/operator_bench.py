@@ -220,10 +220,9 @@ def print_report(
     """Print the tables, the JSON (with `context`), every target's figure, then the headline."""
     console = Console(width=120)
     console.print(table(result))
-    if floor is not None:
-        console.print(floor_table(result, floor))
     report = {"context": dict(context), "result": asdict(result)}
     if floor is not None:
+        console.print(floor_table(result, floor))
         report["floor"] = asdict(floor)
     print(json.dumps(report, indent=2))
     print(target_line(result))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve_operator import render
+from fleetserve_operator.controller.kube import APPLY_CONTENT_TYPE, CREATE_ONLY_VERSION
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RuntimeImages
 
 from fleetserve_e2e.cluster import LocalCluster
@@ -98,9 +99,6 @@ def floor_children(service: JsonObject) -> list[JsonObject]:
     return render.desired_children(owner, spec, InferenceServiceStatus())
 
 
-_APPLY = "application/apply-patch+yaml"
-# What the operator's create names (`kube.KubeApi.create`): no stored object has it.
-_NEVER_ISSUED = str(2**64 - 1)
 _MANAGED = {"fieldManager": MANAGER}
 
 
@@ -111,11 +109,14 @@ def _create_children(kube: KubeClient, service: JsonObject, extras: Extras) -> i
         path = namespaced(_PLURALS[child["kind"]], NAMESPACE, group_version=group_version)
         named = f"{path}/{child['metadata']['name']}"
         if extras.dry_runs:
-            dry = {"fieldManager": MANAGER, "force": "true", "dryRun": "All"}
-            kube.request("PATCH", named, body=child, params=dry, content_type=_APPLY)
+            dry = {**_MANAGED, "force": "true", "dryRun": "All"}
+            kube.request("PATCH", named, body=child, params=dry, content_type=APPLY_CONTENT_TYPE)
         if extras.apply:
-            body = {**child, "metadata": {**child["metadata"], "resourceVersion": _NEVER_ISSUED}}
-            kube.request("PATCH", named, body=body, params=_MANAGED, content_type=_APPLY)
+            meta = {**child["metadata"], "resourceVersion": CREATE_ONLY_VERSION}
+            body = {**child, "metadata": meta}
+            kube.request(
+                "PATCH", named, body=body, params=_MANAGED, content_type=APPLY_CONTENT_TYPE
+            )
         else:
             kube.create(path, child)
     _report(kube, service, extras)
@@ -126,13 +127,15 @@ def _report(kube: KubeClient, service: JsonObject, extras: Extras) -> None:
     """The status writes and Events of `extras`, made as the operator makes them."""
     meta = service["metadata"]
     for _ in range(extras.status_writes):
-        status = {"observedGeneration": meta["generation"], "phase": "Pending"}
-        body = {**{k: service[k] for k in ("apiVersion", "kind")}, "status": status}
-        body["metadata"] = {"name": meta["name"], "namespace": NAMESPACE}
+        body = {
+            "apiVersion": service["apiVersion"],
+            "kind": service["kind"],
+            "metadata": {"name": meta["name"], "namespace": NAMESPACE},
+            "status": {"observedGeneration": meta["generation"], "phase": "Pending"},
+        }
         path = fsvc_path(NAMESPACE, meta["name"]) + "/status"
-        kube.request(
-            "PATCH", path, body=body, params={**_MANAGED, "force": "true"}, content_type=_APPLY
-        )
+        forced = {**_MANAGED, "force": "true"}
+        kube.request("PATCH", path, body=body, params=forced, content_type=APPLY_CONTENT_TYPE)
     for index in range(extras.events):
         involved = {
             "apiVersion": service["apiVersion"],

@@ -96,9 +96,12 @@ _CONFLICT_RETRIES = 3
 # quota), as opposed to failing: 400 BadRequest, 403 Forbidden, 422 Invalid.
 _REFUSALS = (400, 403, 422)
 _DRY_RUN = [("dryRun", "All")]
-# The largest resourceVersion the API server parses (an unsigned 64-bit integer); etcd's
-# revisions are signed 64-bit integers, so no stored object has it.
-_NEVER_ISSUED = str(2**64 - 1)
+CREATE_ONLY_VERSION = str(2**64 - 1)
+"""What `KubeApi.create` names as resourceVersion: the largest the API server parses (an
+unsigned 64-bit integer), where etcd's revisions are signed 64-bit integers, so no stored
+object has it."""
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+"""A server-side apply's request body."""
 # The spec section a child is rendered from, for the field a refusal names.
 _SOURCE_FIELDS = {
     "HTTPRoute": "spec.traffic",
@@ -356,20 +359,20 @@ class KubeApi:
 
         An apply that names a resourceVersion is refused (409) where an object of that name
         is stored at another version, and creates the object where none is (a create drops
-        the version it is given). `_NEVER_ISSUED` is no stored object's, so this apply can
-        only create. It is one request where a POST needed a second: a POST makes its field
-        manager an `Update` owner of every field it set, which would keep a field the
+        the version it is given). `CREATE_ONLY_VERSION` is no stored object's, so this apply
+        can only create. It is one request where a POST needed a second: a POST makes its
+        field manager an `Update` owner of every field it set, which would keep a field the
         operator later stops applying, so the operator's entry had to be replaced by the
         `Apply` entry a dry-run computed (`_take_ownership`).
         """
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
-        body = {**manifest, "metadata": {**meta, "resourceVersion": _NEVER_ISSUED}}
+        body = {**manifest, "metadata": {**meta, "resourceVersion": CREATE_ONLY_VERSION}}
         try:
             # Not `_call`: a 409 here is a name taken, which no retry changes.
             return self._send(
                 "PATCH", path, body=body, query=[("fieldManager", naming.MANAGER)],
-                content_type="application/apply-patch+yaml",
+                content_type=APPLY_CONTENT_TYPE,
             )  # fmt: skip
         except _ApiError as exc:
             if exc.status == 409:
@@ -425,7 +428,7 @@ class KubeApi:
         try:
             applied = self._call(
                 "PATCH", path, body=body, query=query,
-                content_type="application/apply-patch+yaml",
+                content_type=APPLY_CONTENT_TYPE,
             )  # fmt: skip
         except _ApiError as exc:
             raise self._write_error(manifest, exc) from exc
@@ -448,7 +451,7 @@ class KubeApi:
         query = [("fieldManager", naming.MANAGER), ("force", "true")]
         try:
             return self._call(
-                "PATCH", path, body=body, query=query, content_type="application/apply-patch+yaml"
+                "PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE
             )
         except _ApiError as exc:
             if exc.status != 404:  # deleted meanwhile: nothing left to report on
