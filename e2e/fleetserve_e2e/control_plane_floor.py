@@ -6,8 +6,8 @@ bounded below by what the control plane needs for the fleet, whatever the operat
 This run measures that bound. In a fresh cluster of the bench's shape (`scale_cluster`)
 the driver creates the bench's N InferenceServices one after another, as the bench does,
 and as soon as each exists POSTs, from `writers` threads, the children the operator
-creates on its first reconcile (`floor_children`): no dry-run, no ownership patch, no
-Event, no status write, no watch. ``ready_s`` runs from the first create until every
+creates on its first reconcile (`floor_children`), as the operator creates them: no
+dry-run, no Event, no status write, no watch. ``ready_s`` runs from the first create until every
 service's Deployment reports ``REPLICAS`` ready replicas (listed every 2 s, as the bench
 polls its services). An operator that cost nothing would still make these creates and
 then write a status, so on the same machine it could not be Ready sooner.
@@ -16,9 +16,9 @@ then write a status, so on the same machine it could not be Ready sooner.
 ``bench/operator_bench.py`` runs it before the bench and prints both.
 
 The driver can also make the operator's other kinds of request (`Extras`), to price each on
-the control plane apart from the operator's own work: creates by the operator's create-only
-server-side apply instead of POSTs (`--apply`), a dry-run of each child before its create
-(`--dry-runs`), status writes and Events per service (`--status-writes N`, `--events N`).
+the control plane apart from the operator's own work: a dry-run of each child before its
+create (`--dry-runs`), status writes and Events per service (`--status-writes N`,
+`--events N`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetserve_operator import render
-from fleetserve_operator.controller.kube import APPLY_CONTENT_TYPE, CREATE_ONLY_VERSION
+from fleetserve_operator.controller.kube import APPLY_CONTENT_TYPE
 from fleetserve_operator.spec import InferenceServiceSpec, InferenceServiceStatus, RuntimeImages
 
 from fleetserve_e2e.cluster import LocalCluster
@@ -60,10 +60,9 @@ _PLURALS = {
 class Extras:
     """The operator's kinds of request the driver makes besides its creates (none: the floor)."""
 
-    apply: bool = False
-    """Create each child by a create-only server-side apply, as the operator does, not a POST."""
     dry_runs: bool = False
-    """Dry-run each child's create first, as the operator checks every write."""
+    """Dry-run each child's create first (a POST with `dryRun=All`), as the operator checks
+    every write."""
     status_writes: int = 0
     """Server-side applies of the service's status, after its children."""
     events: int = 0
@@ -107,18 +106,9 @@ def _create_children(kube: KubeClient, service: JsonObject, extras: Extras) -> i
     for child in children:
         group_version = "" if child["apiVersion"] == "v1" else child["apiVersion"]
         path = namespaced(_PLURALS[child["kind"]], NAMESPACE, group_version=group_version)
-        named = f"{path}/{child['metadata']['name']}"
         if extras.dry_runs:
-            dry = {**_MANAGED, "force": "true", "dryRun": "All"}
-            kube.request("PATCH", named, body=child, params=dry, content_type=APPLY_CONTENT_TYPE)
-        if extras.apply:
-            meta = {**child["metadata"], "resourceVersion": CREATE_ONLY_VERSION}
-            body = {**child, "metadata": meta}
-            kube.request(
-                "PATCH", named, body=body, params=_MANAGED, content_type=APPLY_CONTENT_TYPE
-            )
-        else:
-            kube.create(path, child)
+            kube.request("POST", path, body=child, params={**_MANAGED, "dryRun": "All"})
+        kube.request("POST", path, body=child, params=_MANAGED)
     _report(kube, service, extras)
     return len(children)
 
@@ -226,7 +216,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--writers", type=int, default=8, help="threads POSTing children")
     parser.add_argument("--ready-timeout-s", type=float, default=1800.0)
-    parser.add_argument("--apply", action="store_true", help="create-only applies, not POSTs")
     parser.add_argument("--dry-runs", action="store_true", help="dry-run each create first")
     parser.add_argument("--status-writes", type=int, default=0, help="per service")
     parser.add_argument("--events", type=int, default=0, help="per service")
@@ -245,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
             writers=args.writers,
             ready_timeout_s=args.ready_timeout_s,
             work_dir=work_dir,
-            extras=Extras(args.apply, args.dry_runs, args.status_writes, args.events),
+            extras=Extras(args.dry_runs, args.status_writes, args.events),
         )
         return asdict(floor)
 

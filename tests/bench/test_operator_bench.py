@@ -69,7 +69,7 @@ FLOOR = {
     "services": 1000,
     "children": 4000,
     "writers": 8,
-    "extras": {"apply": False, "dry_runs": False, "status_writes": 0, "events": 0},
+    "extras": {"dry_runs": False, "status_writes": 0, "events": 0},
     "create_s": 30.0,
     "ready_s": 80.2,
     "machine_cpu_ready_s": 120.0,

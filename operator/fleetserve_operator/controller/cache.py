@@ -18,8 +18,9 @@ in its status alone is stored but is no news: at 1000 services the disruption co
 updates of the PodDisruptionBudgets' status were thousands of reconciles with nothing to do.
 
 To keep the fleet's objects small, the managed-fields bookkeeping of other managers is
-dropped unless the operator still owns fields as an `Update` manager (a child created but
-not yet applied): only then does `kube` need the other managers' entries.
+dropped: a reconcile reads only the operator's own entries (whether it still owns a child's
+fields as the `Update` manager that created it), and `kube` reads the others fresh when it
+rewrites the entries.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _slim(obj: Manifest) -> Manifest:
     meta = obj["metadata"]
     entries: list[Mapping[str, Any]] = meta.get("managedFields") or []
     ours = [entry for entry in entries if entry.get("manager") == naming.MANAGER]
-    if any(entry.get("operation") == "Update" for entry in ours) or len(ours) == len(entries):
+    if len(ours) == len(entries):
         return obj
     return {**obj, "metadata": {**meta, "managedFields": ours}}
 

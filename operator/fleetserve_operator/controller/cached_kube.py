@@ -73,9 +73,9 @@ class CachedKube:
         """The API's."""
         return self._api.get_child(manifest)
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
         """The API's."""
-        return self._api.validate(manifest, current=current)
+        self._api.validate(manifest, current=current)
 
     def apply_status(self, ref: ObjectRef, status: Manifest) -> Manifest | None:
         """Through the API; the service as written is cached (shared: do not edit it)."""

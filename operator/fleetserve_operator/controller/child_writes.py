@@ -7,7 +7,7 @@ and left alone (`ChildConflict`); then the writes and deletions are made phase b
 `render.converge_phase` order. The requests of one step that do not depend on one another
 (each child's dry-run; the writes of one phase, such as a change's canary Deployment and
 Service) go at once on the `write_threads`, since a reconcile mostly waits on the API
-server. Each phase's writes are posted as one Event per action.
+server. Each write made is noted (`EventNote`) for the reconcile's Events.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from functools import partial
 from typing import TypeVar
 
 from fleetserve_operator import render
-from fleetserve_operator.controller.kube import Cluster, ObjectRef, held_by_others
+from fleetserve_operator.controller.kube import Cluster
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.errors import ChildConflict, ChildRefused, ClusterUnavailable
 from fleetserve_operator.records import EventNote, Manifest
@@ -67,13 +67,12 @@ class ChildWriter:
         desired child not among `observed` is to be created; an object of its name that
         this service does not control is someone else's, and is never written. Such an
         object is found without a read for every new child: labelled as this service's
-        (`taken`), or answered by the create's dry-run with fields of other managers,
-        which an object that does not exist yet cannot have (`kube.held_by_others`), or
-        a refusal of that dry-run (what it merged onto that object was invalid). Only then
-        is it read, to tell a child of this service that the listing missed from
-        another's. One that slips past both (no label, no manager but the operator's) is
-        refused by the create itself (it is create-only): `ChildConflict` then stops the
-        reconcile at that write.
+        (`taken`), or answered by the create's dry-run with a conflict (the name is taken),
+        or a refusal of that dry-run (a quota on new objects refuses a create where an
+        apply onto this service's own child would pass). Only then is it read, to tell a
+        child of this service that the listing missed from another's. One created between
+        the dry-run and the write is refused by the create itself (it is create-only):
+        `ChildConflict` then stops the reconcile at that write.
 
         Raises:
             ChildConflict: a name is taken by an object this service does not control.
@@ -98,22 +97,19 @@ class ChildWriter:
         onto it, checked again as such.
         """
         try:
-            planned = self._kube.validate(write.manifest, current=write.current)
+            self._kube.validate(write.manifest, current=write.current)
+            return write
+        except ChildConflict:
+            found = self._taken_by_ours(owner, write.manifest)
         except ChildRefused:
-            # A create's dry-run merged onto an object of that name may be refused for
-            # what the merge made (two unnamed ports, say): whose is that object?
-            found = None if write.current is not None else self._found(owner, write.manifest)
-            if found is None:
+            seen = None if write.current is not None else self._found(owner, write.manifest)
+            if seen is None:
                 raise
-            write = ChildWrite(write.manifest, found)
-            planned = self._kube.validate(write.manifest, current=found)
-        if write.current is None and held_by_others(planned):
-            found = self._found(owner, write.manifest)
-            if found is not None and not render.needs_write(write.manifest, found):
-                return None
-            write = ChildWrite(write.manifest, found)
-            self._kube.validate(write.manifest, current=found)
-        return write
+            found = seen
+        if not render.needs_write(write.manifest, found):
+            return None
+        self._kube.validate(write.manifest, current=found)
+        return ChildWrite(write.manifest, found)
 
     def _each(self, calls: Sequence[Callable[[], T]]) -> list[T]:
         """Every call's result in order, the calls made at once on the `write_threads`.
@@ -142,21 +138,35 @@ class ChildWriter:
             raise ChildConflict(kind, owner.namespace, name)
         return found
 
+    def _taken_by_ours(self, owner: Owner, child: Manifest) -> Manifest:
+        """The child of this service that holds the name a create of `child` found taken.
+
+        Raises:
+            ChildConflict: an object this service does not control holds it.
+            ClusterUnavailable: it was deleted since (the reconcile is retried).
+        """
+        found = self._found(owner, child)
+        if found is None:
+            kind, name = render.child_key(child)
+            msg = f"{kind} {name} was there to create, and gone again; retried"
+            raise ClusterUnavailable(msg) from None
+        return found
+
     def converge(
         self,
         owner: Owner,
-        ref: ObjectRef,
         writes: list[ChildWrite],
         stale: list[Manifest],
         observed: list[Manifest],
+        notes: list[EventNote],
     ) -> list[Manifest]:
         """Make the checked writes, delete the `stale` children; returns the children.
 
         In `render.converge_phase` order: routes never name what is not there. The steps of
         one phase do not depend on one another, and are made at once (`_each`). A create
         refused because the name is taken (by a child of this service that neither its
-        labels nor its field managers showed) is an apply onto that child instead. The writes
-        of a phase are posted as Events once the phase is over, failed or not.
+        labels nor its field managers showed) is an apply onto that child instead. Every
+        write made is added to `notes` once its phase is over, failed or not.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
@@ -165,12 +175,12 @@ class ChildWriter:
         for step in steps:
             phases.setdefault(_phase(step), []).append(step)
         for phase in sorted(phases):
-            done: list[tuple[str, str]] = []
+            done: list[EventNote] = []
             calls = [partial(self._converge_step, owner, done, step) for step in phases[phase]]
             try:
                 outcomes = self._each(calls)
             finally:
-                self._post_done(ref, done)
+                notes.extend(done)
             for step, made in zip(phases[phase], outcomes, strict=True):
                 if made is not None:
                     result.append(made)
@@ -179,7 +189,7 @@ class ChildWriter:
         return result
 
     def _converge_step(
-        self, owner: Owner, done: list[tuple[str, str]], step: ChildWrite | Manifest
+        self, owner: Owner, done: list[EventNote], step: ChildWrite | Manifest
     ) -> Manifest | None:
         """One step of `_converge`: the child written, or None for a stale one deleted."""
         if isinstance(step, ChildWrite):
@@ -192,7 +202,7 @@ class ChildWriter:
         self._write(done, step, "Deleted")
         return None
 
-    def _created(self, owner: Owner, done: list[tuple[str, str]], write: ChildWrite) -> Manifest:
+    def _created(self, owner: Owner, done: list[EventNote], write: ChildWrite) -> Manifest:
         """Create `write`'s child; applied instead onto one of this service found in its place.
 
         Raises:
@@ -201,34 +211,18 @@ class ChildWriter:
         try:
             created = self._kube.create(write.manifest)
         except ChildConflict:
-            found = self._found(owner, write.manifest)
-            if found is None:
-                kind, name = render.child_key(write.manifest)
-                msg = f"{kind} {name} was there to create, and gone again; retried"
-                raise ClusterUnavailable(msg) from None
+            found = self._taken_by_ours(owner, write.manifest)
             applied = self._kube.apply(write.manifest, current=found)
             self._write(done, write.manifest, "Updated")
             return applied
         self._write(done, write.manifest, "Created")
         return created
 
-    def _write(self, done: list[tuple[str, str]], child: Manifest, action: str) -> None:
-        """Count a write made, and note it in `done` for its Event (`_post_done`)."""
+    def _write(self, done: list[EventNote], child: Manifest, action: str) -> None:
+        """Count a write made, and note it in `done` ("Created", "Updated", "Deleted")."""
         kind, name = render.child_key(child)
         self._metrics.writes.labels(kind, action.lower()).inc()
-        done.append((action, f"{action} {kind} {name}"))
-
-    def _post_done(self, ref: ObjectRef, done: list[tuple[str, str]]) -> None:
-        """One Event per action among the writes `done` ("Created", "Updated", "Deleted").
-
-        Its message joins theirs with "; ": a new service's children cost one Event, not one
-        each. Events were the largest share of the operator's requests (about 10 of the 26
-        per created service) and of its CPU (each a TLS round trip), and a person reading
-        `kubectl describe` loses nothing.
-        """
-        for action in dict.fromkeys(action for action, _ in done):
-            message = "; ".join(note for made, note in done if made == action)
-            self._kube.post_event(ref, EventNote("Normal", action, message))
+        done.append(EventNote("Normal", action, f"{action} {kind} {name}"))
 
 
 def _phase(step: ChildWrite | Manifest) -> int:

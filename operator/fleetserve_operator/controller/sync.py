@@ -29,10 +29,13 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
    stops naming after them, so that whichever write the operator dies after, no route
    names a missing backend (a promotion moves the routes to stable before the canary goes);
 6. the status is written (with what failed after the children were applied: crashing
-   pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges,
-   then the transition's side effects (Events, counters, clearing a command annotation,
-   queueing `notify` webhooks) are applied. Weights, replica counts, the canary and the
-   stable track's spec are not actions at all: they follow from the status in step 5.
+   pods, unpullable images, a ReplicaSet that may not create pods) and exported as gauges;
+   what the reconcile changed (status transitions, children written) is posted as one
+   Event, each Warning as its own (`observe.reconcile_events`), also when it failed part
+   way; then the transition's side effects (the rollout's Events, counters, clearing a
+   command annotation, queueing `notify` webhooks) are applied. Weights, replica counts,
+   the canary and the stable track's spec are not actions at all: they follow from the
+   status in step 5.
 
 Steps 3 and 5, the children's checks and writes, are `child_writes.ChildWriter`'s.
 When the children cannot be written (step 3), the rollout does not move: status keeps the
@@ -132,6 +135,8 @@ class _Pass:
     """The umbrella Service selects the canary's pods alone (`rollout.canary_only`)."""
     stable_only: bool = False
     """The umbrella Service selects the stable pods alone (`rollout.stable_only`)."""
+    notes: list[EventNote] = field(default_factory=list)
+    """What changed (status transitions, children written), posted as the reconcile's Events."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,18 +325,23 @@ class Sync:
             ref, owner, now, previous=previous, status=previous, observed=observed, taken=taken
         )
         try:
-            self._step(run, body["spec"], meta, observation)
-        except SpecError as exc:
-            error = exc
-            run.problem = Problem(exc.reason, str(exc))
-            if isinstance(exc, InvalidSpec):
-                annotations = dict(meta.get("annotations") or {})
-                refused = rollout.next_step(
-                    None, run.status, rollout.Facts(annotations=annotations), now
-                )
-                run.status, run.actions = refused.status, refused.actions
-        reported = observe.compute_status(run.status, observation(run.observed, run.problem))
-        self._report(ref, run.previous, reported)
+            try:
+                self._step(run, body["spec"], meta, observation)
+            except SpecError as exc:
+                error = exc
+                run.problem = Problem(exc.reason, str(exc))
+                if isinstance(exc, InvalidSpec):
+                    annotations = dict(meta.get("annotations") or {})
+                    refused = rollout.next_step(
+                        None, run.status, rollout.Facts(annotations=annotations), now
+                    )
+                    run.status, run.actions = refused.status, refused.actions
+            reported = observe.compute_status(run.status, observation(run.observed, run.problem))
+            self._report(run, reported)
+        finally:
+            # Also when the reconcile failed: what it changed before that happened.
+            for event in observe.reconcile_events(run.notes):
+                self._kube.post_event(ref, event)
         self._apply_effects(ref, run.actions)
         return error
 
@@ -378,9 +388,9 @@ class Sync:
             ahead = observe.compute_status(
                 run.status, observation([*run.observed, *created], run.problem)
             )
-            self._report(run.ref, run.previous, ahead)
+            self._report(run, ahead)
             run.previous = ahead
-        run.observed = self._children.converge(run.owner, run.ref, writes, stale, run.observed)
+        run.observed = self._children.converge(run.owner, writes, stale, run.observed, run.notes)
 
     def _desired(
         self,
@@ -505,20 +515,18 @@ class Sync:
             return None
         return observe.memory_problem(spec, figures, stable.generation_knobs)
 
-    def _report(
-        self, ref: ObjectRef, previous: InferenceServiceStatus, status: InferenceServiceStatus
-    ) -> None:
-        """Write `status` if it changed, post its transitions, then export it as gauges.
+    def _report(self, run: _Pass, status: InferenceServiceStatus) -> None:
+        """Write `status` if it differs from `run.previous`, note its transitions, export it.
 
         An unchanged status is exported too: a restarted operator's gauges start empty.
         """
-        if status != previous:
+        ref = run.ref
+        if status != run.previous:
             self._kube.apply_status(
                 ref, status.model_dump(by_alias=True, exclude_none=True, mode="json")
             )
             self._metrics.writes.labels("InferenceService", "status").inc()
-            for note in observe.transitions(previous, status):
-                self._kube.post_event(ref, note)
+            run.notes.extend(observe.transitions(run.previous, status))
         self._metrics.observe_status(ref.namespace, ref.name, status)
 
 

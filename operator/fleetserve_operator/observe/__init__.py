@@ -7,7 +7,7 @@ Modules, highest first (a module imports only those below it):
                 fetches of their pods (`track_fetches`), and the failures after the
                 children were applied (`workload_problem`)
     status      the observed children, problems and measured memory → `.status`, its
-                conditions, and the Events of a status change
+                conditions, the notes of a status change and a reconcile's Events
 
 This package re-exports what the rest of the operator and the tests use.
 """
@@ -22,6 +22,7 @@ from fleetserve_operator.observe.status import (
     generation_memory_problem,
     is_rolled_out,
     memory_problem,
+    reconcile_events,
     track_status,
     transitions,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "generation_memory_problem",
     "is_rolled_out",
     "memory_problem",
+    "reconcile_events",
     "track_facts",
     "track_fetches",
     "track_status",

@@ -42,6 +42,7 @@ __all__ = [
     "is_rolled_out",
     "memory_problem",
     "model_fetched",
+    "reconcile_events",
     "track_status",
     "transitions",
 ]
@@ -379,3 +380,25 @@ def transitions(old: InferenceServiceStatus, new: InferenceServiceStatus) -> lis
         message = f"{condition.type}={condition.status}: {condition.message}".rstrip(": ")
         notes.append(EventNote("Warning" if warning else "Normal", condition.reason, message))
     return notes
+
+
+def reconcile_events(notes: list[EventNote]) -> list[EventNote]:
+    """The Events one reconcile posts for its `notes`: each Warning, and one for the rest.
+
+    The Normal notes (a phase change, conditions that changed, the children written) are
+    one Event with the first one's reason, their messages joined with "; " in order, each
+    after the first led by its reason unless its message already starts with it. At 1000
+    services, one Event per note was 4.6 requests per created service, the largest share
+    of the operator's writes; a person reading `kubectl describe` still finds every note.
+    The rollout's own Events (`Promoted`, `RolledBack`, ...) are not notes: they keep
+    theirs, for the people and tools that look for their reasons.
+    """
+    warnings = [note for note in notes if note.type == "Warning"]
+    normal = [note for note in notes if note.type == "Normal"]
+    if not normal:
+        return warnings
+    parts = [normal[0].message] + [
+        note.message if note.message.startswith(note.reason) else f"{note.reason}: {note.message}"
+        for note in normal[1:]
+    ]
+    return [*warnings, EventNote("Normal", normal[0].reason, "; ".join(parts))]

@@ -50,21 +50,23 @@ def is_controlled_by(owner: Owner, obj: Manifest) -> bool:
     )
 
 
-def _is_applied_by_operator(obj: Manifest) -> bool:
-    """True when the operator's field manager owns `obj`'s fields through server-side apply."""
+def _has_operator_fields(obj: Manifest) -> bool:
+    """True when the operator's field manager owns fields of `obj` (by apply, or its create)."""
     return any(
-        entry.get("manager") == naming.MANAGER and entry.get("operation") == "Apply"
+        entry.get("manager") == naming.MANAGER
         for entry in obj["metadata"].get("managedFields") or []
     )
 
 
 def needs_write(desired: Manifest, observed: Manifest) -> bool:
-    """True when `observed` drifted from `desired`, or the operator does not own its fields yet.
+    """True when `observed` drifted from `desired`, or the operator owns none of its fields.
 
-    The latter is a child created but not yet server-side applied (the operator stopped in
-    between): until it is applied, a field later dropped from `desired` would stay behind.
+    The latter is a child another manager took over (a forced apply of the same values):
+    applied again, the operator owns what it renders. A child it created and never applied
+    onto (its fields owned by the create's `Update` entry) needs no write for that: the
+    first apply takes them over (`KubeApi.apply`).
     """
-    return is_drifted(desired, observed) or not _is_applied_by_operator(observed)
+    return is_drifted(desired, observed) or not _has_operator_fields(observed)
 
 
 _ROUTE_KINDS = frozenset({"HTTPRoute", "GRPCRoute"})

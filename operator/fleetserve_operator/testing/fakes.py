@@ -115,33 +115,21 @@ class FakeKube:
         found = self.objects.get(_key(manifest))
         return copy.deepcopy(found) if found else None
 
-    def validate(self, manifest: Manifest, *, current: Manifest | None) -> Manifest:
-        """Refuse what `refusals` lists; else `manifest`, as a dry-run answers it.
+    def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
+        """Refuse what `refusals` lists; a create (no `current`) also when its name is taken.
 
-        Without `current`, onto an object of that name, the answer carries that object's
-        other field managers (`before-first-apply` when it has none), as the API server's.
+        Refusals first, as the API server validates a create before it looks for the name.
         """
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if (kind, name) in self.refusals:
             raise ChildRefused("spec", kind, name, self.refusals[(kind, name)])
-        answer = copy.deepcopy(manifest)
-        existing = self.objects.get(_key(manifest))
-        if current is None and existing is not None:
-            entries = existing["metadata"].get("managedFields") or [
-                {"manager": "before-first-apply", "operation": "Update"}
-            ]
-            ours = {"manager": naming.MANAGER, "operation": "Apply"}
-            others = [e for e in entries if e.get("manager") != naming.MANAGER]
-            answer["metadata"]["managedFields"] = [*others, ours]
-        return answer
+        if current is None and _key(manifest) in self.objects:
+            raise ChildConflict(kind, manifest["metadata"]["namespace"], name)
 
     def create(self, manifest: Manifest) -> Manifest:
-        """Store a new object; refused like `validate`, and when its name is taken."""
+        """Store a new object, its creator's `Update` entry; refused like `validate`."""
         self.validate(manifest, current=None)
-        if _key(manifest) in self.objects:
-            meta = manifest["metadata"]
-            raise ChildConflict(manifest["kind"], meta["namespace"], meta["name"])
-        stored = self._store(manifest, None)
+        stored = self._store(manifest, None, operation="Update")
         self._wrote("create", manifest["kind"], manifest["metadata"]["name"])
         return stored
 
@@ -150,7 +138,7 @@ class FakeKube:
         self.validate(manifest, current=current)
         old = self.objects[_key(manifest)]
         assert old["metadata"]["uid"] == current["metadata"]["uid"], "applied to a replaced object"
-        stored = self._store(manifest, old)
+        stored = self._store(manifest, old, operation="Apply")
         self._wrote("apply", manifest["kind"], manifest["metadata"]["name"])
         return stored
 
@@ -159,7 +147,7 @@ class FakeKube:
         if self.on_write is not None:
             self.on_write()
 
-    def _store(self, manifest: Manifest, old: Manifest | None) -> Manifest:
+    def _store(self, manifest: Manifest, old: Manifest | None, *, operation: str) -> Manifest:
         meta = manifest["metadata"]
         stored = copy.deepcopy(manifest)
         generation = 1 if old is None else old["metadata"]["generation"]
@@ -169,7 +157,7 @@ class FakeKube:
         stored["metadata"]["uid"] = (
             f"uid-{meta['name']}-{len(self.writes)}" if old is None else old["metadata"]["uid"]
         )
-        stored["metadata"]["managedFields"] = [{"manager": naming.MANAGER, "operation": "Apply"}]
+        stored["metadata"]["managedFields"] = [{"manager": naming.MANAGER, "operation": operation}]
         if old is not None and "status" in old:
             stored["status"] = old["status"]
         self.objects[_key(manifest)] = stored

@@ -83,16 +83,17 @@ def test_namespaces_are_listed_apart_and_an_absent_kind_is_synced_and_empty() ->
     assert not cache.synced("ns", ("Deployment",))
 
 
-def test_other_managers_entries_are_dropped_unless_the_operator_still_updates() -> None:
+def test_other_managers_entries_are_dropped() -> None:
+    """Also where the operator owns fields as the child's creator: its entry is what is read."""
     cache = ChildCache()
     cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="1")])
     (found,) = cache.owned("ns", "a", ("Deployment",))
     assert [e["manager"] for e in found["metadata"]["managedFields"]] == [naming.MANAGER]
     created = _obj("b-stable", "b", rv="2", uid="u2")
-    created["metadata"]["managedFields"][0]["operation"] = "Update"  # POSTed, not applied yet
+    created["metadata"]["managedFields"][0]["operation"] = "Update"  # created, not applied yet
     cache.store("Deployment", created)
     (kept,) = cache.owned("ns", "b", ("Deployment",))
-    assert len(kept["metadata"]["managedFields"]) == 2
+    assert kept["metadata"]["managedFields"] == [created["metadata"]["managedFields"][0]]
 
 
 def test_a_change_of_a_status_no_reconcile_reads_is_stored_but_is_no_news() -> None:

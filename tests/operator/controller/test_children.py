@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 from fleetserve_operator import naming
-from fleetserve_operator.controller.kube import held_by_others
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.records import Manifest
@@ -198,7 +197,7 @@ class _CountingKube(FakeKube):
 
 
 def test_creating_a_service_reads_none_of_its_children_by_name() -> None:
-    """The create's dry-run shows whether a name is taken: no GET before every create."""
+    """The create's dry-run answers whether a name is taken: no GET before every create."""
     kube = _CountingKube()
     kube.add_service(make_service({"model": MODEL}))
     assert Sync(kube, metrics=OperatorMetrics()).run_by_name("ns", "demo", trigger="create") is None
@@ -209,16 +208,8 @@ def test_creating_a_service_reads_none_of_its_children_by_name() -> None:
     assert kube.reads == 0
 
 
-def test_a_dry_run_onto_an_existing_object_names_its_other_managers() -> None:
-    """What `held_by_others` reads: an apply that creates has the operator as its only manager."""
-    ours = {"manager": naming.MANAGER, "operation": "Apply"}
-    theirs = {"manager": "kubectl-create", "operation": "Update"}
-    assert not held_by_others({"metadata": {"managedFields": [ours]}})
-    assert held_by_others({"metadata": {"managedFields": [theirs, ours]}})
-
-
-def test_a_dry_run_refused_for_what_it_merged_onto_anothers_object_is_a_conflict() -> None:
-    """The create's dry-run lands on their Service and is refused: the name is taken."""
+def test_a_refused_dry_run_of_a_create_onto_anothers_object_is_a_conflict() -> None:
+    """The create's dry-run is refused where their Service holds the name: it is theirs."""
     kube, sync = _setup()
     before = _foreign(kube, "Service", "demo", {"app": "billing"})
     kube.refusals[("Service", "demo")] = "spec.ports[0].name: Required value"

@@ -18,7 +18,7 @@ import kubernetes
 import pytest
 
 from fleetserve_operator import naming
-from fleetserve_operator.controller.kube import KubeApi, ObjectRef
+from fleetserve_operator.controller.kube import KubeApi, ObjectRef, as_applied
 from fleetserve_operator.errors import (
     MESSAGE_LIMIT,
     ChildConflict,
@@ -181,38 +181,144 @@ def test_a_long_event_message_is_posted_bounded(api_server: FakeApiServer) -> No
 
 @pytest.fixture
 def echo_server() -> Iterator[FakeApiServer]:
-    """Stores nothing: an apply answers its body, the operator its field manager."""
-    fake = FakeApiServer(status=200, message="")
+    """Stores nothing: a POST answers its body, the operator the `Update` owner it makes."""
+    fake = FakeApiServer(status=201, message="")
 
     class Handler(QuietHandler):
-        def _answer(self) -> None:
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
             fake.requests.append((self.command, self.path, body))
-            # An apply: the operator owns what it applied.
-            entry = {"manager": "fleetserve-operator", "operation": "Apply"}
+            entry = {"manager": "fleetserve-operator", "operation": "Update"}
             body = {**body, "metadata": {**body["metadata"], "managedFields": [entry]}}
-            self.reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
-
-        do_PATCH = _answer  # http.server's naming
+            self.reply(201, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
     with serve_http(Handler) as url:
         fake.url = url
         yield fake
 
 
-def test_a_create_is_one_create_only_apply(echo_server: FakeApiServer) -> None:
-    """No POST and no ownership patch after it: one apply, at a version no object has."""
+def test_a_create_is_one_post(echo_server: FakeApiServer) -> None:
+    """No ownership patch after it: the first apply onto the child takes its fields over."""
     created = _kube(echo_server).create(_deployment())
-    assert [e["operation"] for e in created["metadata"]["managedFields"]] == ["Apply"]
     [(method, path, body)] = echo_server.requests
-    assert method == "PATCH"
-    assert path.startswith("/apis/apps/v1/namespaces/ns/deployments/demo-stable?")
+    assert method == "POST"
+    assert path.startswith("/apis/apps/v1/namespaces/ns/deployments?")
     assert "fieldManager=fleetserve-operator" in path
-    assert "force" not in path
     assert "dryRun" not in path
-    assert body["metadata"]["resourceVersion"] == str(2**64 - 1)
+    assert body == _deployment()
     assert created["spec"] == _deployment()["spec"]
+
+
+def test_a_creates_dry_run_is_a_post_dry_run(echo_server: FakeApiServer) -> None:
+    """Checked as the create it stands for: the same POST, stored nowhere."""
+    _kube(echo_server).validate(_deployment(), current=None)
+    [(method, path, body)] = echo_server.requests
+    assert (method, body) == ("POST", _deployment())
+    assert "dryRun=All" in path
+
+
+OURS_CREATED = {
+    "manager": naming.MANAGER, "operation": "Update", "apiVersion": "apps/v1",
+    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:paused": {}}},
+}  # fmt: skip
+THEIRS = {
+    "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "apps/v1",
+    "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}},
+}  # fmt: skip
+
+
+def test_the_operators_entries_become_one_apply_entry_owning_all_they_owned() -> None:
+    """An earlier apply's entry and the create's are merged; no other manager's is touched."""
+    applied = {**OURS_CREATED, "operation": "Apply", "fieldsV1": {"f:spec": {"f:template": {}}}}
+    status = {**OURS_CREATED, "subresource": "status", "fieldsV1": {"f:status": {}}}
+    other_version = {**OURS_CREATED, "apiVersion": "apps/v1beta1"}
+    entries = [OURS_CREATED, THEIRS, applied, status, other_version]
+    (ours, *others) = as_applied(entries, "apps/v1")
+    assert ours == {
+        "manager": naming.MANAGER, "operation": "Apply", "apiVersion": "apps/v1",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:replicas": {}, "f:paused": {}, "f:template": {}}},
+    }  # fmt: skip
+    assert others == [THEIRS, status, other_version]
+
+
+@dataclass
+class StoredChild:
+    """A child the operator created, as a stand-in API server stores it."""
+
+    conflicts: int = 0
+    """Merge patches still to refuse with 409 (another manager wrote the child meanwhile)."""
+    version: int = 7
+    requests: list[tuple[str, str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture
+def stored_child() -> Iterator[tuple[StoredChild, KubeApi]]:
+    fake = StoredChild()
+
+    class Handler(QuietHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            fake.requests.append((self.command, self.headers["Content-Type"], body))
+            merge = self.command == "PATCH" and "merge-patch" in self.headers["Content-Type"]
+            if merge and fake.conflicts:
+                fake.conflicts -= 1
+                fake.version += 1
+                self.reply(409, json.dumps({"message": "modified"}).encode())
+                return
+            meta = {**_deployment()["metadata"], "uid": "u1", "resourceVersion": str(fake.version)}
+            stored = {
+                **_deployment(),
+                "metadata": {**meta, "managedFields": [OURS_CREATED, THEIRS]},
+            }
+            self.reply(200, json.dumps(stored).encode(), {"Content-Type": "application/json"})
+
+        do_GET = do_PATCH = _answer  # http.server's naming
+
+    with serve_http(Handler) as url:
+        configuration = kubernetes.client.Configuration(host=url)
+        yield fake, KubeApi(kubernetes.client.ApiClient(configuration), timeout_s=5.0)
+
+
+def _created_child() -> dict[str, Any]:
+    meta = {**_deployment()["metadata"], "uid": "u1", "managedFields": [OURS_CREATED]}
+    return {**_deployment(), "metadata": meta}
+
+
+@pytest.mark.parametrize("conflicts", [0, 1], ids=["unchanged", "written-meanwhile"])
+def test_the_first_apply_onto_a_created_child_takes_its_fields_over_first(
+    stored_child: tuple[StoredChild, KubeApi], conflicts: int
+) -> None:
+    """Read fresh, the entries are written back under that resourceVersion, then applied.
+
+    A conflict (another manager's write in between) reads them again.
+    """
+    fake, kube = stored_child
+    fake.conflicts = conflicts
+    kube.apply(_deployment(), current=_created_child())
+    methods = [method for method, _, _ in fake.requests]
+    assert methods == ["GET", "PATCH"] * (conflicts + 1) + ["PATCH"]
+    (_, kind, patch) = fake.requests[-2]
+    assert kind == "application/merge-patch+json"
+    assert patch == {"metadata": {
+        "managedFields": as_applied([OURS_CREATED, THEIRS], "apps/v1"),
+        "resourceVersion": str(7 + conflicts),
+    }}  # fmt: skip
+    (_, kind, applied) = fake.requests[-1]
+    assert kind == "application/apply-patch+yaml"
+    assert applied["metadata"]["uid"] == "u1"
+
+
+def test_an_apply_onto_an_applied_child_is_one_request(
+    stored_child: tuple[StoredChild, KubeApi],
+) -> None:
+    fake, kube = stored_child
+    current = _created_child()
+    current["metadata"]["managedFields"] = as_applied([OURS_CREATED], "apps/v1")
+    kube.apply(_deployment(), current=current)
+    assert [method for method, _, _ in fake.requests] == ["PATCH"]
 
 
 def test_a_create_onto_a_taken_name_is_a_conflict_not_retried(

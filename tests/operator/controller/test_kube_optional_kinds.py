@@ -131,7 +131,7 @@ def test_an_unserved_kind_is_not_listed_again_until_the_recheck() -> None:
 
 
 def test_a_kind_written_is_listed_again_at_once() -> None:
-    """A route applied after its CRD appeared is listed by the next reconcile, not a minute on."""
+    """A route written after its CRD appeared is listed by the next reconcile, not a minute on."""
     served = [False]
     asked: list[str] = []
 
@@ -141,9 +141,9 @@ def test_a_kind_written_is_listed_again_at_once() -> None:
             absent = "/grpcroutes" in self.path and not served[0]
             self.reply(404 if absent else 200, b"404" if absent else b'{"items": []}')
 
-        def do_PATCH(self) -> None:
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.reply(200, b'{"metadata": {"uid": "u"}}')
+            self.reply(201, b'{"metadata": {"uid": "u"}}')
 
     with serve_http(Handler) as url:
         configuration = kubernetes.client.Configuration(host=url)

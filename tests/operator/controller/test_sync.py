@@ -10,14 +10,16 @@ import pytest
 from fleetserve_operator import naming, render
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
+from fleetserve_operator.errors import ClusterUnavailable
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import (
     Observation,
     effective_canary_weight,
     memory_problem,
+    reconcile_events,
     transitions,
 )
-from fleetserve_operator.records import Manifest, MemoryFigures
+from fleetserve_operator.records import EventNote, Manifest, MemoryFigures
 from fleetserve_operator.spec import (
     Condition,
     ConditionType,
@@ -53,9 +55,12 @@ def test_create_applies_children_and_reports_pending() -> None:
     ]
     assert kube.status_of("ns", "demo").phase == "Pending"
     assert _conditions(kube)["Ready"] == ("False", "Pending")
-    created_events = [e.message.split("; ") for e in kube.events if e.reason == "Created"]
-    assert len(created_events) == 1, "one Event for the children of one reconcile"
-    assert sorted(created_events[0]) == [
+    (event,) = kube.events
+    assert (event.type, event.reason) == ("Normal", "PhaseChanged"), "one Event per reconcile"
+    (phase, progressing, *created) = event.message.split("; ")
+    assert phase == "None -> Pending"
+    assert progressing == "RollingUpdate: Progressing=True: rolling out: stable"
+    assert sorted(created) == [
         "Created Deployment demo-stable",
         "Created Service demo",
         "Created Service demo-stable",
@@ -337,6 +342,47 @@ def test_transitions_of_an_unchanged_status_are_empty() -> None:
     """No change, no Event."""
     status = InferenceServiceStatus(phase="Succeeded")
     assert transitions(status, status) == []
+
+
+def test_a_reconciles_notes_are_one_event_and_each_warning_its_own() -> None:
+    """The first Normal note's reason leads; a note's reason is kept in the message."""
+    notes = [
+        EventNote("Normal", "PhaseChanged", "Pending -> Succeeded"),
+        EventNote("Warning", "ChildConflict", "Service demo is someone else's"),
+        EventNote("Normal", "Succeeded", "Ready=True: stable track: 1/1 replicas available"),
+        EventNote("Normal", "Updated", "Updated Service demo"),
+        EventNote("Warning", "CrashLoopBackOff", "demo-stable restarts"),
+    ]
+    assert reconcile_events(notes) == [
+        notes[1],
+        notes[4],
+        EventNote(
+            "Normal",
+            "PhaseChanged",
+            "Pending -> Succeeded; Succeeded: Ready=True: stable track: 1/1 replicas available;"
+            " Updated Service demo",
+        ),
+    ]
+    assert reconcile_events(notes[1:2]) == notes[1:2]
+    assert reconcile_events([]) == []
+
+
+def test_a_reconcile_that_fails_part_way_posts_what_it_changed() -> None:
+    """The status written ahead and the children created before the failure are news."""
+    kube, sync = _setup()
+    created: list[str] = []
+
+    def fail_on_second_create() -> None:
+        created.append(kube.writes[-1][2])
+        if len(created) == 3:  # the status, then a child, then this one
+            raise ClusterUnavailable("the API server went away")
+
+    kube.on_write = fail_on_second_create
+    with pytest.raises(ClusterUnavailable):
+        sync.run_by_name("ns", "demo", trigger="create")
+    (event,) = kube.events
+    assert event.message.startswith("None -> Pending; ")
+    assert event.message.count("Created ") == 1
 
 
 def _degraded(reason: str) -> InferenceServiceStatus:

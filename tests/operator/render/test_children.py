@@ -278,14 +278,14 @@ def test_stale_children_are_only_our_own() -> None:
     ("managers", "written"),
     [
         pytest.param([("fleetserve-operator", "Apply")], False, id="applied"),
-        pytest.param([("fleetserve-operator", "Update")], True, id="created-not-yet-applied"),
+        pytest.param([("fleetserve-operator", "Update")], False, id="created-not-yet-applied"),
         pytest.param([("kubectl", "Apply")], True, id="applied-by-someone-else"),
     ],
 )
-def test_a_child_is_written_until_the_operator_applied_it(
+def test_a_child_is_written_when_the_operator_owns_none_of_its_fields(
     managers: list[tuple[str, str]], written: bool
 ) -> None:
-    """No drift, yet a child whose fields the operator owns only through a create is applied."""
+    """No drift, yet a child someone else took over is applied; one it created is left."""
     (child, *_) = desired_children(OWNER, make_spec(), InferenceServiceStatus())
     observed = {**child, "metadata": {**child["metadata"], "managedFields": [
         {"manager": manager, "operation": operation} for manager, operation in managers
