@@ -87,24 +87,27 @@ def test_a_refused_child_leaves_nothing_half_built(
     wait_converged(kube, namespace, NAME, ready={"stable": 1})
 
 
-def test_created_children_are_owned_as_if_applied(
+def test_a_created_childs_first_apply_removes_what_the_spec_stopped_asking_for(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    """A child created create-only is the operator's by server-side apply alone.
+    """Created by a POST, a child's fields are the operator's by that create until it applies.
 
-    So a field the spec stops asking for goes: clearing the hostnames clears the route's.
+    Its first apply takes them over, so a field the spec stops asking for goes: clearing the
+    hostnames clears the route's, and the operator owns the route by apply alone.
     """
     with_host = {**GATEWAY, "hostnames": ["models.example.com"]}
     kube.create(fsvc_path(namespace), synthetic_service(NAME, traffic=with_host))
     wait_converged(kube, namespace, NAME, ready={"stable": 1})
     for (kind, name), child in children(kube, namespace, NAME).items():
         entries = [e for e in child["metadata"]["managedFields"] if e["manager"] == MANAGER]
-        assert [e["operation"] for e in entries] == ["Apply"], (kind, name, entries)
+        assert [e["operation"] for e in entries] == ["Update"], (kind, name, entries)
     route = child_path("HTTPRoute", namespace, NAME)
     assert kube.get(route)["spec"]["hostnames"] == ["models.example.com"]
     kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"traffic": {"hostnames": None}}})
     wait_until(lambda: "hostnames" not in kube.get(route)["spec"], timeout_s=30.0,
                what="the route's hostnames to go")  # fmt: skip
+    entries = [e for e in kube.get(route)["metadata"]["managedFields"] if e["manager"] == MANAGER]
+    assert [e["operation"] for e in entries] == ["Apply"]
 
 
 INFERENCE = [
