@@ -164,9 +164,9 @@ class ChildWriter:
 
         In `render.converge_phase` order: routes never name what is not there. The steps of
         one phase do not depend on one another, and are made at once (`_each`). A create
-        refused because the name is taken (by a child of this service that neither its
-        labels nor its field managers showed) is an apply onto that child instead. Every
-        write made is added to `notes` once its phase is over, failed or not.
+        refused because the name is taken (since its dry-run, by a child of this service)
+        is an apply onto that child instead. Every write made is added to `notes` once its
+        phase is over, failed or not.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]

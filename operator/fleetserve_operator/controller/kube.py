@@ -235,9 +235,21 @@ def _entries(obj: Manifest) -> list[Manifest]:
     return entries
 
 
-def _is_operator(entry: Manifest, operation: str) -> bool:
-    """Whether a managedFields entry is the operator's, made by `operation`."""
-    return entry.get("manager") == naming.MANAGER and entry.get("operation") == operation
+def _owns_fields(entry: Manifest, api_version: str) -> bool:
+    """Whether `entry` is the operator's for the object's own fields at `api_version`."""
+    return (
+        entry.get("manager") == naming.MANAGER
+        and entry.get("apiVersion") == api_version
+        and not entry.get("subresource")
+    )
+
+
+def _created_not_applied(obj: Manifest, api_version: str) -> bool:
+    """Whether the operator owns fields of `obj` by an entry `as_applied` makes its `Apply`."""
+    return any(
+        _owns_fields(entry, api_version) and entry.get("operation") == "Update"
+        for entry in _entries(obj)
+    )
 
 
 def as_applied(entries: list[Manifest], api_version: str) -> list[Manifest]:
@@ -245,13 +257,7 @@ def as_applied(entries: list[Manifest], api_version: str) -> list[Manifest]:
 
     It owns every field they owned; the other managers' entries are kept as they are.
     """
-    ours = [
-        entry
-        for entry in entries
-        if entry.get("manager") == naming.MANAGER
-        and entry.get("apiVersion") == api_version
-        and not entry.get("subresource")
-    ]
+    ours = [entry for entry in entries if _owns_fields(entry, api_version)]
     fields: Manifest = {}
     for entry in ours:
         _own(fields, entry.get("fieldsV1") or {})
@@ -413,8 +419,8 @@ class KubeApi:
 
     def apply(self, manifest: Manifest, *, current: Manifest) -> Manifest:
         """Server-side apply as field manager `fleetserve-operator` (forced) onto `current`."""
-        if any(_is_operator(e, "Update") for e in _entries(current)):
-            self._take_ownership(manifest, current)  # created, never applied
+        if _created_not_applied(current, manifest["apiVersion"]):
+            self._take_ownership(manifest, current)
         return self._apply(manifest, current["metadata"]["uid"], [])
 
     def _take_ownership(self, manifest: Manifest, current: Manifest) -> None:
@@ -427,7 +433,9 @@ class KubeApi:
         API server as on a create (both checked on the real API server). The entries are
         read fresh (the child cache keeps only the operator's) and written back under the
         child's resourceVersion, so another manager's entry written in between is never
-        lost: a conflict reads them again.
+        lost: a conflict reads them again. The apply's dry-run (`validate`) ran before this,
+        so it checked the apply without the removals; those are fields the operator itself
+        set and no longer renders.
         """
         for attempt in range(_CONFLICT_RETRIES):
             stored = self.get_child(manifest)
@@ -444,8 +452,14 @@ class KubeApi:
                 self._send("PATCH", path, body=patch, content_type=_MERGE_PATCH)
                 return
             except _ApiError as exc:
-                if exc.status != 409 or attempt + 1 == _CONFLICT_RETRIES:
-                    raise self._write_error(manifest, exc) from exc
+                if exc.status == 409 and attempt + 1 < _CONFLICT_RETRIES:
+                    time.sleep(0.1 * (attempt + 1))
+                    continue
+                if exc.status in (404, 409):
+                    kind, name = manifest["kind"], meta["name"]
+                    msg = f"{kind} {name} kept changing or went away while taken over; retried"
+                    raise ClusterUnavailable(msg) from exc
+                raise self._write_error(manifest, exc) from exc
 
     def _write_error(self, manifest: Manifest, exc: _ApiError) -> Exception:
         """The domain error for a refused or failed write of a child."""

@@ -311,6 +311,41 @@ def test_the_first_apply_onto_a_created_child_takes_its_fields_over_first(
     assert applied["metadata"]["uid"] == "u1"
 
 
+def test_a_take_over_that_keeps_conflicting_gives_up_for_a_retry(
+    stored_child: tuple[StoredChild, KubeApi],
+) -> None:
+    """Three conflicts in a row: the reconcile is retried later, the child is not applied."""
+    fake, kube = stored_child
+    fake.conflicts = 3
+    with pytest.raises(ClusterUnavailable):
+        kube.apply(_deployment(), current=_created_child())
+    assert [method for method, _, _ in fake.requests] == ["GET", "PATCH"] * 3
+
+
+def test_a_child_replaced_before_its_take_over_is_not_written(
+    stored_child: tuple[StoredChild, KubeApi],
+) -> None:
+    """The object read fresh has another uid: someone replaced the child; nothing is written."""
+    fake, kube = stored_child
+    replaced = _created_child()
+    replaced["metadata"]["uid"] = "u0"
+    with pytest.raises(ClusterUnavailable):
+        kube.apply(_deployment(), current=replaced)
+    assert [method for method, _, _ in fake.requests] == ["GET"]
+
+
+def test_an_entry_the_take_over_leaves_alone_does_not_start_one(
+    stored_child: tuple[StoredChild, KubeApi],
+) -> None:
+    """An operator `Update` entry of a subresource is not the create's: one request."""
+    fake, kube = stored_child
+    current = _created_child()
+    status = {**OURS_CREATED, "subresource": "status", "fieldsV1": {"f:status": {}}}
+    current["metadata"]["managedFields"] = [*as_applied([OURS_CREATED], "apps/v1"), status]
+    kube.apply(_deployment(), current=current)
+    assert [method for method, _, _ in fake.requests] == ["PATCH"]
+
+
 def test_an_apply_onto_an_applied_child_is_one_request(
     stored_child: tuple[StoredChild, KubeApi],
 ) -> None:

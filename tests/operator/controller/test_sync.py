@@ -10,7 +10,7 @@ import pytest
 from fleetserve_operator import naming, render
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
-from fleetserve_operator.errors import ClusterUnavailable
+from fleetserve_operator.errors import MESSAGE_LIMIT, ClusterUnavailable
 from fleetserve_operator.naming import Track
 from fleetserve_operator.observe import (
     Observation,
@@ -365,6 +365,15 @@ def test_a_reconciles_notes_are_one_event_and_each_warning_its_own() -> None:
     ]
     assert reconcile_events(notes[1:2]) == notes[1:2]
     assert reconcile_events([]) == []
+
+
+def test_notes_that_would_overflow_one_event_start_another() -> None:
+    """An Event's message is cut at the limit: no note is lost to that, each stays whole."""
+    long = [EventNote("Normal", "Created", f"Created Service {'x' * 400}-{i}") for i in range(5)]
+    events = reconcile_events(long)
+    assert [len(e.message.split("; ")) for e in events] == [2, 2, 1]
+    assert all(len(e.message) <= MESSAGE_LIMIT for e in events)
+    assert [part for e in events for part in e.message.split("; ")] == [n.message for n in long]
 
 
 def test_a_reconcile_that_fails_part_way_posts_what_it_changed() -> None:
