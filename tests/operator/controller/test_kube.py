@@ -334,24 +334,20 @@ def test_a_child_replaced_before_its_take_over_is_not_written(
     assert [method for method, _, _ in fake.requests] == ["GET"]
 
 
-def test_an_entry_the_take_over_leaves_alone_does_not_start_one(
-    stored_child: tuple[StoredChild, KubeApi],
-) -> None:
-    """An operator `Update` entry of a subresource is not the create's: one request."""
-    fake, kube = stored_child
-    current = _created_child()
-    status = {**OURS_CREATED, "subresource": "status", "fieldsV1": {"f:status": {}}}
-    current["metadata"]["managedFields"] = [*as_applied([OURS_CREATED], "apps/v1"), status]
-    kube.apply(_deployment(), current=current)
-    assert [method for method, _, _ in fake.requests] == ["PATCH"]
+STATUS_ENTRY = {**OURS_CREATED, "subresource": "status", "fieldsV1": {"f:status": {}}}
 
 
+@pytest.mark.parametrize(
+    "others",
+    [pytest.param([], id="applied"), pytest.param([STATUS_ENTRY], id="and-a-subresource-update")],
+)
 def test_an_apply_onto_an_applied_child_is_one_request(
-    stored_child: tuple[StoredChild, KubeApi],
+    stored_child: tuple[StoredChild, KubeApi], others: list[dict[str, Any]]
 ) -> None:
+    """An operator `Update` entry of a subresource is not the create's: no take-over."""
     fake, kube = stored_child
     current = _created_child()
-    current["metadata"]["managedFields"] = as_applied([OURS_CREATED], "apps/v1")
+    current["metadata"]["managedFields"] = [*as_applied([OURS_CREATED], "apps/v1"), *others]
     kube.apply(_deployment(), current=current)
     assert [method for method, _, _ in fake.requests] == ["PATCH"]
 
