@@ -165,8 +165,8 @@ class ChildWriter:
         In `render.converge_phase` order: routes never name what is not there. The steps of
         one phase do not depend on one another, and are made at once (`_each`). A create
         refused because the name is taken (since its dry-run, by a child of this service)
-        is an apply onto that child instead. Every write made is added to `notes` once its
-        phase is over, failed or not.
+        is an apply onto that child instead. Every write made is added to `notes` as it is
+        made, so a reconcile that fails part way still tells what it wrote.
         """
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
@@ -175,12 +175,8 @@ class ChildWriter:
         for step in steps:
             phases.setdefault(_phase(step), []).append(step)
         for phase in sorted(phases):
-            done: list[EventNote] = []
-            calls = [partial(self._converge_step, owner, done, step) for step in phases[phase]]
-            try:
-                outcomes = self._each(calls)
-            finally:
-                notes.extend(done)
+            calls = [partial(self._converge_step, owner, notes, step) for step in phases[phase]]
+            outcomes = self._each(calls)
             for step, made in zip(phases[phase], outcomes, strict=True):
                 if made is not None:
                     result.append(made)
@@ -219,7 +215,10 @@ class ChildWriter:
         return created
 
     def _write(self, done: list[EventNote], child: Manifest, action: str) -> None:
-        """Count a write made, and note it in `done` ("Created", "Updated", "Deleted")."""
+        """Count a write made, and note it in `done` ("Created", "Updated", "Deleted").
+
+        `done` is shared by the steps of a phase, made at once: `list.append` is atomic.
+        """
         kind, name = render.child_key(child)
         self._metrics.writes.labels(kind, action.lower()).inc()
         done.append(EventNote("Normal", action, f"{action} {kind} {name}"))

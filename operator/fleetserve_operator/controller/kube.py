@@ -437,10 +437,10 @@ class KubeApi:
         so it checked the apply without the removals; those are fields the operator itself
         set and no longer renders.
         """
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
         for attempt in range(_CONFLICT_RETRIES):
             stored = self.get_child(manifest)
             if stored is None or stored["metadata"]["uid"] != current["metadata"]["uid"]:
-                kind, name = manifest["kind"], manifest["metadata"]["name"]
                 raise ClusterUnavailable(f"{kind} {name} was replaced or deleted; retried")
             meta = stored["metadata"]
             entries = as_applied(_entries(stored), manifest["apiVersion"])
@@ -456,7 +456,6 @@ class KubeApi:
                     time.sleep(0.1 * (attempt + 1))
                     continue
                 if exc.status in (404, 409):
-                    kind, name = manifest["kind"], meta["name"]
                     msg = f"{kind} {name} kept changing or went away while taken over; retried"
                     raise ClusterUnavailable(msg) from exc
                 raise self._write_error(manifest, exc) from exc
