@@ -18,6 +18,7 @@ from fleetserve_e2e.operator_process import MANAGER, OperatorProcess, child_path
 from fleetserve_e2e.operator_testing import (
     children,
     route_forwards,
+    service_events,
     synthetic_service,
     wait_condition,
     wait_converged,
@@ -68,11 +69,12 @@ def test_an_existing_service_is_never_taken_over(
 def test_a_refused_child_leaves_nothing_half_built(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    """The Gateway API schema refuses the HTTPRoute: nothing is created, status says why.
+    """The Gateway API schema refuses the HTTPRoute: nothing is left built, status says why.
 
     Two parentRefs to one Gateway without distinct sectionNames pass the InferenceService's
-    schema but not the HTTPRoute's; the Deployment and Services, first in apply order, are
-    not created either.
+    schema but not the HTTPRoute's. The service's first create, made without dry-runs,
+    creates the Services before the route and the Deployment last: the Deployment is never
+    created, and the Services are deleted again.
     """
     twice = {**GATEWAY, "parentRefs": [{"name": "gateway"}, {"name": "gateway"}]}
     kube.create(fsvc_path(namespace), synthetic_service(NAME, traffic=twice))
@@ -82,6 +84,12 @@ def test_a_refused_child_leaves_nothing_half_built(
     assert "sectionName must be unique" in degraded["message"]
     wait_condition(kube, namespace, NAME, "Ready", status="False", reason="ChildRefused")
     assert children(kube, namespace, NAME) == {}
+    wait_for_events(kube, namespace, NAME, "ChildRefused")
+    normal = " ".join(
+        e["message"] for e in service_events(kube, namespace, NAME) if e["type"] == "Normal"
+    )
+    assert f"Deleted Service {NAME}" in normal
+    assert "Deployment" not in normal
 
     kube.merge_patch(fsvc_path(namespace, NAME), {"spec": {"traffic": GATEWAY}})
     wait_converged(kube, namespace, NAME, ready={"stable": 1})

@@ -19,6 +19,10 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
    checked before any is: a name taken by an object this InferenceService does not control
    stops the reconcile (`ChildConflict`, the object is left alone), and every write is
    dry-run on the API server, so a refused child (`ChildRefused`) leaves nothing half built;
+   but in a service's first reconcile (no status, nothing of it found) its children are
+   created without dry-runs, Deployments last, and deleted again on a refusal, which also
+   leaves nothing built and the rollout where it was, for one request per child less
+   (`ChildWriter.create_first`);
 4. write-ahead: when children are to be written or deleted, the new status is written
    first, so a restarted operator renders them from the step they were written for and
    traffic never runs ahead of status (weights only move forward, or to 0 on a rollback);
@@ -135,6 +139,9 @@ class _Pass:
     """The umbrella Service selects the canary's pods alone (`rollout.canary_only`)."""
     stable_only: bool = False
     """The umbrella Service selects the stable pods alone (`rollout.stable_only`)."""
+    first: bool = False
+    """The service's first reconcile: no status written and nothing of it found, so its
+    children are created unchecked and undone on a refusal (`ChildWriter.create_first`)."""
     notes: list[EventNote] = field(default_factory=list)
     """What changed (status transitions, children written), posted as the reconcile's Events."""
 
@@ -322,8 +329,9 @@ class Sync:
             )
 
         run = _Pass(
-            ref, owner, now, previous=previous, status=previous, observed=observed, taken=taken
-        )
+            ref, owner, now, previous=previous, status=previous, observed=observed, taken=taken,
+            first=not body.get("status") and not listed,
+        )  # fmt: skip
         try:
             try:
                 self._step(run, body["spec"], meta, observation)
@@ -371,7 +379,11 @@ class Sync:
             step = rollout.next_step(spec, run.previous, seen_facts, run.now)
         stable = seen_facts.stable
         desired = self._desired(run.owner, spec, step.status, stable.replicas if stable else 0)
-        writes = self._children.checked_writes(run.owner, desired, run.observed, run.taken)
+        if run.first:
+            writes = self._children.first_writes(run.owner, desired)
+        else:
+            writes = self._children.checked_writes(run.owner, desired, run.observed, run.taken)
+        before = run.status
         run.status, run.actions = step.status, step.actions
         run.canary_only = rollout.canary_only(spec, step.status)
         run.stable_only = rollout.stable_only(spec, step.status)
@@ -390,7 +402,17 @@ class Sync:
             )
             self._report(run, ahead)
             run.previous = ahead
-        run.observed = self._children.converge(run.owner, writes, stale, run.observed, run.notes)
+        if not run.first:
+            run.observed = self._children.converge(
+                run.owner, writes, stale, run.observed, run.notes
+            )
+            return
+        try:
+            run.observed = self._children.create_first(run.owner, writes, run.notes)
+        except SpecError:
+            # Undone: as after a refused dry-run, the rollout has not moved.
+            run.status, run.actions = before, ()
+            raise
 
     def _desired(
         self,

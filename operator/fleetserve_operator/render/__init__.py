@@ -25,8 +25,10 @@ from fleetserve_operator.render.children import (
     rendered_status,
 )
 from fleetserve_operator.render.converge import (
+    PODS_PHASE,
     child_key,
     converge_phase,
+    first_create_phase,
     is_controlled_by,
     is_drifted,
     needs_write,
@@ -55,6 +57,7 @@ __all__ = [
     "GRPC_SERVICE",
     "HTTPROUTE_API_VERSION",
     "INFERENCE_PATHS",
+    "PODS_PHASE",
     "Owner",
     "TrackPlan",
     "check_semantics",
@@ -62,6 +65,7 @@ __all__ = [
     "converge_phase",
     "desired_children",
     "fallback_generation",
+    "first_create_phase",
     "is_controlled_by",
     "is_drifted",
     "needs_write",

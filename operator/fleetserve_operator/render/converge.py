@@ -14,8 +14,10 @@ from fleetserve_operator.records import Manifest
 from fleetserve_operator.render.owner import Owner
 
 __all__ = [
+    "PODS_PHASE",
     "child_key",
     "converge_phase",
+    "first_create_phase",
     "is_controlled_by",
     "is_drifted",
     "needs_write",
@@ -99,6 +101,26 @@ def converge_phase(child: Manifest, current: Manifest | None, *, stale: bool = F
     if route:
         return 1
     return 3 if _drops_port(child, current) else 0
+
+
+PODS_PHASE = 2
+"""`first_create_phase` of the Deployments: the first write that sets pods going."""
+_FIRST_CREATE_PHASES = {"HTTPRoute": 1, "GRPCRoute": 1, "Deployment": PODS_PHASE, "ScaledObject": 3}
+
+
+def first_create_phase(child: Manifest) -> int:
+    """When a service's first create, made without dry-runs, creates `child`: lowest first.
+
+    Such a create is undone when a child is refused, so the Deployments, whose pods are the
+    one thing a create sets going, come after every child that could still be refused: a
+    refusal there is undone before any pod exists. Routes name only Services, made before
+    them. A scaler names its Deployment and comes after it (`PODS_PHASE`): the writer
+    dry-runs such children before anything is created.
+
+    0: Services, budgets, ConfigMaps (every kind not named here); 1: routes; 2: Deployments;
+    3: scalers.
+    """
+    return _FIRST_CREATE_PHASES.get(child["kind"], 0)
 
 
 def stale_children(

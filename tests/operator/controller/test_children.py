@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from fleetserve_operator import naming
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
@@ -44,15 +46,32 @@ def _writes(kube: FakeKube) -> list[tuple[str, str, str]]:
     return [write for write in kube.writes if write[1] != naming.KIND]
 
 
+def _children(kube: FakeKube) -> list[tuple[str, str]]:
+    """The operator's children stored (every object but the service and others' ones)."""
+    return sorted(
+        (kind, name)
+        for (kind, _, name), obj in kube.objects.items()
+        if kind != naming.KIND and obj["metadata"].get("uid") != "theirs"
+    )
+
+
 def test_an_object_it_does_not_control_is_left_untouched() -> None:
-    """A Service named like the umbrella one: not written, nothing created, Ready False."""
+    """A Service named like the umbrella one: not written, nothing left built, Ready False.
+
+    The first create, made without dry-runs, created the stable track's Service beside it
+    and deletes it again; no Deployment was created, so no pod ever started.
+    """
     kube, sync = _setup()
     before = _foreign(kube, "Service", "demo", {"app": "billing"})
     error = sync.run_by_name("ns", "demo", trigger="create")
     assert error is not None
     assert error.reason == "ChildConflict"
     assert kube.objects[("Service", "ns", "demo")] == before
-    assert _writes(kube) == []
+    assert _children(kube) == []
+    assert _writes(kube) == [
+        ("create", "Service", "demo-stable"),
+        ("delete", "Service", "demo-stable"),
+    ]
     ready = _condition(kube, ConditionType.READY)
     assert ready[:2] == ("False", "ChildConflict")
     assert "Service ns/demo already exists and is not controlled by this" in ready[2]
@@ -69,7 +88,7 @@ def test_our_labels_do_not_make_an_object_ours() -> None:
     before = _foreign(kube, "Service", "demo-stable", labels)
     sync.run_by_name("ns", "demo", trigger="create")
     assert kube.objects[("Service", "ns", "demo-stable")] == before
-    assert _writes(kube) == []
+    assert _writes(kube) == [], "an object labelled as its child: checked, not a first create"
     assert _condition(kube, ConditionType.DEGRADED)[:2] == ("True", "ChildConflict")
 
 
@@ -79,6 +98,7 @@ def test_the_conflict_clears_when_the_object_goes() -> None:
     _foreign(kube, "Service", "demo", {})
     sync.run_by_name("ns", "demo", trigger="create")
     del kube.objects[("Service", "ns", "demo")]
+    kube.writes.clear()
     assert sync.run_by_name("ns", "demo", trigger="resync") is None
     created = sorted(name for action, _, name in _writes(kube) if action == "create")
     assert created == ["demo", "demo-stable", "demo-stable"]
@@ -97,12 +117,27 @@ def test_its_own_child_without_labels_is_applied_not_refused() -> None:
 
 
 def test_a_refused_child_leaves_nothing_half_built() -> None:
-    """The route is refused: no Deployment or Service is created either; status names it."""
+    """The route is refused: no Deployment is created, the Services go again; status names it.
+
+    The first create makes the Services before the routes and the Deployment last, without
+    dry-runs; the route's refusal deletes the Services. A reconcile after that is no longer
+    a first: it dry-runs, and writes nothing.
+    """
     kube, sync = _setup(traffic=GATEWAY)
     kube.refusals[("HTTPRoute", "demo")] = 'spec.hostnames[0]: Invalid value: "Bad"'
     error = sync.run_by_name("ns", "demo", trigger="create")
     assert error is not None
     assert error.reason == "ChildRefused"
+    assert _children(kube) == []
+    made = [(action, kind) for action, kind, _ in _writes(kube)]
+    assert sorted(made) == [("create", "Service")] * 2 + [("delete", "Service")] * 2
+    notes = " ".join(e.message for e in kube.events if e.type == "Normal")
+    assert "Created Service demo-stable" in notes
+    assert "Deleted Service demo-stable" in notes
+    kube.writes.clear()
+    again = sync.run_by_name("ns", "demo", trigger="resync")
+    assert again is not None
+    assert again.reason == "ChildRefused"
     assert _writes(kube) == []
     status, reason, message = _condition(kube, ConditionType.DEGRADED)
     assert (status, reason) == ("True", "ChildRefused")
@@ -208,13 +243,24 @@ def test_creating_a_service_reads_none_of_its_children_by_name() -> None:
     assert kube.reads == 0
 
 
-def test_a_refused_dry_run_of_a_create_onto_anothers_object_is_a_conflict() -> None:
-    """The create's dry-run is refused where their Service holds the name: it is theirs."""
+@pytest.mark.parametrize("first", [True, False], ids=["first-create", "checked"])
+def test_a_refused_create_onto_anothers_object_is_a_conflict(first: bool) -> None:
+    """A create (or its dry-run) refused where their Service holds the name: it is theirs.
+
+    The refusal (a quota's, say) comes before the API server looks at the name, and would
+    hide it; the name is looked up. `first`: the service's first create, unchecked; else
+    a later one (a status was written), dry-run first.
+    """
     kube, sync = _setup()
+    if not first:
+        kube.objects[(naming.KIND, "ns", "demo")]["status"] = {"phase": "Pending"}
     before = _foreign(kube, "Service", "demo", {"app": "billing"})
     kube.refusals[("Service", "demo")] = "spec.ports[0].name: Required value"
     error = sync.run_by_name("ns", "demo", trigger="create")
     assert error is not None
     assert error.reason == "ChildConflict"
     assert kube.objects[("Service", "ns", "demo")] == before
-    assert _writes(kube) == []
+    assert _children(kube) == []
+    assert not any(kind == "Deployment" for _, kind, _ in _writes(kube))
+    if not first:
+        assert _writes(kube) == []

@@ -11,7 +11,10 @@ from fleetserve_operator import naming
 from fleetserve_operator.render import (
     APPLIED_HASH_ANNOTATION,
     INFERENCE_PATHS,
+    PODS_PHASE,
+    child_key,
     desired_children,
+    first_create_phase,
     is_controlled_by,
     is_drifted,
     needs_write,
@@ -414,3 +417,44 @@ def test_fallback_pods_take_the_fallback_tolerations() -> None:
     children = _children(fallback={"enabled": True, "tolerations": [toleration]})
     pod = children[("Deployment", "demo-fallback")]["spec"]["template"]["spec"]
     assert pod["tolerations"] == [toleration]
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param(
+            {
+                "traffic": {**GATEWAY, "hostnames": ["demo.example"]},
+                "runtime": {"grpc": {"enabled": True}},
+                "scaling": {"minReplicas": 2, "maxReplicas": 4, "target": 2},
+                "rollout": {"shadow": {"fraction": 0.2}},
+            },
+            id="every-kind",
+        ),
+    ],
+)
+def test_a_first_create_makes_what_each_child_names_before_it_and_pods_last(
+    sections: dict[str, Any],
+) -> None:
+    """In `first_create_phase` order a route's backends and a scaler's target come first.
+
+    And the Deployments come after every child but the scalers (`PODS_PHASE`), so that a
+    refusal is undone before any pod starts.
+    """
+    children = desired_children(
+        OWNER, make_spec(**sections), InferenceServiceStatus(), prometheus_url="http://p:9090"
+    )
+    phase = {child_key(child): first_create_phase(child) for child in children}
+    for child in children:
+        key = child_key(child)
+        if key[0] == "Deployment":
+            assert phase[key] == PODS_PHASE
+        elif key[0] == "ScaledObject":
+            target = child["spec"]["scaleTargetRef"]["name"]
+            assert phase[key] > phase[("Deployment", target)]
+        else:
+            assert phase[key] < PODS_PHASE, key
+        for rule in child["spec"].get("rules", []) if key[0].endswith("Route") else []:
+            for ref in rule["backendRefs"]:
+                assert phase[("Service", ref["name"])] < phase[key], (key, ref)
