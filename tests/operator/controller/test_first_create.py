@@ -76,6 +76,20 @@ def _setup(spec: dict[str, Any]) -> tuple[_CheckingKube, Sync]:
     return kube, sync
 
 
+def _refused(kind: str, message: str) -> _CheckingKube:
+    """A service of every kind created, `kind` refused with `message`: ChildRefused."""
+    kube, sync = _setup(EVERY_KIND)
+    kube.refusals[(kind, "demo-stable")] = message
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "ChildRefused"
+    return kube
+
+
+def _stored(kube: FakeKube) -> list[Manifest]:
+    return [obj for (kind, _, _), obj in kube.objects.items() if kind != naming.KIND]
+
+
 def _child_writes(kube: FakeKube) -> list[tuple[str, str]]:
     return [(action, kind) for action, kind, _ in kube.writes if kind != naming.KIND]
 
@@ -113,17 +127,9 @@ def test_a_later_reconcile_dry_runs_every_write() -> None:
     assert sorted(kube.dry_runs) == sorted(render.child_key(c) for c in _stored(kube))
 
 
-def _stored(kube: FakeKube) -> list[Manifest]:
-    return [obj for (kind, _, _), obj in kube.objects.items() if kind != naming.KIND]
-
-
 def test_a_refused_deployment_undoes_everything_made_before_it() -> None:
     """No pod ever started; the status is the refusal's, as after a refused dry-run."""
-    kube, sync = _setup(EVERY_KIND)
-    kube.refusals[("Deployment", "demo-stable")] = "denied by policy: no privileged pods"
-    error = sync.run_by_name("ns", "demo", trigger="create")
-    assert error is not None
-    assert error.reason == "ChildRefused"
+    kube = _refused("Deployment", "denied by policy: no privileged pods")
     assert _children(kube) == []
     assert ("create", "Deployment") not in _child_writes(kube)
     deleted = sorted(kind for action, kind in _child_writes(kube) if action == "delete")
@@ -157,11 +163,7 @@ def test_a_refused_create_leaves_the_rollout_where_it_was(first: bool) -> None:
 
 def test_a_refused_scaler_stops_the_create_before_anything_is_written() -> None:
     """The scaler comes after the Deployment, so its dry-run runs before any create."""
-    kube, sync = _setup(EVERY_KIND)
-    kube.refusals[("ScaledObject", "demo-stable")] = "admission webhook denied it"
-    error = sync.run_by_name("ns", "demo", trigger="create")
-    assert error is not None
-    assert error.reason == "ChildRefused"
+    kube = _refused("ScaledObject", "admission webhook denied it")
     assert _child_writes(kube) == []
 
 
