@@ -11,8 +11,8 @@ server. Each write made is noted (`EventNote`) for the reconcile's Events.
 
 A service's first create is the exception (`first_writes`, `create_first`): nothing of it
 exists yet, so each child is created without a dry-run of its own, the Deployments after
-every child that could still be refused (`render.first_create_phase`), and on a refusal the
-children created are deleted again. It ends as a checked create does, with nothing built
+every child that could still be refused (`render.first_create_phase`), and when a create
+fails the children created are deleted again. It ends as a checked create does, with nothing built
 and no pod started, for one request per child less: the dry-runs were a third of the
 requests that bring a fleet up, and the API server spends as much on a dry-run as on the
 create.
@@ -224,12 +224,10 @@ class ChildWriter:
     ) -> list[Manifest]:
         """Make a service's first creates (`first_writes`); returns the children.
 
-        In `render.first_create_phase` order, the creates of one phase at once. When one is
-        refused (or its name is taken, or its API missing), every child this call created is
-        deleted again before the error is raised, so the reconcile leaves nothing half
-        built, as a refused dry-run does. A failure of the API server itself undoes nothing:
-        the next reconcile, no longer a first, makes the rest the checked way, and so it does
-        with what is left should the API server fail the deletions too. Creates and
+        In `render.first_create_phase` order, the creates of one phase at once. When one
+        fails (refused, its name taken, its API missing, or the API server failing), every
+        child this call created is deleted again before the error is raised (`_undo`), so
+        the reconcile leaves nothing half built, as a refused dry-run does. Creates and
         deletions alike are added to `notes`.
         """
         made: list[Manifest] = []
@@ -241,17 +239,36 @@ class ChildWriter:
             for phase in sorted(phases):
                 calls = [partial(self._converge_step, owner, notes, w, made) for w in phases[phase]]
                 result += [child for child in self._each(calls) if child is not None]
-        except SpecError:
+        except (SpecError, ClusterUnavailable):
+            # Also for a failing API server: `_each` raises the first failure of a phase in
+            # call order, which may hide another call's refusal, and a create half made
+            # now would be checked by the next reconcile's dry-runs and never undone.
             self._undo(made, notes)
             raise
         return result
 
     def _undo(self, made: list[Manifest], notes: list[EventNote]) -> None:
-        """Delete the children a refused first create made (logged when that fails too)."""
-        try:
-            self._each([partial(self._deleted, notes, child) for child in made])
-        except ClusterUnavailable as exc:
-            logger.warning("a refused create's children could not all be deleted: %s", exc)
+        """Delete the children a failed first create made, the last phase's first.
+
+        A route is deleted before the Services it names, so no route is ever left naming a
+        missing one: when a deletion fails, the phases before it are kept, and what is
+        left (this service's own children) is logged. The next reconcile, no longer a
+        first, dry-runs its writes and, once nothing refuses them, completes the service.
+        """
+        phases: dict[int, list[Manifest]] = {}
+        for child in made:
+            phases.setdefault(render.first_create_phase(child), []).append(child)
+        for phase in sorted(phases, reverse=True):
+            failed: list[str] = []
+            for child in phases[phase]:
+                try:
+                    self._deleted(notes, child)
+                except ClusterUnavailable as exc:
+                    failed.append(str(exc))
+            if failed:
+                left = [render.child_key(c) for p in phases if p <= phase for c in phases[p]]
+                logger.warning("a failed create left %s: %s", left, "; ".join(failed))
+                return
 
     def _converge_step(
         self,
@@ -274,6 +291,7 @@ class ChildWriter:
         return None
 
     def _deleted(self, done: list[EventNote], child: Manifest) -> None:
+        """Delete `child` (the object of its uid: one replaced since is left), and note it."""
         self._kube.delete(child)
         self._write(done, child, "Deleted")
 
@@ -323,7 +341,11 @@ class ChildWriter:
 
 
 def _after_pods(child: Manifest) -> bool:
-    """Whether a first create makes `child` after the Deployments (a scaler)."""
+    """Whether a first create makes `child` after the Deployments (a scaler).
+
+    Such a child is dry-run first: refused at its create, it would be undone once pods had
+    started.
+    """
     return render.first_create_phase(child) > render.PODS_PHASE
 
 

@@ -513,13 +513,21 @@ class KubeApi:
         return None
 
     def delete(self, manifest: Manifest) -> None:
-        """Delete a child; one already gone is fine."""
+        """Delete a child; one already gone, or replaced since it was read, is fine.
+
+        With the uid `manifest` was read or created with, the API server deletes that
+        object only (409 where another now holds the name): never one made in its place.
+        """
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        body: Manifest = {"propagationPolicy": "Background"}
+        if meta.get("uid"):
+            body["preconditions"] = {"uid": meta["uid"]}
         try:
-            self._call("DELETE", path, body={"propagationPolicy": "Background"})
+            # Not `_call`: a 409 here is the uid's precondition failing, which no retry changes.
+            self._send("DELETE", path, body=body)
         except _ApiError as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise ClusterUnavailable(f"delete {meta['name']}: {exc}") from exc
 
     def get_inference_service(self, namespace: str, name: str) -> Manifest | None:

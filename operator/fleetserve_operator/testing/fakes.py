@@ -170,7 +170,11 @@ class FakeKube:
         return self._service(ref)
 
     def delete(self, manifest: Manifest) -> None:
-        """Remove a stored object."""
+        """Remove a stored object; with a uid, only the object of that uid (as `KubeApi`)."""
+        stored = self.objects.get(_key(manifest))
+        uid = manifest["metadata"].get("uid")
+        if stored is not None and uid and stored["metadata"].get("uid") != uid:
+            return
         self.objects.pop(_key(manifest), None)
         self._wrote("delete", manifest["kind"], manifest["metadata"]["name"])
 

@@ -16,7 +16,7 @@ import pytest
 from fleetserve_operator import naming, render
 from fleetserve_operator.controller.metrics import OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
-from fleetserve_operator.errors import ClusterUnavailable
+from fleetserve_operator.errors import ClusterUnavailable, DependencyMissing
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.spec import ConditionType, InferenceServiceStatus
 from fleetserve_operator.testing import FakeKube, FakeMetricSource, make_service
@@ -40,11 +40,15 @@ class _CheckingKube(FakeKube):
         self._creating = False
         self.unavailable: set[tuple[str, str]] = set()
         """(action, kind) the API server fails with a 5xx, as `create` or `delete`."""
+        self.missing: set[str] = set()
+        """Kinds whose API is not served (a CRD not installed)."""
 
     def validate(self, manifest: Manifest, *, current: Manifest | None) -> None:
         """Recorded (unless a create checks itself), then checked as `FakeKube` checks it."""
         if not self._creating:
             self.dry_runs.append(render.child_key(manifest))
+        if manifest["kind"] in self.missing:
+            raise DependencyMissing("spec.traffic", f"the {manifest['kind']} API is not served")
         super().validate(manifest, current=current)
 
     def create(self, manifest: Manifest) -> Manifest:
@@ -132,8 +136,9 @@ def test_a_refused_deployment_undoes_everything_made_before_it() -> None:
     kube = _refused("Deployment", "denied by policy: no privileged pods")
     assert _children(kube) == []
     assert ("create", "Deployment") not in _child_writes(kube)
-    deleted = sorted(kind for action, kind in _child_writes(kube) if action == "delete")
-    assert deleted == ["HTTPRoute", "PodDisruptionBudget", "Service", "Service"]
+    deleted = [kind for action, kind in _child_writes(kube) if action == "delete"]
+    assert deleted[0] == "HTTPRoute", "a route goes before the Services it names"
+    assert sorted(deleted[1:]) == ["PodDisruptionBudget", "Service", "Service"]
     status = kube.status_of("ns", "demo")
     assert status.phase == "Failed"
     degraded = status.condition(ConditionType.DEGRADED)
@@ -164,27 +169,76 @@ def test_a_refused_create_leaves_the_rollout_where_it_was(first: bool) -> None:
 def test_a_refused_scaler_stops_the_create_before_anything_is_written() -> None:
     """The scaler comes after the Deployment, so its dry-run runs before any create."""
     kube = _refused("ScaledObject", "admission webhook denied it")
+    assert kube.dry_runs == [("ScaledObject", "demo-stable")]
     assert _child_writes(kube) == []
 
 
-def test_an_api_server_failure_undoes_nothing_and_the_next_reconcile_finishes() -> None:
-    """Not a refusal: what was created stays, and the retry creates the rest, checked."""
-    kube, sync = _setup({"model": MODEL})
-    kube.unavailable.add(("create", "Deployment"))
+def test_a_missing_route_api_undoes_the_services() -> None:
+    """No Gateway API: the route's create fails, the Services made before it go again."""
+    kube, sync = _setup({"model": MODEL, "traffic": GATEWAY})
+    kube.missing.add("HTTPRoute")
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "DependencyMissing"
+    assert _children(kube) == []
+    assert ("create", "Deployment") not in _child_writes(kube)
+
+
+@pytest.mark.timeout(30)
+def test_an_api_server_failure_beside_a_refusal_is_undone_too() -> None:
+    """The budget's create fails (503), a Service is refused, the other Service is made.
+
+    Made at once, the first failure in call order (the 503) is the one raised, and it hides
+    the refusal: the Service made goes again all the same. The next reconcile dry-runs
+    every write and builds the service.
+    """
+    kube = _CheckingKube()
+    kube.add_service(make_service({"model": MODEL}))
+    sync = Sync(kube, metrics=OperatorMetrics(), write_threads=2)
+    kube.unavailable.add(("create", "PodDisruptionBudget"))
+    kube.refusals[("Service", "demo")] = "quota exceeded"
+    spec = kube.objects[(naming.KIND, "ns", "demo")]["spec"]
+    spec["runtime"] = {"replicas": {"min": 2, "max": 2}}
     with pytest.raises(ClusterUnavailable):
         sync.run_by_name("ns", "demo", trigger="create")
-    assert _children(kube) == [("Service", "demo"), ("Service", "demo-stable")]
+    assert _children(kube) == []
     kube.unavailable.clear()
+    kube.refusals.clear()
     kube.dry_runs.clear()
     assert sync.run_by_name("ns", "demo", trigger="retry") is None
-    assert kube.dry_runs == [("Deployment", "demo-stable")]
+    assert sorted(kube.dry_runs) == _children(kube)
     assert ("Deployment", "demo-stable") in _children(kube)
 
 
-def test_an_undo_the_api_server_fails_still_reports_the_refusal(
+def test_an_unlabelled_child_of_its_own_is_applied_onto_and_kept_by_the_undo() -> None:
+    """Its own Service without labels (not listed, so still a first create) stays.
+
+    The create finds the name taken by a child of this service and applies onto it; the
+    Deployment's refusal then undoes only what this reconcile created.
+    """
+    kube, sync = _setup({"model": MODEL})
+    built, built_sync = _setup({"model": MODEL})
+    assert built_sync.run_by_name("ns", "demo", trigger="create") is None
+    own = built.objects[("Service", "ns", "demo")]
+    own["metadata"]["labels"] = {}
+    kube.objects[("Service", "ns", "demo")] = own
+    kube.refusals[("Deployment", "demo-stable")] = "denied by policy"
+    error = sync.run_by_name("ns", "demo", trigger="create")
+    assert error is not None
+    assert error.reason == "ChildRefused"
+    assert _children(kube) == [("Service", "demo")]
+    assert ("apply", "Service") in _child_writes(kube)
+    assert ("create", "Service") in _child_writes(kube), "the stable track's, undone"
+
+
+def test_an_undo_the_api_server_fails_leaves_the_service_its_own_children(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The refusal is what the user must see; the failed deletion is logged."""
+    """The refusal is what the user sees; what could not be deleted is logged and stays.
+
+    The next reconcile is no longer a first: it dry-runs, is refused again and writes
+    nothing; once the refusal is gone it completes the service on what was left.
+    """
     kube, sync = _setup({"model": MODEL})
     kube.refusals[("Deployment", "demo-stable")] = "denied by policy"
     kube.unavailable.add(("delete", "Service"))
@@ -192,7 +246,30 @@ def test_an_undo_the_api_server_fails_still_reports_the_refusal(
         error = sync.run_by_name("ns", "demo", trigger="create")
     assert error is not None
     assert error.reason == "ChildRefused"
-    assert "could not all be deleted" in caplog.text
+    assert "a failed create left" in caplog.text
+    assert _children(kube) == [("Service", "demo"), ("Service", "demo-stable")]
     degraded = kube.status_of("ns", "demo").condition(ConditionType.DEGRADED)
     assert degraded is not None
     assert degraded.reason == "ChildRefused"
+    kube.writes.clear()
+    again = sync.run_by_name("ns", "demo", trigger="resync")
+    assert again is not None
+    assert again.reason == "ChildRefused"
+    assert _child_writes(kube) == []
+    kube.refusals.clear()
+    assert sync.run_by_name("ns", "demo", trigger="resync") is None
+    assert _child_writes(kube) == [("create", "Deployment")]
+
+
+def test_a_route_the_undo_cannot_delete_keeps_the_services_it_names() -> None:
+    """The route's deletion fails: the Services stay, so no route names a missing one."""
+    kube, sync = _setup({"model": MODEL, "traffic": GATEWAY})
+    kube.refusals[("Deployment", "demo-stable")] = "denied by policy"
+    kube.unavailable.add(("delete", "HTTPRoute"))
+    sync.run_by_name("ns", "demo", trigger="create")
+    assert _children(kube) == [
+        ("HTTPRoute", "demo"),
+        ("Service", "demo"),
+        ("Service", "demo-stable"),
+    ]
+    assert [w for w in _child_writes(kube) if w[0] == "delete"] == []

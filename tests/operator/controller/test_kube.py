@@ -391,3 +391,24 @@ def test_the_environments_proxy_is_looked_up_once_not_before_every_request(
         assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer secret-token"
     assert lookups == []
     assert configuration.proxy == "http://proxy.invalid:3128"
+
+
+@pytest.mark.parametrize("status", [200, 404, 409], ids=["deleted", "gone", "replaced"])
+def test_a_delete_names_the_uid_it_read_and_a_replaced_object_is_left(
+    api_server: FakeApiServer, status: int
+) -> None:
+    """The uid is a precondition: 409 means another object holds the name now, left alone."""
+    api_server.status = status
+    child = {**_deployment(), "metadata": {**_deployment()["metadata"], "uid": "u1"}}
+    _kube(api_server).delete(child)
+    ((method, _, body),) = api_server.requests
+    assert method == "DELETE"
+    assert body == {"propagationPolicy": "Background", "preconditions": {"uid": "u1"}}
+
+
+def test_a_delete_the_api_server_fails_is_unavailable(api_server: FakeApiServer) -> None:
+    api_server.status = 503
+    with pytest.raises(ClusterUnavailable):
+        _kube(api_server).delete(_deployment())
+    ((_, _, body),) = api_server.requests
+    assert body == {"propagationPolicy": "Background"}, "no uid read, no precondition"
