@@ -12,10 +12,10 @@ server. Each write made is noted (`EventNote`) for the reconcile's Events.
 A service's first create is the exception (`first_writes`, `create_first`): nothing of it
 exists yet, so each child is created without a dry-run of its own, the Deployments after
 every child that could still be refused (`render.first_create_phase`), and when a create
-fails the children created are deleted again. It ends as a checked create does, with nothing built
-and no pod started, for one request per child less: the dry-runs were a third of the
-requests that bring a fleet up, and the API server spends as much on a dry-run as on the
-create.
+fails the children created are deleted again. It ends as a checked create does, with
+nothing built and no pod started, for one request per child less: the dry-runs were a
+third of the requests that bring a fleet up, and the API server spends as much on a
+dry-run as on the create.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class ChildWriter:
 
         Only the children made after its Deployments (`render.PODS_PHASE`) are dry-run:
         their refusal would come once pods had started. The others go unchecked, and
-        `create_first` undoes them on a refusal.
+        `create_first` undoes them when one fails.
 
         Raises:
             ChildConflict, ChildRefused, DependencyMissing: as `checked_writes`, from those
@@ -259,15 +259,16 @@ class ChildWriter:
         for child in made:
             phases.setdefault(render.first_create_phase(child), []).append(child)
         for phase in sorted(phases, reverse=True):
-            failed: list[str] = []
+            left: list[Manifest] = []
             for child in phases[phase]:
                 try:
                     self._deleted(notes, child)
                 except ClusterUnavailable as exc:
-                    failed.append(str(exc))
-            if failed:
-                left = [render.child_key(c) for p in phases if p <= phase for c in phases[p]]
-                logger.warning("a failed create left %s: %s", left, "; ".join(failed))
+                    logger.warning("a failed create could not delete %s: %s", _named(child), exc)
+                    left.append(child)
+            if left:
+                kept = [*left, *(c for p in phases if p < phase for c in phases[p])]
+                logger.warning("a failed create left %s", ", ".join(map(_named, kept)))
                 return
 
     def _converge_step(
@@ -338,6 +339,11 @@ class ChildWriter:
         kind, name = render.child_key(child)
         self._metrics.writes.labels(kind, action.lower()).inc()
         done.append(EventNote("Normal", action, f"{action} {kind} {name}"))
+
+
+def _named(child: Manifest) -> str:
+    """A child as logs name it: its kind and name."""
+    return " ".join(render.child_key(child))
 
 
 def _after_pods(child: Manifest) -> bool:
