@@ -42,6 +42,7 @@ from fleetserve_operator.render import Owner
 __all__ = ["ChildWrite", "ChildWriter"]
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 logger = logging.getLogger(__name__)
 
@@ -206,13 +207,10 @@ class ChildWriter:
         written = {render.child_key(write.manifest) for write in writes}
         result = [child for child in observed if render.child_key(child) not in written]
         steps: list[ChildWrite | Manifest] = [*writes, *stale]
-        phases: dict[int, list[ChildWrite | Manifest]] = {}
-        for step in steps:
-            phases.setdefault(_phase(step), []).append(step)
-        for phase in sorted(phases):
-            calls = [partial(self._converge_step, owner, notes, step) for step in phases[phase]]
+        for phase in _in_phases(steps, _phase):
+            calls = [partial(self._converge_step, owner, notes, step) for step in phase]
             outcomes = self._each(calls)
-            for step, made in zip(phases[phase], outcomes, strict=True):
+            for step, made in zip(phase, outcomes, strict=True):
                 if made is not None:
                     result.append(made)
                 elif not isinstance(step, ChildWrite):
@@ -231,13 +229,12 @@ class ChildWriter:
         deletions alike are added to `notes`.
         """
         made: list[Manifest] = []
-        phases: dict[int, list[ChildWrite]] = {}
-        for write in writes:
-            phases.setdefault(render.first_create_phase(write.manifest), []).append(write)
         result: list[Manifest] = []
         try:
-            for phase in sorted(phases):
-                calls = [partial(self._converge_step, owner, notes, w, made) for w in phases[phase]]
+            for phase in _in_phases(
+                writes, lambda write: render.first_create_phase(write.manifest)
+            ):
+                calls = [partial(self._converge_step, owner, notes, w, made) for w in phase]
                 result += [child for child in self._each(calls) if child is not None]
         except (SpecError, ClusterUnavailable):
             # Also for a failing API server: `_each` raises the first failure of a phase in
@@ -255,19 +252,17 @@ class ChildWriter:
         left (this service's own children) is logged. The next reconcile, no longer a
         first, dry-runs its writes and, once nothing refuses them, completes the service.
         """
-        phases: dict[int, list[Manifest]] = {}
-        for child in made:
-            phases.setdefault(render.first_create_phase(child), []).append(child)
-        for phase in sorted(phases, reverse=True):
+        phases = _in_phases(made, render.first_create_phase)[::-1]
+        for index, phase in enumerate(phases):
             left: list[Manifest] = []
-            for child in phases[phase]:
+            for child in phase:
                 try:
                     self._deleted(notes, child)
                 except ClusterUnavailable as exc:
                     logger.warning("a failed create could not delete %s: %s", _named(child), exc)
                     left.append(child)
             if left:
-                kept = [*left, *(c for p in phases if p < phase for c in phases[p])]
+                kept = [*left, *(child for earlier in phases[index + 1 :] for child in earlier)]
                 logger.warning("a failed create left %s", ", ".join(map(_named, kept)))
                 return
 
@@ -336,13 +331,20 @@ class ChildWriter:
 
         `done` is shared by the steps of a phase, made at once: `list.append` is atomic.
         """
-        kind, name = render.child_key(child)
-        self._metrics.writes.labels(kind, action.lower()).inc()
-        done.append(EventNote("Normal", action, f"{action} {kind} {name}"))
+        self._metrics.writes.labels(child["kind"], action.lower()).inc()
+        done.append(EventNote("Normal", action, f"{action} {_named(child)}"))
+
+
+def _in_phases(items: Sequence[S], phase_of: Callable[[S], int]) -> list[list[S]]:
+    """`items` grouped by `phase_of`, lowest phase first, each group in the order given."""
+    phases: dict[int, list[S]] = {}
+    for item in items:
+        phases.setdefault(phase_of(item), []).append(item)
+    return [phases[phase] for phase in sorted(phases)]
 
 
 def _named(child: Manifest) -> str:
-    """A child as logs name it: its kind and name."""
+    """A child as Events and logs name it: its kind and name."""
     return " ".join(render.child_key(child))
 
 

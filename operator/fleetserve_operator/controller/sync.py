@@ -20,8 +20,9 @@ done, but for an invalid one the rollout's table decides the phase (`Failed`, fr
    stops the reconcile (`ChildConflict`, the object is left alone), and every write is
    dry-run on the API server, so a refused child (`ChildRefused`) leaves nothing half built;
    but in a service's first reconcile (no status, nothing of it found) its children are
-   created without dry-runs, Deployments last, and deleted again on a refusal, which also
-   leaves nothing built and the rollout where it was, for one request per child less
+   created without dry-runs, Deployments last, and deleted again when a create fails,
+   which also leaves nothing built (and, on a refusal, the rollout where it was), for one
+   request per child less
    (`ChildWriter.create_first`);
 4. write-ahead: when children are to be written or deleted, the new status is written
    first, so a restarted operator renders them from the step they were written for and
@@ -141,7 +142,7 @@ class _Pass:
     """The umbrella Service selects the stable pods alone (`rollout.stable_only`)."""
     first: bool = False
     """The service's first reconcile: no status written and nothing of it found, so its
-    children are created unchecked and undone on a refusal (`ChildWriter.create_first`)."""
+    children are created unchecked and undone when one fails (`ChildWriter.create_first`)."""
     notes: list[EventNote] = field(default_factory=list)
     """What changed (status transitions, children written), posted as the reconcile's Events."""
 

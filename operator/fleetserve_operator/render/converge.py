@@ -105,7 +105,11 @@ def converge_phase(child: Manifest, current: Manifest | None, *, stale: bool = F
 
 PODS_PHASE = 2
 """`first_create_phase` of the Deployments: the first write that sets pods going."""
-_FIRST_CREATE_PHASES = {"HTTPRoute": 1, "GRPCRoute": 1, "Deployment": PODS_PHASE, "ScaledObject": 3}
+_FIRST_CREATE_PHASES = {
+    **dict.fromkeys(_ROUTE_KINDS, 1),
+    "Deployment": PODS_PHASE,
+    "ScaledObject": 3,
+}
 
 
 def first_create_phase(child: Manifest) -> int:
