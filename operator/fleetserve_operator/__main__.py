@@ -27,6 +27,7 @@ import kopf
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
+from fleetserve_operator import observe
 from fleetserve_operator.controller import handlers
 from fleetserve_operator.controller.cache import ChildCache
 from fleetserve_operator.controller.cached_kube import CachedKube
@@ -172,6 +173,7 @@ def _queue_and_watches(
     watches = ChildWatches(
         kube.api_client,
         namespaces=config.namespaces,
+        readings=observe.STATUS_READINGS,
         on_owner=workers.add,
         on_listed=workers.resync,
         watch_timeout_s=config.watch_timeout_s,

@@ -13,9 +13,11 @@ before it queues its owner, so a reconcile started by an event sees at least tha
 The operator's own writes are stored as the API server answered them (`store`), so the next
 reconcile does not read the object as it was before the write; an event older than what is
 stored (by `resourceVersion`) is ignored. A kind whose CRD is absent is synced and empty.
-Of a kind whose status the operator never reads, a new state that differs from the stored one
-in its status alone is stored but is no news: at 1000 services the disruption controller's
-updates of the PodDisruptionBudgets' status were thousands of reconciles with nothing to do.
+A new state that differs from the stored one in its status alone is stored but is no news
+unless it changes what a reconcile reads of that status (the kind's `reading`; of most kinds,
+nothing): at 1000 services the disruption controller's updates of the PodDisruptionBudgets'
+status were thousands of reconciles with nothing to do, and so were the pods' scheduling,
+start and readiness, and the Deployments' condition heartbeats.
 
 To keep the fleet's objects small, the managed-fields bookkeeping of other managers is
 dropped: a reconcile reads only the operator's own entries (whether it still owns a child's
@@ -26,7 +28,7 @@ rewrites the entries.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fleetserve_operator import naming
@@ -123,12 +125,15 @@ class ChildCache:
         """`kind` is not served (its CRD is missing): synced, with nothing in it."""
         self.replace(kind, "", namespace, ())
 
-    def store(self, kind: str, obj: Manifest, *, status_read: bool = True) -> bool:
+    def store(
+        self, kind: str, obj: Manifest, *, reading: Callable[[Manifest], object] | None = None
+    ) -> bool:
         """An object of `kind` as a watch event or a write returned it, unless newer is stored.
 
         Returns whether it is news: False for a state already stored, or one older than
-        stored (the echo of the operator's own write, which `store` saw first), or, for a
-        kind whose status is not read (`status_read` False), one whose status alone changed.
+        stored (the echo of the operator's own write, which `store` saw first), or one
+        whose status alone changed, unless that changed its `reading` (None: nothing of
+        the status is read).
         """
         with self._guard:
             stored = self._objects.get(kind, {}).get(object_key(obj))
@@ -136,7 +141,9 @@ class ChildCache:
                 return False
             if kind in self._objects:
                 self._put(kind, obj if "kind" in obj else {"kind": kind, **obj})
-            return stored is None or status_read or not _alike_but_status(obj, stored)
+            if stored is None or not _alike_but_status(obj, stored):
+                return True
+            return reading is not None and reading(obj) != reading(stored)
 
     def discard(self, kind: str, obj: Manifest) -> None:
         """The object was deleted (the same object: a new one of that name has another uid)."""

@@ -43,17 +43,11 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True, slots=True)
 class ChildKind:
-    """A kind the operator watches: one it creates, pods, or the InferenceServices.
-
-    `status_read`: whether a reconcile reads the status of this kind's objects (`observe`
-    reads the Deployments' and the pods'); a change of another kind's status alone queues
-    nothing.
-    """
+    """A kind the operator watches: one it creates, pods, or the InferenceServices."""
 
     api_version: str
     kind: str
     plural: str
-    status_read: bool = False
 
     def path(self, namespace: str | None) -> str:
         """The collection's path, in `namespace` or (None) cluster-wide."""
@@ -67,17 +61,17 @@ class ChildKind:
 # its Deployment nor its ReplicaSet; only its pod says so. HTTPRoutes: a weight edited by
 # hand would otherwise send users to a canary until the next resync (a GRPCRoute's too).
 CHILD_KINDS = (
-    ChildKind("apps/v1", "Deployment", "deployments", status_read=True),
+    ChildKind("apps/v1", "Deployment", "deployments"),
     ChildKind("v1", "Service", "services"),
     ChildKind("v1", "ConfigMap", "configmaps"),
     ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ChildKind("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-    ChildKind("v1", "Pod", "pods", status_read=True),
+    ChildKind("v1", "Pod", "pods"),
 )
 _SELECTOR = f"{naming.MANAGED_BY_LABEL}={naming.MANAGER}"
-SERVICES = ChildKind(naming.API_VERSION, naming.KIND, naming.PLURAL, status_read=True)
+SERVICES = ChildKind(naming.API_VERSION, naming.KIND, naming.PLURAL)
 """The InferenceServices themselves, as a collection to watch."""
 
 
@@ -123,10 +117,11 @@ class _ChildSink:
             self._watches.notify(kind.kind, item, listed=True)
 
     def changed(self, obj: Manifest) -> None:
-        if self._watches.cache.store(self._kind.kind, obj, status_read=self._kind.status_read):
+        reading = self._watches.readings.get(self._kind.kind)
+        if self._watches.cache.store(self._kind.kind, obj, reading=reading):
             self._watches.notify(self._kind.kind, obj)
         # else the echo of the operator's own write (the reconcile that wrote it has seen
-        # it), or a status no reconcile reads
+        # it), or a status change no reconcile would see
 
     def deleted(self, obj: Manifest) -> None:
         self._watches.cache.discard(self._kind.kind, obj)
@@ -142,6 +137,10 @@ class _ChildSink:
 class ChildWatches:
     """The watch threads of every child kind in the operator's namespaces.
 
+    `readings`, by kind: what a reconcile reads of the status of that kind's objects (the
+    operator's are `observe.STATUS_READINGS`: the Deployments' counts and failures, the
+    pods' crashes and fetches). A change of an object's status alone queues its owner only
+    when it changes that reading; of a kind without one, never.
     `on_owner` is called (from the watch threads) with the key of the InferenceService an
     event is about, after the object is kept in `cache` (a new one unless given);
     `on_listed` (`on_owner` unless given) with the owner of each object a list returned.
@@ -154,6 +153,7 @@ class ChildWatches:
         client: kubernetes.client.ApiClient,
         *,
         namespaces: Sequence[str],
+        readings: Mapping[str, Callable[[Manifest], object]],
         on_owner: Callable[[Key], None],
         on_listed: Callable[[Key], None] | None = None,
         watch_timeout_s: int = 300,
@@ -173,6 +173,7 @@ class ChildWatches:
             retry_s=retry_s,
             absent_retry_s=absent_retry_s,
         )
+        self.readings = readings
         self._on_owner = on_owner
         self._on_listed = on_listed or on_owner
         scopes: Sequence[str | None] = list(namespaces) or [None]

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import kopf
 
 from fleetserve_operator.controller.child_watch import ChildWatches
-from fleetserve_operator.controller.metrics import OperatorMetrics
+from fleetserve_operator.controller.metrics import COALESCED, OperatorMetrics
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane, WorkQueue
 from fleetserve_operator.errors import ClusterUnavailable, FleetserveError, InvalidSpec, SpecError
@@ -227,7 +227,7 @@ class QueueWorkers:
         It waits `event_delay_s` first, so that the rest of a burst of events merges into it.
         """
         if not self.queue.add_after(key, Lane.EVENT, self._event_delay_s):
-            self._metrics.reconciles.labels("child", "coalesced").inc()
+            self._metrics.reconciles.labels("child", COALESCED).inc()
 
     def resync(self, key: Key) -> None:
         """Queue `key` in the resync lane (the `Resyncer`'s visit)."""

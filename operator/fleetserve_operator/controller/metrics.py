@@ -23,6 +23,7 @@ from fleetserve_operator.spec import Condition, InferenceServiceStatus, RolloutP
 
 __all__ = [
     "CANARY_WEIGHT",
+    "COALESCED",
     "CONDITION",
     "EFFECTIVE_CANARY_WEIGHT",
     "INFO",
@@ -33,6 +34,9 @@ __all__ = [
     "status_samples",
 ]
 
+COALESCED = "coalesced"
+"""The `result` of a reconcile a child event asked for while one was already queued: it merged
+into that one and never ran on its own."""
 _CONDITION_STATUSES: tuple[str, ...] = get_args(Condition.model_fields["status"].annotation)
 
 

@@ -10,17 +10,21 @@ create pods, a rollout past its progress deadline), which `observe.status` repor
 A pod counts only when it runs the Deployment's current template (same spec-hash label), so
 restarts and OOM kills of pods being replaced by a rolling update are not held against the
 new template.
+
+`deployment_reading` and `pod_reading` are all that these functions (and `observe.status`)
+read of one Deployment's or pod's status, so the child watch can tell an event that changes
+what a reconcile would observe from one that changes nothing it reads.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fleetserve_operator import contract, naming
 from fleetserve_operator.errors import bounded
 from fleetserve_operator.naming import Track
-from fleetserve_operator.observe.status import is_rolled_out
+from fleetserve_operator.observe.status import is_rolled_out, track_status
 from fleetserve_operator.records import Manifest, Problem, TrackFetch
 from fleetserve_operator.rollout import TrackFacts
 
@@ -28,6 +32,9 @@ __all__ = [
     "CRASH_LOOP",
     "MAX_MESSAGE",
     "OOM_KILLED",
+    "STATUS_READINGS",
+    "deployment_reading",
+    "pod_reading",
     "track_facts",
     "track_fetches",
     "workload_problem",
@@ -267,3 +274,39 @@ def workload_problem(
                 if failure is not None:
                     return failure
     return None
+
+
+def deployment_reading(deployment: Manifest) -> tuple[object, ...]:
+    """All a reconcile reads of the Deployment's status: its counts, rollout and failure.
+
+    Two states of a Deployment with the same metadata, spec and reading observe alike, so
+    the status updates between them (a condition's heartbeat, `unavailableReplicas`) are
+    no news to its service.
+    """
+    return (track_status(deployment), is_rolled_out(deployment), _deployment_failure(deployment))
+
+
+def pod_reading(pod: Manifest) -> tuple[object, ...]:
+    """All a reconcile reads of the pod's status: restarts, kills, failures, its fetch.
+
+    Two states of a pod with the same metadata, spec and reading observe alike, so its
+    scheduling, its start and its readiness are no news to its service (readiness reaches
+    it through the Deployment's counts); a crash, an image that cannot be pulled or a
+    finished fetch are.
+    """
+    main: list[Manifest] = (pod.get("status") or {}).get("containerStatuses") or []
+    every = _all_statuses(pod)
+    return (
+        sum(container.get("restartCount", 0) for container in every),
+        any(_is_oom_killed(container) for container in every),
+        tuple(filter(None, (_container_failure(pod, container) for container in main))),
+        _fetch_failure(pod),
+        _fetched_record(pod),
+    )
+
+
+STATUS_READINGS: Mapping[str, Callable[[Manifest], object]] = {
+    "Deployment": deployment_reading,
+    "Pod": pod_reading,
+}
+"""What a reconcile reads of each kind's status, by kind; of any other kind, nothing."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetserve_operator import naming
 from fleetserve_operator.controller.cache import ChildCache
+from fleetserve_operator.observe import deployment_reading
 from fleetserve_operator.records import Manifest
 
 
@@ -57,7 +58,9 @@ def test_an_event_at_or_before_the_stored_version_is_no_news_and_changes_nothing
     assert not cache.store("Deployment", _obj("a-stable", "a", rv="6"))  # a late event
     (found,) = cache.owned("ns", "a", ("Deployment",))
     assert found["metadata"]["resourceVersion"] == "7"
-    assert cache.store("Deployment", _obj("a-stable", "a", rv="8"))
+    later = _obj("a-stable", "a", rv="8")
+    later["spec"] = {"replicas": 3}
+    assert cache.store("Deployment", later)
 
 
 def test_a_delete_removes_only_the_object_it_names() -> None:
@@ -97,22 +100,42 @@ def test_other_managers_entries_are_dropped() -> None:
 
 
 def test_a_change_of_a_status_no_reconcile_reads_is_stored_but_is_no_news() -> None:
-    """A PodDisruptionBudget's status, say; a Deployment's (`status_read`) is always news."""
+    """A PodDisruptionBudget's status, say: nothing of it is read (no `reading`)."""
     cache = ChildCache()
     cache.replace("PodDisruptionBudget", "policy/v1", "ns", [])
     budget = _obj("a-stable", "a", rv="1")
-    assert cache.store("PodDisruptionBudget", budget, status_read=False)  # a new object
+    assert cache.store("PodDisruptionBudget", budget)  # a new object
     counted = {**budget, "metadata": {**budget["metadata"], "resourceVersion": "2",
                "managedFields": []}, "status": {"currentHealthy": 2}}  # fmt: skip
-    assert not cache.store("PodDisruptionBudget", counted, status_read=False)
+    assert not cache.store("PodDisruptionBudget", counted)
     (found,) = cache.owned("ns", "a", ("PodDisruptionBudget",))
     assert found["status"] == {"currentHealthy": 2}, "stored all the same"
     relabelled = {**counted, "metadata": {**counted["metadata"], "resourceVersion": "3",
                   "labels": {**counted["metadata"]["labels"], "x": "y"}}}  # fmt: skip
-    assert cache.store("PodDisruptionBudget", relabelled, status_read=False)
+    assert cache.store("PodDisruptionBudget", relabelled)
     respecced = {**relabelled, "metadata": {**relabelled["metadata"], "resourceVersion": "4"},
                  "spec": {"minAvailable": 1}}  # fmt: skip
-    assert cache.store("PodDisruptionBudget", respecced, status_read=False)
-    cache.replace("Deployment", "apps/v1", "ns", [_obj("a-stable", "a", rv="5")])
-    ready = {**_obj("a-stable", "a", rv="6"), "status": {"readyReplicas": 1}}
-    assert cache.store("Deployment", ready)
+    assert cache.store("PodDisruptionBudget", respecced)
+
+
+def test_a_change_of_a_read_status_is_news_only_when_it_changes_the_reading() -> None:
+    """A Deployment's: its ready count is read, a condition's heartbeat is not."""
+    cache = ChildCache()
+    cache.replace("Deployment", "apps/v1", "ns", [])
+    created = {**_obj("a-stable", "a", rv="1"), "spec": {"replicas": 1}}
+    assert cache.store("Deployment", created, reading=deployment_reading)
+
+    def later(rv: str, status: Manifest) -> Manifest:
+        return {**created, "metadata": {**created["metadata"], "resourceVersion": rv},
+                "status": status}  # fmt: skip
+
+    beat = {"type": "Available", "status": "False", "lastUpdateTime": "2026-12-06T08:00:00Z"}
+    rolling = {"replicas": 1, "updatedReplicas": 1, "conditions": [beat]}
+    assert cache.store("Deployment", later("2", rolling), reading=deployment_reading)
+    again = {**rolling, "conditions": [{**beat, "lastUpdateTime": "2026-12-06T08:00:09Z"}]}
+    assert not cache.store("Deployment", later("3", again), reading=deployment_reading)
+    (found,) = cache.owned("ns", "a", ("Deployment",))
+    assert found["status"] == again, "stored all the same"
+    ready = {**again, "readyReplicas": 1, "availableReplicas": 1}
+    assert cache.store("Deployment", later("4", ready), reading=deployment_reading)
+    assert cache.store("Deployment", later("5", {}), reading=lambda obj: obj.get("status"))

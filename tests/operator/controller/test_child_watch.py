@@ -35,6 +35,7 @@ from fleetserve_operator.controller.service_cache import ServiceCache
 from fleetserve_operator.controller.settings import OperatorConfig
 from fleetserve_operator.controller.sync import Sync
 from fleetserve_operator.controller.workqueue import Lane
+from fleetserve_operator.observe import STATUS_READINGS
 from fleetserve_operator.records import Manifest
 from fleetserve_operator.testing import FakeKube, QuietHandler, serve_http
 
@@ -79,16 +80,31 @@ def test_a_pod_maps_by_its_instance_label_only_when_the_operator_manages_it() ->
 
 
 def test_a_status_no_reconcile_reads_queues_nothing_a_deployments_or_pods_does() -> None:
-    """`observe` reads the status of Deployments and pods only, and of no other child."""
+    """`observe` reads the status of Deployments and pods only, and of no other child.
+
+    Of theirs, only what it reads: a Deployment's ready count, a pod's crash, not a
+    Deployment's observed generation or a pod's readiness.
+    """
     keys: list[tuple[str, str]] = []
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
-    watches = ChildWatches(client, namespaces=["ns"], on_owner=keys.append)
+    watches = ChildWatches(
+        client, namespaces=["ns"], readings=STATUS_READINGS, on_owner=keys.append
+    )
+    unread = {"observedGeneration": 2, "conditions": [{"type": "Ready", "status": "True"}]}
+    crashed = {"name": "runtime", "restartCount": 1, "state": {"waiting": {"reason": "Error"}}}
+    read = {**unread, "readyReplicas": 1, "containerStatuses": [crashed]}
     queued = {}
+
+    def child(rv: str, status: Manifest | None = None) -> Manifest:
+        return {**_child("a-stable", "a", rv=rv), "spec": {}, "status": status or {}}
+
     for kind in CHILD_KINDS:
         sink = _ChildSink(watches, kind, "ns")
-        sink.listed([_child("a-stable", "a", rv="1")], "1")
+        sink.listed([child("1")], "1")
         keys.clear()
-        sink.changed({**_child("a-stable", "a", rv="2"), "status": {"observedGeneration": 2}})
+        sink.changed(child("2", unread))
+        assert keys == [], kind.kind
+        sink.changed(child("3", read))
         queued[kind.kind] = keys == [("ns", "a")]
     assert {kind for kind, news in queued.items() if news} == {"Deployment", "Pod"}
 
@@ -163,7 +179,8 @@ def test_watches_resume_relist_on_gone_and_leave_an_absent_kind_alone() -> None:
     with serve_http(_ApiServer) as url:
         client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
         watches = ChildWatches(
-            client, namespaces=["ns"], on_owner=on_owner, on_listed=on_listed, kinds=kinds,
+            client, namespaces=["ns"], readings=STATUS_READINGS, on_owner=on_owner,
+            on_listed=on_listed, kinds=kinds,
             retry_s=0.1, absent_retry_s=3600.0, cache=cache,
         )  # fmt: skip
         watches.start()
@@ -206,6 +223,7 @@ def test_the_operator_queues_a_listings_owners_as_resyncs_and_an_events_owner_as
         KubeApi(client),
         (ChildCache(), ServiceCache()),
     )
+    assert watches.readings is STATUS_READINGS, "a pod's crash queues its service"
     watches.notify("Deployment", _child("a-stable", "a"), listed=True)
     watches.notify("Deployment", _child("b-stable", "b"))
     assert workers.queue.depth(Lane.RESYNC) == 1
@@ -218,7 +236,9 @@ def test_kopf_starts_the_queue_before_the_watches() -> None:
     sync = Sync(FakeKube(), metrics=OperatorMetrics())
     workers = QueueWorkers(sync, OperatorMetrics(), workers=1)
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
-    watches = ChildWatches(client, namespaces=["ns"], on_owner=workers.add)
+    watches = ChildWatches(
+        client, namespaces=["ns"], readings=STATUS_READINGS, on_owner=workers.add
+    )
     registry = kopf.OperatorRegistry()
     register(registry, sync, Resyncer(sync, ServiceCache(), interval_s=60),
              children=(workers, watches))  # fmt: skip
@@ -237,7 +257,9 @@ class _ClosedResponse:
 
 def test_stopping_a_watch_whose_response_was_just_closed_is_quiet() -> None:
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host="http://127.0.0.1:9"))
-    watches = ChildWatches(client, namespaces=["ns"], on_owner=lambda key: None)
+    watches = ChildWatches(
+        client, namespaces=["ns"], readings=STATUS_READINGS, on_owner=lambda key: None
+    )
     kind = CHILD_KINDS[0]
     watch = ListWatch(watches.settings, kind.path("ns"), _ChildSink(watches, kind, "ns"))
     watch._response = cast(urllib3.BaseHTTPResponse, _ClosedResponse())
