@@ -153,6 +153,7 @@ def table(result: ScaleResult) -> Table:
             "≤ 5 / ≤ 2",
         ),
         ("reconciles by trigger", _counts(result.reconciles_by_trigger), ""),
+        ("child events merged into a queued reconcile", f"{result.coalesced_events:g}", ""),
         ("until all Ready, per service: writes / dry-runs / reads", _per_service(result), ""),
         ("until all Ready, writes by kind", _counts(result.ready_writes_by_kind), ""),
         (

@@ -8,8 +8,8 @@ the driver creates the bench's N InferenceServices one after another, as the ben
 and as soon as each exists POSTs, from `writers` threads, the children the operator
 creates on its first reconcile (`floor_children`), as the operator creates them: no
 dry-run, no Event, no status write, no watch. ``ready_s`` runs from the first create until every
-service's Deployment reports ``REPLICAS`` ready replicas (listed every 2 s, as the bench
-polls its services). An operator that cost nothing would still make these creates and
+service's Deployment reports ``REPLICAS`` ready replicas (seen by a watch, as the bench
+sees its services: `ready_watch`). An operator that cost nothing would still make these creates and
 then write a status, so on the same machine it could not be Ready sooner.
 
 ``python -m fleetserve_e2e.control_plane_floor --services 1000 --json out.json``;
@@ -39,13 +39,16 @@ from fleetserve_e2e.kubeapi import JsonObject, KubeClient, namespaced
 from fleetserve_e2e.operator_process import MANAGER, child_path, fsvc_path, install_crd
 from fleetserve_e2e.operator_scale import (
     NAMESPACE,
+    READY_POLL_S,
     REPLICAS,
     bench_service,
+    report_ready,
     scale_cluster,
     service_names,
     write_result,
 )
 from fleetserve_e2e.proc_stats import machine_busy_s
+from fleetserve_e2e.ready_watch import ReadyWatch
 from fleetserve_e2e.waiting import GiveUpError, wait_until
 
 # The collections of the bench's children.
@@ -145,14 +148,9 @@ def _report(kube: KubeClient, service: JsonObject, extras: Extras) -> None:
         kube.create(namespaced("events", NAMESPACE), event)
 
 
-def _all_ready(kube: KubeClient, expected: int, writes: list[Future[int]]) -> bool:
-    for write in writes:
-        if write.done() and (error := write.exception()) is not None:
-            raise GiveUpError(f"a child's create failed: {error}") from error
-    items = kube.get(child_path("Deployment", NAMESPACE))["items"]
-    ready = sum(1 for item in items if (item.get("status") or {}).get("readyReplicas") == REPLICAS)
-    print(f"floor ready: {ready}/{expected}", flush=True)
-    return ready == expected
+def is_deployment_ready(item: JsonObject) -> bool:
+    """Whether a Deployment of the floor has all its replicas ready."""
+    return bool((item.get("status") or {}).get("readyReplicas") == REPLICAS)
 
 
 def run(
@@ -179,7 +177,11 @@ def _measure(
     warm = {"dryRun": "All"}
     kube.request("POST", fsvc_path(NAMESPACE), body=bench_service("warm-up"), params=warm)
     names = service_names(services)
-    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="floor-writer") as pool:
+    deployments = child_path("Deployment", NAMESPACE)
+    with (
+        ThreadPoolExecutor(max_workers=writers, thread_name_prefix="floor-writer") as pool,
+        ReadyWatch(kube, deployments, is_deployment_ready) as watch,
+    ):
         machine_started = machine_busy_s()
         driver_started = time.process_time()
         started = time.monotonic()
@@ -189,15 +191,23 @@ def _measure(
             writes.append(pool.submit(_create_children, kube, service, extras))
         created = time.monotonic()
         print(f"floor: created {len(names)} services in {created - started:.1f}s", flush=True)
-        wait_until(
-            lambda: _all_ready(kube, len(names), writes),
+        printed: list[int] = []
+
+        def all_ready() -> float | None:
+            for write in writes:
+                if write.done() and (error := write.exception()) is not None:
+                    raise GiveUpError(f"a child's create failed: {error}") from error
+            return report_ready(watch, len(names), "floor ready", printed)
+
+        ready_at = wait_until(
+            all_ready,
             timeout_s=ready_timeout_s,
             what="every service's Deployment to be ready",
-            interval_s=2.0,
+            interval_s=READY_POLL_S,
         )
-        ready_s = time.monotonic() - started
         machine_ready = machine_busy_s() - machine_started
         driver_ready = time.process_time() - driver_started
+        ready_s = ready_at - started
     print(f"floor: all {len(names)} Deployments ready after {ready_s:.1f}s", flush=True)
     return FloorResult(
         services=services,

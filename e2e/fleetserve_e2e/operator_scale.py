@@ -6,7 +6,9 @@ operator as e2e runs it (``operator_process``: a subprocess under the shipped RB
 one namespace, no Prometheus URL), creates N synthetic services with 2 replicas each, then
 measures:
 
-- ``ready_s``: from the first create until every service reports Ready with both replicas;
+- ``ready_s``: from the first create until every service reports Ready with both replicas,
+  as a watch of the services sees it (`ready_watch`: a list of them every few seconds would
+  load the API server it measures);
 - idle API traffic: every request the operator's ServiceAccount makes, from the API server's
   **audit log** (policy: Metadata level for ServiceAccounts, nothing else), over a window
   after a settle period. The audit log is the trustworthy count: it sees every write, kopf's
@@ -44,6 +46,7 @@ from typing import Any
 
 import httpx
 import yaml
+from fleetserve_operator.controller.metrics import COALESCED
 
 from fleetserve_e2e.cluster import LocalCluster
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient
@@ -58,10 +61,14 @@ from fleetserve_e2e.operator_process import (
     install_crd,
 )
 from fleetserve_e2e.proc_stats import ProcessSampler, machine_busy_s
+from fleetserve_e2e.ready_watch import ReadyWatch
 from fleetserve_e2e.waiting import wait_until
 
 NAMESPACE = "bench"
 REPLICAS = 2
+READY_POLL_S = 0.5
+"""How often the bench and its floor look at their watch's count: the CPU figures until all
+Ready are read at the first look after the last object became ready (its time is the watch's)."""
 _WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 AUDIT_POLICY: JsonObject = {
     "apiVersion": "audit.k8s.io/v1",
@@ -235,7 +242,10 @@ class ScaleResult:
     ready_dry_runs: int
     ready_reads: int
     reconciles_by_trigger: dict[str, float]
-    """The operator's own count (``fleetserve_operator_reconciles``) over the whole run."""
+    """The operator's own count (``fleetserve_operator_reconciles``) over the whole run, of
+    the reconciles that ran."""
+    coalesced_events: float
+    """Child events over the whole run that merged into a reconcile already queued."""
     handover_changes: int
     handover_changes_seen: int
     handover_first_change_s: float
@@ -299,18 +309,21 @@ class DeploymentWatch:
                 del self._wanted[owner]
 
 
-def _all_ready(client: KubeClient, expected: int, operator: OperatorProcess) -> bool:
-    operator.process.ensure_running()  # a crashed operator makes no one Ready: stop now
-    items = client.get(fsvc_path(NAMESPACE))["items"]
-    ready = 0
-    for item in items:
-        status = item.get("status") or {}
-        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-        replicas = (status.get("tracks") or {}).get("stable", {}).get("readyReplicas", 0)
-        if conditions.get("Ready") == "True" and replicas == REPLICAS:
-            ready += 1
-    print(f"ready: {ready}/{expected}", flush=True)
-    return ready == expected
+def is_service_ready(item: JsonObject) -> bool:
+    """Whether an InferenceService of the bench reports Ready with all its replicas ready."""
+    status = item.get("status") or {}
+    conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+    replicas = (status.get("tracks") or {}).get("stable", {}).get("readyReplicas", 0)
+    return bool(conditions.get("Ready") == "True" and replicas == REPLICAS)
+
+
+def report_ready(watch: ReadyWatch, expected: int, what: str, printed: list[int]) -> float | None:
+    """When `expected` objects were all ready, or None; prints the count when it changed."""
+    ready = watch.ready_count
+    if printed[-1:] != [ready]:
+        print(f"{what}: {ready}/{expected}", flush=True)
+        printed.append(ready)
+    return watch.all_ready_at(expected)
 
 
 @dataclass(frozen=True)
@@ -410,19 +423,26 @@ def _measure(
         machine_started = machine_busy_s()
         started = time.monotonic()
         wall_started = time.time()
-        for name in names:
-            kube.create(fsvc_path(NAMESPACE), bench_service(name))
-        created = time.monotonic()
-        print(f"created {len(names)} services in {created - started:.1f}s", flush=True)
-        wait_until(
-            lambda: _all_ready(kube, len(names), operator),
-            timeout_s=config.ready_timeout_s,
-            what="every service to be Ready",
-            interval_s=2.0,
-        )
-        ready_s = time.monotonic() - started
-        cpu_ready = sampler.cpu_s()
-        machine_ready = machine_busy_s() - machine_started
+        with ReadyWatch(kube, fsvc_path(NAMESPACE), is_service_ready) as watch:
+            for name in names:
+                kube.create(fsvc_path(NAMESPACE), bench_service(name))
+            created = time.monotonic()
+            print(f"created {len(names)} services in {created - started:.1f}s", flush=True)
+            printed: list[int] = []
+
+            def all_ready() -> float | None:
+                operator.process.ensure_running()  # a crashed operator makes no one Ready
+                return report_ready(watch, len(names), "ready", printed)
+
+            ready_at = wait_until(
+                all_ready,
+                timeout_s=config.ready_timeout_s,
+                what="every service to be Ready",
+                interval_s=READY_POLL_S,
+            )
+            cpu_ready = sampler.cpu_s()
+            machine_ready = machine_busy_s() - machine_started
+            ready_s = ready_at - started
         print(f"all {len(names)} services Ready after {ready_s:.1f}s", flush=True)
         until_ready = count_requests(
             tail.read(), username=username, start=wall_started, end=wall_started + ready_s
@@ -443,9 +463,13 @@ def _measure(
         cpu_s = sampler.cpu_s()
         peak = sampler.status_mb("VmHWM")
         reconciles: dict[str, float] = {}
+        coalesced = 0.0
         for labels, value in operator.counters("fleetserve_operator_reconciles").items():
-            trigger = dict(labels)["trigger"]
-            reconciles[trigger] = reconciles.get(trigger, 0.0) + value
+            label = dict(labels)
+            if label["result"] == COALESCED:
+                coalesced += value
+                continue
+            reconciles[label["trigger"]] = reconciles.get(label["trigger"], 0.0) + value
         sampler.stop()
         handover = _handover(cluster, identity, operator, names, config, work_dir)
     finally:
@@ -481,6 +505,7 @@ def _measure(
         ready_dry_runs=until_ready.dry_runs,
         ready_reads=until_ready.reads,
         reconciles_by_trigger=dict(reconciles),
+        coalesced_events=coalesced,
         handover_changes=min(config.handover_changes, config.services),
         handover_changes_seen=len(handover.latencies),
         handover_first_change_s=round(handover.first_change_s, 3),

@@ -59,6 +59,7 @@ FIGURES = {
     "ready_dry_runs": 3000,
     "ready_reads": 500,
     "reconciles_by_trigger": {"create": 1000.0, "child": 9000.0, "resync": 2000.0},
+    "coalesced_events": 4000.0,
     "handover_changes": 10,
     "handover_changes_seen": 10,
     "handover_first_change_s": 3.0,
@@ -119,6 +120,12 @@ def test_the_floor_table_puts_each_figure_beside_the_benchs() -> None:
 def test_the_table_gives_the_operators_share_of_the_machines_cpu() -> None:
     rows = _rows(table(ScaleResult(**FIGURES)))
     assert rows["until all Ready, the machine's CPU (s) / the operator's share"][0] == "150.0 / 20%"
+
+
+def test_the_table_counts_merged_child_events_apart_from_the_reconciles_run() -> None:
+    rows = _rows(table(ScaleResult(**FIGURES)))
+    assert rows["reconciles by trigger"][0] == "child 9000, create 1000, resync 2000"
+    assert rows["child events merged into a queued reconcile"][0] == "4000"
 
 
 def test_a_change_never_seen_misses_the_latency_target() -> None:
