@@ -7,10 +7,11 @@ This run measures that bound. In a fresh cluster of the bench's shape (`scale_cl
 the driver creates the bench's N InferenceServices one after another, as the bench does,
 and as soon as each exists POSTs, from `writers` threads, the children the operator
 creates on its first reconcile (`floor_children`), as the operator creates them: no
-dry-run, no Event, no status write, no watch. ``ready_s`` runs from the first create until every
-service's Deployment reports ``REPLICAS`` ready replicas (seen by a watch, as the bench
-sees its services: `ready_watch`). An operator that cost nothing would still make these creates and
-then write a status, so on the same machine it could not be Ready sooner.
+dry-run, no Event, no status write, no watch of the children. ``ready_s`` runs from the
+first create until every service's Deployment reports ``REPLICAS`` ready replicas (seen by
+a watch, as the bench sees its services: `ready_watch`). An operator that cost nothing
+would still make these creates and then write a status, so on the same machine it could
+not be Ready sooner.
 
 ``python -m fleetserve_e2e.control_plane_floor --services 1000 --json out.json``;
 ``bench/operator_bench.py`` runs it before the bench and prints both.
@@ -87,7 +88,8 @@ class FloorResult:
     machine_cpu_ready_s: float
     """The whole machine's busy CPU seconds (all cores) from the first create until all Ready."""
     driver_cpu_ready_s: float
-    """This process's CPU seconds over the same window (its creates, renders and POSTs)."""
+    """This process's CPU seconds over the same window (its creates, renders and POSTs, and
+    its watch of the Deployments)."""
 
 
 def floor_children(service: JsonObject) -> list[JsonObject]:

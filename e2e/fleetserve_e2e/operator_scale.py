@@ -62,11 +62,11 @@ from fleetserve_e2e.operator_process import (
 )
 from fleetserve_e2e.proc_stats import ProcessSampler, machine_busy_s
 from fleetserve_e2e.ready_watch import ReadyWatch
-from fleetserve_e2e.waiting import wait_until
+from fleetserve_e2e.waiting import GiveUpError, wait_until
 
 NAMESPACE = "bench"
 REPLICAS = 2
-READY_POLL_S = 0.5
+READY_POLL_S = 0.1
 """How often the bench and its floor look at their watch's count: the CPU figures until all
 Ready are read at the first look after the last object became ready (its time is the watch's)."""
 _WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -309,6 +309,24 @@ class DeploymentWatch:
                 del self._wanted[owner]
 
 
+def reconcile_counts(
+    counters: Mapping[tuple[tuple[str, str], ...], float],
+) -> tuple[dict[str, float], float]:
+    """The reconciles that ran by trigger, and the child events merged into a queued one.
+
+    `counters` is `fleetserve_operator_reconciles` by its labels (trigger and result).
+    """
+    ran: dict[str, float] = {}
+    merged = 0.0
+    for labels, value in counters.items():
+        label = dict(labels)
+        if label["result"] == COALESCED:
+            merged += value
+        else:
+            ran[label["trigger"]] = ran.get(label["trigger"], 0.0) + value
+    return ran, merged
+
+
 def is_service_ready(item: JsonObject) -> bool:
     """Whether an InferenceService of the bench reports Ready with all its replicas ready."""
     status = item.get("status") or {}
@@ -318,7 +336,13 @@ def is_service_ready(item: JsonObject) -> bool:
 
 
 def report_ready(watch: ReadyWatch, expected: int, what: str, printed: list[int]) -> float | None:
-    """When `expected` objects were all ready, or None; prints the count when it changed."""
+    """When `expected` objects were all ready, or None; prints the count when it changed.
+
+    Raises:
+        GiveUpError: the watch stopped for good.
+    """
+    if watch.failure is not None:
+        raise GiveUpError(f"the watch of {what} stopped: {watch.failure!r}")
     ready = watch.ready_count
     if printed[-1:] != [ready]:
         print(f"{what}: {ready}/{expected}", flush=True)
@@ -462,14 +486,8 @@ def _measure(
         latencies = _change_latencies(cluster, names, config.changes, config.change_interval_s)
         cpu_s = sampler.cpu_s()
         peak = sampler.status_mb("VmHWM")
-        reconciles: dict[str, float] = {}
-        coalesced = 0.0
-        for labels, value in operator.counters("fleetserve_operator_reconciles").items():
-            label = dict(labels)
-            if label["result"] == COALESCED:
-                coalesced += value
-                continue
-            reconciles[label["trigger"]] = reconciles.get(label["trigger"], 0.0) + value
+        counters = operator.counters("fleetserve_operator_reconciles")
+        reconciles, coalesced = reconcile_counts(counters)
         sampler.stop()
         handover = _handover(cluster, identity, operator, names, config, work_dir)
     finally:

@@ -21,11 +21,13 @@ from collections.abc import Callable
 import httpx
 
 from fleetserve_e2e.kubeapi import JsonObject, KubeApiError, KubeClient
+from fleetserve_e2e.waiting import wait_until
 
 __all__ = ["ReadyWatch"]
 
-_WATCH_TIMEOUT_S = 30
+_WATCH_TIMEOUT_S = 5
 _RETRY_S = 0.2
+_FIRST_LIST_S = 60.0
 
 
 class _Expired(Exception):
@@ -51,16 +53,18 @@ class ReadyWatch:
         self._lock = threading.Lock()
         self._reached: dict[int, float] = {}
         self._version: str | None = None
+        self._failure: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ready-watch", daemon=True)
 
     def __enter__(self) -> ReadyWatch:
-        self._list()
+        # A kind whose CRD was just installed answers 429 until its storage is ready.
+        wait_until(self._list, timeout_s=_FIRST_LIST_S, what=f"a first list of {self._path}")
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        """Stop after the current watch ends (at most its timeout; the thread is a daemon)."""
+        """Stop after the current watch ends (within `_WATCH_TIMEOUT_S`; a daemon thread)."""
         self._stop.set()
 
     @property
@@ -76,7 +80,18 @@ class ReadyWatch:
                 (at for count, at in self._reached.items() if count >= expected), default=None
             )
 
+    @property
+    def failure(self) -> Exception | None:
+        """What stopped the watch for good (a bug, not the API server's), or None."""
+        return self._failure
+
     def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as exc:  # the waiter must learn it, not wait out its timeout
+            self._failure = exc
+
+    def _follow(self) -> None:
         while not self._stop.is_set():
             try:
                 version = self._version or self._list()
@@ -84,8 +99,10 @@ class ReadyWatch:
                     self._seen(event.type, event.object)
                     if self._stop.is_set():
                         return
-            except (KubeApiError, httpx.HTTPError, _Expired):
-                self._version = None  # listed again: events may have been lost
+            except (KubeApiError, httpx.HTTPError, ValueError, _Expired):
+                # A failure, an expired version or a stream cut mid-line: list again, as
+                # events may have been lost.
+                self._version = None
                 self._stop.wait(_RETRY_S)
 
     def _list(self) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from fleetserve_e2e.kwok import DEFAULT_STAGES, kwok_version, write_stages
-from fleetserve_e2e.operator_scale import count_requests, percentile
+from fleetserve_e2e.operator_scale import count_requests, percentile, reconcile_counts
 from fleetserve_e2e.proc_stats import busy_s
 
 OPERATOR = "system:serviceaccount:fleetserve-system-bench:fleetserve-operator"
@@ -102,3 +102,14 @@ def test_busy_time_is_every_state_but_idle_iowait_and_steal() -> None:
     stat = f"cpu  {tick * 10} {tick} {tick * 4} 900000 70000 {tick} {tick * 2} 5000 3000 0\n"
     stat += "cpu0 1 2 3 4 5 6 7 8 9 10\nintr 12345\n"
     assert busy_s(stat) == 18.0
+
+
+def test_merged_child_events_are_counted_apart_from_the_reconciles_that_ran() -> None:
+    """A merged event ran no reconcile; every other result did, an error's too."""
+    counters = {
+        (("result", "ok"), ("trigger", "child")): 1000.0,
+        (("result", "coalesced"), ("trigger", "child")): 6000.0,
+        (("result", "ok"), ("trigger", "create")): 990.0,
+        (("result", "InvalidSpec"), ("trigger", "create")): 10.0,
+    }
+    assert reconcile_counts(counters) == ({"child": 1000.0, "create": 1000.0}, 6000.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -38,24 +38,52 @@ def test_the_count_follows_creates_changes_and_deletes_and_says_when_all_were_re
         assert watch.all_ready_at(2) == at, "the first time stands"
 
 
+@pytest.mark.parametrize("how", ["410 Gone", "an ERROR event after a bookmark"])
 def test_a_watch_that_fails_lists_again_so_a_change_it_missed_is_counted(
-    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """410 Gone, say: the change made while no watch ran is in the next list."""
+    """The change made while no watch ran is in the next list."""
     path = namespaced("configmaps", namespace)
     kube.create(path, {"metadata": {"name": "one"}, "data": {"ready": "no"}})
     watch_calls: list[str] = []
     real_watch = kube.watch
+    bookmark = WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "1"}})
+    expired = WatchEvent("ERROR", {"code": 410, "message": "too old resource version"})
 
-    def failing_once(path: str, version: str, timeout_s: int = 60) -> Iterator[WatchEvent]:
+    def failing(path: str, version: str, timeout_s: int = 60) -> Iterator[WatchEvent]:
         watch_calls.append(version)
         if len(watch_calls) == 1:
             kube.merge_patch(f"{path}/one", {"data": {"ready": "yes"}})
-        if version == watch_calls[0]:  # expired: only a new list gives a version to watch from
+        if version not in (watch_calls[0], bookmark.object["metadata"]["resourceVersion"]):
+            return real_watch(path, version, timeout_s)
+        # Expired: only a new list gives a version to watch from.
+        if how == "410 Gone":
             raise KubeApiError(410, "too old resource version", "Expired")
-        return real_watch(path, version, timeout_s)
+        return iter([bookmark, expired])
 
-    monkeypatch.setattr(kube, "watch", failing_once)
+    monkeypatch.setattr(kube, "watch", failing)
     with ReadyWatch(kube, path, _is_ready) as watch:
         wait_until(lambda: watch.ready_count == 1, timeout_s=10, what="the missed change")
-        assert len(watch_calls) >= 2
+        assert watch.failure is None
+    assert len(watch_calls) >= 2
+
+
+def test_a_first_list_refused_while_a_new_kinds_storage_starts_is_tried_again(
+    kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after its CRD is installed, a kind answers 429 for a moment."""
+    path = namespaced("configmaps", namespace)
+    kube.create(path, {"metadata": {"name": "one"}, "data": {"ready": "yes"}})
+    lists: list[str] = []
+    real_get = kube.get
+
+    def refused_once(path: str, params: Mapping[str, str] | None = None) -> JsonObject:
+        lists.append(path)
+        if len(lists) == 1:
+            raise KubeApiError(429, "storage is (re)initializing", "TooManyRequests")
+        return real_get(path, params)
+
+    monkeypatch.setattr(kube, "get", refused_once)
+    with ReadyWatch(kube, path, _is_ready) as watch:
+        assert watch.ready_count == 1
+    assert len(lists) == 2

@@ -16,8 +16,8 @@ stored (by `resourceVersion`) is ignored. A kind whose CRD is absent is synced a
 A new state that differs from the stored one in its status alone is stored but is no news
 unless it changes what a reconcile reads of that status (the kind's `reading`; of most kinds,
 nothing): at 1000 services the disruption controller's updates of the PodDisruptionBudgets'
-status were thousands of reconciles with nothing to do, and so were the pods' scheduling,
-start and readiness, and the Deployments' condition heartbeats.
+status were thousands of reconciles with nothing to do, and most of the pods' and the
+Deployments' status updates were events that changed nothing a reconcile reads.
 
 To keep the fleet's objects small, the managed-fields bookkeeping of other managers is
 dropped: a reconcile reads only the operator's own entries (whether it still owns a child's
@@ -65,13 +65,26 @@ _NOT_CONTENT = frozenset({"apiVersion", "kind", "metadata", "status"})
 
 
 def _alike_but_status(obj: Manifest, stored: Manifest) -> bool:
-    """Whether `obj` differs from `stored` in its status (and `_BOOKKEEPING`) at most."""
+    """Whether `obj` differs from `stored` in its status (and `_BOOKKEEPING`) at most.
 
-    def essence(o: Manifest) -> tuple[Manifest, Manifest]:
+    The operator's own managed-fields entries count: whether it still owns a child's fields
+    decides whether it writes the child again (`render.needs_write`).
+    """
+
+    def essence(o: Manifest) -> tuple[Manifest, Manifest, object]:
         meta = {k: v for k, v in o["metadata"].items() if k not in _BOOKKEEPING}
-        return meta, {k: v for k, v in o.items() if k not in _NOT_CONTENT}
+        ours = _slim(o)["metadata"].get("managedFields")
+        return meta, {k: v for k, v in o.items() if k not in _NOT_CONTENT}, ours
 
     return essence(obj) == essence(stored)
+
+
+def _reads_alike(reading: Callable[[Manifest], object], obj: Manifest, stored: Manifest) -> bool:
+    """Whether a reconcile reads the same of both states; one it cannot read is news."""
+    try:
+        return reading(obj) == reading(stored)
+    except Exception:  # a reconcile reports what it makes of it; the watch must go on
+        return False
 
 
 def _slim(obj: Manifest) -> Manifest:
@@ -143,7 +156,7 @@ class ChildCache:
                 self._put(kind, obj if "kind" in obj else {"kind": kind, **obj})
             if stored is None or not _alike_but_status(obj, stored):
                 return True
-            return reading is not None and reading(obj) != reading(stored)
+            return reading is not None and not _reads_alike(reading, obj, stored)
 
     def discard(self, kind: str, obj: Manifest) -> None:
         """The object was deleted (the same object: a new one of that name has another uid)."""

@@ -138,9 +138,8 @@ class ChildWatches:
     """The watch threads of every child kind in the operator's namespaces.
 
     `readings`, by kind: what a reconcile reads of the status of that kind's objects (the
-    operator's are `observe.STATUS_READINGS`: the Deployments' counts and failures, the
-    pods' crashes and fetches). A change of an object's status alone queues its owner only
-    when it changes that reading; of a kind without one, never.
+    operator's are `observe.STATUS_READINGS`). A change of an object's status alone queues
+    its owner only when it changes that reading; of a kind without one, never.
     `on_owner` is called (from the watch threads) with the key of the InferenceService an
     event is about, after the object is kept in `cache` (a new one unless given);
     `on_listed` (`on_owner` unless given) with the owner of each object a list returned.

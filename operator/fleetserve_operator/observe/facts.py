@@ -280,8 +280,8 @@ def deployment_reading(deployment: Manifest) -> tuple[object, ...]:
     """All a reconcile reads of the Deployment's status: its counts, rollout and failure.
 
     Two states of a Deployment with the same metadata, spec and reading observe alike, so
-    the status updates between them (a condition's heartbeat, `unavailableReplicas`) are
-    no news to its service.
+    the status updates between them (`unavailableReplicas`, a condition's timestamps or
+    reason) are no news to its service.
     """
     return (track_status(deployment), is_rolled_out(deployment), _deployment_failure(deployment))
 
@@ -290,7 +290,7 @@ def pod_reading(pod: Manifest) -> tuple[object, ...]:
     """All a reconcile reads of the pod's status: restarts, kills, failures, its fetch.
 
     Two states of a pod with the same metadata, spec and reading observe alike, so its
-    scheduling, its start and its readiness are no news to its service (readiness reaches
+    conditions, its start and its readiness are no news to its service (readiness reaches
     it through the Deployment's counts); a crash, an image that cannot be pulled or a
     finished fetch are.
     """

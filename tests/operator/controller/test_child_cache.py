@@ -105,8 +105,12 @@ def test_a_change_of_a_status_no_reconcile_reads_is_stored_but_is_no_news() -> N
     cache.replace("PodDisruptionBudget", "policy/v1", "ns", [])
     budget = _obj("a-stable", "a", rv="1")
     assert cache.store("PodDisruptionBudget", budget)  # a new object
+    their_update = [
+        *budget["metadata"]["managedFields"][:1],
+        {"manager": "kube-controller-manager", "operation": "Update", "time": "t2"},
+    ]
     counted = {**budget, "metadata": {**budget["metadata"], "resourceVersion": "2",
-               "managedFields": []}, "status": {"currentHealthy": 2}}  # fmt: skip
+               "managedFields": their_update}, "status": {"currentHealthy": 2}}  # fmt: skip
     assert not cache.store("PodDisruptionBudget", counted)
     (found,) = cache.owned("ns", "a", ("PodDisruptionBudget",))
     assert found["status"] == {"currentHealthy": 2}, "stored all the same"
@@ -119,7 +123,7 @@ def test_a_change_of_a_status_no_reconcile_reads_is_stored_but_is_no_news() -> N
 
 
 def test_a_change_of_a_read_status_is_news_only_when_it_changes_the_reading() -> None:
-    """A Deployment's: its ready count is read, a condition's heartbeat is not."""
+    """A Deployment's: its ready count is read, a condition's timestamp is not."""
     cache = ChildCache()
     cache.replace("Deployment", "apps/v1", "ns", [])
     created = {**_obj("a-stable", "a", rv="1"), "spec": {"replicas": 1}}
@@ -129,13 +133,37 @@ def test_a_change_of_a_read_status_is_news_only_when_it_changes_the_reading() ->
         return {**created, "metadata": {**created["metadata"], "resourceVersion": rv},
                 "status": status}  # fmt: skip
 
-    beat = {"type": "Available", "status": "False", "lastUpdateTime": "2026-12-06T08:00:00Z"}
-    rolling = {"replicas": 1, "updatedReplicas": 1, "conditions": [beat]}
+    updated = {"type": "Available", "status": "False", "lastUpdateTime": "2026-12-06T08:00:00Z"}
+    rolling = {"replicas": 1, "updatedReplicas": 1, "conditions": [updated]}
     assert cache.store("Deployment", later("2", rolling), reading=deployment_reading)
-    again = {**rolling, "conditions": [{**beat, "lastUpdateTime": "2026-12-06T08:00:09Z"}]}
+    again = {**rolling, "conditions": [{**updated, "lastUpdateTime": "2026-12-06T08:00:09Z"}]}
     assert not cache.store("Deployment", later("3", again), reading=deployment_reading)
     (found,) = cache.owned("ns", "a", ("Deployment",))
     assert found["status"] == again, "stored all the same"
     ready = {**again, "readyReplicas": 1, "availableReplicas": 1}
     assert cache.store("Deployment", later("4", ready), reading=deployment_reading)
     assert cache.store("Deployment", later("5", {}), reading=lambda obj: obj.get("status"))
+
+
+def test_a_state_whose_status_cannot_be_read_is_news_and_the_operators_fields_count() -> None:
+    """The reconcile says what it makes of an unreadable status; the watch goes on.
+
+    And another manager taking the operator's fields changes no content, yet decides
+    whether the operator writes the child again.
+    """
+    cache = ChildCache()
+    cache.replace("PodDisruptionBudget", "policy/v1", "ns", [])
+    budget = _obj("a-stable", "a", rv="1")
+    assert cache.store("PodDisruptionBudget", budget)
+
+    def unreadable(obj: Manifest) -> object:
+        raise ValueError("an image name longer than the status allows")
+
+    odd = {**budget, "metadata": {**budget["metadata"], "resourceVersion": "2"}, "status": {}}
+    assert cache.store("PodDisruptionBudget", odd, reading=unreadable)
+    taken = {**odd, "metadata": {**odd["metadata"], "resourceVersion": "3",
+             "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}}  # fmt: skip
+    assert cache.store("PodDisruptionBudget", taken)
+    theirs_again = {**taken, "metadata": {**taken["metadata"], "resourceVersion": "4",
+                    "managedFields": [{"manager": "kubectl", "operation": "Update"}]}}  # fmt: skip
+    assert not cache.store("PodDisruptionBudget", theirs_again), "another's entry alone"

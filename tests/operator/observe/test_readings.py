@@ -130,18 +130,30 @@ POD_STATES = {
     },  # fmt: skip
 }
 ROLLING = {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2}
-HEARTBEAT = {"type": "Available", "status": "False", "lastUpdateTime": "2026-12-06T08:00:00Z"}
+UPDATED = {"type": "Available", "status": "False", "lastUpdateTime": "2026-12-06T08:00:00Z"}
 DEPLOYMENT_STATES = {
     "created": {},
     "seen": {"observedGeneration": 2},
-    "rolling": {**ROLLING, "unavailableReplicas": 2, "conditions": [HEARTBEAT]},
-    "rolling, a heartbeat later": {
+    "rolling": {**ROLLING, "unavailableReplicas": 2, "conditions": [UPDATED]},
+    "rolling, a condition updated later": {
         **ROLLING,
         "unavailableReplicas": 2,
-        "conditions": [{**HEARTBEAT, "lastUpdateTime": "2026-12-06T08:00:09Z"}],
+        "conditions": [{**UPDATED, "lastUpdateTime": "2026-12-06T08:00:09Z"}],
     },
     "one ready": {**ROLLING, "readyReplicas": 1, "availableReplicas": 1},
     "all ready": {**ROLLING, "readyReplicas": 2, "availableReplicas": 2},
+    "all ready, its new generation not seen yet": {
+        **ROLLING,
+        "observedGeneration": 1,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+    },
+    "a surge pod still running": {
+        **ROLLING,
+        "replicas": 3,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+    },
     "may not create pods": {
         **ROLLING,
         "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}],
@@ -204,14 +216,20 @@ def test_a_pods_start_and_readiness_are_one_reading_and_each_failure_another() -
     assert len(set(map(repr, readings))) == len(others), "every other state reads apart"
 
 
-def test_a_deployments_heartbeats_are_one_reading_and_its_counts_and_failures_another() -> None:
+def test_a_deployments_condition_timestamps_are_one_reading_its_counts_and_failures_another() -> (
+    None
+):
     def reading(state: str) -> tuple[object, ...]:
         return deployment_reading(_deployment(DEPLOYMENT_STATES[state]))
 
     assert reading("created") == reading("seen"), "rolled out in neither"
-    assert reading("rolling") == reading("rolling, a heartbeat later")
+    assert reading("rolling") == reading("rolling, a condition updated later")
+    surge, unseen = "a surge pod still running", "all ready, its new generation not seen yet"
+    assert reading(surge) == reading(unseen), "ready, not rolled out, in both"
     others = [
-        state for state in DEPLOYMENT_STATES if state not in ("seen", "rolling, a heartbeat later")
+        state
+        for state in DEPLOYMENT_STATES
+        if state not in ("seen", "rolling, a condition updated later", surge)
     ]
     readings = [reading(state) for state in others]
     assert len(set(map(repr, readings))) == len(others), "every other state reads apart"
