@@ -47,9 +47,8 @@ class ReadyWatch:
         self._client = client
         self._path = path
         self._is_ready = is_ready
-        self._ready: dict[str, bool] = {}
-        self._count = 0
-        """How many of `_ready` are True."""
+        self._ready: set[str] = set()
+        """The names of the objects ready now."""
         self._lock = threading.Lock()
         self._reached: dict[int, float] = {}
         self._version: str | None = None
@@ -71,7 +70,7 @@ class ReadyWatch:
     def ready_count(self) -> int:
         """How many objects are ready now."""
         with self._lock:
-            return self._count
+            return len(self._ready)
 
     def all_ready_at(self, expected: int) -> float | None:
         """When `expected` objects (or more) were first ready at once (`time.monotonic`)."""
@@ -110,9 +109,8 @@ class ReadyWatch:
         listing = self._client.get(self._path)
         with self._lock:
             self._ready = {
-                item["metadata"]["name"]: self._is_ready(item) for item in listing["items"]
+                item["metadata"]["name"] for item in listing["items"] if self._is_ready(item)
             }
-            self._count = sum(self._ready.values())
             self._note()
         version: str = listing["metadata"]["resourceVersion"]
         self._version = version
@@ -127,11 +125,12 @@ class ReadyWatch:
         name = obj["metadata"]["name"]
         ready = kind != "DELETED" and self._is_ready(obj)
         with self._lock:
-            self._count += ready - self._ready.pop(name, False)
-            if kind != "DELETED":
-                self._ready[name] = ready
+            if ready:
+                self._ready.add(name)
+            else:
+                self._ready.discard(name)
             self._note()
 
     def _note(self) -> None:
         """Record when this many objects were first ready (called with the lock held)."""
-        self._reached.setdefault(self._count, time.monotonic())
+        self._reached.setdefault(len(self._ready), time.monotonic())
